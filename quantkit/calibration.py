@@ -1,0 +1,285 @@
+"""Calibration and evaluation text: sources -> documents -> token samples, with the sha256 of the exact tokens.
+
+Sources, in the order they are tried:
+
+* a shipped set in ``calibration/`` by name: ``prose`` (Python docs), ``code`` (Python stdlib), ``mixed`` (both),
+  ``heldout`` (the reference model's held-out evaluation split);
+* a local file: ``.txt`` (one document per blank-line-separated block), ``.jsonl`` / ``.jsonl.gz`` / ``.json``
+  (a ``text`` field or the one named by ``field``; ``messages`` for chat data), ``.parquet``;
+* a Hugging Face dataset, by alias (``wikitext2``, ``pile-val``, ``c4``, ``ultrachat``) or ``org/name[:config][@split]``,
+  loaded with ``datasets`` when the hub is reachable. Offline, a hub name fails with one clear message.
+
+Plain text is packed: documents (shuffled with the seed, each followed by EOS) are concatenated and cut into
+``samples`` windows of exactly ``seq_len`` tokens, so no sample is unbounded and every token counts. Chat data
+(``chat_template``) keeps one conversation per sample, truncated to ``seq_len``. Asking for more tokens than the
+source holds is an error, not a silent shortfall.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from quantkit.errors import CalibrationError, MissingBackendError
+from quantkit.recipe import CalibrationSpec
+
+SHIPPED = {
+    "prose": ("prose.jsonl.gz",),
+    "code": ("code.jsonl.gz",),
+    "mixed": ("prose.jsonl.gz", "code.jsonl.gz"),
+    "heldout": ("heldout.jsonl.gz",),
+}
+# alias -> (dataset, config, split, field)
+HUB_ALIASES: dict[str, tuple[str, str | None, str, str]] = {
+    "wikitext2": ("Salesforce/wikitext", "wikitext-2-raw-v1", "test", "text"),
+    "wikitext2-train": ("Salesforce/wikitext", "wikitext-2-raw-v1", "train", "text"),
+    "pile-val": ("mit-han-lab/pile-val-backup", None, "validation", "text"),
+    "c4": ("allenai/c4", "en", "validation", "text"),
+    "ultrachat": ("HuggingFaceH4/ultrachat_200k", None, "train_sft", "messages"),
+}
+
+
+def shipped_dir() -> Path:
+    here = Path(__file__).resolve().parent
+    for cand in (here.parent / "calibration", here / "calibration"):
+        if cand.is_dir():
+            return cand
+    return here.parent / "calibration"
+
+
+@dataclass
+class Documents:
+    """Raw documents from one source: either texts or chat conversations (lists of messages)."""
+
+    source: str
+    kind: str  # "shipped", "file", "hub"
+    items: list[Any]
+    chat: bool = False
+    file_sha256: str | None = None
+
+
+def load_documents(source: str, field: str = "text") -> Documents:
+    """Read the documents of a calibration/evaluation source (no tokenization)."""
+    if source in SHIPPED:
+        items: list[Any] = []
+        h = hashlib.sha256()
+        for name in SHIPPED[source]:
+            path = shipped_dir() / name
+            items += _read_jsonl(path, "text")
+            h.update(path.read_bytes())
+        return Documents(source, "shipped", items, file_sha256=h.hexdigest())
+    path = Path(source).expanduser()
+    if path.exists():
+        return _load_file(path, field)
+    if source in HUB_ALIASES or ("/" in source and not source.startswith((".", "/", "~"))):
+        return _load_hub(source, field)
+    raise CalibrationError(
+        f"calibration source {source!r} is neither a shipped set ({', '.join(SHIPPED)}), an existing file, "
+        "nor a hub dataset name", hint="`quantkit calib list` shows the shipped sets")
+
+
+def _read_jsonl(path: Path, field: str) -> list[Any]:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    items = []
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise CalibrationError(f"{path}:{n} is not valid JSON: {e.msg}") from None
+                items.append(_pick(row, field, f"{path}:{n}"))
+    except (OSError, EOFError, UnicodeDecodeError) as e:
+        raise CalibrationError(f"cannot read {path}: {e}") from None
+    return items
+
+
+def _pick(row: Any, field: str, where: str) -> Any:
+    if isinstance(row, str):
+        return row
+    if not isinstance(row, dict):
+        raise CalibrationError(f"{where}: expected an object with a {field!r} field")
+    if field in row:
+        return row[field]
+    if "messages" in row:
+        return row["messages"]
+    raise CalibrationError(f"{where}: no {field!r} field (fields: {', '.join(sorted(row))})",
+                           hint="choose the text field with --calib-field / calibration.field")
+
+
+def _load_file(path: Path, field: str) -> Documents:
+    name = path.name.lower()
+    digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+    if path.is_dir():
+        raise CalibrationError(f"calibration source {path} is a folder; give a .txt, .jsonl(.gz) or .parquet file")
+    if name.endswith((".jsonl", ".jsonl.gz", ".ndjson")):
+        items = _read_jsonl(path, field)
+    elif name.endswith(".json"):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CalibrationError(f"{path} is not valid JSON: {e}") from None
+        rows = data if isinstance(data, list) else data.get("data", data.get("rows", []))
+        items = [_pick(r, field, str(path)) for r in rows]
+    elif name.endswith(".parquet"):
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise MissingBackendError("pyarrow", "llmcompressor", "reading .parquet calibration data") from None
+        table = pq.read_table(path)
+        col = field if field in table.column_names else ("messages" if "messages" in table.column_names else None)
+        if col is None:
+            raise CalibrationError(f"{path}: no {field!r} column (columns: {', '.join(table.column_names)})")
+        items = table.column(col).to_pylist()
+    elif name.endswith((".txt", ".md", ".rst", ".txt.gz")):
+        opener = gzip.open if name.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8", errors="strict") as f:
+            text = f.read()
+        items = [b.strip() for b in text.split("\n\n") if b.strip()]
+    else:
+        raise CalibrationError(f"unsupported calibration file type: {path.name}",
+                               hint="use .txt, .jsonl, .jsonl.gz, .json or .parquet")
+    chat = bool(items) and all(isinstance(i, list) for i in items)
+    items = [i for i in items if i]
+    return Documents(str(path), "file", items, chat=chat, file_sha256=digest)
+
+
+def _load_hub(source: str, field: str) -> Documents:
+    if source in HUB_ALIASES:
+        name, config, split, field = HUB_ALIASES[source]
+    else:
+        name, _, split = source.partition("@")
+        name, _, config = name.partition(":")
+        config = config or None
+        split = split or "train"
+    try:
+        import datasets
+    except ImportError:
+        raise MissingBackendError("datasets", "llmcompressor", f"the hub dataset {source!r}") from None
+    try:
+        ds = datasets.load_dataset(name, config, split=split)
+    except Exception as e:  # datasets raises many types for "offline" and "not found"
+        raise CalibrationError(
+            f"cannot load hub dataset {source!r} ({name}{':' + config if config else ''}@{split}): "
+            f"{type(e).__name__}: {str(e).splitlines()[0][:200]}",
+            hint="the hub may be unreachable (offline?); use a shipped set (prose, code, mixed) or a local file") from None
+    col = field if field in ds.column_names else ("messages" if "messages" in ds.column_names else None)
+    if col is None:
+        raise CalibrationError(f"hub dataset {source!r} has no {field!r} column ({', '.join(ds.column_names)})")
+    items = [x for x in ds[col] if x]
+    chat = bool(items) and isinstance(items[0], list)
+    return Documents(source, "hub", items, chat=chat, file_sha256=getattr(ds, "_fingerprint", None))
+
+
+@dataclass
+class CalibrationSet:
+    """Token samples ready for a quantizer, and how they were made (for the manifest)."""
+
+    spec: CalibrationSpec
+    documents: Documents
+    samples: list[list[int]]
+    tokens_sha256: str
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s) for s in self.samples)
+
+    def manifest(self) -> dict[str, Any]:
+        return {
+            "dataset": self.spec.dataset, "kind": self.documents.kind, "source_sha256": self.documents.file_sha256,
+            "samples": len(self.samples), "seq_len": self.spec.seq_len, "seed": self.spec.seed,
+            "chat_template": self.spec.chat_template, "tokens": self.num_tokens,
+            "tokens_sha256": self.tokens_sha256,
+        }
+
+    def texts(self, tokenizer: Any) -> list[str]:
+        """The samples decoded back to text, for backends that want strings."""
+        return [tokenizer.decode(s) for s in self.samples]
+
+
+def tokens_sha256(samples: list[list[int]]) -> str:
+    """sha256 over the exact token ids (int32 little-endian) with each sample's length: identical ids, same hash."""
+    import numpy as np
+
+    h = hashlib.sha256()
+    for s in samples:
+        h.update(len(s).to_bytes(4, "little"))
+        h.update(np.asarray(s, dtype="<i4").tobytes())
+    return h.hexdigest()
+
+
+def build(spec: CalibrationSpec, tokenizer: Any, docs: Documents | None = None) -> CalibrationSet:
+    """Tokenize a source into ``spec.samples`` samples of ``spec.seq_len`` tokens (see the module docstring)."""
+    docs = docs or load_documents(spec.dataset, spec.field)
+    if not docs.items:
+        raise CalibrationError(f"calibration source {docs.source!r} is empty")
+    rng = random.Random(spec.seed)
+    order = list(range(len(docs.items)))
+    rng.shuffle(order)
+    use_chat = spec.chat_template or docs.chat
+    if use_chat:
+        samples = _chat_samples(spec, tokenizer, docs, order)
+    else:
+        samples = _packed_samples(spec, tokenizer, docs, order)
+    return CalibrationSet(spec=spec, documents=docs, samples=samples, tokens_sha256=tokens_sha256(samples))
+
+
+def _packed_samples(spec: CalibrationSpec, tokenizer: Any, docs: Documents, order: list[int]) -> list[list[int]]:
+    need = spec.samples * spec.seq_len
+    eos = tokenizer.eos_token_id
+    bos = tokenizer.bos_token_id
+    stream: list[int] = []
+    for i in order:
+        item = docs.items[i]
+        text = item if isinstance(item, str) else _flatten_chat(item)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if bos is not None:
+            stream.append(bos)
+        stream.extend(ids)
+        if eos is not None:
+            stream.append(eos)
+        if len(stream) >= need:
+            break
+    if len(stream) < need:
+        raise CalibrationError(
+            f"calibration source {docs.source!r} holds {len(stream)} tokens, fewer than the "
+            f"{spec.samples} x {spec.seq_len} = {need} asked for",
+            hint=f"ask for at most {max(1, len(stream) // spec.seq_len)} samples of {spec.seq_len} tokens, "
+                 "or use a larger source")
+    return [stream[k * spec.seq_len:(k + 1) * spec.seq_len] for k in range(spec.samples)]
+
+
+def _chat_samples(spec: CalibrationSpec, tokenizer: Any, docs: Documents, order: list[int]) -> list[list[int]]:
+    if not getattr(tokenizer, "chat_template", None):
+        raise CalibrationError("chat_template is on but the model's tokenizer has no chat template")
+    samples: list[list[int]] = []
+    for i in order:
+        item = docs.items[i]
+        messages = item if isinstance(item, list) else [{"role": "user", "content": item}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"][: spec.seq_len]
+        samples.append(ids)
+        if len(samples) == spec.samples:
+            return samples
+    raise CalibrationError(f"calibration source {docs.source!r} holds {len(samples)} conversations, fewer than the "
+                           f"{spec.samples} asked for", hint=f"ask for at most {len(samples)} samples")
+
+
+def _flatten_chat(messages: list[dict]) -> str:
+    return "\n".join(f"{m.get('role', '')}: {m.get('content', '')}" for m in messages)
+
+
+def eval_text(source: str, field: str = "text") -> tuple[str, Documents]:
+    """One evaluation text: documents joined by blank lines (the WikiText-2 convention), and their source."""
+    docs = load_documents(source, field)
+    if not docs.items:
+        raise CalibrationError(f"evaluation source {source!r} is empty")
+    texts = [d if isinstance(d, str) else _flatten_chat(d) for d in docs.items]
+    return "\n\n".join(texts), docs

@@ -1,0 +1,99 @@
+"""``inspect`` and ``verify``: what an artifact is, and whether its files still match their manifest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from quantkit.cli.common import JSON_OPT, console, emit_json, handle_errors
+from quantkit.errors import IntegrityError
+
+
+@handle_errors
+def inspect_cmd(
+    path: Path = typer.Argument(..., help="Artifact folder, checkpoint folder or .gguf file."),
+    json: bool = JSON_OPT,
+) -> None:
+    """Print what an artifact is: format, bits, scheme, size, compression vs the source, and the manifest check
+    (every file's sha256 re-verified). Exits 1 if any file differs from the manifest."""
+    from quantkit import api
+    from quantkit.artifact import fmt_bytes
+
+    info = api.inspect(path)
+    man = info.get("manifest")
+    if json:
+        emit_json(info)
+    else:
+        c = console(False)
+        t = Table(show_header=False, title=str(path), title_justify="left")
+        t.add_column(style="bold")
+        t.add_column()
+        keys = ["format", "method", "ct_format", "scheme", "bits", "group_size", "symmetric", "strategy",
+                "activations", "kv_cache", "ignore", "compressed_tensors_version", "source", "created",
+                "quantkit_version"]
+        for k in keys:
+            if info.get(k) is not None:
+                t.add_row(k, str(info[k]))
+        t.add_row("size", fmt_bytes(info["size_bytes"]))
+        if info.get("compression"):
+            t.add_row("compression", f"{info['compression']}x vs source ({fmt_bytes(info['source_size_bytes'])})")
+        if info.get("bits_per_weight"):
+            t.add_row("bits per weight", str(info["bits_per_weight"]))
+        for g in info.get("gguf", []):
+            extra = f", {g['bits_per_weight']} bpw" if "bits_per_weight" in g else ""
+            t.add_row(g["file"], f"{g.get('type', g.get('error', '?'))}, {fmt_bytes(g['size'])}{extra}")
+        if info.get("calibration"):
+            cal = info["calibration"]
+            t.add_row("calibration", f"{cal['dataset']}: {cal['samples']} x {cal['seq_len']} tokens, "
+                                     f"sha256 {cal['tokens_sha256'][:16]}…")
+        ev = info.get("evaluation")
+        if ev:
+            t.add_row("evaluation", ", ".join(f"{k}={v}" for k, v in (ev.get("summary") or {}).items()))
+        if man is None:
+            t.add_row("manifest", "[yellow]none (not written by quantkit)[/]")
+        elif man["ok"]:
+            t.add_row("manifest", f"[green]ok[/]: {man['checked']} files, every sha256 verified")
+        else:
+            t.add_row("manifest", f"[red]MISMATCH[/]: changed {man['changed']}, missing {man['missing']}, "
+                                  f"not in manifest {man['extra']}")
+        c.print(t)
+    if man is not None and not man["ok"]:
+        raise IntegrityError(f"{path}: files differ from the manifest (changed: {man['changed']}, "
+                             f"missing: {man['missing']}, not in manifest: {man['extra']})")
+
+
+@handle_errors
+def verify_cmd(
+    path: Path = typer.Argument(..., help="Artifact folder (or release folder of artifacts)."),
+    json: bool = JSON_OPT,
+) -> None:
+    """Re-hash every file against quantkit.json and report any difference (tampering, bit rot, incomplete copy).
+    Exits 1 on any mismatch. A release folder is checked artifact by artifact."""
+    from quantkit import api
+    from quantkit.artifact import MANIFEST
+
+    roots = [path] if (path / MANIFEST).exists() else sorted(p.parent for p in path.glob(f"*/{MANIFEST}"))
+    if not roots:
+        from quantkit.errors import UsageError
+
+        raise UsageError(f"{path} has no {MANIFEST} (and no artifact folders holding one)")
+    results = [api.verify(r) for r in roots]
+    if json:
+        emit_json([r.to_json() for r in results])
+    else:
+        c = console(False)
+        for r in results:
+            if r.ok:
+                c.print(f"[green]ok[/] {r.root}: {r.checked} files match the manifest")
+            else:
+                c.print(f"[red]MISMATCH[/] {r.root}: changed {r.changed}, missing {r.missing}, extra {r.extra}")
+    bad = [r for r in results if not r.ok]
+    if bad:
+        raise IntegrityError(f"{len(bad)} artifact(s) differ from their manifest: {', '.join(str(r.root) for r in bad)}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("inspect", rich_help_panel="Artifacts")(inspect_cmd)
+    app.command("verify", rich_help_panel="Artifacts")(verify_cmd)

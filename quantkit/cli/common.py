@@ -1,0 +1,84 @@
+"""What every verb shares: global flags, error handling, JSON vs human output, signal handling.
+
+Human output goes to stdout normally and to stderr under ``--json``, so stdout then carries exactly one JSON
+document. User errors print one message (and a hint) with their documented exit code; ``--debug`` re-raises
+them with the traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from quantkit.errors import EXIT_INTERRUPTED, Interrupted, QuantkitError
+from quantkit.progress import Reporter
+
+
+class State:
+    """Global flags from the top-level callback."""
+
+    debug: bool = False
+    quiet: bool = False
+
+
+STATE = State()
+F = TypeVar("F", bound=Callable[..., Any])
+
+JSON_OPT = typer.Option(False, "--json", help="Print one machine-readable JSON document on stdout (human output goes to stderr).")
+FORCE_OPT = typer.Option(False, "--force", "-f", help="Replace an existing output (only once the new one is complete).")
+RECIPE_OPT = typer.Option(None, "--recipe", "-r", help="Recipe YAML file (or a shipped recipe's name); flags override its fields.")
+
+
+def console(as_json: bool) -> Console:
+    return Console(stderr=as_json, highlight=False)
+
+
+def reporter(as_json: bool) -> Reporter:
+    return Reporter(console(as_json), quiet=STATE.quiet)
+
+
+def emit_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def _raise_interrupted(signum: int, frame: Any) -> None:
+    raise Interrupted(f"stopped by {signal.Signals(signum).name}; temporary files were removed")
+
+
+def install_signal_handlers() -> None:
+    """SIGTERM behaves like Ctrl-C: an exception unwinds every ``with`` block, so cleanups run."""
+    signal.signal(signal.SIGTERM, _raise_interrupted)
+
+
+def handle_errors(fn: F) -> F:
+    """Turn QuantkitError and Ctrl-C into one readable message and the documented exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        install_signal_handlers()
+        err = Console(stderr=True, highlight=False)
+        try:
+            return fn(*args, **kwargs)
+        except QuantkitError as e:
+            if STATE.debug:
+                raise
+            err.print(f"[bold red]error:[/] {escape(e.message)}", soft_wrap=True)
+            if e.hint:
+                err.print(f"  [dim]hint:[/] {escape(e.hint)}", soft_wrap=True)
+            raise typer.Exit(e.exit_code) from None
+        except KeyboardInterrupt:
+            if STATE.debug:
+                raise
+            err.print("[bold red]interrupted[/]: temporary files were removed")
+            raise typer.Exit(EXIT_INTERRUPTED) from None
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,124 @@
+"""``recipes`` (list and show the shipped recipes) and ``calib`` (list and preview calibration sets)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+from rich.syntax import Syntax
+from rich.table import Table
+
+from quantkit.cli.common import JSON_OPT, console, emit_json, handle_errors
+
+
+@handle_errors
+def recipes_cmd(
+    name: Optional[str] = typer.Argument(None, help="Show this recipe (name or path), validated, with defaults."),
+    schema: bool = typer.Option(False, "--schema", help="Print the recipe JSON schema (every field)."),
+    json: bool = JSON_OPT,
+) -> None:
+    """List the shipped recipes in recipes/, or show one (validated, every default filled in)."""
+    from quantkit import recipe as recipe_mod
+
+    c = console(json)
+    if schema:
+        emit_json(recipe_mod.Recipe.model_json_schema())
+        return
+    if name:
+        path = recipe_mod.find(name)
+        r = recipe_mod.load(path, check_output_escape=False)
+        if json:
+            emit_json(r.model_dump(mode="json"))
+        else:
+            c.print(f"[bold]{path}[/] (valid; defaults filled in)")
+            c.print(Syntax(recipe_mod.dump(r), "yaml"))
+        return
+    rows = []
+    for p in sorted(recipe_mod.shipped_dir().glob("*.yaml")):
+        first = next((ln[1:].strip() for ln in p.read_text().splitlines() if ln.startswith("#")), "")
+        rows.append({"name": p.stem, "path": str(p), "description": first})
+    if json:
+        emit_json(rows)
+        return
+    t = Table(title="shipped recipes (quantkit recipes NAME shows one)", title_justify="left")
+    t.add_column("name", style="bold")
+    t.add_column("description")
+    for r in rows:
+        t.add_row(r["name"], r["description"])
+    c.print(t)
+
+
+calib_app = typer.Typer(help="Calibration sets: list the shipped ones, preview any source.", no_args_is_help=True)
+
+
+@calib_app.command("list")
+@handle_errors
+def calib_list(json: bool = JSON_OPT) -> None:
+    """List the calibration and evaluation sets shipped in calibration/."""
+    from quantkit import calibration
+
+    rows = []
+    for name in calibration.SHIPPED:
+        docs = calibration.load_documents(name)
+        rows.append({"name": name, "documents": len(docs.items), "characters": sum(len(d) for d in docs.items)})
+    if json:
+        emit_json(rows)
+        return
+    t = Table(title=f"shipped sets ({calibration.shipped_dir()}; PSF licence, see LICENSE-PSF.txt)", title_justify="left")
+    for col in ("name", "documents", "characters"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["name"], str(r["documents"]), f"{r['characters']:,}")
+    t.add_row("hub", "-", "wikitext2, pile-val, c4, ultrachat, org/name[:config][@split] (needs the hub)")
+    console(False).print(t)
+
+
+@calib_app.command("show")
+@handle_errors
+def calib_show(
+    source: str = typer.Argument(..., help="Shipped set name, file, or hub dataset."),
+    model: Optional[str] = typer.Option(None, "--model", help="Tokenize with this model's tokenizer and report the token hash."),
+    samples: int = typer.Option(8, "--samples", help="Samples to build when --model is given."),
+    seq_len: int = typer.Option(512, "--seq-len", help="Tokens per sample when --model is given."),
+    seed: int = typer.Option(0, "--seed"),
+    field: str = typer.Option("text", "--field", help="Text field for JSON/parquet sources."),
+    chat_template: bool = typer.Option(False, "--chat-template/--no-chat-template"),
+    n: int = typer.Option(3, "--show", help="Documents to preview."),
+    json: bool = JSON_OPT,
+) -> None:
+    """Preview a calibration source: its documents, and with --model the exact token samples and their sha256."""
+    from quantkit import calibration
+    from quantkit.recipe import CalibrationSpec
+
+    docs = calibration.load_documents(source, field)
+    info: dict = {"source": source, "kind": docs.kind, "documents": len(docs.items), "chat": docs.chat,
+                  "source_sha256": docs.file_sha256,
+                  "preview": [str(d)[:300] for d in docs.items[:n]]}
+    if model:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model)
+        spec = CalibrationSpec(dataset=source, samples=samples, seq_len=seq_len, seed=seed, field=field,
+                               chat_template=chat_template)
+        cs = calibration.build(spec, tok, docs)
+        info["calibration"] = cs.manifest()
+        info["first_sample"] = tok.decode(cs.samples[0])[:300]
+    if json:
+        emit_json(info)
+        return
+    c = console(False)
+    c.print(f"[bold]{source}[/] ({docs.kind}): {len(docs.items)} documents"
+            + (" (chat)" if docs.chat else "") + (f", sha256 {docs.file_sha256[:16]}…" if docs.file_sha256 else ""))
+    for i, p in enumerate(info["preview"]):
+        c.rule(f"document {i}")
+        c.print(p, markup=False)
+    if model:
+        cal = info["calibration"]
+        c.rule("tokens")
+        c.print(f"{cal['samples']} samples x {cal['seq_len']} tokens = {cal['tokens']} tokens, "
+                f"sha256 {cal['tokens_sha256']}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("recipes", rich_help_panel="Recipes and data")(recipes_cmd)
+    app.add_typer(calib_app, name="calib", rich_help_panel="Recipes and data")

@@ -1,0 +1,95 @@
+"""Errors users see, and the exit code each maps to.
+
+Every error a user can cause or fix is a :class:`QuantkitError`: the CLI prints its message and hint on one or
+two lines and exits with its code, with no traceback unless ``--debug`` is given.
+
+Exit codes (documented in the README and ``quantkit --help``):
+
+* 0 - success
+* 1 - failure (a backend failed, a file is corrupt, an engine would not load the artifact)
+* 2 - usage or recipe error (bad flags or recipe, missing input, existing output without ``--force``)
+* 3 - a verification gate failed
+* 130 - interrupted (Ctrl-C or SIGTERM); temporary files were removed
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_GATE = 3
+EXIT_INTERRUPTED = 130
+
+
+class QuantkitError(Exception):
+    """Base class: a message for the user, an optional hint on what to do, and an exit code."""
+
+    exit_code = EXIT_FAILURE
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
+
+
+class UsageError(QuantkitError):
+    """Bad flags, bad input paths, or an output that exists without --force."""
+
+    exit_code = EXIT_USAGE
+
+
+class RecipeError(UsageError):
+    """A recipe that fails validation: names the field, the line and what was expected."""
+
+
+class SourceModelError(UsageError):
+    """The source model is missing, unreadable, corrupt, untrusted or unsupported."""
+
+
+class CalibrationError(UsageError):
+    """A calibration or evaluation dataset that cannot be loaded or is too short."""
+
+
+class OutputExistsError(UsageError):
+    """The output exists and --force was not given."""
+
+
+class LockedError(UsageError):
+    """Another quantkit process is writing the same output."""
+
+
+class DiskSpaceError(QuantkitError):
+    """Not enough free space for the artifact (checked before writing, and on ENOSPC while writing)."""
+
+
+class MissingBackendError(QuantkitError):
+    """A heavy optional backend is not installed: names the extra to install."""
+
+    def __init__(self, module: str, extra: str, purpose: str) -> None:
+        super().__init__(
+            f"{purpose} needs the Python package '{module}', which is not installed",
+            hint=f"pip install 'quantkit[{extra}]'",
+        )
+
+
+class BackendError(QuantkitError):
+    """A backend library failed while working on a valid input."""
+
+
+class IntegrityError(QuantkitError):
+    """Files do not match the manifest's sha256 (tampering or bit rot)."""
+
+
+class GateFailedError(QuantkitError):
+    """A verification gate failed: which gate, the value and the limit."""
+
+    exit_code = EXIT_GATE
+
+
+class Interrupted(QuantkitError):
+    """Ctrl-C or SIGTERM: raised so every ``with`` block cleans up on the way out."""
+
+    exit_code = EXIT_INTERRUPTED

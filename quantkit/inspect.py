@@ -1,0 +1,114 @@
+"""``quantkit inspect``: say what an artifact is, from its files, and check its seal.
+
+Works on quantkit artifacts (manifest + sha256 check) and on foreign ones too (a compressed-tensors, AutoAWQ,
+GPTQ or ModelOpt checkpoint, a plain checkpoint, a ``.gguf`` file), reading only headers and configs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from quantkit import artifact
+from quantkit.errors import UsageError
+
+WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".engine")
+
+
+def weight_bytes(root: Path) -> int:
+    """Bytes of weight files in a folder (or of one file)."""
+    if root.is_file():
+        return root.stat().st_size
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
+
+
+def checkpoint_quantization(root: Path) -> dict[str, Any]:
+    """Format, bits and scheme of a Hugging Face checkpoint folder, from its config files."""
+    cfg_path = root / "config.json"
+    hf_quant = root / "hf_quant_config.json"
+    if hf_quant.exists():
+        q = json.loads(hf_quant.read_text()).get("quantization", {})
+        return {"format": "modelopt", "scheme": q.get("quant_algo"), "kv_cache": q.get("kv_cache_quant_algo")}
+    if not cfg_path.exists():
+        return {"format": "unknown"}
+    cfg = json.loads(cfg_path.read_text())
+    if "quantization" in cfg and "architecture" in cfg:  # TensorRT-LLM checkpoint config
+        q = cfg["quantization"] or {}
+        return {"format": "trtllm-checkpoint", "scheme": q.get("quant_algo"), "kv_cache": q.get("kv_cache_quant_algo")}
+    q = cfg.get("quantization_config")
+    if not q:
+        return {"format": "hf", "dtype": cfg.get("dtype") or cfg.get("torch_dtype")}
+    method = q.get("quant_method")
+    if method == "compressed-tensors":
+        groups = q.get("config_groups") or {}
+        g = next(iter(groups.values()), {})
+        w = g.get("weights") or {}
+        a = g.get("input_activations") or {}
+        scheme = f"W{w.get('num_bits')}A{a.get('num_bits', 16) if a else 16}"
+        return {"format": "compressed-tensors", "ct_format": q.get("format"), "scheme": scheme,
+                "bits": w.get("num_bits"), "type": w.get("type"), "strategy": w.get("strategy"),
+                "group_size": w.get("group_size"), "symmetric": w.get("symmetric"),
+                "activations": (a.get("type"), a.get("strategy"), "dynamic" if a.get("dynamic") else "static")
+                if a else None, "ignore": q.get("ignore"), "kv_cache": q.get("kv_cache_scheme"),
+                "compressed_tensors_version": q.get("version")}
+    return {"format": str(method), "bits": q.get("bits") or q.get("w_bit"),
+            "group_size": q.get("group_size") or q.get("q_group_size"), "scheme": q.get("version") or q.get("desc_act")}
+
+
+def gguf_files(root: Path) -> list[dict[str, Any]]:
+    """Each GGUF file's quantization type and size (``general.file_type`` read with gguf-py)."""
+    files = [root] if root.is_file() else sorted(root.glob("*.gguf"))
+    out = []
+    for f in files:
+        info: dict[str, Any] = {"file": f.name, "size": f.stat().st_size}
+        try:
+            from gguf import GGUFReader, LlamaFileType
+
+            r = GGUFReader(str(f))
+            ft = r.fields.get("general.file_type")
+            if ft is not None:
+                info["type"] = LlamaFileType(int(ft.parts[ft.data[0]][0])).name.removeprefix("MOSTLY_")
+            info["tensors"] = len(r.tensors)
+        except Exception as e:  # an unreadable GGUF is reported, not fatal to inspect
+            info["error"] = f"{type(e).__name__}: {e}"
+        out.append(info)
+    return out
+
+
+def describe(path: Path) -> dict[str, Any]:
+    """Everything ``inspect`` prints, as data."""
+    if not path.exists():
+        raise UsageError(f"{path} does not exist")
+    info: dict[str, Any] = {"path": str(path)}
+    is_gguf = path.suffix == ".gguf" or (path.is_dir() and any(path.glob("*.gguf")))
+    info["size_bytes"] = weight_bytes(path)
+    if is_gguf:
+        info["format"] = "gguf"
+        info["gguf"] = gguf_files(path)
+    elif path.is_dir():
+        info.update(checkpoint_quantization(path))
+    manifest_path = path / artifact.MANIFEST if path.is_dir() else None
+    if manifest_path and manifest_path.exists():
+        m = artifact.read_manifest(path)
+        src = m.get("source") or {}
+        info["method"] = m.get("method")
+        info["created"] = m.get("created")
+        info["quantkit_version"] = m.get("quantkit_version")
+        info["source"] = src.get("id")
+        info["source_size_bytes"] = src.get("size_bytes")
+        if src.get("size_bytes"):
+            info["compression"] = round(src["size_bytes"] / max(1, info["size_bytes"]), 2)
+        if src.get("parameters"):
+            if is_gguf:
+                for g in info["gguf"]:
+                    g["bits_per_weight"] = round(8 * g["size"] / src["parameters"], 2)
+            elif info["size_bytes"]:
+                info["bits_per_weight"] = round(8 * info["size_bytes"] / src["parameters"], 2)
+        info["calibration"] = m.get("calibration")
+        info["evaluation"] = m.get("evaluation")
+        info["smoke"] = m.get("smoke")
+        info["manifest"] = artifact.verify(path).to_json()
+    else:
+        info["manifest"] = None
+    return info

@@ -1,0 +1,62 @@
+"""The shape every producer shares: estimate the output size, then produce into a folder.
+
+A producer writes files into ``ctx.out`` (a temporary folder owned by :class:`~quantkit.artifact.ArtifactWriter`)
+and returns what the manifest should say about the quantization. It never evaluates (that is
+:mod:`quantkit.verify`'s job) and never renames or hashes (that is :mod:`quantkit.artifact`'s).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from quantkit.calibration import CalibrationSet
+from quantkit.progress import Reporter
+from quantkit.recipe import CalibrationSpec, RuntimeSpec
+from quantkit.source import SourceModel
+
+
+@dataclass
+class ProduceContext:
+    """Everything a producer needs for one output."""
+
+    spec: Any  # one of the recipe's method specs (AwqSpec, GgufSpec, ...)
+    source: SourceModel
+    out: Path
+    calibration: CalibrationSpec
+    runtime: RuntimeSpec
+    reporter: Reporter
+    _calib_cache: dict = field(default_factory=dict)
+
+    def calibration_set(self, tokenizer: Any) -> CalibrationSet:
+        """The calibration samples for this run, built once per context and reused."""
+        from quantkit import calibration
+
+        if "set" not in self._calib_cache:
+            with self.reporter.step("calibration_data", f"Tokenizing calibration set {self.calibration.dataset!r}"):
+                self._calib_cache["set"] = calibration.build(self.calibration, tokenizer)
+        return self._calib_cache["set"]
+
+
+@dataclass
+class Produced:
+    """What a producer made: the artifact's format and the manifest's ``quantization`` section."""
+
+    format: str
+    quantization: dict[str, Any]
+    calibration: CalibrationSet | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+class Producer(Protocol):
+    """One per format family (compressed-tensors, GGUF, TensorRT-LLM)."""
+
+    def check(self, spec: Any, source: SourceModel) -> None:
+        """Refuse early (before loading weights) what this producer cannot do for this source."""
+
+    def estimate_bytes(self, spec: Any, source: SourceModel) -> int:
+        """Roughly how many bytes the artifact will take (for the free-space check)."""
+
+    def produce(self, ctx: ProduceContext) -> Produced:
+        """Write the artifact's files into ``ctx.out``."""

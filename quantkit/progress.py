@@ -1,0 +1,89 @@
+"""Human output: Rich progress bars and spinners for long steps, timings per step, and quiet/JSON modes.
+
+Everything a person reads goes through a :class:`Reporter`. With ``--json`` it writes to stderr so stdout
+carries only the machine-readable result; with ``--quiet`` it shows nothing but errors.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn,
+                           TimeElapsedColumn, TimeRemainingColumn)
+
+
+class _Task:
+    """A handle on one progress bar: ``advance(n)`` and ``update(description=..)``."""
+
+    def __init__(self, progress: Progress | None, task_id: Any) -> None:
+        self._p, self._id = progress, task_id
+
+    def advance(self, n: float = 1) -> None:
+        if self._p is not None:
+            self._p.advance(self._id, n)
+
+    def update(self, **kw: Any) -> None:
+        if self._p is not None:
+            self._p.update(self._id, **kw)
+
+
+class Reporter:
+    """Progress, status and timing for one command."""
+
+    def __init__(self, console: Console | None = None, *, quiet: bool = False) -> None:
+        self.console = console or Console(stderr=True)
+        self.quiet = quiet
+        self.timings: dict[str, float] = {}
+
+    def log(self, message: str) -> None:
+        if not self.quiet:
+            self.console.print(message)
+
+    def warn(self, message: str) -> None:
+        self.console.print(f"[yellow]warning:[/] {message}")
+
+    @contextmanager
+    def step(self, key: str, description: str) -> Iterator[None]:
+        """An opaque step (a library call we cannot see inside): a spinner with elapsed time; timed as ``key``."""
+        start = time.perf_counter()
+        if self.quiet:
+            try:
+                yield
+            finally:
+                self.timings[key] = round(self.timings.get(key, 0.0) + time.perf_counter() - start, 3)
+            return
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                      console=self.console, transient=True) as p:
+            p.add_task(description, total=None)
+            try:
+                yield
+            finally:
+                self.timings[key] = round(self.timings.get(key, 0.0) + time.perf_counter() - start, 3)
+        self.console.print(f"[green]✓[/] {description} [dim]({self.timings[key]:.1f}s)[/]")
+
+    @contextmanager
+    def bar(self, description: str, total: float | None, unit: str = "") -> Iterator[_Task]:
+        """A progress bar over a known amount of work (windows, tensors, bytes)."""
+        if self.quiet:
+            yield _Task(None, None)
+            return
+        cols = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TaskProgressColumn(), TimeElapsedColumn(), TimeRemainingColumn()]
+        if unit:
+            cols.insert(-2, TextColumn("{task.fields[rate]}"))
+        with Progress(*cols, console=self.console, transient=False) as p:
+            tid = p.add_task(description, total=total, rate="")
+            yield _Task(p, tid)
+
+    @contextmanager
+    def timed(self, key: str) -> Iterator[None]:
+        """Time a step without showing anything (for steps that draw their own bars)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[key] = round(self.timings.get(key, 0.0) + time.perf_counter() - start, 3)

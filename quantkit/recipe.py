@@ -1,0 +1,418 @@
+"""The recipe: one YAML schema (pydantic models) for every format quantkit writes.
+
+A recipe is data, like an llm-compressor recipe: which source model, which outputs (method + parameters), which
+calibration data, which verification gates. The CLI verbs build the same object from flags, so a recipe file
+and a command line are two spellings of one thing, and flags override recipe fields.
+
+Validation happens before any model loads. A bad recipe raises :class:`RecipeError` naming the field, the
+YAML line it came from and what was expected. YAML is read with the safe loader only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from quantkit.errors import RecipeError
+
+GROUP_SIZES = (-1, 32, 64, 128, 256)
+
+
+class _Strict(BaseModel):
+    """Unknown keys are errors: a typo in a recipe must never be silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def _check_group_size(v: int) -> int:
+    if v not in GROUP_SIZES:
+        raise ValueError(f"must be one of {', '.join(map(str, GROUP_SIZES))} (-1 = one group per output channel)")
+    return v
+
+
+class ModelSpec(_Strict):
+    """The source checkpoint: a local folder or a Hugging Face hub id (optionally pinned to a revision)."""
+
+    source: str = Field(description="local folder or hub id (org/name)")
+    revision: str | None = Field(None, description="hub branch, tag or commit; recorded in the manifest")
+    trust_remote_code: bool = Field(False, description="run the checkpoint's own Python code (off by default)")
+    allow_pickle: bool = Field(False, description="accept .bin/.pt pickle weights (unsafe; off by default)")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+
+
+class CalibrationSpec(_Strict):
+    """Where calibration text comes from and how much of it to use."""
+
+    dataset: str = Field("mixed", description="shipped set (prose, code, mixed, heldout), a file, or a hub name")
+    samples: int = Field(128, ge=1, le=65536)
+    seq_len: int = Field(512, ge=16, le=131072)
+    seed: int = 0
+    field: str = Field("text", description="JSON/parquet field holding the text")
+    chat_template: bool = Field(False, description="wrap each sample in the model's chat template")
+
+
+class GateSpec(_Strict):
+    """Release gates. A gate left unset is not checked."""
+
+    max_ppl_ratio: float | None = Field(None, gt=1.0, description="artifact ppl / baseline ppl")
+    max_kld: float | None = Field(None, ge=0.0, description="mean KL(baseline || artifact), nats per token")
+    min_top1: float | None = Field(None, ge=0.0, le=1.0, description="share of tokens whose argmax agrees")
+
+
+class VerifySpec(_Strict):
+    """The evaluation protocol and its gates."""
+
+    enabled: bool = True
+    dataset: str = Field("auto", description="auto = WikiText-2 test when the hub is reachable, else heldout")
+    ctx: int = Field(2048, ge=16)
+    stride: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=16, description="score at most this many tokens")
+    engine: Literal["auto", "transformers", "vllm", "llama.cpp"] = "auto"
+    gates: GateSpec = Field(default_factory=lambda: GateSpec(max_ppl_ratio=1.5, max_kld=0.5, min_top1=0.6))
+
+
+class SmokeSpec(_Strict):
+    """Serve the artifact in its real engine and ask it a few questions."""
+
+    enabled: bool = True
+    engine: Literal["auto", "vllm", "llama.cpp", "trtllm"] = "auto"
+    timeout: float = Field(600.0, gt=0)
+    python: str | None = Field(None, description="the engine's own Python (vLLM/TensorRT-LLM environments)")
+
+
+class _Method(_Strict):
+    """Fields every quantization method shares."""
+
+    name: str | None = Field(None, description="artifact folder name inside a multi-output release")
+    ignore: list[str] = Field(default_factory=lambda: ["lm_head"], description="modules kept in full precision")
+
+
+class AwqSpec(_Method):
+    """AWQ W4A16 through llm-compressor's AWQModifier (activation-aware scaling, then group quantization)."""
+
+    method: Literal["awq"]
+    bits: Literal[4, 8] = 4
+    group_size: int = 128
+    symmetric: bool = False
+    format: Literal["compressed-tensors", "autoawq"] = "compressed-tensors"
+    duo_scaling: bool = True
+    _g = field_validator("group_size")(_check_group_size)
+
+
+class GptqSpec(_Method):
+    """GPTQ W4A16/W8A16 through llm-compressor's GPTQModifier (second-order error compensation)."""
+
+    method: Literal["gptq"]
+    bits: Literal[4, 8] = 4
+    group_size: int = 128
+    symmetric: bool = True
+    act_order: bool = False
+    damp: float = Field(0.01, gt=0, lt=1, description="dampening as a fraction of the Hessian diagonal mean")
+    format: Literal["compressed-tensors", "gptq"] = "compressed-tensors"
+    _g = field_validator("group_size")(_check_group_size)
+
+
+class Fp8Spec(_Method):
+    """FP8 E4M3 weights with their scales: static (calibrated input scales), dynamic, or 128x128 blocks."""
+
+    method: Literal["fp8"]
+    scheme: Literal["static", "dynamic", "block"] = "static"
+    kv_cache_fp8: bool = False
+
+
+class Int8Spec(_Method):
+    """SmoothQuant then W8A8 INT8 (per-channel weights, dynamic per-token activations)."""
+
+    method: Literal["int8"]
+    smoothing_strength: float = Field(0.8, gt=0.0, lt=1.0)
+    weights: Literal["gptq", "rtn"] = "gptq"
+
+
+class RtnSpec(_Method):
+    """Round-to-nearest W4A16/W8A16: no calibration, the baseline AWQ and GPTQ must beat."""
+
+    method: Literal["rtn"]
+    bits: Literal[4, 8] = 4
+    group_size: int = 128
+    symmetric: bool = True
+    _g = field_validator("group_size")(_check_group_size)
+
+
+GGUF_TYPES = (
+    "F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_0", "Q5_1", "Q4_K_M", "Q4_K_S", "Q4_0",
+    "Q4_1", "Q3_K_L", "Q3_K_M", "Q3_K_S", "Q2_K", "IQ4_XS", "IQ4_NL",
+)
+
+
+class GgufSpec(_Method):
+    """GGUF for llama.cpp: convert once, then quantize into each type with llama.cpp's own quantizer."""
+
+    method: Literal["gguf"]
+    types: list[str] = Field(default_factory=lambda: ["Q4_K_M"], min_length=1)
+    imatrix: bool = Field(False, description="compute an importance matrix from the calibration set")
+    ignore: list[str] = Field(default_factory=list)
+
+    @field_validator("types")
+    @classmethod
+    def _types(cls, v: list[str]) -> list[str]:
+        out = [t.upper() for t in v]
+        bad = [t for t in out if t not in GGUF_TYPES]
+        if bad:
+            raise ValueError(f"unknown GGUF type {', '.join(bad)}; known: {', '.join(GGUF_TYPES)}")
+        return out
+
+
+class TrtLimits(_Strict):
+    """TensorRT-LLM engine limits passed to trtllm-build."""
+
+    max_batch_size: int = Field(8, ge=1)
+    max_input_len: int = Field(1024, ge=1)
+    max_seq_len: int = Field(2048, ge=1)
+    max_num_tokens: int = Field(8192, ge=1)
+    paged_kv_cache: bool = True
+    gemm_plugin: str | None = "auto"
+
+
+class TrtSpec(_Method):
+    """ModelOpt quantization + export for TensorRT-LLM (unified HF checkpoint and TRT-LLM checkpoint)."""
+
+    method: Literal["trt"]
+    quantization: Literal["fp8", "int8_sq", "int4_awq", "w4a8_awq", "none"] = "fp8"
+    kv_cache: Literal["fp8", "int8", "auto"] = "auto"
+    tp: int = Field(1, ge=1, le=64)
+    pp: int = Field(1, ge=1, le=64)
+    limits: TrtLimits = Field(default_factory=TrtLimits)
+    checkpoint_only: bool = False
+
+
+MethodSpec = Annotated[
+    Union[AwqSpec, GptqSpec, Fp8Spec, Int8Spec, RtnSpec, GgufSpec, TrtSpec], Field(discriminator="method")
+]
+METHODS = ("awq", "gptq", "fp8", "int8", "rtn", "gguf", "trt")
+
+
+class RuntimeSpec(_Strict):
+    """Where and how the work runs. Not part of what an artifact *is*, but recorded for reproduction."""
+
+    device: str = Field("auto", description="auto, cpu, cuda, cuda:N")
+    num_gpus: int = Field(1, ge=1, description="> 1 launches llm-compressor's distributed calibration")
+    seed: int = 0
+    python: str | None = Field(None, description="another Python environment for this step (TensorRT-LLM)")
+
+
+class Recipe(_Strict):
+    """A whole recipe. ``quantize`` (one artifact at ``output``) or ``outputs`` (several under ``output``)."""
+
+    model: ModelSpec
+    output: str = Field(description="artifact folder, or the release folder for several outputs")
+    quantize: MethodSpec | None = None
+    outputs: list[MethodSpec] | None = None
+    calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
+    verify: VerifySpec = Field(default_factory=VerifySpec)
+    smoke: SmokeSpec = Field(default_factory=SmokeSpec)
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+
+    @model_validator(mode="after")
+    def _one_shape(self) -> "Recipe":
+        if (self.quantize is None) == (self.outputs is None):
+            raise ValueError("give exactly one of 'quantize' (one artifact) or 'outputs' (a list of artifacts)")
+        if self.outputs is not None:
+            names = [artifact_name(o) for o in self.outputs]
+            dup = sorted({n for n in names if names.count(n) > 1})
+            if dup:
+                raise ValueError(f"two outputs would write the same folder {dup[0]!r}; give each a distinct 'name'")
+        return self
+
+    def artifacts(self) -> list[tuple[MethodSpec, Path]]:
+        """Each output with the folder it is written to."""
+        if self.quantize is not None:
+            return [(self.quantize, Path(self.output))]
+        return [(o, Path(self.output) / artifact_name(o)) for o in self.outputs or []]
+
+    def sha256(self) -> str:
+        """Hash of the recipe as run (canonical JSON), used to decide whether an artifact can be reused."""
+        return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
+
+
+def artifact_name(spec: Any) -> str:
+    """A stable folder name for an output: its ``name``, else derived from the method and its main parameters."""
+    if spec.name:
+        return spec.name
+    if spec.method in ("awq", "gptq", "rtn"):
+        return f"{spec.method}-w{spec.bits}g{spec.group_size if spec.group_size > 0 else 'ch'}"
+    if spec.method == "fp8":
+        return f"fp8-{spec.scheme}"
+    if spec.method == "int8":
+        return f"int8-sq-{spec.weights}"
+    if spec.method == "gguf":
+        return "gguf"
+    return f"trt-{spec.quantization}"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Loading with line numbers
+
+
+class _LineLoader(yaml.SafeLoader):
+    """The safe loader, plus a map from each key path to the line it sits on (for error messages)."""
+
+
+def _compose_lines(node: yaml.Node, path: tuple, lines: dict[tuple, int]) -> None:
+    lines[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            key = k.value
+            lines[path + (key,)] = k.start_mark.line + 1
+            _compose_lines(v, path + (key,), lines)
+            lines[path + (key,)] = k.start_mark.line + 1
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _compose_lines(item, path + (i,), lines)
+
+
+def _read_yaml(text: str, where: str) -> tuple[Any, dict[tuple, int]]:
+    try:
+        node = yaml.compose(text, Loader=_LineLoader)
+        data = yaml.load(text, Loader=_LineLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark else ""
+        raise RecipeError(f"{where}:{line} is not valid YAML: {getattr(e, 'problem', e)}") from None
+    lines: dict[tuple, int] = {}
+    if node is not None:
+        _compose_lines(node, (), lines)
+    return data, lines
+
+
+def _set_path(data: dict, dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    cur = data
+    for k in keys[:-1]:
+        if not isinstance(cur.get(k), dict):
+            cur[k] = {}
+        cur = cur[k]
+    cur[keys[-1]] = value
+
+
+def _describe(err: dict) -> str:
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        return "unknown key (check the spelling; `quantkit recipes --schema` lists every field)"
+    if err["type"] == "missing":
+        return "required field is missing"
+    if err["type"] in ("literal_error", "union_tag_invalid"):
+        return msg.replace("Input should be", "expected")
+    return msg.removeprefix("Value error, ")
+
+
+def validate(data: Any, *, where: str = "recipe", lines: dict[tuple, int] | None = None,
+             flags: dict[str, str] | None = None) -> Recipe:
+    """Validate a recipe mapping; every problem is reported with its field path, line (or flag) and expectation."""
+    if not isinstance(data, dict):
+        raise RecipeError(f"{where}: a recipe must be a YAML mapping (key: value), not {type(data).__name__}")
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as e:
+        problems = []
+        for err in e.errors():
+            loc = tuple(p for p in err["loc"] if p not in METHODS)  # drop the discriminator's tag from the path
+            field = ".".join(str(p) for p in loc) or "(top level)"
+            origin = ""
+            if flags and field in flags:
+                origin = f" (from {flags[field]})"
+            elif lines:
+                probe = loc
+                while probe and probe not in lines:
+                    probe = probe[:-1]
+                if probe in lines:
+                    origin = f" (line {lines[probe]})"
+            got = err.get("input")
+            got_s = "" if err["type"] in ("missing", "extra_forbidden") or isinstance(got, dict) else f"; got {got!r}"
+            problems.append(f"{field}{origin}: {_describe(err)}{got_s}")
+        head = f"{where}: " + ("invalid recipe" if len(problems) > 1 else problems[0])
+        raise RecipeError(head if len(problems) == 1 else head + "\n  " + "\n  ".join(problems)) from None
+
+
+def load(path: str | Path | None, overrides: dict[str, Any] | None = None,
+         base: dict[str, Any] | None = None, *, check_output_escape: bool = True) -> Recipe:
+    """Read a recipe file (or start from ``base``), apply CLI overrides (dotted keys), and validate.
+
+    ``overrides`` maps dotted field paths to values; ``None`` values are ignored, so a CLI can pass every flag.
+    Keys in ``overrides`` may carry the flag they came from as ``"field|--flag"`` for better messages.
+    """
+    data: dict[str, Any] = dict(base or {})
+    lines: dict[tuple, int] = {}
+    where = "command line"
+    if path is not None:
+        p = Path(path)
+        where = str(p)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise RecipeError(f"recipe {p} does not exist", hint="`quantkit recipes` lists the shipped ones") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise RecipeError(f"cannot read recipe {p}: {e}") from None
+        loaded, lines = _read_yaml(text, where)
+        if loaded is None:
+            raise RecipeError(f"{where}: the recipe is empty")
+        if not isinstance(loaded, dict):
+            raise RecipeError(f"{where}: a recipe must be a YAML mapping (key: value), not {type(loaded).__name__}")
+        data = _merge(data, loaded)
+        if check_output_escape and "output" in loaded:
+            _check_inside_cwd(str(loaded["output"]), where, lines.get(("output",)))
+    flags: dict[str, str] = {}
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        field, _, flag = key.partition("|")
+        _set_path(data, field, value)
+        flags[field] = flag or field
+    if path is not None and overrides:
+        where = f"{where} + command line"
+    return validate(data, where=where, lines=lines, flags=flags)
+
+
+def _merge(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _check_inside_cwd(output: str, where: str, line: int | None) -> None:
+    """A recipe (unlike a flag the user typed) must not write outside the folder it is run from."""
+    cwd = Path.cwd().resolve()
+    target = (cwd / os.path.expanduser(output)).resolve()
+    if target != cwd and cwd not in target.parents:
+        at = f" (line {line})" if line else ""
+        raise RecipeError(f"{where}: output{at}: {output!r} is outside the working folder {cwd}",
+                          hint="use a relative path inside the working folder, or pass -o/--output explicitly")
+
+
+def dump(recipe: Recipe) -> str:
+    """The recipe as YAML, defaults filled in: what was actually run."""
+    return yaml.safe_dump(recipe.model_dump(mode="json", exclude_none=True), sort_keys=False)
+
+
+def shipped_dir() -> Path:
+    """The ``recipes/`` folder: beside the package in a checkout, or installed as package data."""
+    here = Path(__file__).resolve().parent
+    for cand in (here.parent / "recipes", here / "recipes"):
+        if cand.is_dir():
+            return cand
+    return here.parent / "recipes"
+
+
+def find(name_or_path: str) -> Path:
+    """A recipe path, or the name of a shipped recipe (``awq`` -> ``recipes/awq.yaml``)."""
+    p = Path(name_or_path)
+    if p.exists():
+        return p
+    cand = shipped_dir() / (name_or_path if name_or_path.endswith(".yaml") else f"{name_or_path}.yaml")
+    return cand if cand.exists() else p

@@ -1,0 +1,188 @@
+"""Resolve and vet the source checkpoint before anything expensive happens.
+
+Checks run in seconds, before hours of calibration: the folder exists and is readable, ``config.json`` is JSON,
+custom code is refused unless trusted, pickle weights are refused unless allowed, and every ``.safetensors``
+file's header and byte extent are consistent (a truncated download is caught here, not mid-way through
+calibration). Hub ids are downloaded with ``huggingface_hub`` (pinned to ``revision``); offline, a hub id gives
+one clear message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from quantkit.errors import SourceModelError
+from quantkit.recipe import ModelSpec
+
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"]
+
+
+@dataclass
+class SourceModel:
+    """A vetted local checkpoint and what the manifest records about it."""
+
+    spec: str
+    path: Path
+    revision: str | None
+    config: dict
+    config_sha256: str
+    weight_files: list[Path] = field(default_factory=list)
+    size_bytes: int = 0
+    num_parameters: int = 0
+    is_pickle: bool = False
+
+    @property
+    def architecture(self) -> str:
+        archs = self.config.get("architectures") or ["?"]
+        return archs[0]
+
+    @property
+    def model_type(self) -> str:
+        return str(self.config.get("model_type", "?"))
+
+    def manifest(self) -> dict:
+        return {
+            "id": self.spec, "path": str(self.path), "revision": self.revision,
+            "architecture": self.architecture, "model_type": self.model_type,
+            "config_sha256": self.config_sha256, "size_bytes": self.size_bytes,
+            "parameters": self.num_parameters,
+        }
+
+
+def looks_like_hub_id(spec: str) -> bool:
+    """``org/name`` that is not an existing path: a hub id."""
+    return not Path(spec).exists() and spec.count("/") == 1 and not spec.startswith((".", "/", "~"))
+
+
+def resolve(spec: ModelSpec) -> SourceModel:
+    """Turn a model spec into a vetted local checkpoint (downloading from the hub if needed)."""
+    path, revision = _local_path(spec)
+    return vet(path, spec=spec.source, revision=revision, trust_remote_code=spec.trust_remote_code,
+               allow_pickle=spec.allow_pickle)
+
+
+def _local_path(spec: ModelSpec) -> tuple[Path, str | None]:
+    p = Path(os.path.expanduser(spec.source))
+    if p.exists():
+        return p, spec.revision
+    if not looks_like_hub_id(spec.source):
+        raise SourceModelError(f"model path {spec.source} does not exist",
+                               hint="give a local checkpoint folder or a hub id like org/name")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    try:
+        local = snapshot_download(spec.source, revision=spec.revision, allow_patterns=HUB_PATTERNS)
+    except RepositoryNotFoundError:
+        raise SourceModelError(f"hub model {spec.source} does not exist or is private",
+                               hint="check the id, or log in with `hf auth login`") from None
+    except LocalEntryNotFoundError:
+        raise SourceModelError(
+            f"cannot download {spec.source} from the Hugging Face hub: it is not reachable and no cached copy exists",
+            hint="check the network (or HF_HUB_OFFLINE), or pass a local checkpoint folder") from None
+    except (HfHubHTTPError, OSError) as e:
+        raise SourceModelError(f"cannot download {spec.source} from the Hugging Face hub: {e}",
+                               hint="check the network and the revision, or pass a local folder") from None
+    local_path = Path(local)
+    return local_path, spec.revision or local_path.name
+
+
+def vet(path: Path, *, spec: str | None = None, revision: str | None = None, trust_remote_code: bool = False,
+        allow_pickle: bool = False) -> SourceModel:
+    """Every cheap check on a local checkpoint folder; raises :class:`SourceModelError` with what to do."""
+    if not path.is_dir():
+        raise SourceModelError(f"model path {path} is not a folder",
+                               hint="give the checkpoint folder that holds config.json")
+    if not os.access(path, os.R_OK | os.X_OK):
+        raise SourceModelError(f"model folder {path} is not readable (permission denied)")
+    cfg_path = path / "config.json"
+    if not cfg_path.exists():
+        raise SourceModelError(f"{path} has no config.json: not a Hugging Face checkpoint folder")
+    try:
+        raw = cfg_path.read_bytes()
+        config = json.loads(raw)
+    except PermissionError:
+        raise SourceModelError(f"{cfg_path} is not readable (permission denied)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SourceModelError(f"{cfg_path} is not valid JSON: {e}",
+                               hint="the download may be incomplete; fetch the checkpoint again") from None
+    if not isinstance(config, dict):
+        raise SourceModelError(f"{cfg_path} must hold a JSON object")
+    if config.get("auto_map") and not trust_remote_code:
+        raise SourceModelError(
+            f"{path} asks to run its own Python code (config.json has auto_map: "
+            f"{', '.join(sorted(config['auto_map']))}); quantkit does not run a checkpoint's code unless told to",
+            hint="read that code first, then pass --trust-remote-code (recipe: model.trust_remote_code: true)")
+    safet = sorted(path.glob("*.safetensors"))
+    pickles = sorted(p for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    is_pickle = False
+    if not safet:
+        if pickles and not allow_pickle:
+            raise SourceModelError(
+                f"{path} holds only pickle weights ({', '.join(p.name for p in pickles[:3])}); loading pickle can "
+                "run arbitrary code",
+                hint="convert the checkpoint to safetensors, or pass --allow-pickle if you trust its origin")
+        if not pickles:
+            raise SourceModelError(f"{path} has no weight files (*.safetensors)")
+        is_pickle = True
+    total, params = 0, 0
+    for f in safet if safet else pickles:
+        if f.suffix == ".safetensors":
+            params += check_safetensors(f)
+        total += f.stat().st_size
+    return SourceModel(spec=spec or str(path), path=path, revision=revision, config=config,
+                       config_sha256=hashlib.sha256(raw).hexdigest(), weight_files=safet or pickles,
+                       size_bytes=total, num_parameters=params, is_pickle=is_pickle)
+
+
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8, "F8_E8M0": 1}
+
+
+def check_safetensors(path: Path) -> int:
+    """Validate a safetensors file's header against its size without reading the data; returns its element count.
+
+    A truncated or corrupt file (a partial download, a full disk during a copy) fails here in milliseconds.
+    """
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise ValueError("file is shorter than the 8-byte header length")
+            (n,) = struct.unpack("<Q", head)
+            if n > min(size - 8, 100 * 2**20):
+                raise ValueError(f"header length {n} is larger than the file")
+            header = json.loads(f.read(n))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise SourceModelError(f"{path} is corrupt or truncated: {e}",
+                               hint="download or copy the checkpoint again") from None
+    data_len = size - 8 - n
+    end, count = 0, 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            start, stop = info["data_offsets"]
+            numel = 1
+            for d in info["shape"]:
+                numel *= d
+        except (KeyError, TypeError, ValueError):
+            raise SourceModelError(f"{path} is corrupt: bad header entry for {name}") from None
+        width = _DTYPE_BYTES.get(info.get("dtype", ""), 0)
+        if width and stop - start != numel * width:
+            raise SourceModelError(f"{path} is corrupt: tensor {name} has {stop - start} bytes, expected "
+                                   f"{numel * width}")
+        end = max(end, stop)
+        count += numel
+    if end > data_len:
+        raise SourceModelError(
+            f"{path} is truncated: its header describes {end} bytes of tensors but the file holds {data_len}",
+            hint="download or copy the checkpoint again")
+    return count
