@@ -364,7 +364,8 @@ def load(path: str | Path | None, overrides: dict[str, Any] | None = None,
         if not isinstance(loaded, dict):
             raise RecipeError(f"{where}: a recipe must be a YAML mapping (key: value), not {type(loaded).__name__}")
         data = _merge(data, loaded)
-        if check_output_escape and "output" in loaded:
+        output_flag = any(k.partition("|")[0] == "output" and v is not None for k, v in (overrides or {}).items())
+        if check_output_escape and "output" in loaded and not output_flag:
             _check_inside_cwd(str(loaded["output"]), where, lines.get(("output",)))
     flags: dict[str, str] = {}
     for key, value in (overrides or {}).items():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import typer
 
 from quantkit import __version__
@@ -41,6 +43,15 @@ def _root(
 quantize.register(app)
 recipes.register(app)
 artifacts.register(app)
+# Verb groups still being built register themselves here when their module exists.
+for _name in ("gguf", "evaluate", "smoke", "trt", "pipeline"):
+    try:
+        _mod = importlib.import_module(f"quantkit.cli.{_name}")
+    except ModuleNotFoundError as _e:
+        if _e.name != f"quantkit.cli.{_name}":
+            raise
+        continue
+    _mod.register(app)
 
 
 def main() -> None:

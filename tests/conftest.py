@@ -1,0 +1,49 @@
+"""Shared fixtures: the reference model, a CLI runner that starts a real ``quantkit`` process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "models" / "quantkit-tiny"
+
+
+def has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+requires_gpu = pytest.mark.skipif(not has_cuda(), reason="needs a CUDA GPU")
+
+
+@pytest.fixture(scope="session")
+def tiny() -> Path:
+    """The reference model shipped in models/quantkit-tiny."""
+    return TINY
+
+
+def quantkit(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 900,
+             check: bool = False) -> subprocess.CompletedProcess:
+    """Run ``python -m quantkit ARGS`` as a real process and capture its output."""
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200", **(env or {})}
+    proc = subprocess.run([sys.executable, "-m", "quantkit", *map(str, args)], cwd=cwd or ROOT, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"quantkit {' '.join(map(str, args))} exited {proc.returncode}\n"
+                             f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def cli():
+    """The :func:`quantkit` runner as a fixture."""
+    return quantkit

@@ -1,0 +1,121 @@
+"""Calibration loading from every local source type, bounded samples, and the token hash."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from quantkit import calibration
+from quantkit.errors import CalibrationError
+from quantkit.recipe import CalibrationSpec
+
+TEXTS = [f"Document number {i}. " + "The quick brown fox jumps over the lazy dog. " * (20 + i) for i in range(12)]
+
+
+@pytest.fixture(scope="module")
+def tok(tiny: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny)
+
+
+def spec(source: str, **kw) -> CalibrationSpec:
+    return CalibrationSpec(dataset=source, **{"samples": 4, "seq_len": 64, **kw})
+
+
+def write_sources(tmp_path: Path) -> dict[str, Path]:
+    out = {}
+    (tmp_path / "a.txt").write_text("\n\n".join(TEXTS))
+    out["txt"] = tmp_path / "a.txt"
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    out["jsonl"] = tmp_path / "a.jsonl"
+    with gzip.open(tmp_path / "a.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps({"body": t}) + "\n" for t in TEXTS)
+    out["jsonl.gz"] = tmp_path / "a.jsonl.gz"
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": TEXTS}), tmp_path / "a.parquet")
+    out["parquet"] = tmp_path / "a.parquet"
+    return out
+
+
+def test_every_local_source_type_gives_the_same_tokens(tmp_path: Path, tok) -> None:
+    src = write_sources(tmp_path)
+    hashes = {}
+    for kind, path in src.items():
+        field = "body" if kind == "jsonl.gz" else "text"
+        cs = calibration.build(spec(str(path), field=field), tok)
+        assert len(cs.samples) == 4 and all(len(s) == 64 for s in cs.samples)
+        assert cs.documents.items[0].startswith("Document number 0")
+        hashes[kind] = cs.tokens_sha256
+    assert len(set(hashes.values())) == 1, hashes  # same documents, same seed -> identical token ids
+
+
+def test_token_hash_tracks_the_exact_tokens(tok) -> None:
+    a = calibration.build(spec("prose"), tok)
+    b = calibration.build(spec("prose"), tok)
+    c = calibration.build(spec("prose", seed=1), tok)
+    d = calibration.build(spec("prose", seq_len=65), tok)
+    assert a.tokens_sha256 == b.tokens_sha256
+    assert a.samples == b.samples
+    assert len({a.tokens_sha256, c.tokens_sha256, d.tokens_sha256}) == 3
+    assert a.tokens_sha256 == calibration.tokens_sha256(a.samples)
+    assert a.manifest()["tokens"] == 4 * 64
+
+
+def test_shipped_sets_load_and_heldout_is_disjoint_from_calibration() -> None:
+    prose = calibration.load_documents("prose")
+    code = calibration.load_documents("code")
+    held = calibration.load_documents("heldout")
+    mixed = calibration.load_documents("mixed")
+    assert len(mixed.items) == len(prose.items) + len(code.items)
+    assert held.items and not set(held.items) & set(prose.items + code.items)
+    split = json.loads((Path(calibration.shipped_dir()).parent / "models/quantkit-tiny/split.json").read_text())
+    assert len(split["prose"]["heldout"]) + len(split["code"]["heldout"]) == len(held.items)
+
+
+def test_shorter_than_asked_is_an_error(tmp_path: Path, tok) -> None:
+    p = tmp_path / "small.txt"
+    p.write_text("just a few words")
+    with pytest.raises(CalibrationError, match="fewer than the 4 x 64"):
+        calibration.build(spec(str(p)), tok)
+
+
+def test_empty_source_is_an_error(tmp_path: Path, tok) -> None:
+    p = tmp_path / "empty.jsonl"
+    p.write_text("")
+    with pytest.raises(CalibrationError, match="empty"):
+        calibration.build(spec(str(p)), tok)
+
+
+def test_missing_field_names_the_fields(tmp_path: Path) -> None:
+    p = tmp_path / "x.jsonl"
+    p.write_text(json.dumps({"content": "hi"}) + "\n")
+    with pytest.raises(CalibrationError, match="no 'text' field .fields: content"):
+        calibration.load_documents(str(p))
+
+
+def test_chat_template_samples_are_bounded(tmp_path: Path, tok) -> None:
+    p = tmp_path / "chat.jsonl"
+    rows = [{"messages": [{"role": "user", "content": t}, {"role": "assistant", "content": "ok"}]} for t in TEXTS]
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cs = calibration.build(spec(str(p), chat_template=True, seq_len=32), tok)
+    assert len(cs.samples) == 4 and all(len(s) <= 32 for s in cs.samples)
+    assert tok.decode(cs.samples[0]).startswith("<|begin_of_text|><|im_start|>user")
+
+
+def test_hub_name_offline_fails_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(CalibrationError, match="cannot load hub dataset 'wikitext2'"):
+        calibration.load_documents("wikitext2")
+
+
+def test_calib_show_cli(cli, tiny: Path) -> None:
+    proc = cli("calib", "show", "prose", "--model", tiny, "--samples", "2", "--seq-len", "32", "--json", check=True)
+    info = json.loads(proc.stdout)
+    assert info["calibration"]["tokens"] == 64 and len(info["calibration"]["tokens_sha256"]) == 64

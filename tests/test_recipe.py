@@ -1,0 +1,129 @@
+"""Recipe validation: every error names the field, the line (or flag) and what was expected."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from quantkit import recipe
+from quantkit.errors import RecipeError
+
+GOOD = """\
+model:
+  source: models/quantkit-tiny
+output: out/awq
+quantize:
+  method: awq
+  bits: 4
+  group_size: 128
+calibration:
+  dataset: mixed
+  samples: 16
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "r.yaml"
+    p.write_text(text)
+    return p
+
+
+def error_of(tmp_path: Path, text: str, overrides: dict | None = None) -> str:
+    with pytest.raises(RecipeError) as e:
+        recipe.load(write(tmp_path, text), overrides, check_output_escape=False)
+    return str(e.value)
+
+
+def test_good_recipe_fills_defaults(tmp_path: Path) -> None:
+    r = recipe.load(write(tmp_path, GOOD), check_output_escape=False)
+    assert r.quantize.method == "awq" and r.quantize.symmetric is False and r.quantize.ignore == ["lm_head"]
+    assert r.calibration.samples == 16 and r.calibration.seq_len == 512
+    assert r.artifacts() == [(r.quantize, Path("out/awq"))]
+
+
+def test_unknown_key_names_field_and_line(tmp_path: Path) -> None:
+    msg = error_of(tmp_path, GOOD.replace("  bits: 4", "  bitz: 4"))
+    assert "quantize.bitz" in msg and "line 6" in msg and "unknown key" in msg
+
+
+def test_wrong_type_names_field_line_and_value(tmp_path: Path) -> None:
+    msg = error_of(tmp_path, GOOD.replace("samples: 16", "samples: many"))
+    assert "calibration.samples" in msg and "line 10" in msg and "'many'" in msg and "integer" in msg
+
+
+@pytest.mark.parametrize("old,new,where", [
+    ("  bits: 4", "  bits: 5", "quantize.bits (line 6): expected 4 or 8"),
+    ("  group_size: 128", "  group_size: 100", "quantize.group_size (line 7): must be one of"),
+])
+def test_out_of_range_values(tmp_path: Path, old: str, new: str, where: str) -> None:
+    assert where in error_of(tmp_path, GOOD.replace(old, new))
+
+
+def test_unknown_method_lists_methods(tmp_path: Path) -> None:
+    msg = error_of(tmp_path, GOOD.replace("method: awq", "method: awk"))
+    assert "quantize" in msg and "'awq'" in msg and "'gguf'" in msg and "line 4" in msg
+
+
+def test_flag_override_is_validated_and_named(tmp_path: Path) -> None:
+    msg = error_of(tmp_path, GOOD, {"quantize.bits|--bits": 3})
+    assert "quantize.bits" in msg and "--bits" in msg
+    r = recipe.load(write(tmp_path, GOOD), {"output|-o": "elsewhere", "quantize.bits|--bits": 8},
+                    check_output_escape=False)
+    assert r.output == "elsewhere" and r.quantize.bits == 8
+
+
+def test_invalid_yaml_gives_line(tmp_path: Path) -> None:
+    msg = error_of(tmp_path, "model:\n  source: [unclosed\noutput: x\n")
+    assert "not valid YAML" in msg and "line" in msg
+
+
+def test_yaml_is_loaded_safely(tmp_path: Path) -> None:
+    msg = error_of(tmp_path, "model: !!python/object/apply:os.system ['echo pwned']\noutput: x\n")
+    assert "not valid YAML" in msg
+
+
+def test_output_escaping_the_working_folder_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    p = write(tmp_path, GOOD.replace("output: out/awq", "output: ../../etc/quantkit"))
+    with pytest.raises(RecipeError, match="outside the working folder"):
+        recipe.load(p)
+    # An explicit -o from the user is their choice, not the recipe's.
+    assert recipe.load(p, {"output|-o": str(tmp_path / "ok")}).output == str(tmp_path / "ok")
+
+
+def test_quantize_and_outputs_are_exclusive(tmp_path: Path) -> None:
+    msg = error_of(tmp_path, GOOD + "outputs:\n  - method: rtn\n")
+    assert "exactly one of 'quantize'" in msg
+
+
+def test_duplicate_output_names_refused(tmp_path: Path) -> None:
+    text = "model: {source: m}\noutput: rel\noutputs:\n  - method: rtn\n  - method: rtn\n"
+    assert "same folder 'rtn-w4g128'" in error_of(tmp_path, text)
+
+
+def test_every_shipped_recipe_validates() -> None:
+    shipped = sorted(recipe.shipped_dir().glob("*.yaml"))
+    assert shipped, "recipes/ is empty"
+    for p in shipped:
+        r = recipe.load(p, check_output_escape=False)
+        assert r.artifacts(), p
+
+
+def test_cli_refuses_bad_recipe_before_loading_a_model(tmp_path: Path, cli) -> None:
+    p = write(tmp_path, GOOD.replace("source: models/quantkit-tiny", "source: /does/not/exist")
+              .replace("bits: 4", "bits: 5"))
+    proc = cli("awq", "--recipe", p, "--samples", "4")
+    assert proc.returncode == 2
+    assert "quantize.bits (line 6)" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_recipes_command_lists_and_shows(cli) -> None:
+    proc = cli("recipes", "--json", check=True)
+    import json
+
+    names = {r["name"] for r in json.loads(proc.stdout)}
+    assert "awq" in names or names  # lists what recipes/ holds
+    first = sorted(names)[0]
+    shown = cli("recipes", first, check=True)
+    assert "valid" in shown.stdout

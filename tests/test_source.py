@@ -1,0 +1,84 @@
+"""Vetting the source checkpoint: every bad input gets one clear message before any model loads."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from quantkit import source
+from quantkit.errors import SourceModelError
+from quantkit.recipe import ModelSpec
+
+
+@pytest.fixture()
+def copy(tmp_path: Path, tiny: Path) -> Path:
+    dst = tmp_path / "model"
+    shutil.copytree(tiny, dst)
+    return dst
+
+
+def test_reference_model_vets(tiny: Path) -> None:
+    s = source.resolve(ModelSpec(source=str(tiny)))
+    assert s.architecture == "LlamaForCausalLM" and s.num_parameters == 10_490_112
+    assert s.size_bytes == (tiny / "model.safetensors").stat().st_size
+
+
+def test_missing_path(tmp_path: Path) -> None:
+    with pytest.raises(SourceModelError, match="does not exist"):
+        source.resolve(ModelSpec(source=str(tmp_path / "nope")))
+
+
+def test_config_not_json(copy: Path) -> None:
+    (copy / "config.json").write_text("{not json")
+    with pytest.raises(SourceModelError, match="config.json is not valid JSON"):
+        source.vet(copy)
+
+
+def test_truncated_safetensors_detected_in_milliseconds(copy: Path) -> None:
+    f = copy / "model.safetensors"
+    data = f.read_bytes()
+    f.write_bytes(data[: len(data) // 2])
+    with pytest.raises(SourceModelError, match="truncated"):
+        source.vet(copy)
+    f.write_bytes(data[:5])
+    with pytest.raises(SourceModelError, match="corrupt or truncated"):
+        source.vet(copy)
+
+
+def test_remote_code_refused_unless_trusted(copy: Path) -> None:
+    cfg = json.loads((copy / "config.json").read_text())
+    cfg["auto_map"] = {"AutoModelForCausalLM": "modeling_evil.EvilModel"}
+    (copy / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(SourceModelError, match="--trust-remote-code"):
+        source.vet(copy)
+    assert source.vet(copy, trust_remote_code=True).architecture == "LlamaForCausalLM"
+
+
+def test_pickle_refused_unless_allowed(copy: Path) -> None:
+    (copy / "model.safetensors").rename(copy / "pytorch_model.bin")
+    with pytest.raises(SourceModelError, match="--allow-pickle"):
+        source.vet(copy)
+    assert source.vet(copy, allow_pickle=True).is_pickle
+
+
+def test_unreadable_folder(copy: Path) -> None:
+    import os
+
+    if os.geteuid() == 0:
+        pytest.skip("root reads everything; permission checks cannot be provoked")
+    copy.chmod(0)
+    try:
+        with pytest.raises(SourceModelError, match="not readable"):
+            source.vet(copy)
+    finally:
+        copy.chmod(0o755)
+
+
+def test_hub_id_offline_is_one_clear_message(cli, tmp_path: Path) -> None:
+    proc = cli("rtn", "someorg/somemodel", tmp_path / "out", env={"HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 2
+    assert "cannot download someorg/somemodel" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()
