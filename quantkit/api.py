@@ -60,6 +60,7 @@ def quantize_one(recipe: Recipe, spec: Any, out: Path, *, force: bool = False, r
             "recipe": recipe.model_dump(mode="json"),
             "recipe_yaml": dump(recipe),
             "recipe_sha256": recipe.sha256(),
+            "output_sha256": recipe.output_sha256(spec),
             "runtime": recipe.runtime.model_dump(mode="json"),
             "versions": versions.installed(),
             "timings": dict(rep.timings),

@@ -235,6 +235,16 @@ class Recipe(_Strict):
             return [(self.quantize, Path(self.output))]
         return [(o, Path(self.output) / artifact_name(o)) for o in self.outputs or []]
 
+    def output_sha256(self, spec: Any) -> str:
+        """Hash of what decides one output's bytes: the source, that output's spec, and (if used) calibration.
+
+        Adding an output to a recipe, or changing its gates, does not change the other outputs' hashes, so a
+        re-run reuses them.
+        """
+        relevant = {"model": self.model.model_dump(mode="json"), "spec": spec.model_dump(mode="json"),
+                    "calibration": self.calibration.model_dump(mode="json"), "seed": self.runtime.seed}
+        return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()
+
     def sha256(self) -> str:
         """Hash of the recipe as run (canonical JSON), used to decide whether an artifact can be reused."""
         return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()

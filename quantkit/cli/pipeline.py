@@ -1,0 +1,88 @@
+"""``run`` (a whole recipe: quantize, evaluate, smoke-test, bundle) and ``publish`` (upload to the hub)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from quantkit.cli.common import FORCE_OPT, JSON_OPT, emit_json, handle_errors, reporter
+
+
+@handle_errors
+def run_cmd(
+    recipe: str = typer.Argument(..., help="Recipe YAML file, or a shipped recipe's name (quantkit recipes)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Release folder (overrides the recipe's output)."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Source model (overrides model.source)."),
+    no_eval: bool = typer.Option(False, "--no-eval", help="Skip evaluation (reported as skipped)."),
+    no_smoke: bool = typer.Option(False, "--no-smoke", help="Skip smoke tests (reported as skipped)."),
+    force: bool = FORCE_OPT,
+    json: bool = JSON_OPT,
+) -> None:
+    """Run a recipe end to end: produce every output (reusing complete ones), evaluate them against the source,
+    smoke-test each in its engine where available, check the gates, and write the release bundle (SHA256SUMS,
+    report.md, report.json, plot, a model card per artifact).
+
+    Exit codes: 0 release ok, 1 a step failed, 2 recipe/usage error, 3 a verification gate failed."""
+    from quantkit import pipeline, recipe as recipe_mod
+
+    r = recipe_mod.load(recipe_mod.find(recipe), {"output|--output": str(output) if output else None,
+                                                  "model.source|--model": model})
+    rep = reporter(json)
+    result = pipeline.run(r, force=force, reporter=rep, evaluate=not no_eval, smoke=not no_smoke)
+    if json:
+        emit_json(result.to_json())
+    else:
+        summary(rep.console, result)
+    result.check()
+
+
+def summary(console, result) -> None:  # noqa: ANN001 - a Rich console and a RunResult
+    from quantkit.artifact import fmt_bytes
+
+    t = Table(title=f"release {result.release}", title_justify="left")
+    for col in ("output", "status", "format", "size", "ppl", "ppl ratio", "KLD", "top-1", "smoke", "gates"):
+        t.add_column(col)
+    for o in result.outputs:
+        j = o.to_json()
+        ev = o.evaluation or {}
+        rows = ev.get("results") or [ev]
+        for i, x in enumerate(rows):
+            gates = [g for g in o.gates if g.get("file") in (None, x.get("file"))]
+            gate_s = "-" if not gates else ("[green]pass[/]" if all(g["passed"] for g in gates) else "[red]FAIL[/]")
+            smoke = (o.smoke or {}).get("status", "skipped") if i == 0 else ""
+            t.add_row(o.name + (f" {x['file']}" if x.get("file") else ""),
+                      o.status if i == 0 else "", j["format"] or "-",
+                      fmt_bytes(x.get("size_bytes") or j["size_bytes"] or 0),
+                      _f(x.get("ppl")), _f(x.get("ppl_ratio")), _f(x.get("kld"), 4), _f(x.get("top1")), smoke, gate_s)
+    console.print(t)
+    console.print(f"[dim]{result.seconds:.1f}s; bundle in {result.release} (SHA256SUMS, report.md, report.json)[/]")
+
+
+def _f(v, digits: int = 3) -> str:  # noqa: ANN001
+    return f"{v:.{digits}f}" if isinstance(v, (int, float)) else "-"
+
+
+@handle_errors
+def publish_cmd(
+    folder: Path = typer.Argument(..., help="An artifact folder, or a release folder of artifacts."),
+    repo: str = typer.Option(..., "--repo", help="Hub repository ORG/NAME (a release gets ORG/NAME-<artifact> each)."),
+    private: bool = typer.Option(False, "--private", help="Create the repositories as private."),
+    json: bool = JSON_OPT,
+) -> None:
+    """Upload artifacts to the Hugging Face hub with huggingface_hub, after re-verifying every sha256."""
+    from quantkit import publish
+
+    done = publish.publish(folder, repo, private=private)
+    if json:
+        emit_json(done)
+    else:
+        for d in done:
+            typer.echo(f"uploaded {d['path']} -> {d['url']}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run", rich_help_panel="Pipeline")(run_cmd)
+    app.command("publish", rich_help_panel="Pipeline")(publish_cmd)

@@ -1,0 +1,231 @@
+"""``quantkit run``: every output of a recipe, verified, bundled into a release folder, with one exit code.
+
+Order of work: vet the source once; for each output, reuse the artifact if it is complete and was made from the
+same source, output spec, calibration and library versions (so a failed pipeline resumes), else produce it;
+evaluate all artifacts together against the baseline (its logits computed once); smoke-test each where its
+engine is available (a skipped step is reported as skipped, never as passed); check the gates; write the
+bundle: ``SHA256SUMS``, ``report.md`` + ``report.json`` + the size/perplexity plot, and a Hugging Face model
+card (``README.md``) in each artifact. Gate failures are collected and raised last (exit 3), after the bundle
+is written, so the report shows every artifact's numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quantkit import artifact, source as source_mod, versions
+from quantkit.errors import GateFailedError, OutputExistsError, QuantkitError
+from quantkit.progress import Reporter
+from quantkit.recipe import Recipe, artifact_name
+
+# Library versions that change an artifact's bytes: a difference means the artifact is rebuilt.
+PRODUCER_LIBS = ("llmcompressor", "compressed-tensors", "transformers", "torch", "gguf", "llama_cpp_python",
+                 "autoawq", "nvidia-modelopt")
+
+
+@dataclass
+class OutputResult:
+    """One output of the pipeline and what happened to it at each step."""
+
+    name: str
+    method: str
+    path: Path
+    status: str = "pending"  # built | reused | failed
+    error: str | None = None
+    manifest: dict[str, Any] | None = None
+    evaluation: dict[str, Any] | None = None
+    smoke: dict[str, Any] | None = None
+    gates: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        size = sum(f["size"] for f in (self.manifest or {}).get("files", {}).values()) if self.manifest else None
+        return {"name": self.name, "method": self.method, "path": str(self.path), "status": self.status,
+                "error": self.error, "format": (self.manifest or {}).get("format"), "size_bytes": size,
+                "timings": (self.manifest or {}).get("timings"), "evaluation": self.evaluation,
+                "smoke": self.smoke, "gates": self.gates}
+
+
+@dataclass
+class RunResult:
+    """The whole run: every output, the release folder, and whether the release may ship."""
+
+    release: Path
+    outputs: list[OutputResult]
+    seconds: float = 0.0
+
+    @property
+    def failed_gates(self) -> list[str]:
+        return [f"{o.name}: {g['gate']} = {g['value']} (limit {g['limit']})"
+                for o in self.outputs for g in o.gates if not g["passed"]]
+
+    @property
+    def ok(self) -> bool:
+        return all(o.status in ("built", "reused") for o in self.outputs) and not self.failed_gates
+
+    def check(self) -> None:
+        """Raise the error a release pipeline should stop on: a failed gate (exit 3) or a failed output (1)."""
+        if self.failed_gates:
+            raise GateFailedError("verification gate failed: " + "; ".join(self.failed_gates))
+        failed = [o for o in self.outputs if o.status == "failed"]
+        if failed:
+            raise QuantkitError("outputs failed: " + "; ".join(f"{o.name}: {o.error}" for o in failed))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"release": str(self.release), "ok": self.ok, "seconds": round(self.seconds, 1),
+                "failed_gates": self.failed_gates, "outputs": [o.to_json() for o in self.outputs]}
+
+
+def reusable(recipe: Recipe, spec: Any, out: Path, src: source_mod.SourceModel) -> tuple[bool, str]:
+    """Whether ``out`` already holds this output, complete and made the same way; and why not."""
+    if not (out / artifact.MANIFEST).exists():
+        return False, "no manifest"
+    m = artifact.read_manifest(out)
+    if m.get("output_sha256") != recipe.output_sha256(spec):
+        return False, "the recipe for this output changed"
+    if (m.get("source") or {}).get("config_sha256") != src.config_sha256:
+        return False, "the source model changed"
+    if (m.get("source") or {}).get("revision") != src.revision:
+        return False, "the source revision changed"
+    now = versions.installed(PRODUCER_LIBS)
+    then = {k: v for k, v in (m.get("versions") or {}).items() if k in PRODUCER_LIBS}
+    if now != then:
+        diff = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
+        return False, f"library versions changed ({', '.join(diff)})"
+    if not artifact.verify(out).ok:
+        return False, "files differ from the manifest"
+    return True, "complete, same recipe, source and versions"
+
+
+def run(recipe: Recipe, *, force: bool = False, reporter: Reporter | None = None, evaluate: bool = True,
+        smoke: bool = True) -> RunResult:
+    """Run a recipe end to end (see the module docstring); ``result.check()`` raises on failed gates or outputs."""
+    from quantkit import api
+
+    rep = reporter or Reporter(quiet=True)
+    t0 = time.perf_counter()
+    release = Path(recipe.output)
+    src = source_mod.resolve(recipe.model)
+    results: list[OutputResult] = []
+    for spec, out in recipe.artifacts():
+        res = OutputResult(name=artifact_name(spec) if recipe.outputs else out.name, method=spec.method, path=out)
+        results.append(res)
+        ok, why = reusable(recipe, spec, out, src)
+        if ok and not force:
+            rep.log(f"[green]✓[/] {res.name}: reused ({why})")
+            res.status, res.manifest = "reused", artifact.read_manifest(out)
+            continue
+        if out.exists() and not force:
+            raise OutputExistsError(f"{out} exists but cannot be reused: {why}",
+                                    hint="pass --force to rebuild it, or remove it")
+        rep.log(f"[bold]▶ {res.name}[/] ({spec.method})")
+        try:
+            built = api.quantize_one(recipe, spec, out, force=True, reporter=rep, source=src)
+        except QuantkitError as e:
+            if len(recipe.artifacts()) == 1:
+                raise
+            res.status, res.error = "failed", str(e)
+            rep.warn(f"{res.name} failed: {e}")
+            continue
+        res.status, res.manifest = "built", built.manifest
+
+    done = [r for r in results if r.status in ("built", "reused")]
+    if evaluate and recipe.verify.enabled and done:
+        _evaluate(recipe, src, done, rep, force)
+    if smoke and recipe.smoke.enabled and done:
+        for r in done:
+            _smoke(recipe, r, rep, force)
+    for r in done:
+        write_model_card(r, recipe, src)
+        r.manifest = artifact.update_manifest(r.path)
+    result = RunResult(release=release, outputs=results, seconds=time.perf_counter() - t0)
+    write_bundle(result, recipe)
+    if recipe.quantize is not None and (release / artifact.MANIFEST).exists():
+        artifact.update_manifest(release)  # one-output recipe: the bundle files live in the artifact itself
+    return result
+
+
+def _evaluate(recipe: Recipe, src: source_mod.SourceModel, done: list[OutputResult], rep: Reporter,
+              force: bool) -> None:
+    from quantkit import api
+
+    report = api.evaluate([r.path for r in done], baseline=str(src.path), spec=recipe.verify, reporter=rep,
+                          report_dir=Path(recipe.output), raise_on_gate=False)
+    by_path = {str(Path(a["path"])): a for a in report.to_json()["artifacts"]}
+    for r in done:
+        ev = by_path.get(str(r.path))
+        if ev is None:
+            continue
+        r.evaluation = ev
+        r.gates = ev.get("gates", [])
+
+
+def _smoke(recipe: Recipe, r: OutputResult, rep: Reporter, force: bool) -> None:
+    from quantkit import api
+
+    r.smoke = api.smoke_if_available(r.path, spec=recipe.smoke, reporter=rep)
+
+
+def write_model_card(r: OutputResult, recipe: Recipe, src: source_mod.SourceModel) -> None:
+    """A Hugging Face model card for one artifact: metadata header, recipe, evaluation table, smoke result."""
+    m = r.manifest or {}
+    base = src.spec
+    tags = ["quantkit", r.method, m.get("format", "")]
+    if m.get("format") == "gguf":
+        tags.append("llama.cpp")
+    if m.get("format") == "compressed-tensors":
+        tags += ["vllm", "llm-compressor"]
+    header = {"base_model": base, "base_model_relation": "quantized", "library_name": _library(m.get("format")),
+              "tags": sorted({t for t in tags if t}), "pipeline_tag": "text-generation"}
+    import yaml
+
+    lines = ["---", yaml.safe_dump(header, sort_keys=False).strip(), "---", "",
+             f"# {Path(base).name} - {r.name}", "",
+             f"Quantized from `{base}` with quantkit {m.get('quantkit_version', '')} ({r.method}, "
+             f"{m.get('format')}).", "", "## Quantization", ""]
+    q = m.get("quantization") or {}
+    lines += ["| field | value |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in q.items()]
+    cal = m.get("calibration")
+    if cal:
+        lines += ["", f"Calibration: `{cal['dataset']}`, {cal['samples']} samples x {cal['seq_len']} tokens, "
+                      f"token sha256 `{cal['tokens_sha256']}`."]
+    lines += ["", "Recipe:", "", "```yaml", (m.get("recipe_yaml") or "").strip(), "```"]
+    if r.evaluation:
+        lines += ["", "## Evaluation", ""] + _eval_table(r.evaluation)
+    if r.smoke:
+        lines += ["", "## Smoke test", "", f"{r.smoke.get('status', '?')}: {r.smoke.get('summary', '')}"]
+    lines += ["", "## Versions", "", "| library | version |", "| --- | --- |"]
+    lines += [f"| {k} | {v} |" for k, v in (m.get("versions") or {}).items()]
+    (r.path / "README.md").write_text("\n".join(lines) + "\n")
+
+
+def _library(fmt: str | None) -> str:
+    return {"gguf": "gguf", "compressed-tensors": "transformers"}.get(fmt or "", "transformers")
+
+
+def _eval_table(ev: dict[str, Any]) -> list[str]:
+    rows = ev.get("results") or [ev]
+    out = ["| file | ppl | ppl ratio | KLD | top-1 |", "| --- | --- | --- | --- | --- |"]
+    for x in rows:
+        out.append(f"| {x.get('file', x.get('name', ''))} | {_f(x.get('ppl'))} | {_f(x.get('ppl_ratio'))} | "
+                   f"{_f(x.get('kld'), 4)} | {_f(x.get('top1'))} |")
+    return out
+
+
+def _f(v: Any, digits: int = 3) -> str:
+    return f"{v:.{digits}f}" if isinstance(v, (int, float)) else "-"
+
+
+def write_bundle(result: RunResult, recipe: Recipe) -> None:
+    """``report.json`` and ``SHA256SUMS`` over every artifact file in the release folder."""
+    release = result.release
+    release.mkdir(parents=True, exist_ok=True)
+    (release / "report.json").write_text(json.dumps(result.to_json(), indent=2, default=str) + "\n")
+    sums = []
+    for p in sorted(release.rglob("*")):
+        if p.is_file() and p.name != "SHA256SUMS" and not p.name.startswith("."):
+            sums.append(f"{artifact.sha256_file(p)}  {p.relative_to(release).as_posix()}")
+    (release / "SHA256SUMS").write_text("\n".join(sums) + "\n")
