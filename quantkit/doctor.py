@@ -1,0 +1,340 @@
+"""``quantkit doctor``: what is installed where, and whether an engine can read an artifact before it tries.
+
+The most common failure of a quantized release is an artifact the serving engine will not load, often because
+the engine pins an older compressed-tensors than the one that wrote the artifact. Doctor compares the two: the
+version recorded in the artifact (``quantization_config.version``, else the manifest's ``versions``) against
+the one installed in the engine's own Python, and asks that compressed-tensors, in a small subprocess, whether
+it knows the artifact's ``format`` strings (its ``CompressionFormat`` enum) and accepts its quantization
+schemes (its pydantic ``QuantizationConfig``, which forbids fields it does not know). GGUF artifacts are checked
+the same way against the file types the engine's llama.cpp knows. A short table lists the incompatibilities
+that are known but not visible in those schemas.
+
+Every Python environment (quantkit's own, or the engine's ``--python``) is queried by a subprocess running
+:data:`PROBE`, so nothing heavy is imported into quantkit and an engine environment that crashes on import is
+reported rather than fatal. Tested with compressed-tensors 0.19.0 and 0.17.0, llama-cpp-python 0.3.36.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quantkit import artifact as artifact_mod
+from quantkit import serve
+from quantkit.errors import UsageError
+
+# What ``doctor`` reports for an environment: quantkit's backends and the engines.
+DISTS = ("torch", "transformers", "accelerate", "llmcompressor", "compressed-tensors", "safetensors", "gguf",
+         "llama_cpp_python", "autoawq", "nvidia-modelopt", "vllm", "tensorrt_llm", "numpy", "tokenizers")
+MODULES = ("torch", "transformers", "llmcompressor", "compressed_tensors", "gguf", "llama_cpp", "vllm",
+           "modelopt", "tensorrt_llm")
+PROBE_TIMEOUT = 300.0
+
+# Runs inside the environment being asked (``python -c PROBE REQUEST_JSON``); standard library at the top, each
+# heavy import guarded, one JSON line out.
+PROBE = r'''
+import json, sys, importlib.util
+from importlib import metadata
+req = json.loads(sys.argv[1])
+out = {"python": sys.executable, "python_version": sys.version.split()[0], "versions": {}, "modules": {}}
+for d in req["dists"]:
+    try:
+        out["versions"][d] = metadata.version(d)
+    except metadata.PackageNotFoundError:
+        pass
+for m in req["modules"]:
+    try:
+        out["modules"][m] = importlib.util.find_spec(m) is not None
+    except (ImportError, ValueError):
+        out["modules"][m] = False
+if req.get("torch"):
+    try:
+        import torch
+        cuda = torch.cuda.is_available()
+        out["torch"] = {"version": torch.__version__, "cuda_available": cuda, "cuda": torch.version.cuda,
+                        "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+                                   if cuda else []}
+    except Exception as e:
+        out["torch"] = {"error": "%s: %s" % (type(e).__name__, e)}
+qc = req.get("quantization_config")
+if qc is not None:
+    ct = {}
+    try:
+        import compressed_tensors
+        from compressed_tensors.config import CompressionFormat
+        from compressed_tensors.quantization import QuantizationConfig
+        ct["version"] = getattr(compressed_tensors, "__version__", None) or metadata.version("compressed-tensors")
+        ct["formats"] = [f.value for f in CompressionFormat]
+        try:
+            QuantizationConfig.model_validate(qc)
+            ct["valid"] = True
+        except Exception as e:
+            ct["valid"] = False
+            ct["error"] = str(e)[:3000]
+    except Exception as e:
+        ct["error"] = "%s: %s" % (type(e).__name__, e)
+    out["compressed_tensors"] = ct
+if req.get("gguf_file_types"):
+    try:
+        import llama_cpp
+        out["llama_cpp_file_types"] = {int(getattr(llama_cpp, n)): n[len("LLAMA_FTYPE_MOSTLY_"):]
+                                       for n in dir(llama_cpp) if n.startswith("LLAMA_FTYPE_MOSTLY_")}
+        out["llama_cpp_file_types"][0] = "F32"
+    except Exception as e:
+        out["llama_cpp_error"] = "%s: %s" % (type(e).__name__, e)
+print("QUANTKIT_PROBE " + json.dumps(out))
+'''
+
+
+@dataclass
+class Check:
+    """One finding: ``ok``, ``warn`` (may still load: smoke goes on) or ``fail`` (will not: smoke stops)."""
+
+    name: str
+    status: str
+    message: str
+    hint: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "status": self.status, "message": self.message, "hint": self.hint}
+
+
+@dataclass
+class Skew:
+    """A known incompatibility between an artifact kind and an engine that the schemas alone do not show."""
+
+    engine: str
+    applies: Callable[[dict[str, Any]], bool]
+    message: str
+    hint: str
+
+
+KNOWN_SKEWS: list[Skew] = [
+    Skew("vllm", lambda a: a.get("format") == "awq" and a.get("bits") not in (None, 4),
+         "vLLM's AWQ kernels read 4-bit AutoAWQ checkpoints only",
+         "write the AWQ artifact in compressed-tensors format (quantkit awq --format compressed-tensors)"),
+    Skew("vllm", lambda a: a.get("format") == "gptq" and a.get("bits") not in (None, 2, 3, 4, 8),
+         "vLLM's GPTQ kernels read 2, 3, 4 and 8-bit GPTQ checkpoints only", "quantize with --bits 4 or 8"),
+    Skew("llama.cpp", lambda a: a.get("format") not in (None, "gguf"),
+         "llama.cpp serves GGUF files only", "convert with quantkit gguf, or serve with --engine vllm"),
+    Skew("vllm", lambda a: a.get("format") == "gguf",
+         "quantkit serves GGUF files with llama.cpp (vLLM's GGUF support is experimental and single-file)",
+         "use --engine llama.cpp"),
+]
+
+
+@dataclass
+class Report:
+    """Everything doctor found, as data (``--json`` prints :meth:`to_json`)."""
+
+    quantkit: dict[str, Any] | None = None
+    engine: dict[str, Any] | None = None
+    artifact: dict[str, Any] | None = None
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not any(c.status == "fail" for c in self.checks)
+
+    def failures(self) -> list[Check]:
+        return [c for c in self.checks if c.status == "fail"]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "quantkit": self.quantkit, "engine": self.engine, "artifact": self.artifact,
+                "checks": [c.to_json() for c in self.checks]}
+
+
+def probe(python: str | None = None, env: dict[str, str] | None = None, *, torch: bool = True,
+          quantization_config: dict[str, Any] | None = None, gguf_file_types: bool = False,
+          timeout: float = PROBE_TIMEOUT) -> dict[str, Any]:
+    """Ask a Python environment what it has installed (and, given an artifact's config, whether it reads it).
+
+    Returns ``{"error": ...}`` instead of raising when that Python cannot be run or crashes.
+    """
+    python = python or sys.executable
+    req = {"dists": list(DISTS), "modules": list(MODULES), "torch": torch,
+           "quantization_config": quantization_config, "gguf_file_types": gguf_file_types}
+    try:
+        proc = subprocess.run([python, "-c", PROBE, json.dumps(req)], capture_output=True, text=True,
+                              timeout=timeout, env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        return {"python": python, "error": f"{python} not found"}
+    except PermissionError:
+        return {"python": python, "error": f"{python} is not executable"}
+    except subprocess.TimeoutExpired:
+        return {"python": python, "error": f"{python} did not answer within {timeout:.0f}s"}
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("QUANTKIT_PROBE "):
+            return json.loads(line[len("QUANTKIT_PROBE "):])
+    tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-8:])
+    return {"python": python, "error": f"{python} exited with code {proc.returncode}: {tail}"}
+
+
+def _vtuple(v: str | None) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", (v or "").split("+")[0])[:3])
+
+
+def describe_artifact(path: Path) -> dict[str, Any]:
+    """What doctor needs to know about an artifact: its kind, scheme, and the library versions that wrote it."""
+    from quantkit.inspect import checkpoint_quantization, gguf_files
+
+    manifest: dict[str, Any] = {}
+    root = path if path.is_dir() else path.parent
+    if (root / artifact_mod.MANIFEST).exists():
+        try:
+            manifest = artifact_mod.read_manifest(root)
+        except Exception:  # an unreadable manifest is verify's business; doctor reads the configs
+            manifest = {}
+    written = manifest.get("versions") or {}
+    info: dict[str, Any] = {"path": str(path)}
+    if path.suffix == ".gguf" or (path.is_dir() and any(path.glob("*.gguf"))):
+        info["format"] = "gguf"
+        info["gguf"] = gguf_files(path)
+        info["written_with"] = {k: written[k] for k in ("gguf", "llama_cpp_python") if k in written}
+        return info
+    if not (path / "config.json").exists():
+        raise UsageError(f"{path} is neither a GGUF artifact nor a checkpoint folder (no config.json)")
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise UsageError(f"{path / 'config.json'} is unreadable: {e}") from None
+    info.update(checkpoint_quantization(path))
+    q = cfg.get("quantization_config") or {}
+    if info.get("format") == "compressed-tensors":
+        info["quantization_config"] = q
+        ct_written = q.get("version") or written.get("compressed-tensors")
+        info["written_with"] = {"compressed-tensors": ct_written,
+                                "source": "config.json" if q.get("version") else "quantkit.json"}
+        info["formats"] = sorted({f for f in [q.get("format"), *[(g or {}).get("format") for g in
+                                  (q.get("config_groups") or {}).values()]] if f})
+    return info
+
+
+def _installed_check(engine: serve.base.Engine, env_info: dict[str, Any]) -> Check:
+    if "error" in env_info:
+        return Check("engine python", "fail",
+                     f"the {engine.name} engine's Python could not be asked: {env_info['error']}",
+                     hint="pass --python PATH of the environment where the engine is installed")
+    if not env_info.get("modules", {}).get(engine.module):
+        return Check("engine installed", "fail",
+                     f"{engine.name} ({engine.module}) is not installed in {env_info.get('python')}",
+                     hint=f"pass --python PATH (or set {engine.python_env_var}) to the engine's environment, "
+                          "or --env PYTHONPATH=... where it is installed with pip --target")
+    version = env_info.get("versions", {}).get(engine.dist, "?")
+    return Check("engine installed", "ok", f"{engine.name} {version} in {env_info.get('python')}")
+
+
+def _ct_checks(art: dict[str, Any], engine_name: str, env_info: dict[str, Any]) -> list[Check]:
+    checks: list[Check] = []
+    ct = env_info.get("compressed_tensors") or {}
+    writer = (art.get("written_with") or {}).get("compressed-tensors")
+    if "version" not in ct:
+        checks.append(Check("compressed-tensors", "fail",
+                            f"{engine_name}'s Python cannot import compressed-tensors "
+                            f"({ct.get('error', 'not installed')})",
+                            hint="install the compressed-tensors the engine pins in its environment"))
+        return checks
+    reader = ct["version"]
+    art["read_with"] = {"compressed-tensors": reader}
+    if writer and _vtuple(reader) < _vtuple(writer):
+        checks.append(Check("compressed-tensors version", "warn",
+                            f"written with compressed-tensors {writer}, {engine_name} reads it with {reader} (older): "
+                            "loading depends on the older library knowing everything below"))
+    else:
+        checks.append(Check("compressed-tensors version", "ok",
+                            f"written with {writer or 'an unrecorded version'}, read with {reader}"))
+    unknown = [f for f in art.get("formats", []) if f not in ct.get("formats", [])]
+    if unknown:
+        checks.append(Check("format", "fail",
+                            f"format {', '.join(map(repr, unknown))} is unknown to compressed-tensors {reader} in "
+                            f"{engine_name}'s environment (it knows: {', '.join(ct.get('formats', []))})",
+                            hint="write the artifact with a format that version knows (pin compressed-tensors when "
+                                 "quantizing), or upgrade the engine"))
+    else:
+        checks.append(Check("format", "ok", f"{', '.join(art.get('formats', [])) or 'no format'} known to {reader}"))
+    if ct.get("valid") is False:
+        checks.append(Check("scheme", "fail",
+                            f"compressed-tensors {reader} rejects the artifact's quantization_config: "
+                            f"{ct.get('error')}",
+                            hint="a field or value newer than that version: quantize with the engine's "
+                                 "compressed-tensors, or upgrade the engine"))
+    else:
+        checks.append(Check("scheme", "ok", f"{art.get('scheme')} ({art.get('strategy')}) validates with {reader}"))
+    return checks
+
+
+def _gguf_checks(art: dict[str, Any], env_info: dict[str, Any]) -> list[Check]:
+    known = {int(k): v for k, v in (env_info.get("llama_cpp_file_types") or {}).items()}
+    if not known:
+        return [Check("gguf file types", "warn",
+                      f"could not list llama.cpp's file types: {env_info.get('llama_cpp_error', 'unknown')}")]
+    try:
+        from gguf import LlamaFileType
+    except ImportError:
+        return [Check("gguf file types", "warn", "gguf-py is not installed: file types not compared")]
+    checks = []
+    for g in art.get("gguf", []):
+        if "error" in g:
+            checks.append(Check(f"gguf {g['file']}", "fail", f"{g['file']} is not a readable GGUF: {g['error']}",
+                                hint="re-create it (quantkit gguf ... --force)"))
+            continue
+        name = g.get("type")
+        ids = [ft.value for ft in LlamaFileType if ft.name.removeprefix("MOSTLY_") == name]
+        if ids and ids[0] not in known:
+            checks.append(Check(f"gguf {g['file']}", "fail", f"file type {name} is unknown to the engine's llama.cpp",
+                                hint="upgrade llama-cpp-python, or choose another --type"))
+        else:
+            checks.append(Check(f"gguf {g['file']}", "ok", f"file type {name} known to the engine's llama.cpp"))
+    return checks
+
+
+def check(path: Path | None, engine_name: str = "auto", *, python: str | None = None,
+          env: dict[str, str] | None = None, include_quantkit: bool = True) -> Report:
+    """Run doctor: quantkit's environment, the engine's (when an engine or artifact is given), the artifact."""
+    report = Report()
+    art = describe_artifact(Path(path)) if path is not None else None
+    report.artifact = art
+    if engine_name == "auto":
+        engine_name = serve.detect(Path(path)) if path is not None else ""
+    engine = serve.get(engine_name) if engine_name else None
+    engine_python = engine.python(python) if engine else None
+    is_ct = bool(art and art.get("format") == "compressed-tensors")
+    is_gguf = bool(art and art.get("format") == "gguf")
+    # What to ask the engine's environment; when it is quantkit's own, one probe answers for both.
+    ask = {"torch": engine is not None and engine.name != "llama.cpp",
+           "quantization_config": art["quantization_config"] if art is not None and is_ct else None,
+           "gguf_file_types": is_gguf}
+    same_env = engine_python in (None, sys.executable) and not env
+    if include_quantkit:
+        report.quantkit = probe(**{**ask, "torch": True}) if same_env else probe(torch=True)
+    if engine is None:
+        return report
+    info = report.quantkit if same_env and report.quantkit is not None else probe(engine_python, env, **ask)
+    report.engine = {"name": engine.name, "python": engine_python, "env": dict(env or {}),
+                     "version": (info.get("versions") or {}).get(engine.dist), **info}
+    report.checks.append(_installed_check(engine, info))
+    if engine.name == "vllm" and "error" not in info:
+        t = info.get("torch") or {}
+        if not t.get("cuda_available"):
+            report.checks.append(Check("cuda", "fail", f"vLLM needs a CUDA GPU; torch {t.get('version', '?')} in "
+                                       f"{engine_python} sees none{': ' + t['error'] if t.get('error') else ''}",
+                                       hint="run on a GPU machine"))
+        else:
+            report.checks.append(Check("cuda", "ok", f"torch {t.get('version')} (CUDA {t.get('cuda')}): "
+                                                     f"{', '.join(t.get('devices', []))}"))
+    if art is not None:
+        for skew in KNOWN_SKEWS:
+            if skew.engine == engine.name and skew.applies(art):
+                report.checks.append(Check("known incompatibility", "fail", skew.message, hint=skew.hint))
+        if is_ct and "error" not in info:
+            report.checks.extend(_ct_checks(art, engine.name, info))
+        if art.get("format") == "gguf" and engine.name == "llama.cpp" and "error" not in info:
+            report.checks.extend(_gguf_checks(art, info))
+    return report

@@ -1,0 +1,414 @@
+"""Run an engine's OpenAI-compatible server as a child process that can never outlive quantkit.
+
+The server starts in its own process group (its own session) on a free loopback port, so a terminal Ctrl-C
+reaches quantkit only, and quantkit stops the whole group in order: SIGTERM, then SIGKILL after a grace period,
+then any stragglers the engine forked (vLLM's engine-core and workers). On Linux the child also asks the kernel
+for SIGTERM if quantkit itself dies without unwinding (SIGKILL, OOM), so even that does not leave a server behind.
+
+Its stdout and stderr go to a log file; when it dies before it is healthy, or never becomes healthy, the error
+shows the log's last lines and the log stays where it was written.
+
+Tested with llama-cpp-python 0.3.36 (``llama_cpp.server``) on CPU and written for vLLM 0.26.0 (``vllm serve``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.markup import escape
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from quantkit.errors import BackendError, QuantkitError, UsageError
+from quantkit.progress import Reporter
+from quantkit.serve import client
+
+HOST = "127.0.0.1"
+TAIL_LINES = 30
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass
+class ServeOptions:
+    """What a user can say about how an engine is started (flags of ``quantkit smoke``)."""
+
+    python: str | None = None  # the engine's own Python; None: the engine's default (see each module)
+    server_cmd: str | None = None  # replaces the engine's command; {model} {host} {port} are filled in
+    env: dict[str, str] = field(default_factory=dict)  # set for the server (and doctor's probe) only
+    extra_args: list[str] = field(default_factory=list)  # appended to the engine's command
+    max_model_len: int | None = None
+    gpu_memory_utilization: float | None = None
+
+
+class Engine:
+    """One serving engine: how to find its Python, build its command line, and read its log.
+
+    Subclasses (one per module in :mod:`quantkit.serve`) fill in the class attributes and :meth:`command`.
+    """
+
+    name: str = ""
+    dist: str = ""  # the distribution whose version doctor reports as the engine's
+    module: str = ""  # import name, to check the engine is installed in its Python
+    python_env_var: str = ""  # QUANTKIT_<ENGINE>_PYTHON
+    executable: str = ""  # the console script whose interpreter is the engine's Python when none is given
+    health_path: str = "/health"
+    reads_compressed_tensors: bool = False
+
+    def python(self, explicit: str | None) -> str | None:
+        """The engine's Python: ``--python``, then ``QUANTKIT_<ENGINE>_PYTHON``, then the interpreter of the
+        engine's console script on PATH, then quantkit's own."""
+        import shutil
+
+        if explicit:
+            return explicit
+        if self.python_env_var and os.environ.get(self.python_env_var):
+            return os.environ[self.python_env_var]
+        if self.executable and (exe := shutil.which(self.executable)):
+            return script_interpreter(Path(exe)) or sys.executable
+        return sys.executable
+
+    def targets(self, artifact: Path, file: str | None) -> list[Path]:
+        """What to serve, one server each: the artifact folder (GGUF overrides this: one per file)."""
+        return [artifact]
+
+    def command(self, target: Path, python: str, host: str, port: int, opts: ServeOptions) -> list[str]:
+        raise NotImplementedError
+
+    def has_chat_template(self, target: Path) -> bool:
+        """Whether the server can answer chat requests for ``target``: a Hugging Face folder needs a chat
+        template (engines refuse to invent one), so a base model without one skips the chat question."""
+        if (target / "chat_template.jinja").exists() or (target / "chat_template.json").exists():
+            return True
+        try:
+            return bool(json.loads((target / "tokenizer_config.json").read_text()).get("chat_template"))
+        except (OSError, json.JSONDecodeError):
+            return False
+
+    def speed_extra(self, max_tokens: int) -> dict[str, Any]:
+        """Request fields that keep the throughput request decoding to ``max_tokens`` (past an early EOS)."""
+        return {"min_tokens": max_tokens}
+
+    def log_facts(self, log_text: str) -> dict[str, Any]:
+        """What the server's log says about how it runs the artifact (kernels chosen...)."""
+        return {}
+
+    def argv(self, target: Path, python: str, host: str, port: int, opts: ServeOptions) -> list[str]:
+        """The command line: ``--server-cmd`` (with placeholders filled) or the engine's own, plus extra args."""
+        if opts.server_cmd:
+            fill = {"model": str(target), "host": host, "port": str(port), "python": python}
+            try:
+                base = [part.format(**fill) for part in shlex.split(opts.server_cmd)]
+            except (KeyError, IndexError, ValueError) as e:
+                raise UsageError(f"--server-cmd {opts.server_cmd!r}: {e}",
+                                 hint="use the placeholders {model}, {host}, {port} and {python} only") from None
+            if "{port}" not in opts.server_cmd:
+                base += ["--host", host, "--port", str(port)]
+            return base + list(opts.extra_args)
+        return self.command(target, python, host, port, opts) + list(opts.extra_args)
+
+
+def script_interpreter(script: Path) -> str | None:
+    """The Python named on a console script's ``#!`` line (the environment that script runs in)."""
+    try:
+        with open(script, "rb") as f:
+            first = f.readline().decode(errors="replace").strip()
+    except OSError:
+        return None
+    if not first.startswith("#!"):
+        return None
+    parts = shlex.split(first[2:])
+    if parts and Path(parts[0]).name == "env" and len(parts) > 1:
+        return parts[1]
+    return parts[0] if parts else None
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = HOST) -> int:
+    """A port the kernel says is free on ``host`` right now (the server binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def log_tail(path: Path, lines: int = TAIL_LINES) -> str:
+    """The last ``lines`` lines of a log (reading only its end, logs of big models get long)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    text = text.replace("\r", "\n")
+    tail = [ln for ln in text.splitlines() if ln.strip()][-lines:]
+    return "\n".join(ln if len(ln) <= 400 else ln[:400] + " …" for ln in tail)
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when quantkit dies, even by SIGKILL (Linux only)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+
+
+class ServerDied(BackendError):
+    """The server exited on its own: before it was healthy, or while answering (a native crash)."""
+
+
+class ServerTimeout(BackendError):
+    """The server did not answer its health check in time."""
+
+
+class ServerProcess:
+    """A server subprocess that is healthy inside the ``with`` block and gone after it, whatever happens.
+
+    ``with ServerProcess(...) as srv: client.get_json(srv.url + "/v1/models")``. Entering starts the server
+    and waits for ``health_path`` to answer 200 (a spinner shows the log's last line); leaving stops the process
+    group. A port given as 0 is picked free on 127.0.0.1 (and picked again once if another process took it
+    between the pick and the server's bind).
+    """
+
+    def __init__(self, engine: str, argv_for_port: Callable[[int], list[str]], *, log_path: Path,
+                 env: dict[str, str] | None = None, health_path: str = "/health", host: str = HOST, port: int = 0,
+                 timeout: float = 600.0, grace: float = 15.0, reporter: Reporter | None = None) -> None:
+        self.engine = engine
+        self.argv_for_port = argv_for_port
+        self.log_path = Path(log_path)
+        self.env = {**os.environ, **(env or {})}
+        self.env_overrides = dict(env or {})
+        self.health_path = health_path
+        self.host = host
+        self.requested_port = port
+        self.port = port
+        self.timeout = timeout
+        self.grace = grace
+        self.reporter = reporter or Reporter(quiet=True)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.argv: list[str] = []
+        self.started_at = 0.0
+        self.healthy_after: float | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def __enter__(self) -> "ServerProcess":
+        if self.requested_port and not _port_free(self.host, self.requested_port):
+            raise UsageError(f"port {self.requested_port} on {self.host} is already in use",
+                             hint="pass --port 0 to pick a free one")
+        attempts = 2 if self.requested_port == 0 else 1
+        for attempt in range(attempts):
+            self.port = self.requested_port or free_port(self.host)
+            try:
+                self._start(append=attempt > 0)
+                self._wait_healthy()
+                return self
+            except ServerDied as e:
+                self.stop()
+                if attempt + 1 < attempts and _port_taken(self.log_path):
+                    continue
+                raise e
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def _start(self, append: bool) -> None:
+        self.argv = self.argv_for_port(self.port)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab" if append else "wb") as log:
+            env_note = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env_overrides.items())
+            log.write(f"# quantkit smoke: {env_note + ' ' if env_note else ''}{shlex.join(self.argv)}\n".encode())
+            log.flush()
+            try:
+                self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, env=self.env, start_new_session=True,
+                                             preexec_fn=_die_with_parent)
+            except OSError as e:
+                raise BackendError(f"could not start the {self.engine} server ({shlex.join(self.argv)}): {e}",
+                                   hint="check --python / --server-cmd, or that the engine is installed") from None
+        self.started_at = time.monotonic()
+
+    def _wait_healthy(self) -> None:
+        assert self.proc is not None
+        deadline = self.started_at + self.timeout
+        what = f"Starting {self.engine} server on {self.host}:{self.port}"
+        with _Spinner(self.reporter, what) as spin:
+            while True:
+                rc = self.proc.poll()
+                if rc is not None:
+                    raise ServerDied(self._failure(f"the {self.engine} server {_exit_text(rc)} "
+                                                   f"{self._elapsed():.0f}s after it started, before it was ready"),
+                                     hint=f"the whole log is {self.log_path}")
+                if client.status(self.url + self.health_path, timeout=2.0) == 200 and self.proc.poll() is None:
+                    break
+                if time.monotonic() > deadline:
+                    raise ServerTimeout(self._failure(f"the {self.engine} server did not answer "
+                                                      f"{self.health_path} within {self.timeout:.0f}s"),
+                                        hint=f"raise --timeout, or read the whole log: {self.log_path}")
+                spin.update(f"{what} [dim]{escape(_last_line(self.log_path))}[/]")
+                time.sleep(0.5)
+        self.healthy_after = round(self._elapsed(), 2)
+        self.reporter.log(f"[green]✓[/] {self.engine} server ready on {self.url} [dim]({self.healthy_after:.1f}s)[/]")
+
+    def _elapsed(self) -> float:
+        return time.monotonic() - self.started_at
+
+    def _failure(self, what: str) -> str:
+        tail = log_tail(self.log_path)
+        if not tail:
+            return f"{what} (its log {self.log_path} is empty)"
+        return f"{what}. Last lines of {self.log_path}:\n{tail}"
+
+    def died(self, during: str, wait: float = 2.0) -> ServerDied | None:
+        """If the server has exited (a crash while answering ``during``), the error to raise, with its log tail."""
+        if self.proc is None:
+            return None
+        try:
+            rc = self.proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            return None
+        return ServerDied(self._failure(f"the {self.engine} server {_exit_text(rc)} while answering {during}"),
+                          hint=f"the whole log is {self.log_path}")
+
+    def running(self) -> bool:
+        """Whether any process of the server's group is still alive."""
+        if self.proc is None:
+            return False
+        if self.proc.poll() is None:
+            return True
+        return _group_alive(self.proc.pid)
+
+    def stop(self) -> None:
+        """SIGTERM to the group, SIGKILL after the grace period; on a second Ctrl-C, SIGKILL at once."""
+        if self.proc is None:
+            return
+        try:
+            self._terminate()
+        except BaseException:
+            _signal_group(self.proc.pid, signal.SIGKILL)
+            raise
+
+    def _terminate(self) -> None:
+        assert self.proc is not None
+        pgid = self.proc.pid
+        if self.proc.poll() is None or _group_alive(pgid):
+            _signal_group(pgid, signal.SIGTERM)
+            deadline = time.monotonic() + self.grace
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None and not _group_alive(pgid):
+                    break
+                time.sleep(0.1)
+            else:
+                _signal_group(pgid, signal.SIGKILL)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # a process stuck in the kernel (D state): nothing more we can do
+            raise QuantkitError(f"the {self.engine} server (pid {pgid}) did not exit after SIGKILL") from None
+        deadline = time.monotonic() + 5
+        while _group_alive(pgid) and time.monotonic() < deadline:  # SIGKILLed stragglers being reaped
+            time.sleep(0.05)
+
+
+def _exit_text(rc: int) -> str:
+    """``exited with code 1`` or ``was killed by SIGSEGV`` (a native crash in the engine)."""
+    if rc < 0:
+        try:
+            return f"was killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"was killed by signal {-rc}"
+    return f"exited with code {rc}"
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process group still has a member that is not a zombie.
+
+    ``killpg(pgid, 0)`` also succeeds for zombies waiting to be reaped by init, so the group's members are
+    read from /proc where it exists.
+    """
+    proc = Path("/proc")
+    if proc.is_dir():
+        for p in proc.iterdir():
+            if not p.name.isdigit():
+                continue
+            try:
+                stat = (p / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rfind(")") + 2:].split()
+            if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+        return False
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def _last_line(path: Path) -> str:
+    tail = log_tail(path, 1)
+    return tail[-100:]
+
+
+def _port_taken(path: Path) -> bool:
+    text = log_tail(path, 200).lower()
+    return "address already in use" in text or "errno 98" in text
+
+
+class _Spinner:
+    """A transient spinner with elapsed time whose text can change (the server log's last line)."""
+
+    def __init__(self, reporter: Reporter, description: str) -> None:
+        self.reporter = reporter
+        self.description = description
+        self._p: Progress | None = None
+        self._task: Any = None
+
+    def __enter__(self) -> "_Spinner":
+        if not self.reporter.quiet:
+            self._p = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                               console=self.reporter.console, transient=True)
+            self._p.__enter__()
+            self._task = self._p.add_task(self.description, total=None)
+        return self
+
+    def update(self, description: str) -> None:
+        if self._p is not None:
+            self._p.update(self._task, description=description)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._p is not None:
+            self._p.__exit__(*exc)

@@ -1,0 +1,216 @@
+"""``quantkit smoke`` and ``quantkit doctor``, for real: llama.cpp's server on a GGUF of the reference model,
+server processes that must be gone after success, failure, timeout, Ctrl-C and SIGTERM, and version skew
+checks on a real compressed-tensors checkpoint. The vLLM test needs a CUDA GPU and vLLM, and skips without."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from conftest import ROOT, TINY, has_cuda, quantkit
+
+# A real llama.cpp server behind a shell that waits first: the smoke process is caught while it waits for
+# health, and the server's process group holds two processes (sh and sleep) that must both be stopped.
+SLOW_SERVER = "sh -c 'sleep 120; exec {python} -m llama_cpp.server --model {model} --host {host} --port {port}'"
+
+
+@pytest.fixture(scope="session")
+def gguf_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An F16 GGUF artifact of the reference model, written by quantkit's own converter."""
+    out = tmp_path_factory.mktemp("smoke") / "tiny-gguf"
+    quantkit("gguf", TINY, out, "-t", "F16", check=True)
+    return out
+
+
+@pytest.fixture(scope="session")
+def ct_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A compressed-tensors W4A16 (pack-quantized) artifact of the reference model: ``quantkit rtn``."""
+    out = tmp_path_factory.mktemp("ct") / "tiny-w4a16"
+    quantkit("rtn", TINY, out, check=True)
+    return out
+
+
+def _port_closed(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_smoke_gguf_in_llamacpp_server(gguf_artifact: Path) -> None:
+    proc = quantkit("smoke", gguf_artifact, "--baseline", "source", "--json", timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout)
+    assert res["ok"] and res["engine"] == "llama.cpp" and len(res["runs"]) == 1
+    run = res["runs"][0]
+    assert run["status"] == "passed"
+    assert run["models"] and run["completion"]["text"].strip() and run["chat"]["text"].strip()
+    assert run["ttft_s"] > 0 and run["decode_tokens_per_s"] > 0 and run["stream_tokens"] > 1
+    assert "--chat_format chat_template.default" in run["command"]  # the GGUF's own template
+    assert run["facts"]["file_type"] == "F16"
+    b = run["baseline"]
+    assert b["compared"] == 8 and 0 <= b["matched"] <= 8 and b["baseline_text"].strip()
+    assert res["doctor"]["ok"]
+
+    # the server is gone once quantkit returns, and the run is recorded in the (still valid) manifest
+    assert run["stopped"] and _gone(run["pid"]) and _port_closed(run["port"])
+    log = Path(run["log"])
+    assert log.exists() and log.parent == gguf_artifact.parent and "llama_cpp.server" in log.read_text()
+    manifest = json.loads((gguf_artifact / "quantkit.json").read_text())
+    recorded = manifest["smoke"]["runs"][f"llama.cpp:{run['file']}"]
+    assert recorded["status"] == "passed" and recorded["decode_tokens_per_s"] == run["decode_tokens_per_s"]
+    assert quantkit("verify", gguf_artifact).returncode == 0
+
+
+def test_server_that_cannot_load_fails_clearly_and_keeps_its_log(gguf_artifact: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    gguf = next(gguf_artifact.glob("*.gguf"))
+    (broken / "model.gguf").write_bytes(gguf.read_bytes()[: gguf.stat().st_size // 4])
+
+    # doctor sees the truncated file first and refuses to start a server
+    refused = quantkit("smoke", broken, "--json", timeout=300)
+    assert refused.returncode == 1
+    run = json.loads(refused.stdout)["runs"][0]
+    assert run["status"] == "refused" and "not a readable GGUF" in run["error"] and run["log"] is None
+
+    # forced past doctor, llama.cpp itself fails to load it: the error shows the log's tail, the log is kept
+    proc = quantkit("smoke", broken, "--skip-doctor", "--json", timeout=300)
+    assert proc.returncode == 1
+    run = json.loads(proc.stdout)["runs"][0]
+    assert run["status"] == "failed"
+    assert "exited with code" in run["error"] and "before it was ready" in run["error"]
+    assert "failed to load model" in run["error"]  # a line from the server's own log
+    assert "the whole log is" in proc.stderr and "failed to load model" in proc.stderr
+    log = Path(run["log"])
+    assert log == tmp_path / "broken.smoke-llama.cpp-model.log" and "Traceback" in log.read_text()
+    assert _gone(run["pid"])
+
+
+def test_timeout_stops_the_whole_process_group(gguf_artifact: Path, tmp_path: Path) -> None:
+    proc = quantkit("smoke", gguf_artifact, "--server-cmd", SLOW_SERVER, "--timeout", "3", "--log-dir", tmp_path,
+                    "--json", timeout=300)
+    assert proc.returncode == 1
+    run = json.loads(proc.stdout)["runs"][0]
+    assert run["status"] == "failed" and "did not answer /v1/models within 3s" in run["error"]
+    assert run["stopped"] and _gone(run["pid"])
+    assert not [p for p in psutil.process_iter(["cmdline"]) if "sleep 120" in " ".join(p.info["cmdline"] or [])
+                and str(gguf_artifact) in " ".join(p.info["cmdline"] or [])]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_signal_while_waiting_stops_the_server(gguf_artifact: Path, tmp_path: Path, sig: signal.Signals) -> None:
+    # A shell that starts jobs in the background ignores SIGINT in them; a terminal's Ctrl-C does not.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "quantkit", "smoke", str(gguf_artifact), "--server-cmd", SLOW_SERVER,
+         "--log-dir", str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    server: list[psutil.Process] = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(server) < 2:  # sh and its sleep, both in the server's group
+        server = [c for c in psutil.Process(proc.pid).children(recursive=True)
+                  if c.cmdline()[:2] == ["sh", "-c"] or c.cmdline()[:1] == ["sleep"]]
+        time.sleep(0.2)
+    assert len(server) == 2, "the slow server never started"
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    assert "server was stopped" in err
+    assert all(_gone(p.pid) for p in server)
+    assert (tmp_path / f"{gguf_artifact.name}.smoke-llama.cpp-{next(gguf_artifact.glob('*.gguf')).stem}.log").exists()
+
+
+def test_doctor_lists_versions() -> None:
+    proc = quantkit("doctor", "--engine", "llama.cpp", "--json", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rep = json.loads(proc.stdout)
+    versions = rep["quantkit"]["versions"]
+    for dist in ("torch", "transformers", "llmcompressor", "compressed-tensors", "gguf", "llama_cpp_python"):
+        assert versions.get(dist), dist
+    assert isinstance(rep["quantkit"]["torch"]["cuda_available"], bool)
+    assert rep["engine"]["name"] == "llama.cpp" and rep["engine"]["version"] == versions["llama_cpp_python"]
+    assert rep["ok"] and any(c["name"] == "engine installed" and c["status"] == "ok" for c in rep["checks"])
+
+
+def _checks(proc: subprocess.CompletedProcess) -> dict[str, dict]:
+    return {c["name"]: c for c in json.loads(proc.stdout)["checks"]}
+
+
+def test_doctor_flags_unknown_compressed_tensors_format(ct_artifact: Path, tmp_path: Path) -> None:
+    good = _checks(quantkit("doctor", ct_artifact, "--engine", "vllm", "--json", timeout=300))
+    assert good["format"]["status"] == "ok" and good["scheme"]["status"] == "ok"
+
+    skewed = tmp_path / "skewed"
+    shutil.copytree(ct_artifact, skewed)
+    cfg = json.loads((skewed / "config.json").read_text())
+    cfg["quantization_config"]["format"] = "pack-quantized-v9"
+    for group in cfg["quantization_config"]["config_groups"].values():
+        group["format"] = "pack-quantized-v9"
+    (skewed / "config.json").write_text(json.dumps(cfg))
+    proc = quantkit("doctor", skewed, "--engine", "vllm", "--json", timeout=300)
+    assert proc.returncode == 1
+    checks = _checks(proc)
+    assert checks["format"]["status"] == "fail" and "'pack-quantized-v9' is unknown" in checks["format"]["message"]
+    assert "compressed-tensors" in checks["format"]["message"]
+
+    # a scheme field the reading compressed-tensors does not know (what a newer writer adds) is a failure too
+    cfg["quantization_config"]["format"] = "pack-quantized"
+    for group in cfg["quantization_config"]["config_groups"].values():
+        group["format"] = "pack-quantized"
+        group["weights"]["scale_layout"] = "interleaved"
+    (skewed / "config.json").write_text(json.dumps(cfg))
+    checks = _checks(quantkit("doctor", skewed, "--engine", "vllm", "--json", timeout=300))
+    assert checks["format"]["status"] == "ok"
+    assert checks["scheme"]["status"] == "fail" and "scale_layout" in checks["scheme"]["message"]
+
+    # smoke runs doctor first and stops before starting any server
+    proc = quantkit("smoke", skewed, "--engine", "vllm", "--log-dir", tmp_path / "logs", "--json", timeout=300)
+    assert proc.returncode == 1
+    run = json.loads(proc.stdout)["runs"][0]
+    assert run["status"] == "refused" and "scale_layout" in run["error"]
+    assert not (tmp_path / "logs").exists()
+
+
+def test_vllm_log_facts_name_the_kernel() -> None:
+    from quantkit.serve import vllm
+
+    log = (
+        "INFO 11-29 10:00:01 [model.py:1] Initializing a V1 LLM engine (v0.26.0) with config: "
+        "model='/a/awq', quantization=compressed-tensors, enforce_eager=True\n"
+        "INFO 11-29 10:00:20 [compressed_tensors_wNa16.py:95] Using MarlinLinearKernel for CompressedTensorsWNA16\n"
+        "INFO 11-29 10:00:21 [cuda.py:274] Using FLASH_ATTN attention backend.\n"
+    )
+    facts = vllm.ENGINE.log_facts(log)
+    assert facts["quantization"] == "compressed-tensors"
+    assert facts["kernels"] == ["MarlinLinearKernel for CompressedTensorsWNA16"]
+    assert facts["schemes"] == ["CompressedTensorsWNA16"] and facts["attention_backend"] == "FLASH_ATTN"
+    failed = log + "ValueError: Unsupported compressed-tensors scheme for layer q_proj\n"
+    assert vllm.ENGINE.log_facts(failed)["error"].startswith("ValueError: Unsupported")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not has_cuda(), reason="needs a CUDA GPU")
+def test_vllm_serves_compressed_tensors(ct_artifact: Path, tmp_path: Path) -> None:
+    doctor = json.loads(quantkit("doctor", "--engine", "vllm", "--json", timeout=600).stdout)
+    if not any(c["name"] == "engine installed" and c["status"] == "ok" for c in doctor["checks"]):
+        pytest.skip("vLLM is not installed (set QUANTKIT_VLLM_PYTHON to its Python)")
+    proc = quantkit("smoke", ct_artifact, "--engine", "vllm", "--log-dir", tmp_path, "--json", timeout=900,
+                    env={"VLLM_USE_FLASHINFER_SAMPLER": "0"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = json.loads(proc.stdout)["runs"][0]
+    assert run["status"] == "passed" and run["completion"]["text"].strip() and run["decode_tokens_per_s"] > 0
+    assert run["facts"]["quantization"] == "compressed-tensors" and _gone(run["pid"])
