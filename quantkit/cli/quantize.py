@@ -48,7 +48,7 @@ METHOD_FLAGS: dict[str, list[tuple[str, Any, Any, str]]] = {
             ("format", Optional[str], _opt(None, "--format", help="compressed-tensors, or autoawq to also write the legacy AutoAWQ GEMM layout."), "quantize.format")],
     "gptq": [BITS, GROUP,
              ("symmetric", Optional[bool], _opt(None, "--symmetric/--asymmetric", help="Symmetric quantization [default: symmetric, as vLLM's Marlin kernels need]."), "quantize.symmetric"),
-             ("act_order", Optional[bool], _opt(None, "--act-order/--no-act-order", help="Quantize columns in order of decreasing activation magnitude."), "quantize.act_order"),
+             ("act_order", Optional[bool], _opt(None, "--act-order/--no-act-order", help="GPTQ activation ordering: quantize columns in order of decreasing activation magnitude (llm-compressor's static ordering: no g_idx, no runtime cost) [default: on]."), "quantize.act_order"),
              ("damp", Optional[float], _opt(None, "--damp", help="Hessian dampening fraction [default: 0.01]."), "quantize.damp"),
              ("format", Optional[str], _opt(None, "--format", help="compressed-tensors, or gptq to also write the legacy GPTQ layout."), "quantize.format")],
     "fp8": [("scheme", Optional[str], _opt(None, "--scheme", help="static (per-tensor weight + calibrated input scales), dynamic (per-channel weights, per-token activations at run time, no calibration), block (128x128 weight blocks) [default: static]."), "quantize.scheme"),
@@ -148,6 +148,6 @@ def _make_verb(method: str):  # noqa: ANN202 - builds a Typer command
     return handle_errors(verb)
 
 
-def register(app: typer.Typer, methods: tuple[str, ...] = ("awq", "gptq", "fp8", "int8", "rtn")) -> None:
+def register(app: typer.Typer, methods: tuple[str, ...] = ("awq", "gptq", "fp8", "int8", "rtn", "gguf")) -> None:
     for method in methods:
         app.command(method, help=HELP[method], rich_help_panel="Quantize")(_make_verb(method))

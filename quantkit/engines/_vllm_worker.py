@@ -1,0 +1,97 @@
+"""vLLM prompt-logprobs worker, run by :mod:`quantkit.engines.vllm` with vLLM's own Python interpreter.
+
+It imports only the standard library, numpy and vLLM (never quantkit), so vLLM may live in a separate
+environment with its own torch. Written against the vLLM V1 offline API (``LLM.generate`` with
+``TokensPrompt`` and ``SamplingParams(prompt_logprobs=k)``).
+
+Protocol: ``python _vllm_worker.py REQUEST.json``. The request names the model, ``max_model_len``, ``topk`` and
+extra ``LLM`` keyword arguments. The worker loads the model, prints ``READY <json info>``, then reads lines from
+stdin: each names a ``.npz`` of windows (``tokens`` concatenated, ``offsets``, ``score_from``, ``index``) and an
+output folder. For each window it writes ``w<index>.npz`` (``target`` [n], ``ids`` [n, k], ``values`` [n, k] for
+the scored positions) and prints ``WINDOW <index>``; after the last it prints ``DONE``. An empty line or end of
+input ends the worker. Protocol lines go to the original stdout; everything else vLLM prints goes to stderr.
+"""
+
+import json
+import os
+import sys
+
+# Run as a script, this folder is sys.path[0], where quantkit's own engines/vllm.py would shadow the real vLLM.
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or '.') != os.path.dirname(os.path.abspath(__file__))]
+
+# A window of exactly max_position_embeddings tokens needs one position more for the single sampled token, which
+# is thrown away: only prompt positions are scored. vLLM refuses that extra position unless told it is intended.
+os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+
+BATCH = 32  # windows handed to vLLM at once (it schedules them together)
+
+
+def _emit(stream, line):
+    stream.write(line + "\n")
+    stream.flush()
+
+
+def _window_arrays(np, prompt_logprobs, tokens, score_from, k):
+    """The scored rows of one window: actual-token log-prob, and top-k ids/log-probs in rank order."""
+    n = len(tokens) - score_from
+    target = np.empty(n, dtype=np.float32)
+    ids = np.full((n, k), -1, dtype=np.int32)
+    values = np.full((n, k), -np.inf, dtype=np.float32)
+    for row, pos in enumerate(range(score_from, len(tokens))):
+        entries = prompt_logprobs[pos]
+        target[row] = entries[tokens[pos]].logprob
+        ranked = sorted(entries.items(), key=lambda kv: kv[1].rank)[:k]
+        for j, (tid, lp) in enumerate(ranked):
+            ids[row, j] = tid
+            values[row, j] = lp.logprob
+    return target, ids, values
+
+
+def main():
+    proto = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # anything vLLM prints to stdout lands on stderr, never in the protocol stream
+    with open(sys.argv[1]) as f:
+        req = json.load(f)
+    import numpy as np
+    import vllm
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    k = int(req["topk"])
+    args = {"gpu_memory_utilization": 0.8, "enable_prefix_caching": False, "dtype": "auto", "seed": 0,
+            **req.get("engine_args", {})}
+    llm = LLM(model=req["model"], max_model_len=int(req["max_model_len"]), max_logprobs=k,
+              trust_remote_code=False, **args)
+    info = {"version": vllm.__version__}
+    try:
+        import torch
+
+        info["device"] = torch.cuda.get_device_name(0)
+    except Exception:  # the device name is informative only
+        info["device"] = "cuda"
+    _emit(proto, "READY " + json.dumps(info))
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=k, detokenize=False)
+    for line in sys.stdin:
+        line = line.strip()
+        if not line:
+            break
+        windows_path, out_dir = json.loads(line)
+        data = np.load(windows_path)
+        offsets, score_from, flat, index = data["offsets"], data["score_from"], data["tokens"], data["index"]
+        count = len(score_from)
+        for start in range(0, count, BATCH):
+            chunk = range(start, min(count, start + BATCH))
+            prompts = [TokensPrompt(prompt_token_ids=flat[offsets[i]:offsets[i + 1]].tolist()) for i in chunk]
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+            for i, out in zip(chunk, outputs):
+                tokens = flat[offsets[i]:offsets[i + 1]].tolist()
+                target, ids, values = _window_arrays(np, out.prompt_logprobs, tokens, int(score_from[i]), k)
+                dest = os.path.join(out_dir, f"w{int(index[i])}.npz")
+                np.savez(dest + ".tmp.npz", target=target, ids=ids, values=values)
+                os.replace(dest + ".tmp.npz", dest)
+                _emit(proto, f"WINDOW {int(index[i])}")
+        _emit(proto, "DONE")
+
+
+if __name__ == "__main__":
+    main()

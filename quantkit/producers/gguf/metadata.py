@@ -1,0 +1,196 @@
+"""Hyperparameters: a checkpoint's config -> the GGUF keys llama.cpp reads for its architecture.
+
+The config is read through transformers' own config classes, so defaults a ``config.json`` leaves out, the
+older ``rope_theta``/``rope_scaling`` spelling and the newer ``rope_parameters`` all come out the same way
+transformers itself runs the model. Everything llama.cpp cannot reproduce (an unusual rope scaling, an attention
+scale it hard-codes differently) is refused here, before any tensor is read, instead of converting into a model
+that loads but computes something else.
+
+Tested with gguf 0.19.0, transformers 5.17.0 and llama-cpp-python 0.3.36.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quantkit.errors import SourceModelError
+from quantkit.producers.gguf.families import Family
+
+
+@dataclass
+class HParams:
+    """What the GGUF header says about the network (all values as llama.cpp expects them)."""
+
+    n_ctx: int
+    n_embd: int
+    n_layer: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_rot: int
+    rms_eps: float
+    n_vocab: int
+    tied: bool
+    rope_theta: float
+    rope: dict[str, Any]  # transformers' rope parameters of the full-attention layers
+    rope_theta_swa: float | None = None
+    sliding_window: int | None = None
+    swa_layers: list[bool] | None = None
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    n_expert: int = 0
+    n_expert_used: int = 0
+    query_pre_attn_scalar: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def rope_type(self) -> str:
+        return str(self.rope.get("rope_type") or self.rope.get("type") or "default")
+
+
+def load_config(path: Path) -> Any:
+    """The checkpoint's config through transformers (no weights, no remote code)."""
+    from quantkit import versions
+
+    transformers = versions.require("transformers", "gguf", "Reading the model config for GGUF conversion")
+    try:
+        return transformers.AutoConfig.from_pretrained(str(path), trust_remote_code=False)
+    except (ValueError, KeyError, OSError) as e:
+        raise SourceModelError(f"transformers cannot read {path}/config.json: {e}",
+                               hint="check the checkpoint, or upgrade transformers for a newer architecture") from None
+
+
+def _rope_for(cfg: Any, layer_type: str) -> dict[str, Any]:
+    params = getattr(cfg, "rope_parameters", None) or {}
+    if layer_type in params and isinstance(params[layer_type], dict):
+        return dict(params[layer_type])
+    if params and all(isinstance(v, dict) for v in params.values()):
+        return dict(next(iter(params.values())))
+    out = dict(params)
+    if "rope_theta" not in out and getattr(cfg, "rope_theta", None) is not None:
+        out["rope_theta"] = cfg.rope_theta
+    return out
+
+
+def from_config(cfg: Any, family: Family) -> HParams:
+    """Collect and check the hyperparameters; raises :class:`SourceModelError` for what llama.cpp cannot do."""
+    n_head = int(cfg.num_attention_heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // n_head)
+    rope = _rope_for(cfg, "full_attention")
+    partial = float(rope.get("partial_rotary_factor") or getattr(cfg, "partial_rotary_factor", None) or 1.0)
+    layer_types = list(getattr(cfg, "layer_types", None) or [])
+    hp = HParams(
+        n_ctx=int(cfg.max_position_embeddings), n_embd=int(cfg.hidden_size), n_layer=int(cfg.num_hidden_layers),
+        n_ff=int(cfg.intermediate_size), n_head=n_head,
+        n_head_kv=int(getattr(cfg, "num_key_value_heads", None) or n_head), head_dim=head_dim,
+        n_rot=int(head_dim * partial), rms_eps=float(cfg.rms_norm_eps), n_vocab=int(cfg.vocab_size),
+        tied=family.always_tied or bool(getattr(cfg, "tie_word_embeddings", False)),
+        rope_theta=float(rope.get("rope_theta", 10000.0)), rope=rope,
+    )
+    if family.sliding_window and getattr(cfg, "sliding_window", None):
+        hp.sliding_window = int(cfg.sliding_window)
+        hp.swa_layers = [t == "sliding_attention" for t in layer_types] or None
+    if family.swa_rope_base:
+        hp.rope_theta_swa = float(_rope_for(cfg, "sliding_attention").get("rope_theta", 10000.0))
+    if family.softcapping:
+        hp.attn_softcap = getattr(cfg, "attn_logit_softcapping", None)
+        hp.final_softcap = getattr(cfg, "final_logit_softcapping", None)
+    elif getattr(cfg, "final_logit_softcapping", None):
+        hp.final_softcap = float(cfg.final_logit_softcapping)
+    if family.experts is not None:
+        hp.n_expert = int(getattr(cfg, family.experts.count_key))
+        hp.n_expert_used = int(getattr(cfg, family.experts.used_key))
+    if family.fixed_attention_scale:
+        hp.query_pre_attn_scalar = getattr(cfg, "query_pre_attn_scalar", None)
+    _check(hp, family, cfg)
+    return hp
+
+
+def _check(hp: HParams, family: Family, cfg: Any) -> None:
+    name = family.label
+    if hp.rope_type not in family.rope_types:
+        raise SourceModelError(
+            f"{name}: rope scaling {hp.rope_type!r} is not supported by the GGUF converter "
+            f"(supported for this family: {', '.join(family.rope_types)})",
+            hint="convert with llama.cpp's convert_hf_to_gguf.py, which knows more rope variants")
+    if family.rope_permute and hp.n_rot != hp.head_dim:
+        raise SourceModelError(f"{name}: partial rotary embeddings are not supported for the llama architecture")
+    if family.fixed_attention_scale and hp.query_pre_attn_scalar is not None:
+        expected = hp.n_embd / hp.n_head if hp.n_layer == 46 else hp.head_dim
+        if abs(float(hp.query_pre_attn_scalar) - expected) > 1e-6:
+            raise SourceModelError(
+                f"{name}: query_pre_attn_scalar is {hp.query_pre_attn_scalar}, but llama.cpp hard-codes the "
+                f"attention scale to 1/sqrt({expected:g}) for this shape; the GGUF would compute different logits",
+                hint="only checkpoints whose query_pre_attn_scalar equals head_dim (hidden/heads for 27B) convert")
+    if family.gguf_arch == "LLAMA" and getattr(cfg, "sliding_window", None) and cfg.sliding_window < hp.n_ctx:
+        hp.notes.append(f"sliding_window {cfg.sliding_window} is not used by llama.cpp's llama architecture: "
+                        f"contexts beyond {cfg.sliding_window} tokens attend to the full context")
+    if hp.sliding_window and hp.swa_layers is not None and len(hp.swa_layers) != hp.n_layer:
+        raise SourceModelError(f"{name}: layer_types has {len(hp.swa_layers)} entries for {hp.n_layer} layers")
+
+
+def llama3_rope_factors(hp: HParams) -> list[float]:
+    """Per-frequency divisors for Llama 3.1's rope scaling (llama.cpp's ``rope_freqs`` tensor).
+
+    Frequencies whose wavelength is short stay; long ones are divided by ``factor``; the band between is
+    interpolated smoothly, as in the Llama 3.1 reference implementation.
+    """
+    r = hp.rope
+    factor = float(r["factor"])
+    low, high = float(r.get("low_freq_factor", 1.0)), float(r.get("high_freq_factor", 4.0))
+    old_ctx = float(r.get("original_max_position_embeddings", 8192))
+    low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
+    out = []
+    for i in range(0, hp.n_rot, 2):
+        freq = 1.0 / (hp.rope_theta ** (i / hp.n_rot))
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_wavelen:
+            out.append(1.0)
+        elif wavelen > low_wavelen:
+            out.append(factor)
+        else:
+            smooth = (old_ctx / wavelen - low) / (high - low)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return out
+
+
+def write(writer: Any, hp: HParams, family: Family, *, name: str, file_type: int) -> None:
+    """Add the architecture's hyperparameter keys to a :class:`gguf.GGUFWriter`."""
+    import gguf
+
+    writer.add_type(gguf.GGUFType.MODEL)
+    writer.add_name(name)
+    writer.add_file_type(file_type)
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    writer.add_context_length(hp.n_ctx)
+    writer.add_embedding_length(hp.n_embd)
+    writer.add_block_count(hp.n_layer)
+    writer.add_feed_forward_length(hp.n_ff)
+    writer.add_head_count(hp.n_head)
+    writer.add_head_count_kv(hp.n_head_kv)
+    writer.add_key_length(hp.head_dim)
+    writer.add_value_length(hp.head_dim)
+    writer.add_rope_dimension_count(hp.n_rot)
+    writer.add_rope_freq_base(hp.rope_theta)
+    writer.add_layer_norm_rms_eps(hp.rms_eps)
+    writer.add_vocab_size(hp.n_vocab)
+    if hp.rope_type == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(float(hp.rope["factor"]))
+    if hp.n_expert:
+        writer.add_expert_count(hp.n_expert)
+        writer.add_expert_used_count(hp.n_expert_used)
+    if hp.sliding_window:
+        writer.add_sliding_window(hp.sliding_window)
+        if hp.swa_layers is not None:
+            writer.add_sliding_window_pattern(hp.swa_layers)
+    if hp.rope_theta_swa is not None:
+        writer.add_rope_freq_base_swa(hp.rope_theta_swa)
+    if hp.attn_softcap:
+        writer.add_attn_logit_softcapping(float(hp.attn_softcap))
+    if hp.final_softcap:
+        writer.add_final_logit_softcapping(float(hp.final_softcap))
