@@ -6,9 +6,13 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 TORCH  := torch==2.13.0
-# llama-cpp-python compiles from source (~10 min on 2 cores); pip caches the built wheel for the next install.
-export CMAKE_BUILD_PARALLEL_LEVEL ?= 2
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
+# llama-cpp-python compiles from source (~10 min on 2 cores); the wheel is built once into WHEELS and reused.
+# It is built for AVX2 without GGML_NATIVE: a native build on a CPU with AMX repacks quantized weights for AMX,
+# and llama.cpp's AMX path (0.3.36's vendored llama.cpp) crashes with SIGSEGV on the first quantized matmul.
+LLAMA_CPP := llama-cpp-python==0.3.36
+LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+WHEELS ?= $(HOME)/.cache/quantkit/wheels
 
 .PHONY: install install-trt test demo bench bench-gpu clean
 
@@ -18,7 +22,10 @@ $(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip wheel setuptools
 	$(BIN)/python -m pip install -q $(TORCH)
-	$(BIN)/python -m pip install -q $(TORCH) -e '.[all,legacy,dev]'
+	ls $(WHEELS)/llama_cpp_python-0.3.36-*.whl >/dev/null 2>&1 || \
+	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=2 $(BIN)/python -m pip wheel -q --no-deps \
+	    --no-cache-dir --no-binary llama-cpp-python -w $(WHEELS) $(LLAMA_CPP)
+	$(BIN)/python -m pip install -q --find-links $(WHEELS) $(TORCH) $(LLAMA_CPP) -e '.[all,legacy,dev]'
 	touch $@
 
 test: install

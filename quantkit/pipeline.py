@@ -63,8 +63,14 @@ class RunResult:
                 for o in self.outputs for g in o.gates if not g["passed"]]
 
     @property
+    def failed_smoke(self) -> list[str]:
+        return [f"{o.name}: {(o.smoke or {}).get('summary')}" for o in self.outputs
+                if (o.smoke or {}).get("status") == "failed"]
+
+    @property
     def ok(self) -> bool:
-        return all(o.status in ("built", "reused") for o in self.outputs) and not self.failed_gates
+        return (all(o.status in ("built", "reused") for o in self.outputs) and not self.failed_gates
+                and not self.failed_smoke)
 
     def check(self) -> None:
         """Raise the error a release pipeline should stop on: a failed gate (exit 3) or a failed output (1)."""
@@ -73,6 +79,8 @@ class RunResult:
         failed = [o for o in self.outputs if o.status == "failed"]
         if failed:
             raise QuantkitError("outputs failed: " + "; ".join(f"{o.name}: {o.error}" for o in failed))
+        if self.failed_smoke:
+            raise QuantkitError("smoke test failed: " + "; ".join(self.failed_smoke))
 
     def to_json(self) -> dict[str, Any]:
         return {"release": str(self.release), "ok": self.ok, "seconds": round(self.seconds, 1),
@@ -133,14 +141,21 @@ def run(recipe: Recipe, *, force: bool = False, reporter: Reporter | None = None
         res.status, res.manifest = "built", built.manifest
 
     done = [r for r in results if r.status in ("built", "reused")]
-    if evaluate and recipe.verify.enabled and done:
-        _evaluate(recipe, src, done, rep, force)
-    if smoke and recipe.smoke.enabled and done:
-        for r in done:
+    checks = verification_sha256(recipe)
+    todo = [r for r in done if force or r.status == "built" or not _recall(r, checks)]
+    if todo and evaluate and recipe.verify.enabled:
+        _evaluate(recipe, src, todo, rep, force)
+    if todo and smoke and recipe.smoke.enabled:
+        for r in todo:
             _smoke(recipe, r, rep, force)
     for r in done:
+        if not (evaluate and recipe.verify.enabled):
+            r.evaluation = r.evaluation or {"status": "skipped", "summary": "evaluation turned off"}
+        if not (smoke and recipe.smoke.enabled):
+            r.smoke = r.smoke or {"status": "skipped", "summary": "smoke test turned off"}
         write_model_card(r, recipe, src)
-        r.manifest = artifact.update_manifest(r.path)
+        record = {"verification_sha256": checks, "evaluation": r.evaluation, "smoke": r.smoke, "gates": r.gates}
+        r.manifest = artifact.update_manifest(r.path, pipeline=record)
     result = RunResult(release=release, outputs=results, seconds=time.perf_counter() - t0)
     write_bundle(result, recipe)
     if recipe.quantize is not None and (release / artifact.MANIFEST).exists():
@@ -148,25 +163,86 @@ def run(recipe: Recipe, *, force: bool = False, reporter: Reporter | None = None
     return result
 
 
+def verification_sha256(recipe: Recipe) -> str:
+    """Hash of the verification settings: results recorded under the same hash are reused on a re-run."""
+    import hashlib
+
+    data = {"verify": recipe.verify.model_dump(mode="json"), "smoke": recipe.smoke.model_dump(mode="json"),
+            "source": recipe.model.model_dump(mode="json")}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def _recall(r: OutputResult, checks: str) -> bool:
+    """Reuse a reused artifact's recorded evaluation and smoke results when they were made the same way."""
+    rec = (r.manifest or {}).get("pipeline") or {}
+    if rec.get("verification_sha256") != checks:
+        return False
+    r.evaluation, r.smoke, r.gates = rec.get("evaluation"), rec.get("smoke"), rec.get("gates") or []
+    return True
+
+
 def _evaluate(recipe: Recipe, src: source_mod.SourceModel, done: list[OutputResult], rep: Reporter,
               force: bool) -> None:
+    """All artifacts in one evaluation run: the baseline's logits are computed once and reused for each."""
     from quantkit import api
+    from quantkit.verify.evaluate import EvalOptions
 
-    report = api.evaluate([r.path for r in done], baseline=str(src.path), spec=recipe.verify, reporter=rep,
-                          report_dir=Path(recipe.output), raise_on_gate=False)
-    by_path = {str(Path(a["path"])): a for a in report.to_json()["artifacts"]}
+    options = EvalOptions.from_verify(recipe.verify, report_dir=Path(recipe.output), python=recipe.smoke.python)
+    report = api.evaluate([r.path for r in done], str(src.path), options, rep)
     for r in done:
-        ev = by_path.get(str(r.path))
-        if ev is None:
+        mine = [x for x in report.results if x.target.manifest_dir and x.target.manifest_dir.resolve() == r.path.resolve()]
+        if not mine:
             continue
-        r.evaluation = ev
-        r.gates = ev.get("gates", [])
+        rows = [x.to_json() for x in mine]
+        r.evaluation = {"baseline_ppl": report.baseline.metrics.ppl, "protocol": report.protocol.manifest(),
+                        "results": [{**row, "file": Path(row["path"]).name if row["path"].endswith(".gguf") else None}
+                                    for row in rows]}
+        r.gates = [{**g.to_json(), "file": Path(x.target.path).name if str(x.target.path).endswith(".gguf") else None}
+                   for x in mine for g in x.gates]
+
+
+def engine_available(path: Path, python: str | None) -> tuple[str, str | None]:
+    """The engine that would serve ``path`` and, when it cannot run here, why (None when it can)."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    from quantkit import serve
+
+    name = serve.detect(path)
+    engine = serve.get(name)
+    py = engine.python(python)
+    if py in (None, sys.executable):
+        if importlib.util.find_spec(engine.module) is None:
+            return name, f"{name} is not installed here (pass smoke.python / --python for its environment)"
+    elif subprocess.run([py, "-c", f"import {engine.module}"], capture_output=True).returncode != 0:
+        return name, f"{name} does not import in {py}"
+    if name in ("vllm", "trtllm") and py in (None, sys.executable):
+        try:
+            import torch
+
+            if not torch.cuda.is_available():
+                return name, f"{name} needs a CUDA GPU and none is visible"
+        except ImportError:
+            return name, "torch is not installed"
+    return name, None
 
 
 def _smoke(recipe: Recipe, r: OutputResult, rep: Reporter, force: bool) -> None:
+    """Smoke-test one artifact where its engine can run; otherwise record the step as skipped, with why."""
     from quantkit import api
 
-    r.smoke = api.smoke_if_available(r.path, spec=recipe.smoke, reporter=rep)
+    engine, why = engine_available(r.path, recipe.smoke.python)
+    if why:
+        r.smoke = {"status": "skipped", "engine": engine, "summary": why}
+        rep.log(f"[yellow]-[/] smoke {r.name}: skipped ({why})")
+        return
+    res = api.smoke(r.path, reporter=rep, engine=engine, python=recipe.smoke.python, timeout=recipe.smoke.timeout,
+                    log_dir=Path(recipe.output) / "logs")
+    data = res.to_json()
+    errors = [run.get("error") for run in data["runs"] if run.get("error")]
+    r.smoke = {"status": "passed" if res.ok else "failed", "engine": engine, "runs": data["runs"],
+               "summary": f"{len(data['runs'])} server run(s) answered" if res.ok else "; ".join(map(str, errors))}
 
 
 def write_model_card(r: OutputResult, recipe: Recipe, src: source_mod.SourceModel) -> None:

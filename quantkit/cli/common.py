@@ -38,7 +38,9 @@ RECIPE_OPT = typer.Option(None, "--recipe", "-r", help="Recipe YAML file (or a s
 
 
 def console(as_json: bool) -> Console:
-    return Console(stderr=as_json, highlight=False)
+    """Human output; logs and CI captures (no terminal) get 160 columns so summary tables stay readable."""
+    stream = sys.stderr if as_json else sys.stdout
+    return Console(stderr=as_json, highlight=False, width=None if stream.isatty() else 160)
 
 
 def reporter(as_json: bool) -> Reporter:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 
 import typer
 
@@ -38,6 +39,9 @@ def _root(
 ) -> None:
     STATE.debug = debug
     STATE.quiet = quiet
+    if not debug:
+        # Backends draw their own tqdm bars per layer; quantkit's Rich bars and step timings replace them.
+        os.environ.setdefault("TQDM_DISABLE", "1")
 
 
 quantize.register(app)

@@ -1,0 +1,103 @@
+"""``quantkit run``: a multi-output recipe end to end, the bundle, resuming, and a failing gate (exit 3)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from quantkit import artifact
+
+from conftest import TINY, quantkit
+
+RECIPE = f"""\
+# test release: two llm-compressor formats and two GGUF types
+model:
+  source: {TINY}
+output: release
+outputs:
+  - method: rtn
+  - method: gptq
+  - method: gguf
+    types: [Q8_0, Q4_K_M]
+calibration:
+  dataset: mixed
+  samples: 8
+  seq_len: 128
+verify:
+  dataset: heldout
+  ctx: 512
+  max_tokens: 4096
+smoke:
+  timeout: 120
+"""
+
+
+@pytest.fixture(scope="module")
+def release(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, str]:
+    work = tmp_path_factory.mktemp("run")
+    (work / "recipe.yaml").write_text(RECIPE)
+    proc = quantkit("run", "recipe.yaml", "--json", cwd=work, check=True)
+    return work, json.loads(proc.stdout), proc.stderr
+
+
+def test_every_output_is_built_evaluated_and_smoked_where_possible(release) -> None:
+    work, report, _ = release
+    assert report["ok"] is True
+    outs = {o["name"]: o for o in report["outputs"]}
+    assert set(outs) == {"rtn-w4g128", "gptq-w4g128", "gguf"}
+    assert all(o["status"] == "built" for o in outs.values())
+    for o in outs.values():
+        assert o["evaluation"]["results"], o["name"]
+        assert all(g["passed"] for g in o["gates"])
+    gguf_files = {r["file"] for r in outs["gguf"]["evaluation"]["results"]}
+    assert gguf_files == {"quantkit-tiny-Q8_0.gguf", "quantkit-tiny-Q4_K_M.gguf"}
+    # llama.cpp's server ran for real on the GGUF files; without vLLM on a GPU the others say skipped, not passed.
+    assert outs["gguf"]["smoke"]["status"] == "passed" and len(outs["gguf"]["smoke"]["runs"]) == 2
+    for name in ("rtn-w4g128", "gptq-w4g128"):
+        smoke = outs[name]["smoke"]
+        assert smoke["status"] in ("skipped", "passed")
+        if smoke["status"] == "skipped":
+            assert "vllm" in smoke["summary"].lower()
+
+
+def test_bundle_has_sums_reports_plot_and_model_cards(release) -> None:
+    work, _, _ = release
+    rel = work / "release"
+    for name in ("SHA256SUMS", "report.md", "report.json"):
+        assert (rel / name).exists(), name
+    assert list(rel.glob("*.png")), "size/perplexity plot missing"
+    for line in (rel / "SHA256SUMS").read_text().splitlines():
+        digest, path = line.split("  ", 1)
+        assert hashlib.sha256((rel / path).read_bytes()).hexdigest() == digest, path
+    for art in ("rtn-w4g128", "gptq-w4g128", "gguf"):
+        card = (rel / art / "README.md").read_text()
+        assert "base_model_relation: quantized" in card and f"base_model: {TINY}" in card
+        assert "## Evaluation" in card and "```yaml" in card
+        assert artifact.verify(rel / art).ok
+
+
+def test_rerun_redoes_nothing(release) -> None:
+    work, first, _ = release
+    created = {a: artifact.read_manifest(work / "release" / a)["created"] for a in ("rtn-w4g128", "gptq-w4g128", "gguf")}
+    proc = quantkit("run", "recipe.yaml", "--json", cwd=work, check=True)
+    again = json.loads(proc.stdout)
+    assert {o["status"] for o in again["outputs"]} == {"reused"}
+    assert "loading" not in proc.stderr.lower() or "baseline" not in proc.stderr.lower()  # no evaluation rerun
+    for a, when in created.items():
+        assert artifact.read_manifest(work / "release" / a)["created"] == when
+    assert [o["evaluation"] for o in again["outputs"]] == [o["evaluation"] for o in first["outputs"]]
+
+
+def test_failing_gate_exits_3_and_names_it(release) -> None:
+    work, _, _ = release
+    text = RECIPE.replace("  max_tokens: 4096\n", "  max_tokens: 4096\n  gates: {min_top1: 0.9999}\n")
+    text = text.replace("output: release", "output: release-strict")
+    (work / "strict.yaml").write_text(text.replace("  - method: gptq\n", "").replace(
+        "  - method: gguf\n    types: [Q8_0, Q4_K_M]\n", ""))
+    proc = quantkit("run", "strict.yaml", "--no-smoke", cwd=work)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "min_top1" in proc.stderr and "0.9999" in proc.stderr and "Traceback" not in proc.stderr
+    assert (work / "release-strict" / "report.json").exists()  # the bundle is still written for inspection
