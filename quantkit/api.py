@@ -47,7 +47,7 @@ def quantize_one(recipe: Recipe, spec: Any, out: Path, *, force: bool = False, r
     producer.check(spec, source)
     with artifact.ArtifactWriter(out, force=force, expected_bytes=producer.estimate_bytes(spec, source)) as w:
         ctx = ProduceContext(spec=spec, source=source, out=w.path, calibration=recipe.calibration,
-                             runtime=recipe.runtime, reporter=rep)
+                             runtime=recipe.runtime, reporter=rep, model=recipe.model)
         produced = producer.produce(ctx)
         rep.timings["total"] = round(time.perf_counter() - t0, 3)
         manifest = {
@@ -85,8 +85,36 @@ def verify(path: Path, reporter: Reporter | None = None) -> artifact.VerifyResul
     return artifact.verify(Path(path))
 
 
+def evaluate(artifacts: list[Path], baseline: str | None = None, options: Any = None,
+             reporter: Reporter | None = None) -> Any:
+    """Perplexity, KLD and top-1 of artifacts against their baseline (:mod:`quantkit.verify.evaluate`).
+
+    Returns an ``EvalReport``; gates are checked and recorded, not raised: call ``report.raise_for_gates()``.
+    """
+    from quantkit.verify.evaluate import evaluate as _evaluate
+
+    return _evaluate([Path(a) for a in artifacts], baseline, options, reporter)
+
+
 def inspect(path: Path) -> dict[str, Any]:
     """What an artifact is: format, bits, scheme, size, compression vs the source, and its manifest check."""
     from quantkit.inspect import describe
 
     return describe(Path(path))
+
+
+def smoke(path: Path, *, reporter: Reporter | None = None, **options: Any) -> Any:
+    """Serve an artifact in its real engine and check it answers (see :class:`quantkit.smoke.SmokeOptions`
+    for the keywords); returns a :class:`quantkit.smoke.SmokeResult` whose ``ok`` says whether every run passed."""
+    from quantkit import smoke as smoke_mod
+
+    return smoke_mod.run(Path(path), smoke_mod.SmokeOptions(**options), reporter)
+
+
+def doctor(path: Path | None = None, *, engine: str = "auto", python: str | None = None,
+           env: dict[str, str] | None = None) -> Any:
+    """Versions of quantkit's backends and the engine's, and whether the engine can read ``path``
+    (a :class:`quantkit.doctor.Report`)."""
+    from quantkit import doctor as doctor_mod
+
+    return doctor_mod.check(Path(path) if path is not None else None, engine, python=python, env=env)

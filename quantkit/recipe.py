@@ -112,7 +112,7 @@ class GptqSpec(_Method):
     bits: Literal[4, 8] = 4
     group_size: int = 128
     symmetric: bool = True
-    act_order: bool = False
+    act_order: bool = Field(True, description="GPTQ activation ordering (static: no g_idx, no runtime cost)")
     damp: float = Field(0.01, gt=0, lt=1, description="dampening as a fraction of the Hessian diagonal mean")
     format: Literal["compressed-tensors", "gptq"] = "compressed-tensors"
     _g = field_validator("group_size")(_check_group_size)

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from quantkit.calibration import CalibrationSet
 from quantkit.progress import Reporter
-from quantkit.recipe import CalibrationSpec, RuntimeSpec
+from quantkit.recipe import CalibrationSpec, ModelSpec, RuntimeSpec
 from quantkit.source import SourceModel
 
 
@@ -28,6 +28,7 @@ class ProduceContext:
     runtime: RuntimeSpec
     reporter: Reporter
     _calib_cache: dict = field(default_factory=dict)
+    model: ModelSpec | None = None  # how to load the source (dtype, trust_remote_code); None = checkpoint defaults
 
     def calibration_set(self, tokenizer: Any) -> CalibrationSet:
         """The calibration samples for this run, built once per context and reused."""

@@ -1,0 +1,500 @@
+"""llm-compressor: AWQ, GPTQ, FP8, INT8 SmoothQuant and round-to-nearest -> compressed-tensors checkpoints.
+
+Each recipe spec maps, through one declarative table (:func:`plan`), to the llm-compressor modifiers that make
+it; the model is loaded with transformers, calibrated with quantkit's own token samples (passed to ``oneshot``
+as a ``datasets.Dataset`` of ``input_ids``, never re-tokenized by llm-compressor), and saved with
+``save_compressed=True`` so vLLM and transformers load it. quantkit adds the flags, the calibration set and its
+hash, the progress and the manifest; every algorithm is llm-compressor's.
+
+* AWQ smoothing mappings are not ours: llm-compressor picks them from the architecture (its registry, falling
+  back to its Llama-style defaults), and the manifest records which were used.
+* Memory: llm-compressor's sequential pipeline (inferred for AWQ, GPTQ, SmoothQuant and static FP8) keeps the
+  model on the CPU and moves one decoder layer at a time to the GPU, so GPU memory is about one layer's weights
+  plus the calibration activations; the CPU needs the whole model in its load dtype. RTN, FP8 dynamic and FP8
+  block need no data and run layer by layer through the data-free pipeline.
+* ``runtime.num_gpus > 1`` relaunches the same job under ``torchrun`` (llm-compressor's distributed oneshot:
+  data-parallel calibration, weight-parallel GPTQ), see :func:`_distributed`.
+* ``--format autoawq`` / ``--format gptq`` add the legacy layouts beside the compressed-tensors files
+  (:mod:`quantkit.producers.legacy`).
+
+Tested with llmcompressor 0.14.0.1, compressed-tensors 0.19.0, transformers 5.17.0, torch 2.13.0 (CPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quantkit.errors import BackendError, SourceModelError, UsageError
+from quantkit.producers.base import ProduceContext, Produced
+from quantkit.source import SourceModel
+
+LEGACY_DIRS = {"autoawq": "autoawq", "gptq": "gptq"}  # spec.format -> subfolder of the artifact
+
+# Where each modifier named in a plan lives (imported only when a plan is built into objects).
+_MODIFIERS = {
+    "AWQModifier": "llmcompressor.modifiers.transform",
+    "SmoothQuantModifier": "llmcompressor.modifiers.transform",
+    "GPTQModifier": "llmcompressor.modifiers.gptq",
+    "QuantizationModifier": "llmcompressor.modifiers.quantization",
+}
+# Modifiers that quantize (and so take the recipe's targets and ignore list); the others transform weights.
+_QUANTIZERS = ("GPTQModifier", "QuantizationModifier")
+_FP8_PRESETS = {"static": "FP8", "dynamic": "FP8_DYNAMIC", "block": "FP8_BLOCK"}
+_FP8_KV_CACHE = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one spec asks llm-compressor to do: modifiers as (class name, keyword arguments), in order."""
+
+    scheme: str
+    modifiers: tuple[tuple[str, dict[str, Any]], ...]
+    calibrate: bool
+    summary: dict[str, Any] = field(default_factory=dict)
+
+    def build(self, ignore: list[str]) -> list[Any]:
+        """The llm-compressor modifier objects (imports llm-compressor)."""
+        import importlib
+
+        out = []
+        for name, kwargs in self.modifiers:
+            cls = getattr(importlib.import_module(_MODIFIERS[name]), name)
+            extra = {"targets": ["Linear"], "ignore": list(ignore)} if name in _QUANTIZERS else {}
+            out.append(cls(**kwargs, **extra))
+        return out
+
+    def recipe(self, ignore: list[str]) -> list[dict[str, Any]]:
+        """The plan as plain data (recorded in the manifest; the same recipe can be run through oneshot)."""
+        return [{name: {**kwargs, **({"targets": ["Linear"], "ignore": list(ignore)} if name in _QUANTIZERS
+                                     else {})}} for name, kwargs in self.modifiers]
+
+
+def _int_weights(bits: int, group_size: int, symmetric: bool) -> dict[str, Any]:
+    """Integer weight-only quantization args; group_size -1 is one scale per output channel."""
+    grouped = group_size > 0
+    return {"num_bits": bits, "type": "int", "symmetric": symmetric, "dynamic": False,
+            "strategy": "group" if grouped else "channel", "group_size": group_size if grouped else None}
+
+
+def _int_scheme(bits: int, symmetric: bool) -> str:
+    return f"W{bits}A16" + ("" if symmetric else "_ASYM")
+
+
+def _weight_only(spec: Any) -> dict[str, Any]:
+    return {"config_groups": {"group_0": {"targets": ["Linear"],
+                                          "weights": _int_weights(spec.bits, spec.group_size, spec.symmetric)}}}
+
+
+def _int_summary(spec: Any) -> dict[str, Any]:
+    return {"bits": spec.bits, "group_size": spec.group_size, "symmetric": spec.symmetric,
+            "weights": f"int{spec.bits} {'per-channel' if spec.group_size < 0 else f'group {spec.group_size}'}"
+                       f" {'symmetric' if spec.symmetric else 'asymmetric'}",
+            "activations": "bf16/fp16 (weight-only)"}
+
+
+def _plan_awq(spec: Any) -> Plan:
+    return Plan(_int_scheme(spec.bits, spec.symmetric),
+                (("AWQModifier", {"duo_scaling": spec.duo_scaling}), ("QuantizationModifier", _weight_only(spec))),
+                calibrate=True, summary={**_int_summary(spec), "algorithm": "awq", "duo_scaling": spec.duo_scaling})
+
+
+def _plan_gptq(spec: Any) -> Plan:
+    # llm-compressor 0.14 offers only "static" (weight) activation ordering: columns are quantized by decreasing
+    # activation magnitude but groups stay contiguous, so the layout and kernels are unchanged (no g_idx).
+    actorder = "static" if spec.act_order else None
+    return Plan(_int_scheme(spec.bits, spec.symmetric),
+                (("GPTQModifier", {**_weight_only(spec), "dampening_frac": spec.damp, "actorder": actorder}),),
+                calibrate=True, summary={**_int_summary(spec), "algorithm": "gptq", "damp": spec.damp,
+                                         "actorder": actorder})
+
+
+def _plan_rtn(spec: Any) -> Plan:
+    return Plan(_int_scheme(spec.bits, spec.symmetric), (("QuantizationModifier", _weight_only(spec)),),
+                calibrate=False, summary={**_int_summary(spec), "algorithm": "rtn"})
+
+
+def _plan_fp8(spec: Any) -> Plan:
+    preset = _FP8_PRESETS[spec.scheme]
+    kwargs: dict[str, Any] = {"scheme": preset}
+    if spec.kv_cache_fp8:
+        kwargs["kv_cache_scheme"] = dict(_FP8_KV_CACHE)
+    weights, acts = {
+        "static": ("fp8 e4m3 per-tensor", "fp8 e4m3 static per-tensor (calibrated input_scale)"),
+        "dynamic": ("fp8 e4m3 per-channel", "fp8 e4m3 dynamic per-token"),
+        "block": ("fp8 e4m3 128x128 blocks", "fp8 e4m3 dynamic per-token groups of 128"),
+    }[spec.scheme]
+    return Plan(preset, (("QuantizationModifier", kwargs),), calibrate=spec.scheme == "static" or spec.kv_cache_fp8,
+                summary={"algorithm": f"fp8-{spec.scheme}", "bits": 8, "group_size": None, "symmetric": True,
+                         "weights": weights, "activations": acts, "kv_cache": "fp8" if spec.kv_cache_fp8 else None})
+
+
+def _plan_int8(spec: Any) -> Plan:
+    weights = ("GPTQModifier", {"scheme": "W8A8"}) if spec.weights == "gptq" \
+        else ("QuantizationModifier", {"scheme": "W8A8"})
+    return Plan("W8A8", (("SmoothQuantModifier", {"smoothing_strength": spec.smoothing_strength}), weights),
+                calibrate=True,
+                summary={"algorithm": f"smoothquant+{spec.weights}", "bits": 8, "group_size": -1, "symmetric": True,
+                         "smoothing_strength": spec.smoothing_strength, "weights": "int8 per-channel symmetric",
+                         "activations": "int8 dynamic per-token symmetric"})
+
+
+_PLANS = {"awq": _plan_awq, "gptq": _plan_gptq, "rtn": _plan_rtn, "fp8": _plan_fp8, "int8": _plan_int8}
+
+
+def plan(spec: Any) -> Plan:
+    """The declarative table: a recipe spec -> the llm-compressor modifiers that produce it."""
+    return _PLANS[spec.method](spec)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checks before anything loads
+
+
+def _check_group_divides(spec: Any, source: SourceModel) -> None:
+    g = getattr(spec, "group_size", -1)
+    if g is None or g <= 0:
+        return
+    cfg = source.config
+    dims = {k: int(cfg[k]) for k in ("hidden_size", "intermediate_size") if isinstance(cfg.get(k), int)}
+    if isinstance(cfg.get("head_dim"), int) and isinstance(cfg.get("num_attention_heads"), int):
+        dims["num_attention_heads x head_dim (o_proj input)"] = cfg["head_dim"] * cfg["num_attention_heads"]
+    bad = [f"{k} = {v}" for k, v in dims.items() if v % g]
+    if bad:
+        raise UsageError(f"--group-size {g} does not divide the layers' input width ({', '.join(bad)})",
+                         hint="choose a group size that divides them, or -1 for one scale per output channel")
+
+
+def _check_legacy(spec: Any) -> None:
+    fmt = getattr(spec, "format", "compressed-tensors")
+    if fmt == "autoawq":
+        if spec.bits != 4:
+            raise UsageError(f"--format autoawq needs --bits 4 (AutoAWQ's GEMM layout packs only int4); got "
+                             f"--bits {spec.bits}", hint="drop --format autoawq, or use --bits 4")
+        if spec.group_size <= 0:
+            raise UsageError("--format autoawq needs a group size (AutoAWQ has no per-channel GEMM layout)",
+                             hint="use --group-size 128 (the AutoAWQ default) or drop --format autoawq")
+
+
+class CompressedProducer:
+    """The ``awq``, ``gptq``, ``fp8``, ``int8`` and ``rtn`` methods."""
+
+    def check(self, spec: Any, source: SourceModel) -> None:
+        archs = source.config.get("architectures") or []
+        if not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+            raise SourceModelError(
+                f"{source.spec} is a {', '.join(archs) or 'model without architectures'}; "
+                f"`quantkit {spec.method}` quantizes causal language models (…ForCausalLM)",
+                hint="check config.json's architectures; vision-language models need their own recipe")
+        _check_group_divides(spec, source)
+        _check_legacy(spec)
+
+    def estimate_bytes(self, spec: Any, source: SourceModel) -> int:
+        cfg = source.config
+        vocab, hidden = int(cfg.get("vocab_size") or 0), int(cfg.get("hidden_size") or 0)
+        unquantized = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
+        params = source.num_parameters or source.size_bytes // 2
+        bits = getattr(spec, "bits", 8)
+        size = unquantized * 2 + max(params - unquantized, 0) * bits / 8 * 1.1
+        if getattr(spec, "format", "compressed-tensors") in LEGACY_DIRS:
+            size *= 2
+        return int(size)
+
+    def produce(self, ctx: ProduceContext) -> Produced:
+        spec, rep = ctx.spec, ctx.reporter
+        p = plan(spec)
+        job = _job(ctx)
+        device = _pin_device(ctx.runtime.device, ctx.runtime.num_gpus)
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(ctx.source.path, trust_remote_code=job["trust_remote_code"])
+        calib = ctx.calibration_set(tokenizer) if p.calibrate else None
+        job["samples"] = calib.samples if calib else None
+        description = f"Quantizing {spec.method} ({p.scheme}) with llm-compressor on {device}"
+        if ctx.runtime.num_gpus > 1:
+            with rep.step("quantize", description + f" x{ctx.runtime.num_gpus} (torchrun)"):
+                info = _distributed(job, ctx.runtime.num_gpus)
+        else:
+            with rep.step("load_model", f"Loading {ctx.source.spec}"), _quiet_backend():
+                model = _load_model(job)
+            with rep.step("quantize", description), _quiet_backend():
+                info = _oneshot(model, p, job)
+            with rep.step("save", "Saving the compressed-tensors checkpoint"), _quiet_backend():
+                _save(model, tokenizer, ctx.out)
+            del model
+        quantization = _describe(ctx.out, p, spec, info)
+        notes = list(info.get("notes", []))
+        fmt = getattr(spec, "format", "compressed-tensors")
+        if fmt in LEGACY_DIRS:
+            from quantkit.producers import legacy
+
+            sub = LEGACY_DIRS[fmt]
+            with rep.step("legacy", f"Writing the legacy {fmt} layout into {sub}/"):
+                extra = {"damp_percent": spec.damp} if fmt == "gptq" else None
+                quantization["legacy"] = {**legacy.write(fmt, ctx.out, ctx.out / sub, extra), "path": sub}
+            notes.append(f"{sub}/ holds the same weights in the legacy {fmt} layout "
+                         f"(quant_method {quantization['legacy']['quant_method']})")
+        return Produced(format="compressed-tensors", quantization=quantization, calibration=calib, notes=notes)
+
+
+PRODUCER = CompressedProducer()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The job: everything oneshot needs, as plain data (so a torchrun worker can run the same thing)
+
+
+def _job(ctx: ProduceContext) -> dict[str, Any]:
+    model = ctx.model
+    return {
+        "method": ctx.spec.method, "spec": ctx.spec.model_dump(mode="json"), "source": str(ctx.source.path),
+        "dtype": model.dtype if model else "auto", "trust_remote_code": bool(model and model.trust_remote_code),
+        "seq_len": ctx.calibration.seq_len, "seed": ctx.runtime.seed, "out": str(ctx.out),
+    }
+
+
+def _spec_from(job: dict[str, Any]) -> Any:
+    from pydantic import TypeAdapter
+
+    from quantkit.recipe import MethodSpec
+
+    return TypeAdapter(MethodSpec).validate_python(job["spec"])
+
+
+@contextlib.contextmanager
+def _quiet_backend() -> Iterator[None]:
+    """Silence llm-compressor's, compressed-tensors' and transformers' tqdm bars while quantkit's spinner runs.
+
+    Under Rich's live display every tqdm refresh becomes a new line (AWQ's grid search alone prints hundreds);
+    the step's spinner and timing say the same thing. tqdm reads TQDM_DISABLE only when it is imported, so for
+    this process the bars are turned off by making every bar disabled for the duration of the step. torch.fx's
+    one-line notice about llm-compressor's graph tracing is dropped too.
+    """
+    import logging
+
+    import tqdm
+
+    fx_log = logging.getLogger("torch.fx._symbolic_trace")
+    fx_level = fx_log.level
+    fx_log.setLevel(logging.ERROR)
+    original = tqdm.tqdm.__init__
+
+    def disabled(self: Any, *args: Any, **kwargs: Any) -> None:
+        kwargs["disable"] = True
+        original(self, *args, **kwargs)
+
+    tqdm.tqdm.__init__ = disabled  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        tqdm.tqdm.__init__ = original  # type: ignore[method-assign]
+        fx_log.setLevel(fx_level)
+
+
+def _pin_device(device: str, num_gpus: int) -> str:
+    """Make llm-compressor compute where the recipe says.
+
+    llm-compressor 0.14 has no device argument: it always computes on the first visible accelerator
+    (``llmcompressor.utils.dev.get_main_device``). So ``cpu`` and ``cuda:N`` are honoured by what this process
+    can see, set through CUDA_VISIBLE_DEVICES before CUDA initialises (quantkit touches CUDA nowhere earlier).
+    """
+    if device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    elif device.startswith("cuda:"):
+        index = device.split(":", 1)[1]
+        visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d] or None
+        if not index.isdigit() or (visible is not None and int(index) >= len(visible)):
+            raise UsageError(f"--device {device}: no such GPU", hint="nvidia-smi lists them; or use --device auto")
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible[int(index)] if visible else index
+    import torch
+
+    gpus = torch.cuda.device_count()
+    if device == "cpu" and gpus:
+        raise UsageError("--device cpu: CUDA was already initialised in this process, so GPUs cannot be hidden",
+                         hint="run with CUDA_VISIBLE_DEVICES= set in the environment instead")
+    if device.startswith("cuda") and not gpus:
+        raise UsageError(f"--device {device}: no CUDA GPU is visible", hint="use --device cpu (slow) or auto")
+    if num_gpus > 1 and gpus < num_gpus:
+        raise UsageError(f"--num-gpus {num_gpus}: only {gpus} CUDA GPU(s) visible",
+                         hint=f"use --num-gpus {max(gpus, 1)}")
+    return "cuda" if gpus else "cpu"
+
+
+def _load_model(job: dict[str, Any], distributed: bool = False) -> Any:
+    """The source model on the CPU (the pipelines move layers to the accelerator as they go)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = job["dtype"]
+    kwargs: dict[str, Any] = {"dtype": "auto" if dtype == "auto" else getattr(torch, dtype),
+                              "trust_remote_code": job["trust_remote_code"]}
+    try:
+        if distributed:
+            from llmcompressor.utils import load_context
+
+            with load_context():
+                return AutoModelForCausalLM.from_pretrained(job["source"], device_map="auto_offload", **kwargs)
+        return AutoModelForCausalLM.from_pretrained(job["source"], **kwargs)
+    except (OSError, ValueError, KeyError) as e:
+        raise SourceModelError(
+            f"transformers cannot load {job['source']}: {str(e).splitlines()[0][:300]}",
+            hint="check that the checkpoint is a complete causal LM (config.json + weights)") from None
+
+
+@contextlib.contextmanager
+def _awq_without_pin_memory(p: Plan) -> Iterator[None]:
+    """Skip llm-compressor's pin_memory() for AWQ when there is no accelerator.
+
+    llmcompressor 0.14.0.1's AWQModifier._apply_smoothing pins its cached activations
+    (pipelines/cache.py, IntermediatesCache.pin_memory) to speed up host-to-GPU copies; with no accelerator,
+    torch refuses ("Cannot access accelerator device when none is available") and AWQ crashes on CPU. Pinning
+    is only an optimisation for those copies, so when no accelerator exists it is skipped, for this call only.
+    """
+    import torch
+
+    if not any(name == "AWQModifier" for name, _ in p.modifiers) or torch.accelerator.is_available():
+        yield
+        return
+    from llmcompressor.pipelines.cache import IntermediatesCache
+
+    original = IntermediatesCache.pin_memory
+    IntermediatesCache.pin_memory = lambda self, batch_index, input_names=None: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        IntermediatesCache.pin_memory = original  # type: ignore[method-assign]
+
+
+def _oneshot(model: Any, p: Plan, job: dict[str, Any]) -> dict[str, Any]:
+    """Run llm-compressor's oneshot on a loaded model; returns what the manifest should know about the run."""
+    # llm-compressor's INFO/WARNING/METRIC lines (one per module for GPTQ) drown quantkit's progress; set
+    # LLM_COMPRESSOR_LOG_LEVEL=INFO to see them. Read when llmcompressor is first imported.
+    os.environ.setdefault("LLM_COMPRESSOR_LOG_LEVEL", "ERROR")
+    import torch
+    from llmcompressor import oneshot
+
+    spec = _spec_from(job)
+    torch.manual_seed(job["seed"])
+    modifiers = p.build(spec.ignore)
+    kwargs: dict[str, Any] = {}
+    samples = job.get("samples")
+    if samples:
+        from datasets import Dataset
+
+        kwargs = {"dataset": Dataset.from_dict({"input_ids": samples}), "num_calibration_samples": len(samples),
+                  "max_seq_length": job["seq_len"], "shuffle_calibration_samples": False}
+    try:
+        with _awq_without_pin_memory(p):
+            oneshot(model=model, recipe=modifiers, **kwargs)
+    except torch.OutOfMemoryError as e:
+        raise BackendError(f"out of GPU memory while quantizing: {str(e).splitlines()[0][:200]}",
+                           hint="lower --samples or --seq-len, or use --num-gpus N") from None
+    except (ValueError, RuntimeError, AttributeError, TypeError, KeyError) as e:
+        raise BackendError(f"llm-compressor failed ({type(e).__name__}): {str(e).splitlines()[0][:400]}",
+                           hint="rerun with --debug for the traceback") from e
+    info: dict[str, Any] = {"notes": []}
+    for m in modifiers:
+        if type(m).__name__ == "AWQModifier":
+            info["awq_mappings"] = [{"smooth_layer": mp.smooth_layer, "balance_layers": list(mp.balance_layers)}
+                                    for mp in (m.mappings or [])]
+            info["awq_mappings_source"] = _awq_mapping_source(model)
+            info["notes"].append(f"AWQ smoothing mappings chosen by llm-compressor: {info['awq_mappings_source']}")
+            if not torch.accelerator.is_available():
+                info["notes"].append("AWQ on CPU: llm-compressor 0.14's activation pinning skipped (no accelerator)")
+        if type(m).__name__ == "SmoothQuantModifier":
+            info["smoothquant_mappings"] = [[list(b), s] for b, s in (m.mappings or [])]
+    return info
+
+
+def _awq_mapping_source(model: Any) -> str:
+    from llmcompressor.modifiers.transform.awq import AWQ_DYNAMIC_MAPPING_REGISTRY, AWQ_MAPPING_REGISTRY
+
+    name = type(model).__name__
+    if name in AWQ_DYNAMIC_MAPPING_REGISTRY or name in AWQ_MAPPING_REGISTRY:
+        return f"its registry entry for {name}"
+    return f"its default (Llama-style) mappings: {name} is not in its registry"
+
+
+def _save(model: Any, tokenizer: Any, out: Path) -> None:
+    """compressed-tensors weights + config, the tokenizer, and the generation config (save_pretrained writes it)."""
+    import warnings
+
+    with warnings.catch_warnings():  # transformers warns about 50 GB shards whenever llm-compressor offloaded modules
+        warnings.filterwarnings("ignore", message="Attempting to save a model with offloaded modules")
+        model.save_pretrained(str(out), save_compressed=True)
+    tokenizer.save_pretrained(str(out))
+
+
+def _describe(out: Path, p: Plan, spec: Any, info: dict[str, Any]) -> dict[str, Any]:
+    """The manifest's ``quantization`` section, read back from what was written."""
+    from quantkit import versions
+
+    cfg = json.loads((out / "config.json").read_text())
+    qc = cfg.get("quantization_config") or {}
+    if qc.get("quant_method") != "compressed-tensors":
+        raise BackendError(f"llm-compressor wrote no compressed-tensors quantization_config into {out}/config.json")
+    q: dict[str, Any] = {"scheme": p.scheme, **p.summary, "ct_format": qc.get("format"),
+                         "quant_method": qc.get("quant_method"), "ignore": qc.get("ignore", []),
+                         "kv_cache_scheme": qc.get("kv_cache_scheme"), "recipe": p.recipe(spec.ignore),
+                         "llmcompressor": versions.version("llmcompressor"),
+                         "compressed_tensors": versions.version("compressed-tensors")}
+    if "awq_mappings" in info:
+        q["awq_mappings"] = info["awq_mappings"]
+        q["awq_mappings_source"] = info["awq_mappings_source"]
+    if "smoothquant_mappings" in info:
+        q["smoothquant_mappings"] = info["smoothquant_mappings"]
+    return q
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Several GPUs: the same job under torchrun
+
+
+def _distributed(job: dict[str, Any], num_gpus: int) -> dict[str, Any]:
+    """Run the job on ``num_gpus`` GPUs with llm-compressor's distributed oneshot, launched through torchrun.
+
+    Each rank loads the model through llm-compressor's ``load_context`` (rank 0 reads, the others share), calibrates
+    its share of the samples (oneshot partitions an identical Dataset by itself), and rank 0 writes the files.
+    """
+    with tempfile.TemporaryDirectory(prefix="quantkit-ddp-") as work:
+        job_path, result_path = Path(work) / "job.json", Path(work) / "result.json"
+        job_path.write_text(json.dumps({**job, "result": str(result_path)}))
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={num_gpus}",
+               "-m", "quantkit.producers.compressed", str(job_path)]
+        proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, env={**os.environ, "TQDM_DISABLE": "1"})
+        if proc.returncode != 0 or not result_path.exists():
+            raise BackendError(f"distributed quantization on {num_gpus} GPUs failed (torchrun exit {proc.returncode})",
+                               hint="its log is above; --num-gpus 1 runs the same job in one process")
+        return json.loads(result_path.read_text())
+
+
+def _worker(job_path: str) -> None:
+    """One torchrun rank (``python -m quantkit.producers.compressed JOB``)."""
+    import torch.distributed as dist
+    from compressed_tensors.offload import init_dist
+    from transformers import AutoTokenizer
+
+    job = json.loads(Path(job_path).read_text())
+    init_dist()
+    p = plan(_spec_from(job))
+    model = _load_model(job, distributed=True)
+    info = _oneshot(model, p, job)
+    model.save_pretrained(job["out"], save_compressed=True)  # only rank 0 writes
+    if dist.get_rank() == 0:
+        AutoTokenizer.from_pretrained(job["source"], trust_remote_code=job["trust_remote_code"]).save_pretrained(
+            job["out"])
+        Path(job["result"]).write_text(json.dumps(info))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1])
