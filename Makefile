@@ -28,11 +28,31 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(BIN)/python -m pip install -q --find-links $(WHEELS) $(TORCH) $(LLAMA_CPP) -e '.[all,legacy,dev]'
 	touch $@
 
-test: install
-	$(BIN)/python -m pytest -q -ra
+# ModelOpt (TensorRT-LLM's quantizer) pins transformers < 5.15 while llm-compressor needs >= 5.15, so the
+# TensorRT-LLM step runs in its own environment; quantkit drives it as a subprocess.
+TRT_VENV := .venv-trt
+install-trt: $(TRT_VENV)/.installed
+
+$(TRT_VENV)/.installed: Makefile
+	test -x $(TRT_VENV)/bin/python || $(PYTHON) -m venv $(TRT_VENV)
+	$(TRT_VENV)/bin/python -m pip install -q --upgrade pip
+	$(TRT_VENV)/bin/python -m pip install -q $(TORCH)
+	$(TRT_VENV)/bin/python -m pip install -q $(TORCH) "nvidia-modelopt[hf]==0.47.0" "transformers==5.14.1" \
+	  "safetensors==0.8.0" "pyyaml==6.0.4" "numpy==2.4.6"
+	touch $@
+
+# OpenMP threads that spin-wait slow torch's small CPU ops several-fold when cores are shared (servers, workers).
+test: install install-trt
+	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -ra
 
 demo: install
 	$(BIN)/quantkit run recipes/demo.yaml --force
+
+bench: install
+	$(BIN)/python bench/run.py all
+
+bench-gpu: install
+	$(BIN)/python bench/quantize_cost.py --shape 8b
 
 clean:
 	rm -rf out release .pytest_cache
