@@ -1,0 +1,131 @@
+"""``quantkit eval``: perplexity, KL divergence and top-1 agreement of artifacts against their baseline.
+
+Flags override the ``verify:`` block of ``--recipe``, which overrides the defaults of the recipe schema. Nothing
+heavy is imported until the command runs, so ``quantkit --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from pydantic import ValidationError
+from rich.table import Table
+
+from quantkit.cli.common import JSON_OPT, RECIPE_OPT, emit_json, handle_errors, reporter
+from quantkit.errors import UsageError
+
+PANEL_PROTOCOL = "Protocol"
+PANEL_GATES = "Gates"
+PANEL_ENGINE = "Engine"
+
+
+def _verify_spec(recipe_path: str | None, flags: dict[str, Any]) -> tuple[Any, str | None, bool]:
+    """The verify block (recipe + flags), the recipe's source model, and whether a recipe was given."""
+    from quantkit import recipe as recipe_mod
+
+    data: dict[str, Any] = {}
+    model = None
+    if recipe_path:
+        r = recipe_mod.load(recipe_mod.find(recipe_path), check_output_escape=False)  # eval writes no output
+        data = r.verify.model_dump()
+        model = r.model.source
+    data.update({k: v for k, v in flags.items() if v is not None})
+    try:
+        return recipe_mod.VerifySpec.model_validate(data), model, bool(recipe_path)
+    except ValidationError as e:
+        problems = "; ".join(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg'].removeprefix('Value error, ')}"
+                             f" (got {err.get('input')!r})" for err in e.errors())
+        raise UsageError(f"invalid evaluation option: {problems}") from None
+
+
+def _summary(console: Any, report: Any) -> None:
+    from quantkit.verify.report import HEADER, row
+
+    t = Table(title=f"quantkit eval: {report.protocol.source}, ctx {report.protocol.ctx}, "
+                    f"{report.protocol.tokens_scored:,} tokens", title_justify="left")
+    for col in HEADER:
+        t.add_column(col, justify="right" if col in ("size", "bits/weight", "ppl", "ratio", "KLD", "top-1") else "left")
+    t.add_row(*row(report.baseline, is_baseline=True), style="dim")
+    for r in report.results:
+        cells = row(r)
+        t.add_row(*cells[:-1], f"[green]{cells[-1]}[/]" if r.passed else f"[bold red]{cells[-1]}[/]")
+    console.print(t)
+    if report.report_path:
+        console.print(f"report: {report.report_path}" + (f"  plot: {report.plot_path}" if report.plot_path else ""))
+
+
+@handle_errors
+def eval_cmd(
+    artifacts: list[Path] = typer.Argument(..., help="Artifact folders, .gguf files, checkpoints, or a release folder "
+                                                     "of artifacts. A folder of several .gguf files gives one result "
+                                                     "per file.", show_default=False),
+    baseline: Optional[str] = typer.Option(None, "--baseline", "-b", help="The model the artifacts are compared "
+                                           "with (folder or hub id) \\[default: the source recorded in their "
+                                           "quantkit.json]."),
+    dataset: Optional[str] = typer.Option(None, "--dataset", help="Evaluation text: heldout, prose, code, mixed, a "
+                                          ".txt/.jsonl(.gz)/.parquet file, a hub dataset (wikitext2, org/name\\[:config]"
+                                          "\\[@split]), or auto = WikiText-2 test when the hub is reachable, else "
+                                          "heldout \\[default: auto].", rich_help_panel=PANEL_PROTOCOL),
+    ctx: Optional[int] = typer.Option(None, "--ctx", help="Tokens per window, BOS included \\[default: 2048].",
+                                      rich_help_panel=PANEL_PROTOCOL),
+    stride: Optional[int] = typer.Option(None, "--stride", help="Slide windows by N tokens and score only the new "
+                                         "ones (more context per token, more compute) \\[default: non-overlapping].",
+                                         rich_help_panel=PANEL_PROTOCOL),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Score only the first N tokens of the text.",
+                                             rich_help_panel=PANEL_PROTOCOL),
+    engine: Optional[str] = typer.Option(None, "--engine", help="auto (llama.cpp for GGUF, vllm for ModelOpt "
+                                         "exports, else transformers), transformers, vllm or llama.cpp.",
+                                         rich_help_panel=PANEL_ENGINE),
+    device: Optional[str] = typer.Option(None, "--device", help="auto, cpu, cuda or cuda:N \\[default: auto].",
+                                         rich_help_panel=PANEL_ENGINE),
+    python: Optional[str] = typer.Option(None, "--python", help="vLLM's own Python interpreter \\[default: "
+                                         "$QUANTKIT_VLLM_PYTHON, else this one].", rich_help_panel=PANEL_ENGINE),
+    max_ppl_ratio: Optional[float] = typer.Option(None, "--max-ppl-ratio", help="Fail when artifact ppl / baseline "
+                                                  "ppl exceeds X \\[default: recipe's, else 1.5].",
+                                                  rich_help_panel=PANEL_GATES),
+    max_kld: Optional[float] = typer.Option(None, "--max-kld", help="Fail when mean KL(baseline || artifact) "
+                                            "exceeds X nats per token \\[default: recipe's, else 0.5].",
+                                            rich_help_panel=PANEL_GATES),
+    min_top1: Optional[float] = typer.Option(None, "--min-top1", help="Fail when top-1 agreement is below X "
+                                             "\\[default: recipe's, else 0.6].", rich_help_panel=PANEL_GATES),
+    recipe: Optional[str] = RECIPE_OPT,
+    report_dir: Optional[Path] = typer.Option(None, "--report-dir", help="Where report.md and the plot go "
+                                              "\\[default: the artifact folder, or the common parent of several; "
+                                              "./quantkit-eval for foreign checkpoints]."),
+    json: bool = JSON_OPT,
+) -> None:
+    """Perplexity, KL divergence and top-1 agreement of each artifact against its baseline, on the same tokens
+    in every engine. Writes report.md, a size-vs-perplexity plot and each artifact's quantkit.json evaluation
+    section. Exits 3 when a gate fails (after writing the report)."""
+    from quantkit import api
+    from quantkit.verify.evaluate import EvalOptions
+
+    spec, recipe_model, from_recipe = _verify_spec(recipe, {"dataset": dataset, "ctx": ctx, "stride": stride,
+                                                            "max_tokens": max_tokens, "engine": engine})
+    options = EvalOptions.from_verify(spec, device=device, python=python, report_dir=report_dir,
+                                      gate_flags={"max_ppl_ratio": max_ppl_ratio, "max_kld": max_kld,
+                                                  "min_top1": min_top1})
+    if not from_recipe:
+        options.recipe_gates = None  # the artifacts' own recipes (then the schema defaults) decide
+    rep = reporter(json)
+    report = api.evaluate(artifacts, baseline or _manifest_or(recipe_model, artifacts), options, rep)
+    if json:
+        emit_json(report.to_json())
+    else:
+        _summary(rep.console, report)
+    report.raise_for_gates()
+
+
+def _manifest_or(recipe_model: str | None, artifacts: list[Path]) -> str | None:
+    """The recipe's model is the baseline only when the artifacts do not record their own source."""
+    from quantkit.artifact import MANIFEST
+
+    if recipe_model is None or any((p if p.is_dir() else p.parent).joinpath(MANIFEST).exists() for p in artifacts):
+        return None
+    return recipe_model
+
+
+def register(app: typer.Typer) -> None:
+    app.command("eval", rich_help_panel="Verify")(eval_cmd)

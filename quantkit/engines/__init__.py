@@ -1,0 +1,1 @@
+"""Engines: load an artifact and give next-token log-probabilities for token windows (see :mod:`.base`)."""

@@ -1,0 +1,163 @@
+"""The shape every engine shares: token windows in, next-token log-probabilities out.
+
+Engines are tokenizer-agnostic on purpose. The evaluation protocol tokenizes the text once, with the
+baseline's tokenizer, and every engine (transformers, llama.cpp, vLLM) is fed the very same token ids; an
+engine that tokenized its own text could score a different sequence and its perplexity would not be
+comparable. An engine yields one :class:`LogProbs` per window, for the scored positions only, so a caller never
+holds more than one window's distributions at a time.
+
+Dense engines (transformers, llama.cpp) return the full log-softmax over the vocabulary. Sparse engines (vLLM's
+``prompt_logprobs``) return the top-k ids with their log-probabilities plus the log-probability of the actual
+next token; :mod:`quantkit.verify.metrics` says how KL divergence is bounded from those.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from quantkit.errors import UsageError
+
+KINDS = ("transformers", "llama.cpp", "vllm")
+_MODULES = {"transformers": "quantkit.engines.transformers", "llama.cpp": "quantkit.engines.llamacpp",
+            "vllm": "quantkit.engines.vllm"}
+
+
+@dataclass(frozen=True)
+class Window:
+    """One evaluation window: token ids (BOS first when the tokenizer has one), scored from ``score_from``.
+
+    Row ``i`` of the window's :class:`LogProbs` is the distribution predicting ``tokens[score_from + i]``,
+    computed from ``tokens[:score_from + i]``.
+    """
+
+    index: int
+    tokens: tuple[int, ...]
+    score_from: int
+
+    @property
+    def n_scored(self) -> int:
+        return len(self.tokens) - self.score_from
+
+    @property
+    def targets(self) -> np.ndarray:
+        return np.asarray(self.tokens[self.score_from:], dtype=np.int64)
+
+
+@dataclass
+class LogProbs:
+    """Next-token log-probabilities at one window's scored positions (natural log, float32).
+
+    Either ``dense`` ([n, vocab], the whole distribution) or ``ids``/``values`` ([n, k], the top-k in rank
+    order) together with ``target`` ([n], the log-probability of the actual next token).
+    """
+
+    dense: np.ndarray | None = None
+    ids: np.ndarray | None = None
+    values: np.ndarray | None = None
+    target: np.ndarray | None = None
+
+    def target_logprobs(self, targets: np.ndarray) -> np.ndarray:
+        """log p(actual next token) at each scored position."""
+        if self.dense is not None:
+            return self.dense[np.arange(len(targets)), targets]
+        assert self.target is not None, "a sparse engine must return the actual tokens' log-probabilities"
+        return self.target
+
+    def argmax(self) -> np.ndarray:
+        """The most likely next token at each scored position."""
+        if self.dense is not None:
+            return self.dense.argmax(axis=-1)
+        assert self.ids is not None
+        return self.ids[:, 0]
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How to run an engine; the protocol (windows, ctx) comes from the caller."""
+
+    ctx: int
+    device: str = "auto"
+    python: str | None = None  # vLLM: the interpreter of vLLM's own environment
+    topk: int = 20  # vLLM: log-probabilities returned per position
+
+
+class Engine(Protocol):
+    """What evaluation needs from an engine."""
+
+    name: str
+
+    def info(self) -> dict[str, Any]:
+        """Engine name, version, device and model file, for the report's protocol section."""
+
+    def logits(self, windows: Sequence[Window]) -> Iterator[LogProbs]:
+        """Log-probabilities for each window's scored positions, one window at a time, in order."""
+
+    def close(self) -> None:
+        """Free the model (GPU memory, subprocess) before the next engine loads."""
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """Numerically stable log-softmax over the last axis, in float32."""
+    x = np.asarray(logits, dtype=np.float32)
+    m = x.max(axis=-1, keepdims=True)
+    shifted = x - m
+    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+
+
+def is_gguf(path: Path) -> bool:
+    return path.is_file() and path.suffix == ".gguf"
+
+
+def gguf_files(path: Path) -> list[Path]:
+    """The GGUF files an artifact path stands for: the file itself, or every ``.gguf`` in a folder."""
+    if is_gguf(path):
+        return [path]
+    return sorted(path.glob("*.gguf")) if path.is_dir() else []
+
+
+def is_modelopt(path: Path) -> bool:
+    """A ModelOpt unified-HF export (``hf_quant_config.json``): transformers must not load it."""
+    return path.is_dir() and (path / "hf_quant_config.json").exists()
+
+
+def modelopt_refusal(path: Path) -> UsageError:
+    """Why transformers must not evaluate a ModelOpt export (raised before anything loads)."""
+    return UsageError(f"{path} is a ModelOpt export (hf_quant_config.json): transformers ignores that file and would "
+                      "load the quantized weights as plain ones, so its numbers would be wrong without any error",
+                      hint="evaluate it with --engine vllm (on a GPU), or leave --engine auto")
+
+
+def detect(path: Path) -> str:
+    """The engine ``auto`` picks for a path: llama.cpp for GGUF, vLLM for ModelOpt exports, else transformers."""
+    if gguf_files(path):
+        return "llama.cpp"
+    if path.is_dir() and (path / "config.json").exists():
+        return "vllm" if is_modelopt(path) else "transformers"
+    raise UsageError(f"{path} is neither a .gguf file, a folder of .gguf files, nor a checkpoint with config.json",
+                     hint="give an artifact folder written by quantkit, a Hugging Face checkpoint or a .gguf file")
+
+
+def check_compatible(kind: str, path: Path) -> None:
+    """Refuse an engine that cannot read the path at all, before anything loads."""
+    if kind == "llama.cpp" and not gguf_files(path):
+        raise UsageError(f"llama.cpp reads GGUF files; {path} holds none",
+                         hint="use --engine transformers (or auto) for Hugging Face checkpoints")
+    if kind in ("transformers", "vllm") and gguf_files(path):
+        raise UsageError(f"{path} is GGUF; evaluate it with --engine llama.cpp (or auto)")
+    if kind == "transformers" and is_modelopt(path):
+        raise modelopt_refusal(path)
+    if kind not in KINDS:
+        raise UsageError(f"unknown engine {kind!r}; choose one of auto, {', '.join(KINDS)}")
+
+
+def open_engine(kind: str, path: Path, options: EngineOptions) -> Engine:
+    """Load ``path`` in the engine ``kind`` (the engine module and its library are imported only now)."""
+    check_compatible(kind, path)
+    module = importlib.import_module(_MODULES[kind])
+    return module.load(path, options)

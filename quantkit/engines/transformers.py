@@ -1,0 +1,102 @@
+"""The transformers engine: plain and compressed-tensors checkpoints on CPU or GPU, fed token ids.
+
+Tested with transformers 5.17.0, torch 2.13.0 (CPU) and compressed-tensors 0.19.0.
+
+A compressed-tensors checkpoint (int4 packed, FP8, INT8 W8A8) is loaded through transformers' own
+compressed-tensors quantizer, which decompresses the weights on the first forward pass and keeps each module's
+quantization scheme, so activation quantization is simulated as the checkpoint asks. On CPU the model runs in
+float32 (bfloat16 weights upcast exactly; CPU bfloat16 matmuls are slow and less precise); on a GPU it runs
+in the checkpoint's own dtype, as a serving engine would.
+
+ModelOpt exports (``hf_quant_config.json``) are refused: transformers ignores that file and would load the
+quantized tensors as if they were plain weights, giving numbers that look valid and are not.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from quantkit.engines.base import EngineOptions, LogProbs, Window, is_modelopt, modelopt_refusal
+from quantkit.errors import BackendError, UsageError
+from quantkit.versions import require
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``; anything else is checked and kept."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError(f"--device {device} was asked for but torch sees no CUDA GPU",
+                         hint="use --device cpu (or auto)")
+    return device
+
+
+class TransformersEngine:
+    """A causal LM loaded with ``AutoModelForCausalLM``; one forward pass per window."""
+
+    name = "transformers"
+
+    def __init__(self, path: Path, options: EngineOptions) -> None:
+        torch = require("torch", "eval", "evaluating with transformers")
+        transformers = require("transformers", "eval", "evaluating with transformers")
+        if is_modelopt(path):
+            raise modelopt_refusal(path)
+        self.path = path
+        self.device = resolve_device(options.device)
+        self.dtype = torch.float32 if self.device == "cpu" else "auto"
+        hf_logging = transformers.utils.logging
+        bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # quantkit draws its own progress; transformers' would interleave
+        try:
+            self.model = transformers.AutoModelForCausalLM.from_pretrained(
+                str(path), dtype=self.dtype, device_map=None if self.device == "cpu" else self.device,
+                trust_remote_code=False)
+        except Exception as e:  # transformers raises many types for unreadable or unsupported checkpoints
+            raise BackendError(f"transformers could not load {path}: {type(e).__name__}: {_first_line(e)}",
+                               hint="check the checkpoint with `quantkit inspect`; legacy AutoAWQ/GPTQ layouts "
+                                    "need their kernels installed, or use --engine vllm") from None
+        finally:
+            if bars:
+                hf_logging.enable_progress_bar()
+        self.model.eval()
+        self._torch = torch
+        self._versions = {"transformers": transformers.__version__, "torch": torch.__version__}
+
+    def info(self) -> dict[str, Any]:
+        dtype = self.dtype if isinstance(self.dtype, str) else str(self.dtype).removeprefix("torch.")
+        if dtype == "auto":
+            dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
+        return {"engine": self.name, "version": self._versions["transformers"], "torch": self._versions["torch"],
+                "device": self.device, "dtype": dtype, "model": str(self.path)}
+
+    def logits(self, windows: Sequence[Window]) -> Iterator[LogProbs]:
+        torch = self._torch
+        for w in windows:
+            ids = torch.tensor([w.tokens], dtype=torch.long, device=self.device)
+            # Only the rows that predict scored tokens go through lm_head: the last n_scored + 1 positions,
+            # of which the very last predicts past the window and is dropped.
+            with torch.inference_mode():
+                out = self.model(input_ids=ids, use_cache=False, logits_to_keep=w.n_scored + 1)
+                lp = out.logits[0, :-1].float().log_softmax(dim=-1)
+            yield LogProbs(dense=lp.cpu().numpy())
+            del out, lp
+
+    def close(self) -> None:
+        del self.model
+        gc.collect()
+        if self.device.startswith("cuda"):
+            self._torch.cuda.empty_cache()
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else ""
+
+
+def load(path: Path, options: EngineOptions) -> TransformersEngine:
+    return TransformersEngine(path, options)

@@ -1,0 +1,167 @@
+"""The vLLM engine: ``prompt_logprobs`` for the protocol's token windows, computed in a vLLM subprocess.
+
+Written against the vLLM V1 offline API (``LLM.generate`` with ``TokensPrompt`` and
+``SamplingParams(prompt_logprobs=k)``); it needs a CUDA GPU and could not be run where quantkit's CPU test
+suite runs, so its test is skipped without CUDA.
+
+vLLM runs with its own Python (``--python``, or ``QUANTKIT_VLLM_PYTHON``, or this interpreter when vLLM is
+importable here), so it may pin a different torch than quantkit's. The worker script
+(:mod:`quantkit.engines._vllm_worker`) is run as a plain file and imports nothing from quantkit. Windows are
+passed as token ids in a ``.npz`` file; the worker writes one ``.npz`` per window and announces it on its
+stdout, so results stream back while vLLM works through the batch.
+
+What comes back is sparse: per scored position, the top-k token ids with their log-probabilities (vLLM's raw
+log-probabilities, before any sampling processing) and the log-probability of the actual next token. So
+perplexity and top-1 agreement are exact, while KL divergence is a lower bound computed over the top-k bins
+plus one bin for the rest of the vocabulary (see :func:`quantkit.verify.metrics.kld_rows`). ``QUANTKIT_VLLM_ARGS``
+(JSON) adds keyword arguments to ``vllm.LLM`` (``tensor_parallel_size``, ``gpu_memory_utilization``...).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from quantkit.engines.base import EngineOptions, LogProbs, Window
+from quantkit.errors import BackendError, UsageError
+
+WORKER = Path(__file__).with_name("_vllm_worker.py")
+PYTHON_ENV = "QUANTKIT_VLLM_PYTHON"
+ARGS_ENV = "QUANTKIT_VLLM_ARGS"
+
+
+def find_python(explicit: str | None) -> str:
+    """vLLM's interpreter: ``--python``, else ``$QUANTKIT_VLLM_PYTHON``, else this one if vLLM imports here."""
+    chosen = explicit or os.environ.get(PYTHON_ENV)
+    if chosen:
+        resolved = shutil.which(chosen) or (chosen if Path(chosen).is_file() else None)
+        if not resolved:
+            raise UsageError(f"vLLM's Python {chosen!r} does not exist",
+                             hint=f"pass --python /path/to/vllm-env/bin/python or set {PYTHON_ENV}")
+        return resolved
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    raise UsageError("the vLLM engine needs vLLM, which is not installed in this environment",
+                     hint=f"pass --python /path/to/vllm-env/bin/python (or set {PYTHON_ENV}) to use the Python "
+                          "of an environment where vLLM is installed")
+
+
+def _engine_args() -> dict[str, Any]:
+    raw = os.environ.get(ARGS_ENV)
+    if not raw:
+        return {}
+    try:
+        args = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{ARGS_ENV} is not valid JSON: {e}") from None
+    if not isinstance(args, dict):
+        raise UsageError(f"{ARGS_ENV} must be a JSON object of vllm.LLM keyword arguments")
+    return args
+
+
+class VllmEngine:
+    """A vLLM worker process holding the model; windows go in as token ids, top-k log-probs come out."""
+
+    name = "vllm"
+
+    def __init__(self, path: Path, options: EngineOptions) -> None:
+        if options.device == "cpu":
+            raise UsageError("the vLLM engine runs on a GPU; --device cpu cannot be honoured",
+                             hint="use --engine transformers for CPU evaluation")
+        self.path = path
+        self.topk = options.topk
+        self.python = find_python(options.python)
+        self.tmp = Path(tempfile.mkdtemp(prefix="quantkit-vllm-"))
+        # The log lives outside the scratch folder so it survives a failure for the user to read.
+        self.log_path = self.tmp.with_suffix(".log")
+        self._failed = False
+        request = {"model": str(path), "max_model_len": options.ctx + 1, "topk": self.topk,
+                   "engine_args": _engine_args()}
+        (self.tmp / "request.json").write_text(json.dumps(request))
+        self._log: IO[str] = open(self.log_path, "w")
+        try:
+            self.proc = subprocess.Popen([self.python, str(WORKER), str(self.tmp / "request.json")],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
+                                         start_new_session=True)
+        except OSError as e:
+            self._log.close()
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise BackendError(f"cannot start vLLM's Python {self.python}: {e}") from None
+        try:
+            line = self._expect("READY")
+        except BaseException:
+            self.close()
+            raise
+        self._info = json.loads(line.partition(" ")[2] or "{}")
+
+    def _expect(self, word: str) -> str:
+        """The next protocol line, which must start with ``word``; a dead worker becomes a BackendError."""
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line.startswith(word):
+            self._failed = True
+            self.proc.wait(timeout=60)
+            self._log.flush()
+            tail = self.log_path.read_text(errors="replace").strip().splitlines()[-15:]
+            raise BackendError(f"vLLM failed on {self.path} (exit {self.proc.returncode}):\n    " + "\n    ".join(tail),
+                               hint=f"the full log is {self.log_path}")
+        return line.strip()
+
+    def info(self) -> dict[str, Any]:
+        return {"engine": self.name, "version": self._info.get("version"), "device": self._info.get("device"),
+                "model": str(self.path), "python": self.python, "topk": self.topk}
+
+    def logits(self, windows: Sequence[Window]) -> Iterator[LogProbs]:
+        if not windows:
+            return
+        assert self.proc.stdin is not None
+        out_dir = self.tmp / "out"
+        out_dir.mkdir(exist_ok=True)
+        lengths = [len(w.tokens) for w in windows]
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        flat = np.fromiter((t for w in windows for t in w.tokens), dtype=np.int32, count=int(offsets[-1]))
+        windows_path = self.tmp / "windows.npz"
+        np.savez(windows_path, tokens=flat, offsets=offsets, score_from=np.array([w.score_from for w in windows]),
+                 index=np.array([w.index for w in windows]))
+        self.proc.stdin.write(json.dumps([str(windows_path), str(out_dir)]) + "\n")
+        self.proc.stdin.flush()
+        for w in windows:
+            line = self._expect("WINDOW")
+            if int(line.split()[1]) != w.index:
+                raise BackendError(f"vLLM worker answered window {line.split()[1]}, expected {w.index}")
+            result = out_dir / f"w{w.index}.npz"
+            with np.load(result) as data:
+                lp = LogProbs(ids=data["ids"].astype(np.int64), values=data["values"], target=data["target"])
+            result.unlink()
+            yield lp
+        self._expect("DONE")
+
+    def close(self) -> None:
+        proc = getattr(self, "proc", None)
+        if proc is not None and proc.poll() is None:
+            try:
+                if proc.stdin:
+                    proc.stdin.write("\n")
+                    proc.stdin.close()
+                proc.wait(timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                proc.kill()
+                proc.wait()
+        self._log.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        if not self._failed:
+            self.log_path.unlink(missing_ok=True)
+
+
+def load(path: Path, options: EngineOptions) -> VllmEngine:
+    return VllmEngine(path, options)

@@ -1,0 +1,1 @@
+"""Verification: the evaluation protocol, perplexity/KLD/top-1 metrics, gates and reports."""

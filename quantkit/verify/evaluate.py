@@ -1,0 +1,360 @@
+"""``quantkit eval``: score artifacts against their baseline on one protocol, check gates, write the report.
+
+    from quantkit.verify.evaluate import EvalOptions, evaluate
+    report = evaluate([Path("out/rtn-w4g128")], None, EvalOptions(dataset="heldout", max_tokens=8192))
+    report.raise_for_gates()
+
+Tested with the engines' versions named in :mod:`quantkit.engines` (transformers 5.17.0, llama-cpp-python 0.3.36).
+
+Order of work: every cheap check first (artifact paths, manifests and their sha256, the baseline, gate limits),
+then the protocol (tokenize once), then the baseline through its engine once, its distributions stored on disk,
+then each artifact through its engine, compared window by window against the stored baseline. Each engine is
+closed before the next loads, so one GPU holds one model at a time. Results go into a report (markdown + plot)
+and into each artifact's ``quantkit.json`` (``evaluation`` section) before any gate is enforced, so a failed
+gate still leaves its evidence behind.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from quantkit import artifact, source as source_mod
+from quantkit.engines import base as engines
+from quantkit.engines.base import EngineOptions
+from quantkit.errors import IntegrityError, UsageError
+from quantkit.progress import Reporter
+from quantkit.recipe import GateSpec, ModelSpec, VerifySpec
+from quantkit.verify import gates as gates_mod, protocol as protocol_mod
+from quantkit.verify.metrics import Accumulator, BaselineStore, Metrics
+
+
+@dataclass
+class EvalOptions:
+    """How to evaluate: the protocol, the engine, the gates and where the report goes."""
+
+    dataset: str = "auto"
+    text_field: str = "text"
+    ctx: int = 2048
+    stride: int | None = None
+    max_tokens: int | None = None
+    engine: str = "auto"
+    device: str = "auto"
+    gate_flags: dict[str, float | None] = field(default_factory=dict)
+    recipe_gates: GateSpec | None = None
+    report_dir: Path | None = None
+    python: str | None = None
+    vllm_topk: int = 20
+    kld_topk: int | None = None
+    write: bool = True
+
+    @classmethod
+    def from_verify(cls, spec: VerifySpec, **overrides: Any) -> "EvalOptions":
+        """Options from a recipe's ``verify`` block, with explicit (non-None) overrides on top."""
+        base = {"dataset": spec.dataset, "ctx": spec.ctx, "stride": spec.stride, "max_tokens": spec.max_tokens,
+                "engine": spec.engine, "recipe_gates": spec.gates}
+        base.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**base)
+
+
+@dataclass
+class Target:
+    """One model to score: a checkpoint folder or one GGUF file, and the artifact folder whose manifest it updates."""
+
+    label: str
+    path: Path
+    engine: str
+    manifest_dir: Path | None
+    manifest: dict[str, Any] | None
+    format: str
+    size_bytes: int
+    gates: GateSpec | None = None
+
+
+@dataclass
+class Result:
+    """One model's figures against the baseline."""
+
+    target: Target
+    engine: dict[str, Any]
+    metrics: Metrics
+    ppl_ratio: float | None
+    bits_per_weight: float | None
+    seconds: float
+    gates: list[gates_mod.GateResult] = field(default_factory=list)
+    kld_method: str | None = None  # set when it differs from the run's (a sparse engine's bound)
+
+    @property
+    def passed(self) -> bool:
+        return all(g.passed for g in self.gates)
+
+    def figures(self) -> dict[str, float | None]:
+        return {"ppl_ratio": self.ppl_ratio, "kld": self.metrics.kld, "top1": self.metrics.top1}
+
+    def to_json(self) -> dict[str, Any]:
+        t = self.target
+        return {"label": t.label, "path": str(t.path), "format": t.format, "engine": self.engine,
+                "size_bytes": t.size_bytes, "bits_per_weight": self.bits_per_weight, **self.metrics.to_json(),
+                "ppl_ratio": self.ppl_ratio, "seconds": round(self.seconds, 2),
+                "gates": [g.to_json() for g in self.gates], "passed": self.passed,
+                **({"kld_method": self.kld_method} if self.kld_method else {})}
+
+
+@dataclass
+class EvalReport:
+    """Everything one evaluation run measured, and where it wrote its report."""
+
+    protocol: protocol_mod.Protocol
+    baseline: Result
+    results: list[Result]
+    kld_method: str
+    report_path: Path | None = None
+    plot_path: Path | None = None
+
+    @property
+    def passed(self) -> bool:
+        return all(r.passed for r in self.results)
+
+    def raise_for_gates(self) -> None:
+        """Raise :class:`~quantkit.errors.GateFailedError` (exit 3) when any artifact failed a gate."""
+        gates_mod.enforce({r.target.label: r.gates for r in self.results})
+
+    def to_json(self) -> dict[str, Any]:
+        return {"protocol": self.protocol.manifest(), "kld_method": self.kld_method,
+                "baseline": self.baseline.to_json(), "results": [r.to_json() for r in self.results],
+                "passed": self.passed, "report": str(self.report_path) if self.report_path else None,
+                "plot": str(self.plot_path) if self.plot_path else None}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Targets and baseline
+
+
+def _describe_format(path: Path, manifest: dict[str, Any] | None) -> str:
+    from quantkit.inspect import checkpoint_quantization, gguf_files
+
+    method = (manifest or {}).get("method")
+    if engines.is_gguf(path):
+        info = gguf_files(path)[0]
+        text = f"gguf {str(info.get('type', '?')).removeprefix('ALL_')}"
+    else:
+        q = checkpoint_quantization(path)
+        fmt = q.get("format", "?")
+        if fmt == "compressed-tensors":
+            gs = q.get("group_size")
+            text = f"compressed-tensors {q.get('scheme')}" + (f" g{gs}" if gs else "")
+        elif fmt == "hf":
+            text = f"hf {q.get('dtype') or '?'}"
+        else:
+            text = f"{fmt} {q.get('scheme') or ''}".strip()
+    return f"{method}: {text}" if method and method != "gguf" else text
+
+
+def _weight_bytes(path: Path) -> int:
+    from quantkit.inspect import weight_bytes
+
+    return weight_bytes(path)
+
+
+def _manifest_of(folder: Path) -> dict[str, Any] | None:
+    """The folder's manifest after checking its seal: evaluating a tampered artifact would re-seal it."""
+    if not (folder / artifact.MANIFEST).exists():
+        return None
+    check = artifact.verify(folder)
+    if not check.ok:
+        raise IntegrityError(f"{folder}: files differ from its manifest (changed: {check.changed}, missing: "
+                             f"{check.missing}, not in manifest: {check.extra})",
+                             hint=f"run `quantkit verify {folder}`; re-create the artifact if it was damaged")
+    return artifact.read_manifest(folder)
+
+
+def expand_targets(paths: list[Path], engine: str) -> list[Target]:
+    """The models a list of paths stands for: a checkpoint folder, each GGUF file of a folder, or each artifact
+    folder of a release folder. Checks engines and manifests before anything loads."""
+    out: list[Target] = []
+    for raw in paths:
+        path = Path(raw)
+        if not path.exists():
+            raise UsageError(f"artifact {path} does not exist")
+        if path.is_dir() and not (path / "config.json").exists() and not engines.gguf_files(path):
+            subs = sorted(p.parent for p in path.glob(f"*/{artifact.MANIFEST}"))
+            if not subs:
+                raise UsageError(f"{path} is not a checkpoint, a GGUF artifact or a release folder of artifacts",
+                                 hint="give an artifact folder, a Hugging Face checkpoint or a .gguf file")
+            out += expand_targets(subs, engine)
+            continue
+        home = path.parent if path.is_file() else path
+        manifest = _manifest_of(home)
+        kind = engines.detect(path) if engine == "auto" else engine
+        engines.check_compatible(kind, path)
+        files = engines.gguf_files(path) if kind == "llama.cpp" else [path]
+        for f in files:
+            label = f"{home.name}/{f.name}" if f != home else home.name
+            out.append(Target(label=label, path=f, engine=kind, manifest_dir=home if manifest else None,
+                              manifest=manifest, format=_describe_format(f, manifest), size_bytes=_weight_bytes(f)))
+    labels = [t.label for t in out]
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        raise UsageError(f"{dup[0]} is given twice")
+    return out
+
+
+def resolve_baseline(given: str | None, targets: list[Target]) -> source_mod.SourceModel:
+    """The baseline: ``--baseline``, else the source recorded in the artifacts' manifests (one for all)."""
+    if given is None:
+        found = {_recorded_source(t) for t in targets}
+        found.discard(None)
+        if not found:
+            raise UsageError("no baseline: the artifacts have no quantkit.json recording their source model",
+                             hint="pass --baseline MODEL (the checkpoint they were made from)")
+        if len(found) > 1:
+            raise UsageError(f"the artifacts come from different source models ({', '.join(sorted(found))}); "
+                             "evaluating them together needs one baseline", hint="pass --baseline MODEL")
+        given = found.pop()
+    if engines.gguf_files(Path(given)):
+        raise UsageError(f"the baseline {given} is GGUF; the baseline must be a Hugging Face checkpoint (its "
+                         "tokenizer defines the protocol's tokens)")
+    src = source_mod.resolve(ModelSpec(source=given))
+    for t in targets:
+        recorded = ((t.manifest or {}).get("source") or {}).get("config_sha256")
+        if recorded and recorded != src.config_sha256:
+            raise UsageError(f"{t.label} was made from a model whose config.json differs from the baseline {given}'s",
+                             hint="evaluate it against the model it was made from (--baseline)")
+    return src
+
+
+def _recorded_source(t: Target) -> str | None:
+    src = (t.manifest or {}).get("source") or {}
+    for cand in (src.get("path"), src.get("id")):
+        if cand and Path(cand).expanduser().exists():
+            return cand
+    ident = src.get("id")
+    if ident and src.get("path") == ident:
+        # Made from a local folder that is not where the manifest says (a relative path, another machine).
+        raise UsageError(f"{t.label} was made from the local model {ident!r}, which is not found from here",
+                         hint="pass --baseline with that model's folder")
+    return ident if ident and source_mod.looks_like_hub_id(ident) else None
+
+
+def _recipe_gates(manifest: dict[str, Any] | None) -> dict[str, Any] | None:
+    return (((manifest or {}).get("recipe") or {}).get("verify") or {}).get("gates")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Running engines
+
+
+def _preflight(kinds: set[str], options: EvalOptions) -> None:
+    """Fail on a missing engine now, not after the baseline has run for an hour."""
+    import importlib.util
+
+    from quantkit.errors import MissingBackendError
+
+    if "llama.cpp" in kinds and importlib.util.find_spec("llama_cpp") is None:
+        raise MissingBackendError("llama_cpp", "gguf", "evaluating GGUF files")
+    if "vllm" in kinds:
+        from quantkit.engines.vllm import find_python
+
+        find_python(options.python)
+
+
+def _engine_options(options: EvalOptions) -> EngineOptions:
+    return EngineOptions(ctx=options.ctx, device=options.device, python=options.python, topk=options.vllm_topk)
+
+
+def _score(label: str, kind: str, path: Path, proto: protocol_mod.Protocol, options: EvalOptions,
+           reporter: Reporter, store: BaselineStore, is_baseline: bool) -> tuple[Metrics, dict[str, Any], float]:
+    """Run one model over every window; the baseline fills the store, the others are compared against it."""
+    start = time.perf_counter()
+    with reporter.step(f"load:{label}", f"loading {label} in {kind}"):
+        engine = engines.open_engine(kind, path, _engine_options(options))
+    acc = Accumulator()
+    try:
+        info = engine.info()
+        with reporter.bar(f"{label} ({kind})", total=proto.tokens_scored, unit="tok") as bar:
+            t0, done = time.perf_counter(), 0
+            for w, lp in zip(proto.windows, engine.logits(proto.windows), strict=True):
+                if is_baseline:
+                    store.put(w, lp)
+                    acc.add(w, lp)
+                else:
+                    acc.add(w, lp, store.get(w))
+                done += w.n_scored
+                bar.advance(w.n_scored)
+                bar.update(rate=f"{done / max(time.perf_counter() - t0, 1e-9):,.0f} tok/s")
+    finally:
+        engine.close()
+    return acc.result(), info, time.perf_counter() - start
+
+
+def _bpw(size_bytes: int, params: int) -> float | None:
+    return round(8 * size_bytes / params, 3) if params and size_bytes else None
+
+
+def _report_dir(options: EvalOptions, targets: list[Target]) -> Path:
+    """``--report-dir``; else the artifact folder (one artifact) or their common parent; else ./quantkit-eval."""
+    if options.report_dir is not None:
+        return Path(options.report_dir)
+    if all(t.manifest_dir is not None for t in targets):
+        homes = sorted({t.manifest_dir for t in targets if t.manifest_dir is not None})
+        if len(homes) == 1:
+            return homes[0]
+        common = Path(os.path.commonpath([h.resolve() for h in homes]))
+        if common != Path(common.anchor):
+            return common
+    return Path("quantkit-eval")
+
+
+def evaluate(paths: list[Path], baseline: str | None, options: EvalOptions | None = None,
+             reporter: Reporter | None = None) -> EvalReport:
+    """Evaluate artifacts against one baseline (see the module docstring); gates are checked, not enforced."""
+    from quantkit.verify import report as report_mod
+
+    options = options or EvalOptions()
+    rep = reporter or Reporter(quiet=True)
+    if not paths:
+        raise UsageError("give at least one artifact to evaluate")
+    if options.stride is not None and options.stride > options.ctx:
+        raise UsageError(f"--stride {options.stride} is larger than --ctx {options.ctx}: tokens would be skipped",
+                         hint="leave --stride out for non-overlapping windows")
+    targets = expand_targets(paths, options.engine)
+    _preflight({t.engine for t in targets}, options)
+    src = resolve_baseline(baseline, targets)
+    for t in targets:
+        t.gates = gates_mod.resolve(options.gate_flags, options.recipe_gates, _recipe_gates(t.manifest))
+    with rep.step("protocol", "tokenizing the evaluation text with the baseline's tokenizer"):
+        proto = protocol_mod.build(src.path, dataset=options.dataset, field_name=options.text_field, ctx=options.ctx,
+                                   stride=options.stride, max_tokens=options.max_tokens)
+    rep.log(f"protocol: {proto.source} ({proto.kind}), {len(proto.windows)} windows of ctx {proto.ctx}"
+            f"{f', stride {proto.stride}' if proto.stride else ''}, {proto.tokens_scored:,} tokens scored")
+    with tempfile.TemporaryDirectory(prefix="quantkit-eval-") as tmp:
+        store = BaselineStore(Path(tmp), proto.tokens_scored, options.kld_topk)
+        base_kind = "transformers"  # full distributions, and the tokenizer's own framework
+        m, info, secs = _score("baseline", base_kind, src.path, proto, options, rep, store, is_baseline=True)
+        base_target = Target(label=f"{src.path.name} (baseline)", path=src.path, engine=base_kind, manifest_dir=None,
+                             manifest=None, format=_describe_format(src.path, None),
+                             size_bytes=_weight_bytes(src.path))
+        m.kld, m.kld_median, m.kld_p99, m.kld_max, m.top1 = 0.0, 0.0, 0.0, 0.0, 1.0
+        base = Result(target=base_target, engine=info, metrics=m, ppl_ratio=1.0,
+                      bits_per_weight=_bpw(base_target.size_bytes, src.num_parameters), seconds=secs)
+        results = []
+        for t in targets:
+            m, info, secs = _score(t.label, t.engine, t.path, proto, options, rep, store, is_baseline=False)
+            ratio = m.ppl / base.metrics.ppl if base.metrics.ppl else None
+            r = Result(target=t, engine=info, metrics=m, ppl_ratio=ratio,
+                       bits_per_weight=_bpw(t.size_bytes, src.num_parameters), seconds=secs)
+            if t.engine == "vllm":
+                r.kld_method = (f"lower bound: vLLM returns the artifact's top-{options.vllm_topk} log-probabilities, "
+                                "used as bins plus one bin for the rest of the vocabulary")
+            r.gates = gates_mod.check(r.figures(), t.gates or GateSpec())
+            results.append(r)
+        kld_method = store.kld_method
+    report = EvalReport(protocol=proto, baseline=base, results=results, kld_method=kld_method)
+    if options.write:
+        report_mod.write(report, _report_dir(options, targets), rep)
+        report_mod.update_manifests(report)
+    return report
