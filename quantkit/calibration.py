@@ -173,8 +173,10 @@ def _load_hub(source: str, field: str) -> Documents:
     col = field if field in ds.column_names else ("messages" if "messages" in ds.column_names else None)
     if col is None:
         raise CalibrationError(f"hub dataset {source!r} has no {field!r} column ({', '.join(ds.column_names)})")
-    items = [x for x in ds[col] if x]
-    chat = bool(items) and isinstance(items[0], list)
+    # Empty rows are kept: evaluation joins every row with blank lines, as the GPTQ/AWQ papers do for WikiText-2
+    # (calibration drops them in build()).
+    items = [x if x is not None else "" for x in ds[col]]
+    chat = any(isinstance(i, list) for i in items)
     return Documents(source, "hub", items, chat=chat, file_sha256=getattr(ds, "_fingerprint", None))
 
 
@@ -218,6 +220,7 @@ def tokens_sha256(samples: list[list[int]]) -> str:
 def build(spec: CalibrationSpec, tokenizer: Any, docs: Documents | None = None) -> CalibrationSet:
     """Tokenize a source into ``spec.samples`` samples of ``spec.seq_len`` tokens (see the module docstring)."""
     docs = docs or load_documents(spec.dataset, spec.field)
+    docs = Documents(docs.source, docs.kind, [i for i in docs.items if i], docs.chat, docs.file_sha256)
     if not docs.items:
         raise CalibrationError(f"calibration source {docs.source!r} is empty")
     rng = random.Random(spec.seed)

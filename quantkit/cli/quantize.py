@@ -25,39 +25,39 @@ def _opt(default: Any, *names: str, help: str, **kw: Any) -> Any:
 # (parameter name, annotation, typer option, recipe field)
 COMMON: list[tuple[str, Any, Any, str]] = [
     ("calib", Optional[str], _opt(None, "--calib", help="Calibration data: prose, code, mixed, a .txt/.jsonl(.gz)/.parquet file, or a hub dataset (wikitext2, pile-val, c4, ultrachat, org/name[:config][@split]).", rich_help_panel="Calibration"), "calibration.dataset"),
-    ("samples", Optional[int], _opt(None, "--samples", help="Number of calibration samples [default: 128].", rich_help_panel="Calibration"), "calibration.samples"),
-    ("seq_len", Optional[int], _opt(None, "--seq-len", help="Tokens per calibration sample [default: 512].", rich_help_panel="Calibration"), "calibration.seq_len"),
-    ("calib_field", Optional[str], _opt(None, "--calib-field", help="JSON/parquet field holding the text [default: text].", rich_help_panel="Calibration"), "calibration.field"),
+    ("samples", Optional[int], _opt(None, "--samples", help="Number of calibration samples \\[default: 128].", rich_help_panel="Calibration"), "calibration.samples"),
+    ("seq_len", Optional[int], _opt(None, "--seq-len", help="Tokens per calibration sample \\[default: 512].", rich_help_panel="Calibration"), "calibration.seq_len"),
+    ("calib_field", Optional[str], _opt(None, "--calib-field", help="JSON/parquet field holding the text \\[default: text].", rich_help_panel="Calibration"), "calibration.field"),
     ("chat_template", Optional[bool], _opt(None, "--chat-template/--no-chat-template", help="Wrap calibration samples in the model's chat template.", rich_help_panel="Calibration"), "calibration.chat_template"),
-    ("ignore", Optional[list[str]], _opt(None, "--ignore", help="Module name or re: pattern kept in full precision (repeatable) [default: lm_head].", rich_help_panel="Model"), "quantize.ignore"),
+    ("ignore", Optional[list[str]], _opt(None, "--ignore", help="Module name or re: pattern kept in full precision (repeatable) \\[default: lm_head].", rich_help_panel="Model"), "quantize.ignore"),
     ("revision", Optional[str], _opt(None, "--revision", help="Hub branch, tag or commit of the source model.", rich_help_panel="Model"), "model.revision"),
     ("dtype", Optional[str], _opt(None, "--dtype", help="Load dtype: auto, bfloat16, float16, float32.", rich_help_panel="Model"), "model.dtype"),
     ("trust_remote_code", Optional[bool], _opt(None, "--trust-remote-code", help="Allow the checkpoint's own Python code to run (off by default).", rich_help_panel="Model"), "model.trust_remote_code"),
     ("allow_pickle", Optional[bool], _opt(None, "--allow-pickle", help="Accept pickle (.bin/.pt) weights (unsafe; off by default).", rich_help_panel="Model"), "model.allow_pickle"),
-    ("device", Optional[str], _opt(None, "--device", help="auto, cpu, cuda or cuda:N [default: auto].", rich_help_panel="Runtime"), "runtime.device"),
+    ("device", Optional[str], _opt(None, "--device", help="auto, cpu, cuda or cuda:N \\[default: auto].", rich_help_panel="Runtime"), "runtime.device"),
     ("num_gpus", Optional[int], _opt(None, "--num-gpus", help="GPUs for distributed calibration (launched through torchrun).", rich_help_panel="Runtime"), "runtime.num_gpus"),
-    ("seed", Optional[int], _opt(None, "--seed", help="Seed for sampling calibration data and any randomness [default: 0].", rich_help_panel="Runtime"), "runtime.seed"),
+    ("seed", Optional[int], _opt(None, "--seed", help="Seed for sampling calibration data and any randomness \\[default: 0].", rich_help_panel="Runtime"), "runtime.seed"),
 ]
 
-BITS = ("bits", Optional[int], _opt(None, "--bits", help="Weight bits: 4 or 8 [default: 4]."), "quantize.bits")
-GROUP = ("group_size", Optional[int], _opt(None, "--group-size", help="Weights per quantization group: 32, 64, 128, 256 or -1 for per-channel [default: 128]."), "quantize.group_size")
+BITS = ("bits", Optional[int], _opt(None, "--bits", help="Weight bits: 4 or 8 \\[default: 4]."), "quantize.bits")
+GROUP = ("group_size", Optional[int], _opt(None, "--group-size", help="Weights per quantization group: 32, 64, 128, 256 or -1 for per-channel \\[default: 128]."), "quantize.group_size")
 
 METHOD_FLAGS: dict[str, list[tuple[str, Any, Any, str]]] = {
     "awq": [BITS, GROUP,
-            ("symmetric", Optional[bool], _opt(None, "--symmetric/--asymmetric", help="Symmetric quantization [default: asymmetric]."), "quantize.symmetric"),
+            ("symmetric", Optional[bool], _opt(None, "--symmetric/--asymmetric", help="Symmetric quantization \\[default: asymmetric]."), "quantize.symmetric"),
             ("format", Optional[str], _opt(None, "--format", help="compressed-tensors, or autoawq to also write the legacy AutoAWQ GEMM layout."), "quantize.format")],
     "gptq": [BITS, GROUP,
-             ("symmetric", Optional[bool], _opt(None, "--symmetric/--asymmetric", help="Symmetric quantization [default: symmetric, as vLLM's Marlin kernels need]."), "quantize.symmetric"),
-             ("act_order", Optional[bool], _opt(None, "--act-order/--no-act-order", help="GPTQ activation ordering: quantize columns in order of decreasing activation magnitude (llm-compressor's static ordering: no g_idx, no runtime cost) [default: on]."), "quantize.act_order"),
-             ("damp", Optional[float], _opt(None, "--damp", help="Hessian dampening fraction [default: 0.01]."), "quantize.damp"),
+             ("symmetric", Optional[bool], _opt(None, "--symmetric/--asymmetric", help="Symmetric quantization \\[default: symmetric, as vLLM's Marlin kernels need]."), "quantize.symmetric"),
+             ("act_order", Optional[bool], _opt(None, "--act-order/--no-act-order", help="GPTQ activation ordering: quantize columns in order of decreasing activation magnitude (llm-compressor's static ordering: no g_idx, no runtime cost) \\[default: on]."), "quantize.act_order"),
+             ("damp", Optional[float], _opt(None, "--damp", help="Hessian dampening fraction \\[default: 0.01]."), "quantize.damp"),
              ("format", Optional[str], _opt(None, "--format", help="compressed-tensors, or gptq to also write the legacy GPTQ layout."), "quantize.format")],
-    "fp8": [("scheme", Optional[str], _opt(None, "--scheme", help="static (per-tensor weight + calibrated input scales), dynamic (per-channel weights, per-token activations at run time, no calibration), block (128x128 weight blocks) [default: static]."), "quantize.scheme"),
+    "fp8": [("scheme", Optional[str], _opt(None, "--scheme", help="static (per-tensor weight + calibrated input scales), dynamic (per-channel weights, per-token activations at run time, no calibration), block (128x128 weight blocks) \\[default: static]."), "quantize.scheme"),
             ("kv_cache_fp8", Optional[bool], _opt(None, "--kv-cache-fp8", help="Also calibrate FP8 KV-cache scales."), "quantize.kv_cache_fp8")],
-    "int8": [("smoothing_strength", Optional[float], _opt(None, "--smoothing-strength", help="SmoothQuant migration strength alpha in (0, 1) [default: 0.8]."), "quantize.smoothing_strength"),
-             ("weights", Optional[str], _opt(None, "--weights", help="gptq or rtn for the INT8 weights [default: gptq]."), "quantize.weights")],
+    "int8": [("smoothing_strength", Optional[float], _opt(None, "--smoothing-strength", help="SmoothQuant migration strength alpha in (0, 1) \\[default: 0.8]."), "quantize.smoothing_strength"),
+             ("weights", Optional[str], _opt(None, "--weights", help="gptq or rtn for the INT8 weights \\[default: gptq]."), "quantize.weights")],
     "rtn": [BITS, GROUP,
-            ("symmetric", Optional[bool], _opt(None, "--symmetric/--asymmetric", help="Symmetric quantization [default: symmetric]."), "quantize.symmetric")],
-    "gguf": [("types", Optional[list[str]], _opt(None, "--type", "-t", help="GGUF type, repeatable: F32, F16, BF16, Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q4_0, Q3_K_M, Q2_K, IQ4_XS ... [default: Q4_K_M]."), "quantize.types"),
+            ("symmetric", Optional[bool], _opt(None, "--symmetric/--asymmetric", help="Symmetric quantization \\[default: symmetric]."), "quantize.symmetric")],
+    "gguf": [("types", Optional[list[str]], _opt(None, "--type", "-t", help="GGUF type, repeatable: F32, F16, BF16, Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q4_0, Q3_K_M, Q2_K, IQ4_XS ... \\[default: Q4_K_M]."), "quantize.types"),
              ("imatrix", Optional[bool], _opt(None, "--imatrix-calib/--no-imatrix-calib", help="Compute llama.cpp's importance matrix from the calibration set for the low-bit types."), "quantize.imatrix")],
 }
 
