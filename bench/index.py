@@ -1,0 +1,145 @@
+"""bench/results/README.md: every benchmark table in one page, each with the command and machine behind it.
+
+Rebuilt by ``python bench/run.py`` after each benchmark (and on its own with ``python bench/run.py index``) from
+the committed result files, so the page never disagrees with them. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from meta import RESULTS
+
+H200 = RESULTS / "h200"
+
+
+def _body(md: Path) -> str:
+    """A result's markdown without its level-1 title (the index gives each its own section heading)."""
+    text = md.read_text().strip()
+    return re.sub(r"\A# .*\n+", "", text)
+
+
+def _read(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def quality() -> list[str]:
+    md = RESULTS / "quality.md"
+    if not md.exists():
+        return ["Not run yet: `python bench/run.py quality`.", ""]
+    return [_body(md), ""]
+
+
+def gguf() -> list[str]:
+    data = _read(RESULTS / "gguf_convert.json") or {}
+    dates = sorted({r.get("date") for r in data.values() if r.get("date")})
+    cpus = sorted({str(r.get("cpus")) for r in data.values() if r.get("cpus")})
+    lines = [_body(RESULTS / "gguf_convert.md"), "",
+             f"Command: `python bench/gguf_convert.py --shape SHAPE` (SHAPE = {', '.join(data)}; "
+             f"`python bench/run.py gguf` runs the 8b shape). Machine: this project's x86_64 CPU machine "
+             f"({'/'.join(cpus)} cores, Intel Xeon), measured {', '.join(dates)}. These entries predate "
+             "bench/run.py, so they carry no versions block; a re-run through it adds one to its entry.", ""]
+    return lines
+
+
+def eval_agreement() -> list[str]:
+    """The same artifacts scored by vLLM and by transformers on CUDA: how far apart the two engines are."""
+    v, t = _read(H200 / "eval_vllm_tiny.json"), _read(H200 / "eval_transformers_cuda_tiny.json")
+    if not v or not t:
+        return ["Missing h200/eval_*_tiny.json.", ""]
+    tr = {r["label"]: r for r in t["results"]}
+    p = v["protocol"]
+    ve, te = v["results"][0]["engine"], t["results"][0]["engine"]
+    lines = [f"Reference model, {p['dataset']} split, ctx {p['ctx']}, {p['tokens_scored']} tokens, the same windows "
+             f"(windows sha256 {p['windows_sha256'][:12]} in both files); baseline ppl "
+             f"{t['baseline']['ppl']:.3f} (transformers on CUDA, bf16) in both. "
+             f"vLLM {ve.get('version')} on {ve.get('device')} returns the top-{ve.get('topk')} log-probabilities, so "
+             "its KLD is a lower bound (top-k bins plus one bin for the rest); transformers "
+             f"{te.get('version')} (torch {te.get('torch')}) gives the full distribution (exact KLD).", "",
+             "| artifact | ppl transformers | ppl vLLM | ppl diff | KLD transformers | KLD vLLM (bound) | "
+             "top-1 transformers | top-1 vLLM |", "|---|---|---|---|---|---|---|---|"]
+    for r in v["results"]:
+        x = tr.get(r["label"])
+        if not x:
+            continue
+        lines.append(f"| {r['label']} | {x['ppl']:.3f} | {r['ppl']:.3f} | {(r['ppl'] / x['ppl'] - 1):+.2%} | "
+                     f"{x['kld']:.5f} | {r['kld']:.5f} | {x['top1']:.4f} | {r['top1']:.4f} |")
+    lines += ["", "Command (H200, the artifacts of `scripts/gpu_quantize_all.sh`; the files do not record it, this is its form): `quantkit eval ARTS --baseline "
+              "models/quantkit-tiny --dataset heldout --ctx 2048 --max-tokens 32768 --engine vllm|transformers --json`; "
+              "files: h200/eval_vllm_tiny.json, h200/eval_transformers_cuda_tiny.json.", ""]
+    return lines
+
+
+def quantize_tiny() -> list[str]:
+    """Per-method quantization time of the reference model on the H200 (the timings quantkit's manifests record)."""
+    log = H200 / "quantize_tiny.log"
+    if not log.exists():
+        return ["Missing h200/quantize_tiny.log.", ""]
+    lines = ["| artifact | load s | calibration data s | quantize s | save s | total s |", "|---|---|---|---|---|---|"]
+    for m in re.finditer(r"/([\w.-]+)\.json: \[\('[\w-]+', (\{.*?\})\)\]", log.read_text()):
+        t = json.loads(m.group(2).replace("'", '"'))
+        lines.append(f"| {m.group(1)} | {t.get('load_model', 0):.2f} | {t.get('calibration_data', 0):.2f} | "
+                     f"{t.get('quantize', 0):.2f} | {t.get('save', 0):.2f} | {t.get('total', 0):.1f} |")
+    lines += ["", "Command: `bash scripts/gpu_quantize_all.sh models/quantkit-tiny /tmp/arts` on one H200 "
+              "(quantkit's CLI with its default 128 x 512 calibration tokens of 'mixed'); the times are each "
+              "artifact's manifest `timings`. Total runs from quantkit's source check to the end of producing, so it "
+              "also holds the producer's (lazy) imports of torch, transformers and llm-compressor: at this size those, "
+              "not the quantization, are most of it. The log records neither machine block nor versions (it predates "
+              "bench/); the lease was one H200 with 16 CPU cores.", ""]
+    return lines
+
+
+def quantize_cost() -> list[str]:
+    md = RESULTS / "quantize_cost.md"
+    if md.exists():
+        return [_body(md), ""]
+    return ["**Not run.** `bench/quantize_cost.py` (`make bench-gpu`: 8B-shaped Llama-3.1-8B config with random bf16 "
+            "weights, 512 x 2048 calibration tokens, AWQ / GPTQ / FP8 static / INT8-SQ through quantkit's CLI next to "
+            "the same recipe written directly against llm-compressor, wall time and nvidia-smi peak GPU memory) is "
+            "written and its logic was checked on this CPU machine with `--shape tiny --samples 4 --seq-len 128` (every "
+            "run completed except plain llm-compressor's AWQ, which fails on a CPU-only machine in "
+            "IntermediatesCache.pin_memory, the llm-compressor 0.14.0.1 behaviour quantkit works around; the same "
+            "calibration token sha256 on both sides), "
+            "but the H200 time available to this work was used up by the vLLM results below, so there are no 8B "
+            "figures yet. The 70B question is open too: `--shape 70b` writes a ~141 GB bf16 checkpoint, more than "
+            "the one-GPU lease's 64 GiB of disk.", ""]
+
+
+def h200_table(name: str, command: str) -> list[str]:
+    md = H200 / f"{name}.md"
+    if not md.exists():
+        return [f"Missing h200/{name}.md.", ""]
+    return [_body(md), "", command, ""]
+
+
+def build() -> Path:
+    lines = ["# Benchmark results", "",
+             "Everything here is re-runnable: `make bench` (= `python bench/run.py all`: quality and GGUF "
+             "conversion on a CPU) and `make bench-gpu` (= `python bench/quantize_cost.py --shape 8b`, an H200). Each "
+             "result's JSON file holds its command, machine, library versions and date (the H200 files under h200/ "
+             "came from the scripts named below, run on the lent H200 through the device tool).", "",
+             "## 1. Quantization cost (H200, 8B shape)", "", *quantize_cost(),
+             "## 2. Quality on the reference model (CPU)", "", *quality(),
+             "## 3. Serving in vLLM 0.26 on an H200 (reference model)", "",
+             "The 8B-shaped serving benchmark (decode tok/s at batch 1 and 16, TTFT, bandwidth limit) has not been "
+             "run; these are the reference model's artifacts, which show which kernel vLLM picks for each format "
+             "(at this size the tokens/s measure per-step overhead, not weight bandwidth).", "",
+             "### Every compressed-tensors format loaded in vLLM", "",
+             *h200_table("vllm_matrix", "Command: `python3 scripts/gpu_vllm_matrix.py /tmp/arts/* --out $OUT` on one "
+                                        "H200 (vLLM 0.26.0, enforce_eager, greedy decode); file h200/vllm_matrix.json."),
+             "### Served by `quantkit smoke` (a real `vllm serve`)", "",
+             *h200_table("gpu_smoke", "Command: `python3 scripts/gpu_smoke.py /tmp/arts/awq-w4g128 /tmp/arts/fp8-static "
+                                      "--out $OUT` on one H200; file h200/gpu_smoke.json."),
+             "### vLLM vs transformers: the same artifacts scored by both engines", "", *eval_agreement(),
+             "### Quantization time of the reference model on the H200", "", *quantize_tiny(),
+             "## 4. GGUF conversion (CPU)", "", *gguf()]
+    out = RESULTS / "README.md"
+    out.write_text("\n".join(lines).rstrip() + "\n")
+    return out
+
+
+if __name__ == "__main__":
+    print(build())

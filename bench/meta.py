@@ -1,0 +1,93 @@
+"""What every benchmark result file records besides its figures: the machine, the library versions, the date and
+the exact command, so that anyone can tell where a figure came from and re-run it.
+
+Standard library only (plus quantkit.versions), so it also works in a bare GPU environment.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else what platform reports."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def gpus() -> list[str]:
+    """GPU names and memory as nvidia-smi reports them; empty on a machine without NVIDIA GPUs."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("nvidia-smi"):
+        return []
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                         capture_output=True, text=True)
+    return [x.strip() for x in out.stdout.splitlines() if x.strip()] if out.returncode == 0 else []
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, core count, memory and GPUs of the machine measuring."""
+    mem = None
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        pass
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "memory_bytes": mem, "gpus": gpus(),
+            "platform": platform.platform(), "python": platform.python_version()}
+
+
+def versions() -> dict[str, str]:
+    """quantkit's tracked library versions, as the artifacts' manifests record them."""
+    sys.path.insert(0, str(ROOT))
+    from quantkit import versions as v
+
+    return v.installed()
+
+
+def command() -> str:
+    """The command line that is running, as one shell-quoted string (relative to the repository root)."""
+    return shlex.join([Path(sys.executable).name, *sys.argv])
+
+
+def header() -> dict[str, Any]:
+    """The provenance block every result file starts with."""
+    return {"command": command(), "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "machine": machine(), "versions": versions()}
+
+
+def md_header(h: dict[str, Any]) -> str:
+    """The provenance block as markdown lines."""
+    m = h["machine"]
+    gpu = f"; GPUs: {', '.join(m['gpus'])}" if m.get("gpus") else ""
+    mem = f", {m['memory_bytes'] / 2**30:.0f} GiB RAM" if m.get("memory_bytes") else ""
+    vers = ", ".join(f"{k} {v}" for k, v in sorted(h["versions"].items()))
+    return (f"- command: `{h['command']}`\n- date: {h['date']}\n- machine: {m['cpu']}, {m['cores']} cores{mem}{gpu}\n"
+            f"- versions: {vers}\n")
+
+
+def write(name: str, data: dict[str, Any], markdown: str, folder: Path = RESULTS) -> tuple[Path, Path]:
+    """Write ``name.json`` and ``name.md`` (the table) into ``folder``, atomically enough for incremental updates."""
+    folder.mkdir(parents=True, exist_ok=True)
+    j, m = folder / f"{name}.json", folder / f"{name}.md"
+    for path, text in ((j, json.dumps(data, indent=2, default=str) + "\n"), (m, markdown)):
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    return j, m

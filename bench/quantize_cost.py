@@ -1,0 +1,348 @@
+"""Quantization cost (issue 10 item 1): wall time and peak memory, quantkit's CLI vs llm-compressor used directly.
+
+    python bench/quantize_cost.py --shape 8b                 # the H200 benchmark (make bench-gpu)
+    python bench/quantize_cost.py --shape tiny --samples 4 --seq-len 128 --results-dir /tmp/qc   # a logic check
+
+A Llama-shaped checkpoint with random bf16 weights is written once (``--shape``: 8b = Llama-3.1-8B's config,
+70b = Llama-3.1-70B's, 1b = Llama-3.2-1B's, tiny = the reference model's), with the reference model's tokenizer.
+Random weights are fine for timing: the work AWQ, GPTQ, FP8 and SmoothQuant do depends on shapes, not values.
+Calibration is ``--samples`` x ``--seq-len`` tokens (default 512 x 2048) of the shipped calibration text, repeated
+until long enough. quantkit tokenizes it itself; the direct run gets exactly the same token ids (built once with
+quantkit.calibration and checked against the sha256 quantkit records), as a user would pass a tokenized dataset.
+
+For each method (AWQ W4A16 g128, GPTQ W4A16 g128, FP8 static, INT8 SmoothQuant + GPTQ W8A8), two processes run
+one after the other: ``quantkit METHOD SRC OUT --samples N --seq-len L --calib FILE`` (the real CLI) and a plain
+llm-compressor script (``--direct``: from_pretrained, ``oneshot`` with the modifiers a user would write from
+llm-compressor's examples, ``save_pretrained(save_compressed=True)``). Each is timed end to end (start-up, load,
+calibration, save; quantkit also hashes its output into a manifest), its peak host RSS sampled from /proc and its
+peak GPU memory sampled with nvidia-smi in a thread (memory used on the GPUs minus what was used before it
+started). Results are written after every run to bench/results/quantize_cost[_SHAPE].{json,md}, so a run cut
+short keeps what it measured.
+
+Tested with llm-compressor 0.14.0.1, compressed-tensors 0.19.0, transformers 5.17.0, torch 2.13.0 (CPU; the tiny
+shape). The 8b shape has not been run here: see bench/results/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import meta  # noqa: E402
+
+TINY = meta.ROOT / "models" / "quantkit-tiny"
+LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192}
+SHAPES = {
+    "tiny": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=8, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=8192, tie_word_embeddings=False),
+    "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+               num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True),  # Llama-3.2-1B
+    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+               num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False),  # Llama-3.1-8B
+    "70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+                num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False),  # Llama-3.1-70B
+}
+# What each method is, for quantkit's CLI (verb + flags) and for llm-compressor directly (built in direct()).
+METHODS = {
+    "awq": ("awq", []),  # W4A16 asymmetric, group 128 (quantkit's default, llm-compressor's W4A16_ASYM)
+    "gptq": ("gptq", []),  # W4A16 symmetric, group 128, static activation order, 1% dampening
+    "fp8-static": ("fp8", ["--scheme", "static"]),
+    "int8-sq": ("int8", []),  # SmoothQuant 0.8, then GPTQ W8A8
+}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Inputs: the checkpoint and the calibration tokens
+
+
+def make_checkpoint(shape: str, path: Path) -> dict[str, Any]:
+    """A random-weight bf16 Llama checkpoint of ``shape`` (reused when one with the same config exists)."""
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+           "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+           "rope_scaling": LLAMA31_ROPE, "attention_bias": False, "mlp_bias": False, "bos_token_id": 0,
+           "eos_token_id": 1, "torch_dtype": "bfloat16", **SHAPES[shape]}
+    stamp = path / "bench-config.json"
+    if stamp.exists() and json.loads(stamp.read_text()) == cfg:
+        return cfg
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    shutil.rmtree(path, ignore_errors=True)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # random init of 8B parameters is minutes on a CPU
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(LlamaConfig(**cfg)).to(torch.bfloat16)
+    model.save_pretrained(str(path), max_shard_size="5GB")
+    AutoTokenizer.from_pretrained(TINY).save_pretrained(str(path))  # ids 0..8191 are valid in every shape
+    del model
+    stamp.write_text(json.dumps(cfg))
+    return cfg
+
+
+def make_calibration(path: Path, samples: int, seq_len: int, tokenizer: Any) -> Path:
+    """The shipped calibration text repeated until it holds samples x seq_len tokens, as one .jsonl.gz file."""
+    docs = []
+    for name in ("prose", "code"):
+        with gzip.open(meta.ROOT / "calibration" / f"{name}.jsonl.gz", "rt", encoding="utf-8") as f:
+            docs += [json.loads(line)["text"] for line in f if line.strip()]
+    have = sum(len(tokenizer(d, add_special_tokens=False)["input_ids"]) + 2 for d in docs)
+    repeats = samples * seq_len // have + 2
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        for _ in range(repeats):
+            for d in docs:
+                f.write(json.dumps({"text": d}) + "\n")
+    return path
+
+
+def calibration_tokens(calib: Path, samples: int, seq_len: int, tokenizer: Any) -> tuple[list[list[int]], str]:
+    """The exact token samples quantkit builds from ``calib`` (same spec, same seed) and their sha256."""
+    from quantkit import calibration
+    from quantkit.recipe import CalibrationSpec
+
+    cs = calibration.build(CalibrationSpec(dataset=str(calib), samples=samples, seq_len=seq_len), tokenizer)
+    return cs.samples, cs.tokens_sha256
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Measuring one process
+
+
+class GpuSampler(threading.Thread):
+    """Polls nvidia-smi for memory used on every GPU; peak() is the largest rise over the level at start."""
+
+    def __init__(self, interval: float = 0.2) -> None:
+        super().__init__(daemon=True)
+        self.interval, self.stop, self.samples = interval, threading.Event(), 0
+        self.available = shutil.which("nvidia-smi") is not None
+        self.start_used = self._used() if self.available else None
+        self.peak_used = self.start_used
+
+    def _used(self) -> int | None:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            return None
+        return sum(int(x) for x in out.stdout.split()) * 2**20  # MiB -> bytes, summed over GPUs
+
+    def run(self) -> None:
+        while self.available and not self.stop.is_set():
+            used = self._used()
+            if used is not None:
+                self.peak_used = max(self.peak_used or 0, used)
+                self.samples += 1
+            self.stop.wait(self.interval)
+
+    def peak(self) -> int | None:
+        if self.start_used is None or self.peak_used is None:
+            return None
+        return self.peak_used - self.start_used
+
+
+def _rss(pid: int) -> int:
+    """Resident memory of ``pid`` and its descendants (bytes), from /proc; 0 once they are gone."""
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/status") as f:
+                total += next((int(x.split()[1]) * 1024 for x in f if x.startswith("VmRSS:")), 0)
+            with open(f"/proc/{p}/task/{p}/children") as f:
+                todo += [int(c) for c in f.read().split()]
+        except OSError:
+            continue
+    return total
+
+
+def measure(argv: list[str], log: Path, env: dict[str, str]) -> dict[str, Any]:
+    """Run ``argv`` to completion: exit code, wall seconds, peak host RSS, peak GPU memory, last stdout line."""
+    gpu = GpuSampler()
+    gpu.start()
+    t0 = time.perf_counter()
+    with open(log, "w") as err:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, cwd=meta.ROOT, env=env)
+        peak_rss = 0
+        out_chunks: list[str] = []
+        reader = threading.Thread(target=lambda: out_chunks.append(proc.stdout.read()), daemon=True)
+        reader.start()
+        while proc.poll() is None:
+            peak_rss = max(peak_rss, _rss(proc.pid))
+            time.sleep(0.2)
+        reader.join()
+    wall = time.perf_counter() - t0
+    gpu.stop.set()
+    gpu.join()
+    return {"rc": proc.returncode, "wall_s": round(wall, 2), "peak_rss_bytes": peak_rss,
+            "peak_gpu_bytes": gpu.peak(), "gpu_samples": gpu.samples, "stdout": "".join(out_chunks), "log": str(log)}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The direct llm-compressor run (a worker process)
+
+
+def direct_recipe(method: str) -> list[Any]:
+    """The modifiers a user would write for each method, following llm-compressor's own examples."""
+    from llmcompressor.modifiers.gptq import GPTQModifier
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+    from llmcompressor.modifiers.transform import AWQModifier, SmoothQuantModifier
+
+    if method == "awq":
+        return [AWQModifier(duo_scaling=True),
+                QuantizationModifier(targets=["Linear"], scheme="W4A16_ASYM", ignore=["lm_head"])]
+    if method == "gptq":
+        return [GPTQModifier(targets=["Linear"], scheme="W4A16", ignore=["lm_head"], actorder="static",
+                             dampening_frac=0.01)]
+    if method == "fp8-static":
+        return [QuantizationModifier(targets=["Linear"], scheme="FP8", ignore=["lm_head"])]
+    if method == "int8-sq":
+        return [SmoothQuantModifier(smoothing_strength=0.8),
+                GPTQModifier(targets=["Linear"], scheme="W8A8", ignore=["lm_head"])]
+    raise SystemExit(f"unknown method {method}")
+
+
+def direct(method: str, src: str, out: str, tokens: str) -> None:
+    """Load, oneshot, save: llm-compressor with no quantkit code in the process."""
+    import torch
+    from datasets import Dataset
+    from llmcompressor import oneshot
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    samples = json.loads(Path(tokens).read_text())
+    model = AutoModelForCausalLM.from_pretrained(src, dtype="auto")
+    tokenizer = AutoTokenizer.from_pretrained(src)
+    torch.manual_seed(0)
+    oneshot(model=model, recipe=direct_recipe(method), dataset=Dataset.from_dict({"input_ids": samples}),
+            num_calibration_samples=len(samples), max_seq_length=len(samples[0]), shuffle_calibration_samples=False)
+    model.save_pretrained(out, save_compressed=True)
+    tokenizer.save_pretrained(out)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The benchmark
+
+
+def results_name(shape: str) -> str:
+    return "quantize_cost" if shape == "8b" else f"quantize_cost_{shape}"
+
+
+def gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def markdown(data: dict[str, Any]) -> str:
+    """The table: one row per method and tool, and quantkit's overhead over the direct run."""
+    lines = [f"# Quantization cost: quantkit vs llm-compressor directly ({data['shape']} shape)", "",
+             meta.md_header(data), f"Random bf16 weights, {data['parameters'] / 1e9:.2f}B parameters; calibration "
+             f"{data['samples']} x {data['seq_len']} tokens (tokens sha256 {data['tokens_sha256'][:12]}, identical for "
+             "both tools). Wall = the whole process (start-up, load, calibration, save; quantkit also hashes its "
+             "output). Peak GPU = nvidia-smi memory used minus the level before start.", "",
+             "| method | tool | rc | wall | quantize step | peak host RSS | peak GPU | quantkit overhead |",
+             "|---|---|---|---|---|---|---|---|"]
+    for method, runs in data["runs"].items():
+        q, d = runs.get("quantkit"), runs.get("llm-compressor")
+        for tool, r in (("quantkit", q), ("llm-compressor", d)):
+            if not r:
+                continue
+            over = ""
+            if tool == "quantkit" and d and q and q["rc"] == 0 and d["rc"] == 0:
+                over = f"{(q['wall_s'] / d['wall_s'] - 1):+.1%}"
+            step = f"{r['quantize_s']:.1f}s" if r.get("quantize_s") is not None else "-"
+            lines.append(f"| {method} | {tool} | {r['rc']} | {r['wall_s']:.1f}s | {step} | "
+                         f"{gib(r['peak_rss_bytes'])} | {gib(r['peak_gpu_bytes'])} | {over} |")
+    lines += ["", "quantkit overhead = quantkit wall / llm-compressor wall - 1 (the issue's bound: within 2%)."]
+    differ = [m for m, runs in data["runs"].items() if (runs.get("quantkit") or {}).get("same_tokens_as_direct") is False]
+    if differ:
+        lines.append(f"WARNING: quantkit calibrated on other tokens than the direct run for {', '.join(differ)}.")
+    failed = [f"{m} / {t}: {r['log']}" for m, runs in data["runs"].items() for t, r in runs.items() if r["rc"]]
+    if failed:
+        lines.append("Failed runs (their logs): " + "; ".join(failed) + ".")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def bench(args: argparse.Namespace) -> dict[str, Any]:
+    from transformers import AutoTokenizer
+
+    work = args.workdir
+    work.mkdir(parents=True, exist_ok=True)
+    src = work / f"src-{args.shape}"
+    cfg = make_checkpoint(args.shape, src)
+    tok = AutoTokenizer.from_pretrained(src)
+    calib = make_calibration(work / "calib.jsonl.gz", args.samples, args.seq_len, tok)
+    samples, sha = calibration_tokens(calib, args.samples, args.seq_len, tok)
+    tokens = work / "tokens.json"
+    tokens.write_text(json.dumps(samples))
+    from quantkit.source import resolve
+    from quantkit.recipe import ModelSpec
+
+    data: dict[str, Any] = {**meta.header(), "shape": args.shape, "config": cfg,
+                            "parameters": resolve(ModelSpec(source=str(src))).num_parameters,
+                            "samples": args.samples, "seq_len": args.seq_len, "tokens_sha256": sha, "runs": {}}
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+           "LLM_COMPRESSOR_LOG_LEVEL": os.environ.get("LLM_COMPRESSOR_LOG_LEVEL", "ERROR")}
+    quantkit = [sys.executable, "-m", "quantkit"]
+    for method in args.methods:
+        verb, flags = METHODS[method]
+        runs = data["runs"].setdefault(method, {})
+        for tool in args.tools:
+            out = work / f"out-{tool}-{method}"
+            shutil.rmtree(out, ignore_errors=True)
+            if tool == "quantkit":
+                argv = [*quantkit, verb, str(src), str(out), *flags, "--calib", str(calib), "--samples",
+                        str(args.samples), "--seq-len", str(args.seq_len), "--device", args.device, "--json"]
+            else:
+                argv = [sys.executable, str(Path(__file__).resolve()), "--direct", method, str(src), str(out),
+                        str(tokens)]
+            print(f"== {method} / {tool}", flush=True)
+            r = measure(argv, work / f"{tool}-{method}.log", env)
+            r["command"] = " ".join(argv)
+            if tool == "quantkit" and r["rc"] == 0:
+                manifest = json.loads(r["stdout"])[0]  # the CLI prints one entry per output
+                r["quantize_s"] = (manifest.get("timings") or {}).get("quantize")
+                r["timings"] = manifest.get("timings")
+                r["calibration_tokens_sha256"] = (manifest.get("calibration") or {}).get("tokens_sha256")
+                r["same_tokens_as_direct"] = r["calibration_tokens_sha256"] == sha
+            r.pop("stdout")
+            r["output_bytes"] = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) if out.exists() else 0
+            runs[tool] = r
+            if not args.keep:
+                shutil.rmtree(out, ignore_errors=True)
+            meta.write(results_name(args.shape), data, markdown(data), args.results_dir)  # after every run
+            print(f"   rc {r['rc']}, {r['wall_s']}s, peak GPU {gib(r['peak_gpu_bytes'])}", flush=True)
+    return data
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--direct":
+        direct(*sys.argv[2:6])
+        return
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", choices=list(SHAPES), default="8b")
+    ap.add_argument("--samples", type=int, default=512)
+    ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--methods", type=lambda s: s.split(","), default=list(METHODS),
+                    help=f"comma-separated, from {', '.join(METHODS)}")
+    ap.add_argument("--tools", type=lambda s: s.split(","), default=["llm-compressor", "quantkit"])
+    ap.add_argument("--device", default="auto", help="quantkit's --device (llm-compressor picks the same way)")
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/quantkit-bench-qcost"))
+    ap.add_argument("--results-dir", type=Path, default=meta.RESULTS)
+    ap.add_argument("--keep", action="store_true", help="keep the quantized outputs")
+    args = ap.parse_args()
+    bad = [m for m in args.methods if m not in METHODS] + [t for t in args.tools if t not in ("quantkit", "llm-compressor")]
+    if bad:
+        ap.error(f"unknown method or tool: {', '.join(bad)}")
+    print(markdown(bench(args)))
+
+
+if __name__ == "__main__":
+    main()
