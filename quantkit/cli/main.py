@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 
 import typer
 
 from quantkit import __version__
-from quantkit.cli import artifacts, quantize, recipes
+from quantkit.cli import artifacts, evaluate, pipeline, quantize, recipes, smoke, trt
 from quantkit.cli.common import STATE
 
 HELP = """\
@@ -45,17 +44,12 @@ def _root(
 
 
 quantize.register(app)
+trt.register(app)
 recipes.register(app)
 artifacts.register(app)
-# Verb groups still being built register themselves here when their module exists.
-for _name in ("gguf", "evaluate", "smoke", "trt", "pipeline"):
-    try:
-        _mod = importlib.import_module(f"quantkit.cli.{_name}")
-    except ModuleNotFoundError as _e:
-        if _e.name != f"quantkit.cli.{_name}":
-            raise
-        continue
-    _mod.register(app)
+evaluate.register(app)
+smoke.register(app)
+pipeline.register(app)
 
 
 def main() -> None:
