@@ -31,22 +31,13 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from shapes import SHAPES  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 DEFAULT_LLAMACPP = Path("/tmp/lcpp_x/llama_cpp_python-0.3.36/vendor/llama.cpp")
 
-LLAMA31_ROPE = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192}
-SHAPES = {
-    "small": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
-                  num_key_value_heads=4, vocab_size=32000, tie_word_embeddings=False),
-    "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-               num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True),  # Llama-3.2-1B
-    "3b": dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
-               num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True),  # Llama-3.2-3B
-    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-               num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False),  # Llama-3.1-8B
-}
 SHARD_BYTES = 2 << 30
 
 
@@ -76,7 +67,7 @@ def write_checkpoint(path: Path, shape: str) -> dict:
 
     cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
            "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
-           "rope_scaling": LLAMA31_ROPE, "attention_bias": False, "mlp_bias": False, "bos_token_id": 1,
+           "attention_bias": False, "mlp_bias": False, "bos_token_id": 1,
            "eos_token_id": 2, "torch_dtype": "bfloat16", **SHAPES[shape]}
     path.mkdir(parents=True)
     (path / "config.json").write_text(json.dumps(cfg, indent=2))

@@ -39,20 +39,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import meta  # noqa: E402
+from shapes import SHAPES  # noqa: E402
 
 TINY = meta.ROOT / "models" / "quantkit-tiny"
-LLAMA31_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192}
-SHAPES = {
-    "tiny": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=8, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=8192, tie_word_embeddings=False),
-    "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-               num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True),  # Llama-3.2-1B
-    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-               num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False),  # Llama-3.1-8B
-    "70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
-                num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False),  # Llama-3.1-70B
-}
 # What each method is, for quantkit's CLI (verb + flags) and for llm-compressor directly (built in direct()).
 METHODS = {
     "awq": ("awq", []),  # W4A16 asymmetric, group 128 (quantkit's default, llm-compressor's W4A16_ASYM)
@@ -70,7 +59,7 @@ def make_checkpoint(shape: str, path: Path) -> dict[str, Any]:
     """A random-weight bf16 Llama checkpoint of ``shape`` (reused when one with the same config exists)."""
     cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
            "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
-           "rope_scaling": LLAMA31_ROPE, "attention_bias": False, "mlp_bias": False, "bos_token_id": 0,
+           "attention_bias": False, "mlp_bias": False, "bos_token_id": 0,
            "eos_token_id": 1, "torch_dtype": "bfloat16", **SHAPES[shape]}
     stamp = path / "bench-config.json"
     if stamp.exists() and json.loads(stamp.read_text()) == cfg:
