@@ -74,8 +74,7 @@ def quantize_one(recipe: Recipe, spec: Any, out: Path, *, force: bool = False, r
 
 def quantize(recipe: Recipe, *, force: bool = False, reporter: Reporter | None = None) -> list[ArtifactResult]:
     """Produce every output of a recipe, in order (no evaluation: see :func:`run` for the whole pipeline)."""
-    with (reporter or Reporter(quiet=True)).timed("check_source"):
-        src = source_mod.resolve(recipe.model)
+    src = source_mod.resolve(recipe.model)
     return [quantize_one(recipe, spec, out, force=force, reporter=reporter, source=src)
             for spec, out in recipe.artifacts()]
 

@@ -144,10 +144,10 @@ def run(recipe: Recipe, *, force: bool = False, reporter: Reporter | None = None
     checks = verification_sha256(recipe)
     todo = [r for r in done if force or r.status == "built" or not _recall(r, checks)]
     if todo and evaluate and recipe.verify.enabled:
-        _evaluate(recipe, src, todo, rep, force)
+        _evaluate(recipe, src, todo, rep)
     if todo and smoke and recipe.smoke.enabled:
         for r in todo:
-            _smoke(recipe, r, rep, force)
+            _smoke(recipe, r, rep)
     for r in done:
         if not (evaluate and recipe.verify.enabled):
             r.evaluation = r.evaluation or {"status": "skipped", "summary": "evaluation turned off"}
@@ -181,8 +181,7 @@ def _recall(r: OutputResult, checks: str) -> bool:
     return True
 
 
-def _evaluate(recipe: Recipe, src: source_mod.SourceModel, done: list[OutputResult], rep: Reporter,
-              force: bool) -> None:
+def _evaluate(recipe: Recipe, src: source_mod.SourceModel, done: list[OutputResult], rep: Reporter) -> None:
     """All artifacts in one evaluation run: the baseline's logits are computed once and reused for each."""
     from quantkit import api
     from quantkit.verify.evaluate import EvalOptions
@@ -228,7 +227,7 @@ def engine_available(path: Path, python: str | None) -> tuple[str, str | None]:
     return name, None
 
 
-def _smoke(recipe: Recipe, r: OutputResult, rep: Reporter, force: bool) -> None:
+def _smoke(recipe: Recipe, r: OutputResult, rep: Reporter) -> None:
     """Smoke-test one artifact where its engine can run; otherwise record the step as skipped, with why."""
     from quantkit import api
 
@@ -286,12 +285,12 @@ def _eval_table(ev: dict[str, Any]) -> list[str]:
     rows = ev.get("results") or [ev]
     out = ["| file | ppl | ppl ratio | KLD | top-1 |", "| --- | --- | --- | --- | --- |"]
     for x in rows:
-        out.append(f"| {x.get('file', x.get('name', ''))} | {_f(x.get('ppl'))} | {_f(x.get('ppl_ratio'))} | "
-                   f"{_f(x.get('kld'), 4)} | {_f(x.get('top1'))} |")
+        out.append(f"| {x.get('file', x.get('name', ''))} | {fmt_num(x.get('ppl'))} | {fmt_num(x.get('ppl_ratio'))} | "
+                   f"{fmt_num(x.get('kld'), 4)} | {fmt_num(x.get('top1'))} |")
     return out
 
 
-def _f(v: Any, digits: int = 3) -> str:
+def fmt_num(v: Any, digits: int = 3) -> str:
     return f"{v:.{digits}f}" if isinstance(v, (int, float)) else "-"
 
 

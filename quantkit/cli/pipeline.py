@@ -41,6 +41,7 @@ def run_cmd(
 
 def summary(console, result) -> None:  # noqa: ANN001 - a Rich console and a RunResult
     from quantkit.artifact import fmt_bytes
+    from quantkit.pipeline import fmt_num as _f
 
     t = Table(title=f"release {result.release}", title_justify="left")
     for col in ("output", "status", "format", "size", "ppl", "ppl ratio", "KLD", "top-1", "smoke", "gates"):
@@ -59,10 +60,6 @@ def summary(console, result) -> None:  # noqa: ANN001 - a Rich console and a Run
                       _f(x.get("ppl")), _f(x.get("ppl_ratio")), _f(x.get("kld"), 4), _f(x.get("top1")), smoke, gate_s)
     console.print(t)
     console.print(f"[dim]{result.seconds:.1f}s; bundle in {result.release} (SHA256SUMS, report.md, report.json)[/]")
-
-
-def _f(v, digits: int = 3) -> str:  # noqa: ANN001
-    return f"{v:.{digits}f}" if isinstance(v, (int, float)) else "-"
 
 
 @handle_errors

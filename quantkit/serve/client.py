@@ -48,32 +48,29 @@ def _raise_for(resp: http.client.HTTPResponse, body: bytes, method: str, url: st
     raise BackendError(f"{method} {url} answered HTTP {resp.status}: {text[:2000]}")
 
 
-def get_json(url: str, timeout: float = 60.0) -> Any:
+def _request(method: str, url: str, payload: dict[str, Any] | None, timeout: float) -> Any:
+    """One JSON request; transport failures and HTTP errors become a BackendError naming the request."""
     conn, path = _conn(url, timeout)
+    body_out = None if payload is None else json.dumps(payload)
+    headers = {"Accept": "application/json"} if payload is None else {"Content-Type": "application/json"}
     try:
-        conn.request("GET", path, headers={"Accept": "application/json"})
+        conn.request(method, path, body=body_out, headers=headers)
         resp = conn.getresponse()
         body = resp.read()
     except (OSError, http.client.HTTPException) as e:
-        raise BackendError(f"GET {url} failed: {e}") from None
+        raise BackendError(f"{method} {url} failed: {e}") from None
     finally:
         conn.close()
-    _raise_for(resp, body, "GET", url)
+    _raise_for(resp, body, method, url)
     return _loads(body, url)
+
+
+def get_json(url: str, timeout: float = 60.0) -> Any:
+    return _request("GET", url, None, timeout)
 
 
 def post_json(url: str, payload: dict[str, Any], timeout: float = 300.0) -> Any:
-    conn, path = _conn(url, timeout)
-    try:
-        conn.request("POST", path, body=json.dumps(payload), headers={"Content-Type": "application/json"})
-        resp = conn.getresponse()
-        body = resp.read()
-    except (OSError, http.client.HTTPException) as e:
-        raise BackendError(f"POST {url} failed: {e}") from None
-    finally:
-        conn.close()
-    _raise_for(resp, body, "POST", url)
-    return _loads(body, url)
+    return _request("POST", url, payload, timeout)
 
 
 def stream(url: str, payload: dict[str, Any], timeout: float = 300.0) -> Iterator[tuple[float, dict[str, Any]]]:

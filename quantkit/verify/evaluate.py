@@ -27,6 +27,7 @@ from quantkit import artifact, source as source_mod
 from quantkit.engines import base as engines
 from quantkit.engines.base import EngineOptions
 from quantkit.errors import IntegrityError, UsageError
+from quantkit.inspect import weight_bytes
 from quantkit.progress import Reporter
 from quantkit.recipe import GateSpec, ModelSpec, VerifySpec
 from quantkit.verify import gates as gates_mod, protocol as protocol_mod
@@ -154,12 +155,6 @@ def _describe_format(path: Path, manifest: dict[str, Any] | None) -> str:
     return f"{method}: {text}" if method and method != "gguf" else text
 
 
-def _weight_bytes(path: Path) -> int:
-    from quantkit.inspect import weight_bytes
-
-    return weight_bytes(path)
-
-
 def _manifest_of(folder: Path) -> dict[str, Any] | None:
     """The folder's manifest after checking its seal: evaluating a tampered artifact would re-seal it."""
     if not (folder / artifact.MANIFEST).exists():
@@ -195,7 +190,7 @@ def expand_targets(paths: list[Path], engine: str) -> list[Target]:
         for f in files:
             label = f"{home.name}/{f.name}" if f != home else home.name
             out.append(Target(label=label, path=f, engine=kind, manifest_dir=home if manifest else None,
-                              manifest=manifest, format=_describe_format(f, manifest), size_bytes=_weight_bytes(f)))
+                              manifest=manifest, format=_describe_format(f, manifest), size_bytes=weight_bytes(f)))
     labels = [t.label for t in out]
     dup = sorted({x for x in labels if labels.count(x) > 1})
     if dup:
@@ -337,7 +332,7 @@ def evaluate(paths: list[Path], baseline: str | None, options: EvalOptions | Non
         m, info, secs = _score("baseline", base_kind, src.path, proto, options, rep, store, is_baseline=True)
         base_target = Target(label=f"{src.path.name} (baseline)", path=src.path, engine=base_kind, manifest_dir=None,
                              manifest=None, format=_describe_format(src.path, None),
-                             size_bytes=_weight_bytes(src.path))
+                             size_bytes=weight_bytes(src.path))
         m.kld, m.kld_median, m.kld_p99, m.kld_max, m.top1 = 0.0, 0.0, 0.0, 0.0, 1.0
         base = Result(target=base_target, engine=info, metrics=m, ppl_ratio=1.0,
                       bits_per_weight=_bpw(base_target.size_bytes, src.num_parameters), seconds=secs)
