@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantkit import __version__
+from quantkit import __version__, interrupts
 from quantkit.errors import DiskSpaceError, IntegrityError, LockedError, OutputExistsError, UsageError
 
 MANIFEST = "quantkit.json"
@@ -221,7 +221,11 @@ class ArtifactWriter:
         return self
 
     def commit(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        """Hash every file, write ``quantkit.json``, and move the folder into place (replacing on ``force``)."""
+        """Hash every file, write ``quantkit.json``, and move the folder into place (replacing on ``force``).
+
+        Refuses if a stop was asked for, even one a library swallowed: a run told to stop never publishes.
+        """
+        interrupts.check()
         data = {"schema": MANIFEST_SCHEMA, "quantkit_version": __version__, "created": now_iso(), **manifest,
                 "environment": environment(), "files": hash_tree(self.path)}
         try:

@@ -15,6 +15,8 @@ from rich.console import Console
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
 
+from quantkit import interrupts
+
 
 class _Task:
     """A handle on one progress bar: ``advance(n)`` and ``update(description=..)``."""
@@ -23,6 +25,7 @@ class _Task:
         self._p, self._id = progress, task_id
 
     def advance(self, n: float = 1) -> None:
+        interrupts.check()
         if self._p is not None:
             self._p.advance(self._id, n)
 

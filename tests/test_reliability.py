@@ -109,6 +109,48 @@ def test_sigterm_mid_calibration_cleans_up(tmp_path: Path, tiny: Path) -> None:
     _interrupt_mid_calibration(tmp_path, tiny, signal.SIGTERM)
 
 
+SWALLOWED_INTERRUPT = """
+import os, signal, sys, time
+from pathlib import Path
+from quantkit import interrupts
+from quantkit.artifact import ArtifactWriter
+
+interrupts.install()
+
+
+class Finalizer:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)  # lands while __del__ runs: Python prints "Exception ignored" and goes on
+        for _ in range(200_000):
+            pass
+
+
+try:
+    Finalizer()
+    time.sleep(5)
+    print("lost")
+except KeyboardInterrupt as e:
+    print("delivered:", e)
+out = Path(sys.argv[1])
+try:
+    with ArtifactWriter(out) as w:
+        (w.path / "weights.bin").write_bytes(b"x")
+        w.commit({})
+    print("published")
+except KeyboardInterrupt:
+    print("refused")
+"""
+
+
+def test_interrupt_swallowed_by_a_finalizer_still_stops_the_run(tmp_path: Path) -> None:
+    """A Ctrl-C that lands in a ``__del__`` is re-delivered, and no artifact is sealed after it."""
+    proc = subprocess.run([sys.executable, "-c", SWALLOWED_INTERRUPT, str(tmp_path / "out")], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split("\n")[:2] == ["delivered: stopped by SIGINT", "refused"], proc.stdout + proc.stderr
+    assert "Exception ignored" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
 def test_second_run_on_the_same_output_is_refused(tmp_path: Path, tiny: Path) -> None:
     out = tmp_path / "gptq"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-import signal
 import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -18,7 +17,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from quantkit.errors import EXIT_INTERRUPTED, Interrupted, QuantkitError
+from quantkit import interrupts
+from quantkit.errors import EXIT_INTERRUPTED, QuantkitError
 from quantkit.progress import Reporter
 
 
@@ -52,35 +52,29 @@ def emit_json(data: Any) -> None:
     sys.stdout.flush()
 
 
-def _raise_interrupted(signum: int, frame: Any) -> None:
-    raise Interrupted(f"stopped by {signal.Signals(signum).name}; temporary files were removed")
-
-
-def install_signal_handlers() -> None:
-    """SIGTERM behaves like Ctrl-C: an exception unwinds every ``with`` block, so cleanups run."""
-    signal.signal(signal.SIGTERM, _raise_interrupted)
-
-
 def handle_errors(fn: F) -> F:
-    """Turn QuantkitError and Ctrl-C into one readable message and the documented exit code."""
+    """Turn QuantkitError, Ctrl-C and SIGTERM into one readable message and the documented exit code."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        install_signal_handlers()
+        interrupts.install()
         err = Console(stderr=True, highlight=False)
         try:
             return fn(*args, **kwargs)
         except QuantkitError as e:
+            if e.exit_code == EXIT_INTERRUPTED:
+                interrupts.settle()
             if STATE.debug:
                 raise
             err.print(f"[bold red]error:[/] {escape(e.message)}", soft_wrap=True)
             if e.hint:
                 err.print(f"  [dim]hint:[/] {escape(e.hint)}", soft_wrap=True)
             raise typer.Exit(e.exit_code) from None
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
+            interrupts.settle()
             if STATE.debug:
                 raise
-            err.print("[bold red]interrupted[/]: temporary files were removed")
+            err.print(f"[bold red]interrupted[/] ({escape(str(e) or 'stopped by SIGINT')}): temporary files were removed")
             raise typer.Exit(EXIT_INTERRUPTED) from None
 
     return wrapper  # type: ignore[return-value]
