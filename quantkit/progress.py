@@ -66,6 +66,7 @@ class Reporter:
                 yield
             finally:
                 self.timings[key] = round(self.timings.get(key, 0.0) + time.perf_counter() - start, 3)
+        interrupts.check()  # a library call may have swallowed a Ctrl-C: do not report the step as done
         self.console.print(f"[green]✓[/] {description} [dim]({self.timings[key]:.1f}s)[/]")
 
     @contextmanager

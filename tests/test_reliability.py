@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -80,24 +81,31 @@ def test_corrupt_checkpoint_refused_before_calibration(tmp_path: Path, tiny: Pat
 
 def _interrupt_mid_calibration(tmp_path: Path, tiny: Path, sig: int) -> None:
     out = tmp_path / "gptq"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "quantkit", "gptq", str(tiny), str(out), "--samples", "64",
                              "--seq-len", "512"], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-    partial = None
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-        found = list(tmp_path.glob(".gptq.partial-*"))
-        if found:
-            partial = found[0]
-            break
-        time.sleep(0.2)
-    assert partial is not None, "the run never started writing"
-    time.sleep(3)  # inside calibration now
+    lines: list[str] = []
+    calibrating = threading.Event()
+
+    def read_stdout() -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if "Loading" in line:  # the model is loaded: the next step is calibration
+                calibrating.set()
+
+    reader = threading.Thread(target=read_stdout, daemon=True)
+    reader.start()
+    assert calibrating.wait(300), "the run never reached calibration: " + "".join(lines)
+    assert list(tmp_path.glob(".gptq.partial-*")), "no temporary output while calibrating"
+    time.sleep(1)
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=120)
+    err = proc.stderr.read()  # type: ignore[union-attr]
+    proc.wait(timeout=120)
+    reader.join(timeout=10)
     assert proc.returncode == 130, err[-2000:]
-    assert "Traceback" not in err and ("interrupted" in err or "stopped by" in err)
+    assert "Traceback" not in err and "interrupted" in err
+    assert not any("Quantizing" in line for line in lines), "the run finished calibrating before the signal"
     assert sorted(p.name for p in tmp_path.iterdir()) == [], "partial output or lock left behind"
 
 
