@@ -19,8 +19,10 @@ peak GPU memory sampled with nvidia-smi in a thread (memory used on the GPUs min
 started). Results are written after every run to bench/results/quantize_cost[_SHAPE].{json,md}, so a run cut
 short keeps what it measured.
 
+``--repeat N`` runs each method and tool N times, alternating which goes first, and reports the median.
+
 Tested with llm-compressor 0.14.0.1, compressed-tensors 0.19.0, transformers 5.17.0, torch 2.13.0 (CPU; the tiny
-shape). The 8b shape has not been run here: see bench/results/README.md.
+shape, bench/results/quantize_cost_tiny.md). The 8b shape has not been run here: see bench/results/README.md.
 """
 
 from __future__ import annotations
@@ -246,17 +248,56 @@ def markdown(data: dict[str, Any]) -> str:
             if tool == "quantkit" and d and q and q["rc"] == 0 and d["rc"] == 0:
                 over = f"{(q['wall_s'] / d['wall_s'] - 1):+.1%}"
             step = f"{r['quantize_s']:.1f}s" if r.get("quantize_s") is not None else "-"
-            lines.append(f"| {method} | {tool} | {r['rc']} | {r['wall_s']:.1f}s | {step} | "
+            walls = r.get("walls_s") or [r["wall_s"]]
+            spread = f" ({min(walls):.1f}-{max(walls):.1f})" if len(walls) > 1 else ""
+            lines.append(f"| {method} | {tool} | {r['rc']} | {r['wall_s']:.1f}s{spread} | {step} | "
                          f"{gib(r['peak_rss_bytes'])} | {gib(r['peak_gpu_bytes'])} | {over} |")
-    lines += ["", "quantkit overhead = quantkit wall / llm-compressor wall - 1 (the issue's bound: within 2%)."]
+    lines += ["", "quantkit overhead = quantkit wall / llm-compressor wall - 1 (the issue's bound: within 2%). With "
+              "--repeat, wall is the median run's and (min-max) spans all runs."]
     differ = [m for m, runs in data["runs"].items() if (runs.get("quantkit") or {}).get("same_tokens_as_direct") is False]
     if differ:
         lines.append(f"WARNING: quantkit calibrated on other tokens than the direct run for {', '.join(differ)}.")
-    failed = [f"{m} / {t}: {r['log']}" for m, runs in data["runs"].items() for t, r in runs.items() if r["rc"]]
+    failed = [f"{m} / {t}: `{r.get('error') or r['log']}`" for m, runs in data["runs"].items()
+              for t, r in runs.items() if r["rc"]]
     if failed:
-        lines.append("Failed runs (their logs): " + "; ".join(failed) + ".")
+        lines.append("Failed runs (the last line of each log): " + "; ".join(failed) + ".")
     lines.append("")
     return "\n".join(lines)
+
+
+def run_one(args: argparse.Namespace, tool: str, method: str, verb: str, flags: list[str], src: Path, calib: Path,
+            tokens: Path, sha: str, env: dict[str, str]) -> dict[str, Any]:
+    """One timed process: quantkit's CLI or the direct llm-compressor script, on the same tokens."""
+    out = args.workdir / f"out-{tool}-{method}"
+    shutil.rmtree(out, ignore_errors=True)
+    if tool == "quantkit":
+        argv = [sys.executable, "-m", "quantkit", verb, str(src), str(out), *flags, "--calib", str(calib),
+                "--samples", str(args.samples), "--seq-len", str(args.seq_len), "--device", args.device, "--json"]
+    else:
+        argv = [sys.executable, str(Path(__file__).resolve()), "--direct", method, str(src), str(out), str(tokens)]
+    print(f"== {method} / {tool}", flush=True)
+    r = measure(argv, args.workdir / f"{tool}-{method}.log", env)
+    r["command"] = " ".join(argv)
+    if tool == "quantkit" and r["rc"] == 0:
+        manifest = json.loads(r["stdout"])[0]  # the CLI prints one entry per output
+        r["quantize_s"] = (manifest.get("timings") or {}).get("quantize")
+        r["timings"] = manifest.get("timings")
+        r["calibration_tokens_sha256"] = (manifest.get("calibration") or {}).get("tokens_sha256")
+        r["same_tokens_as_direct"] = r["calibration_tokens_sha256"] == sha
+    r.pop("stdout")
+    if r["rc"]:
+        tail = [line for line in Path(r["log"]).read_text(errors="replace").splitlines() if line.strip()]
+        r["error"] = tail[-1].strip() if tail else ""
+    r["output_bytes"] = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) if out.exists() else 0
+    if not args.keep:
+        shutil.rmtree(out, ignore_errors=True)
+    return r
+
+
+def median_run(tries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median wall time (failed runs count as slowest), with every try's wall time beside it."""
+    ranked = sorted(tries, key=lambda r: (r["rc"] != 0, r["wall_s"]))
+    return {**ranked[(len(ranked) - 1) // 2], "walls_s": [r["wall_s"] for r in tries]}
 
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -279,35 +320,18 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                             "samples": args.samples, "seq_len": args.seq_len, "tokens_sha256": sha, "runs": {}}
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
            "LLM_COMPRESSOR_LOG_LEVEL": os.environ.get("LLM_COMPRESSOR_LOG_LEVEL", "ERROR")}
-    quantkit = [sys.executable, "-m", "quantkit"]
     for method in args.methods:
         verb, flags = METHODS[method]
         runs = data["runs"].setdefault(method, {})
-        for tool in args.tools:
-            out = work / f"out-{tool}-{method}"
-            shutil.rmtree(out, ignore_errors=True)
-            if tool == "quantkit":
-                argv = [*quantkit, verb, str(src), str(out), *flags, "--calib", str(calib), "--samples",
-                        str(args.samples), "--seq-len", str(args.seq_len), "--device", args.device, "--json"]
-            else:
-                argv = [sys.executable, str(Path(__file__).resolve()), "--direct", method, str(src), str(out),
-                        str(tokens)]
-            print(f"== {method} / {tool}", flush=True)
-            r = measure(argv, work / f"{tool}-{method}.log", env)
-            r["command"] = " ".join(argv)
-            if tool == "quantkit" and r["rc"] == 0:
-                manifest = json.loads(r["stdout"])[0]  # the CLI prints one entry per output
-                r["quantize_s"] = (manifest.get("timings") or {}).get("quantize")
-                r["timings"] = manifest.get("timings")
-                r["calibration_tokens_sha256"] = (manifest.get("calibration") or {}).get("tokens_sha256")
-                r["same_tokens_as_direct"] = r["calibration_tokens_sha256"] == sha
-            r.pop("stdout")
-            r["output_bytes"] = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) if out.exists() else 0
-            runs[tool] = r
-            if not args.keep:
-                shutil.rmtree(out, ignore_errors=True)
-            meta.write(results_name(args.shape), data, markdown(data), args.results_dir)  # after every run
-            print(f"   rc {r['rc']}, {r['wall_s']}s, peak GPU {gib(r['peak_gpu_bytes'])}", flush=True)
+        tries: dict[str, list[dict[str, Any]]] = {tool: [] for tool in args.tools}
+        for rep in range(args.repeat):
+            # Alternate which tool goes first, so neither always meets a warm page cache or a cooler CPU.
+            for tool in (args.tools if rep % 2 == 0 else args.tools[::-1]):
+                r = run_one(args, tool, method, verb, flags, src, calib, tokens, sha, env)
+                tries[tool].append(r)
+                runs[tool] = median_run(tries[tool])
+                meta.write(results_name(args.shape), data, markdown(data), args.results_dir)  # after every run
+                print(f"   rc {r['rc']}, {r['wall_s']}s, peak GPU {gib(r['peak_gpu_bytes'])}", flush=True)
     return data
 
 
@@ -326,6 +350,7 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/quantkit-bench-qcost"))
     ap.add_argument("--results-dir", type=Path, default=meta.RESULTS)
     ap.add_argument("--keep", action="store_true", help="keep the quantized outputs")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per method and tool; the table shows the median")
     args = ap.parse_args()
     bad = [m for m in args.methods if m not in METHODS] + [t for t in args.tools if t not in ("quantkit", "llm-compressor")]
     if bad:
