@@ -73,14 +73,22 @@ def read_manifest(root: Path) -> dict[str, Any]:
         raise IntegrityError(f"{path} is unreadable or not JSON: {e}") from None
 
 
-def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write through a hidden temporary file and rename: an interrupted write leaves the old file or none,
+    never a truncated one that reads as complete (a report, a SHA256SUMS)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=False, default=str)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
 
 
 def update_manifest(root: Path, **sections: Any) -> dict[str, Any]:

@@ -274,7 +274,7 @@ def write_model_card(r: OutputResult, recipe: Recipe, src: source_mod.SourceMode
         lines += ["", "## Smoke test", "", f"{r.smoke.get('status', '?')}: {r.smoke.get('summary', '')}"]
     lines += ["", "## Versions", "", "| library | version |", "| --- | --- |"]
     lines += [f"| {k} | {v} |" for k, v in (m.get("versions") or {}).items()]
-    (r.path / "README.md").write_text("\n".join(lines) + "\n")
+    artifact.write_text_atomic(r.path / "README.md", "\n".join(lines) + "\n")
 
 
 def _library(fmt: str | None) -> str:
@@ -298,9 +298,9 @@ def write_bundle(result: RunResult, recipe: Recipe) -> None:
     """``report.json`` and ``SHA256SUMS`` over every artifact file in the release folder."""
     release = result.release
     release.mkdir(parents=True, exist_ok=True)
-    (release / "report.json").write_text(json.dumps(result.to_json(), indent=2, default=str) + "\n")
+    artifact.write_text_atomic(release / "report.json", json.dumps(result.to_json(), indent=2, default=str) + "\n")
     sums = []
     for p in sorted(release.rglob("*")):
         if p.is_file() and p.name != "SHA256SUMS" and not p.name.startswith("."):
             sums.append(f"{artifact.sha256_file(p)}  {p.relative_to(release).as_posix()}")
-    (release / "SHA256SUMS").write_text("\n".join(sums) + "\n")
+    artifact.write_text_atomic(release / "SHA256SUMS", "\n".join(sums) + "\n")

@@ -139,7 +139,7 @@ def write(report: "EvalReport", out_dir: Path, reporter: Reporter) -> None:
         reporter.warn("matplotlib is not installed, so the report has no plot (pip install 'quantkit[eval]')")
         plot_path = None
     report_path = out_dir / REPORT
-    report_path.write_text(markdown(report, plot_path.name if plot_path else None))
+    artifact.write_text_atomic(report_path, markdown(report, plot_path.name if plot_path else None))
     report.report_path, report.plot_path = report_path, plot_path
 
 
