@@ -113,6 +113,18 @@ def quantize_cost() -> list[str]:
     return lines
 
 
+def serve_speed() -> list[str]:
+    md = RESULTS / "serve_speed.md"
+    if md.exists():
+        return [_body(md), "", "### The reference model's artifacts", ""]
+    return ["**The 8B-shaped serving benchmark has not been run.** `bench/serve_speed.py` (TTFT and decode tok/s at "
+            "batch 1 and 16 in vLLM for the bf16 source and each artifact, the kernel vLLM chose, and the "
+            "memory-bandwidth limit: batch x 4.8 TB/s / bytes read per decode step) is written; its parent was run "
+            "on this CPU machine against the reference model (bytes per step, the failure path), the vLLM child "
+            "needs the H200. Below are the reference model's artifacts, which show which kernel vLLM picks for each "
+            "format (at this size tokens/s measure per-step overhead, not weight bandwidth).", ""]
+
+
 def h200_table(name: str, command: str) -> list[str]:
     md = H200 / f"{name}.md"
     if not md.exists():
@@ -128,10 +140,7 @@ def build() -> Path:
              "came from the scripts named below, run on the lent H200 through the device tool).", "",
              "## 1. Quantization cost: quantkit vs llm-compressor directly", "", *quantize_cost(),
              "## 2. Quality on the reference model (CPU)", "", *quality(),
-             "## 3. Serving in vLLM 0.26 on an H200 (reference model)", "",
-             "The 8B-shaped serving benchmark (decode tok/s at batch 1 and 16, TTFT, bandwidth limit) has not been "
-             "run; these are the reference model's artifacts, which show which kernel vLLM picks for each format "
-             "(at this size the tokens/s measure per-step overhead, not weight bandwidth).", "",
+             "## 3. Serving in vLLM 0.26 on an H200", "", *serve_speed(),
              "### Every compressed-tensors format loaded in vLLM", "",
              *h200_table("vllm_matrix", "Command: `python3 scripts/gpu_vllm_matrix.py /tmp/arts/* --out $OUT` on one "
                                         "H200 (vLLM 0.26.0, enforce_eager, greedy decode); file h200/vllm_matrix.json."),

@@ -15,6 +15,7 @@ import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from quantkit.errors import SourceModelError
 from quantkit.recipe import ModelSpec
@@ -145,11 +146,9 @@ _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I1
                 "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8, "F8_E8M0": 1}
 
 
-def check_safetensors(path: Path) -> int:
-    """Validate a safetensors file's header against its size without reading the data; returns its element count.
-
-    A truncated or corrupt file (a partial download, a full disk during a copy) fails here in milliseconds.
-    """
+def safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
+    """A safetensors file's JSON header (tensor name -> dtype, shape, data_offsets) and the length of its data
+    section, read without touching the tensors."""
     size = path.stat().st_size
     try:
         with open(path, "rb") as f:
@@ -163,7 +162,15 @@ def check_safetensors(path: Path) -> int:
     except (ValueError, UnicodeDecodeError) as e:
         raise SourceModelError(f"{path} is corrupt or truncated: {e}",
                                hint="download or copy the checkpoint again") from None
-    data_len = size - 8 - n
+    return header, size - 8 - n
+
+
+def check_safetensors(path: Path) -> int:
+    """Validate a safetensors file's header against its size without reading the data; returns its element count.
+
+    A truncated or corrupt file (a partial download, a full disk during a copy) fails here in milliseconds.
+    """
+    header, data_len = safetensors_header(path)
     end, count = 0, 0
     for name, info in header.items():
         if name == "__metadata__":

@@ -46,6 +46,13 @@ print("RESULT " + json.dumps(out), flush=True)
 KERNEL_RE = re.compile(r"(Using|Selected) ([A-Za-z0-9_]+) for ([A-Za-z0-9_]+)|([A-Za-z0-9_]*Kernel[A-Za-z0-9_]*)")
 
 
+def kernels_in(log: str) -> list[str]:
+    """The linear-layer kernels vLLM names in its log ("Using MacheteLinearKernel for CompressedTensorsWNA16")."""
+    kernels = sorted({" ".join(m.group(0).split()) for m in KERNEL_RE.finditer(log)
+                      if ("for " in m.group(0)) or m.group(4)} - {"Kernel"})
+    return [k for k in kernels if "Kernel" in k][:4]
+
+
 def run_one(art: Path, out: Path, site: str, timeout: float) -> dict:
     env = {**os.environ, "PYTHONPATH": site, "VLLM_USE_FLASHINFER_SAMPLER": "0"}
     log = out / "vllm_logs" / f"{art.name}.log"
@@ -63,9 +70,7 @@ def run_one(art: Path, out: Path, site: str, timeout: float) -> dict:
         if line.startswith("RESULT "):
             row.update(json.loads(line[7:]))
             row["loads"] = True
-    kernels = sorted({" ".join(m.group(0).split()) for m in KERNEL_RE.finditer(text)
-                      if ("for " in m.group(0)) or m.group(4)} - {"Kernel"})
-    row["kernels"] = [k for k in kernels if "Kernel" in k][:4]
+    row["kernels"] = kernels_in(text)
     fmt = art / "config.json"
     if fmt.exists():
         q = json.loads(fmt.read_text()).get("quantization_config") or {}
