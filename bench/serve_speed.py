@@ -53,7 +53,7 @@ art, prompt_len, gen, max_len = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
 batches = [int(b) for b in sys.argv[4].split(",")]
 llm = LLM(model=art, max_model_len=max_len, gpu_memory_utilization=0.85, enable_prefix_caching=False, seed=0)
 cfg = llm.llm_engine.model_config
-vocab = cfg.get_vocab_size()
+vocab = cfg.hf_config.vocab_size
 rng = random.Random(0)
 
 
