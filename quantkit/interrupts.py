@@ -66,11 +66,6 @@ def install() -> None:
     sys.unraisablehook = _unraisable
 
 
-def requested() -> bool:
-    """Whether a stop was asked for in this process."""
-    return _received is not None
-
-
 def check() -> None:
     """Raise the interrupt again if one arrived and something swallowed it."""
     if _received is not None:

@@ -177,7 +177,8 @@ def run(path: Path, opts: SmokeOptions, reporter: Reporter | None = None) -> Smo
             _serve_and_ask(engine, target, python, serve_opts, opts, r, result, rep)
         except (KeyboardInterrupt, Interrupted) as e:
             r.status = "interrupted"
-            raise Interrupted(f"{e or 'stopped by SIGINT'}; the {engine.name} server was stopped; its log is {r.log}") from None
+            raise Interrupted(f"{e or 'stopped by SIGINT'}; the {engine.name} server was stopped; "
+                              f"its log is {r.log}") from None
         except UsageError:
             raise  # bad flags (--server-cmd, a busy --port) say nothing about the artifact: not recorded
         except QuantkitError as e:

@@ -74,7 +74,8 @@ def handle_errors(fn: F) -> F:
             interrupts.settle()
             if STATE.debug:
                 raise
-            err.print(f"[bold red]interrupted[/] ({escape(str(e) or 'stopped by SIGINT')}): temporary files were removed")
+            why = escape(str(e) or "stopped by SIGINT")
+            err.print(f"[bold red]interrupted[/] ({why}): temporary files were removed")
             raise typer.Exit(EXIT_INTERRUPTED) from None
 
     return wrapper  # type: ignore[return-value]
