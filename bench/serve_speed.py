@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -39,7 +38,7 @@ import meta  # noqa: E402
 
 sys.path.insert(0, str(meta.ROOT / "scripts"))
 sys.path.insert(0, str(meta.ROOT))
-from gpu_vllm_matrix import kernels_in  # noqa: E402
+from gpu_vllm_matrix import kernels_in, run_child  # noqa: E402
 from quantkit.source import safetensors_header  # noqa: E402
 
 H200_BANDWIDTH = 4.8e12  # bytes/s, HBM3e
@@ -116,17 +115,9 @@ def run_one(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
             ",".join(map(str, args.batches)), str(args.max_model_len)]
     env = {**os.environ, "VLLM_USE_FLASHINFER_SAMPLER": os.environ.get("VLLM_USE_FLASHINFER_SAMPLER", "0")}
     t = time.perf_counter()
-    try:
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=args.timeout, env=env)
-        text, rc = p.stdout + p.stderr, p.returncode
-    except subprocess.TimeoutExpired as e:
-        text = (e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(errors="replace")
-        rc = -1
-    log.write_text(text)
+    text, rc, result = run_child(argv, env, args.timeout, log)
     row.update(seconds=round(time.perf_counter() - t, 1), rc=rc, log=str(log), kernels=kernels_in(text))
-    for line in text.splitlines():
-        if line.startswith("RESULT "):
-            row.update(json.loads(line[7:]))
+    row.update(result or {})
     if "ttft_s" not in row:
         lines = [ln for ln in text.splitlines() if ln.strip()]
         errors = [ln for ln in lines if "Error" in ln]

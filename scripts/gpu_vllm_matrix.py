@@ -53,23 +53,27 @@ def kernels_in(log: str) -> list[str]:
     return [k for k in kernels if "Kernel" in k][:4]
 
 
+def run_child(argv: list[str], env: dict[str, str], timeout: float, log: Path) -> tuple[str, int, dict | None]:
+    """Run a vLLM child script: its whole output (kept in ``log``), exit code (-1 on timeout) and the JSON it
+    printed on its ``RESULT`` line, if it got that far."""
+    try:
+        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+        text, rc = p.stdout + p.stderr, p.returncode
+    except subprocess.TimeoutExpired as e:
+        text, rc = (e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(errors="replace"), -1
+    log.write_text(text)
+    results = [json.loads(line[7:]) for line in text.splitlines() if line.startswith("RESULT ")]
+    return text, rc, (results[-1] if results else None)
+
+
 def run_one(art: Path, out: Path, site: str, timeout: float) -> dict:
     env = {**os.environ, "PYTHONPATH": site, "VLLM_USE_FLASHINFER_SAMPLER": "0"}
     log = out / "vllm_logs" / f"{art.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
-    try:
-        p = subprocess.run([sys.executable, "-c", CHILD, str(art)], env=env, capture_output=True, text=True,
-                           timeout=timeout)
-        text, rc = p.stdout + p.stderr, p.returncode
-    except subprocess.TimeoutExpired as e:
-        text, rc = (e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(errors="replace"), -1
-    log.write_text(text)
-    row: dict = {"artifact": art.name, "seconds": round(time.perf_counter() - t, 1), "loads": False}
-    for line in text.splitlines():
-        if line.startswith("RESULT "):
-            row.update(json.loads(line[7:]))
-            row["loads"] = True
+    text, rc, result = run_child([sys.executable, "-c", CHILD, str(art)], env, timeout, log)
+    row: dict = {"artifact": art.name, "seconds": round(time.perf_counter() - t, 1), "loads": result is not None}
+    row.update(result or {})
     row["kernels"] = kernels_in(text)
     fmt = art / "config.json"
     if fmt.exists():
