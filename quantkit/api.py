@@ -1,10 +1,11 @@
 """The public Python API: what the CLI, recipes, the pipeline and the tests all call.
 
-    from quantkit import api, recipe
-    r = recipe.load("recipes/awq.yaml", {"model.source": "models/quantkit-tiny", "output": "out/awq"})
-    result = api.quantize(r)            # -> ArtifactResult, with the manifest as written
+    from quantkit import api
+    r = api.load_recipe("recipes/awq.yaml", {"model.source": "models/quantkit-tiny", "output": "out/awq"})
+    result = api.quantize(r)[0]         # -> ArtifactResult, with the manifest as written
 
-Each function takes plain values and returns plain results; printing is the CLI's job.
+Each function takes plain values and returns plain results (dataclasses, the typed :class:`Manifest`); printing
+is the CLI's job. Heavy libraries are imported by the modules these functions call, only when they run.
 """
 
 from __future__ import annotations
@@ -14,10 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quantkit import artifact, producers, source as source_mod, versions
-from quantkit.progress import Reporter
+from quantkit import artifact, formats, producers, recipe as recipe_mod, source as source_mod, versions
+from quantkit.artifact import MANIFEST, Manifest, fmt_bytes, fmt_num, size_bytes
+from quantkit.errors import RecipeError
 from quantkit.producers.base import ProduceContext
-from quantkit.recipe import Recipe, dump
+from quantkit.progress import Reporter
+from quantkit.recipe import Recipe
+
+__all__ = ["MANIFEST", "ArtifactResult", "Manifest", "build_trt", "calibration_sets", "doctor", "evaluate",
+           "eval_options", "fmt_bytes", "fmt_num", "inspect", "load_recipe", "preview_calibration", "publish",
+           "quantize", "quantize_one", "recipe_schema", "run", "show_recipe", "shipped_recipes", "size_bytes",
+           "smoke", "verify", "verify_all"]
 
 
 @dataclass
@@ -25,13 +33,50 @@ class ArtifactResult:
     """One artifact written: where, and its manifest."""
 
     path: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
 
     def to_json(self) -> dict[str, Any]:
         m = self.manifest
-        return {"path": str(self.path), "format": m.get("format"), "method": m.get("method"),
-                "size_bytes": sum(f["size"] for f in m.get("files", {}).values()), "timings": m.get("timings"),
-                "quantization": m.get("quantization"), "calibration": m.get("calibration")}
+        return {"path": str(self.path), "format": m.format, "method": m.method, "size_bytes": m.size_bytes,
+                "timings": m.timings, "quantization": m.quantization,
+                "calibration": m.calibration.model_dump(mode="json") if m.calibration else None,
+                "notes": m.notes}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Recipes
+
+
+def load_recipe(path: str | Path | None, overrides: dict[str, Any] | None = None, base: dict[str, Any] | None = None,
+                *, check_output_escape: bool = True) -> Recipe:
+    """A recipe file or shipped recipe name (or none: ``base`` + flags), with flag overrides, validated."""
+    found = recipe_mod.find(str(path)) if path is not None else None
+    return recipe_mod.load(found, overrides, base, check_output_escape=check_output_escape)
+
+
+def show_recipe(name: str) -> tuple[Path, Recipe, str]:
+    """A recipe (path or shipped name), validated: its path, the object and its YAML with defaults filled in."""
+    path = recipe_mod.find(name)
+    r = recipe_mod.load(path, check_output_escape=False)
+    return path, r, recipe_mod.dump(r)
+
+
+def shipped_recipes() -> list[dict[str, str]]:
+    """The recipes in ``recipes/``: name, path, and the description on each file's first comment line."""
+    rows = []
+    for p in sorted(recipe_mod.shipped_dir().glob("*.yaml")):
+        first = next((ln[1:].strip() for ln in p.read_text().splitlines() if ln.startswith("#")), "")
+        rows.append({"name": p.stem, "path": str(p), "description": first})
+    return rows
+
+
+def recipe_schema() -> dict[str, Any]:
+    """The recipe's JSON schema (every field, its type, default and description)."""
+    return Recipe.model_json_schema()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Producing artifacts
 
 
 def quantize_one(recipe: Recipe, spec: Any, out: Path, *, force: bool = False, reporter: Reporter | None = None,
@@ -43,31 +88,22 @@ def quantize_one(recipe: Recipe, spec: Any, out: Path, *, force: bool = False, r
     if source is None:
         with rep.timed("check_source"):
             source = source_mod.resolve(recipe.model)
-    producer = producers.get(spec.method)
+    row = formats.for_spec(spec)
+    producer = producers.get(spec)
     producer.check(spec, source)
     with artifact.ArtifactWriter(out, force=force, expected_bytes=producer.estimate_bytes(spec, source)) as w:
-        ctx = ProduceContext(spec=spec, source=source, out=w.path, calibration=recipe.calibration,
-                             runtime=recipe.runtime, reporter=rep, model=recipe.model)
+        ctx = ProduceContext(spec=spec, source=source, model=recipe.model, workdir=w.path,
+                             calibration=recipe.calibration, runtime=recipe.runtime, reporter=rep)
         produced = producer.produce(ctx)
         rep.timings["total"] = round(time.perf_counter() - t0, 3)
-        manifest = {
-            "format": produced.format,
-            "method": spec.method,
-            "params": spec.model_dump(mode="json"),
-            "quantization": produced.quantization,
-            "source": source.manifest(),
-            "calibration": produced.calibration.manifest() if produced.calibration else None,
-            "recipe": recipe.model_dump(mode="json"),
-            "recipe_yaml": dump(recipe),
-            "recipe_sha256": recipe.sha256(),
-            "output_sha256": recipe.output_sha256(spec),
-            "runtime": recipe.runtime.model_dump(mode="json"),
-            "versions": versions.installed(),
-            "timings": dict(rep.timings),
-            "notes": produced.notes,
-            "evaluation": None,
-            "smoke": None,
-        }
+        manifest = Manifest(
+            format=row.kind, method=spec.method, params=spec.model_dump(mode="json"),
+            quantization=produced.quantization, source=source.manifest(),
+            calibration=produced.calibration.manifest() if produced.calibration else None,
+            recipe=recipe.model_dump(mode="json"), recipe_yaml=recipe_mod.dump(recipe),
+            recipe_sha256=recipe.sha256(), output_sha256=recipe.output_sha256(spec),
+            runtime=recipe.runtime.model_dump(mode="json"), versions=versions.installed(),
+            timings=dict(rep.timings), notes=produced.notes)
         written = w.commit(manifest)
     return ArtifactResult(path=out, manifest=written)
 
@@ -79,9 +115,102 @@ def quantize(recipe: Recipe, *, force: bool = False, reporter: Reporter | None =
             for spec, out in recipe.artifacts()]
 
 
+def build_trt(recipe_name: str, *, checkpoint_only: bool = False, python: str | None = None,
+              output: str | None = None, force: bool = False,
+              reporter: Reporter | None = None) -> list[ArtifactResult]:
+    """A recipe's TensorRT-LLM outputs (``method: trt``): ModelOpt checkpoints, and the engine where it builds.
+
+    ``python`` and ``output`` override the recipe like any flag; ``checkpoint_only`` stops every TensorRT-LLM output
+    after its checkpoints."""
+    path = recipe_mod.find(recipe_name)
+    r = load_recipe(path, {"runtime.python|--python": python, "output|--output": output})
+    specs = [(spec, out) for spec, out in r.artifacts() if spec.method == "trt"]
+    if not specs:
+        got = r.quantize.method if r.quantize else ", ".join(sorted({o.method for o in r.outputs or []}))
+        raise RecipeError(f"{path} has no TensorRT-LLM output (method: trt); it is {got}",
+                          hint="`quantkit recipes trt-fp8` shows a TensorRT-LLM recipe")
+    for spec, _ in specs:
+        if checkpoint_only:
+            spec.checkpoint_only = True  # validated on assignment, before anything is hashed
+    rep = reporter or Reporter(quiet=True)
+    with rep.timed("check_source"):
+        src = source_mod.resolve(r.model)
+    return [quantize_one(r, spec, out, force=force, reporter=rep, source=src) for spec, out in specs]
+
+
+def run(recipe: Recipe, *, force: bool = False, reporter: Reporter | None = None, evaluate: bool = True,
+        smoke: bool = True) -> Any:
+    """The whole pipeline of a recipe (:func:`quantkit.pipeline.run`): a ``RunResult``."""
+    from quantkit import pipeline
+
+    return pipeline.run(recipe, force=force, reporter=reporter, evaluate=evaluate, smoke=smoke)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Calibration data
+
+
+def calibration_sets() -> list[dict[str, Any]]:
+    """The shipped calibration and evaluation sets: name, documents, characters."""
+    from quantkit import calibration
+
+    rows = []
+    for name in calibration.SHIPPED:
+        docs = calibration.load_documents(name)
+        rows.append({"name": name, "documents": len(docs.items), "characters": sum(len(d) for d in docs.items)})
+    return rows
+
+
+def preview_calibration(source: str, *, model: str | None = None, samples: int = 8, seq_len: int = 512,
+                        seed: int = 0, field: str = "text", chat_template: bool = False,
+                        show: int = 3) -> dict[str, Any]:
+    """A calibration source's documents, and with ``model`` the exact token samples and their sha256."""
+    from quantkit import calibration
+
+    docs = calibration.load_documents(source, field)
+    info: dict[str, Any] = {"source": source, "kind": docs.kind, "documents": len(docs.items), "chat": docs.chat,
+                            "source_sha256": docs.file_sha256, "preview": [str(d)[:300] for d in docs.items[:show]]}
+    if model:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model)
+        spec = recipe_mod.CalibrationSpec(dataset=source, samples=samples, seq_len=seq_len, seed=seed, field=field,
+                                          chat_template=chat_template)
+        cs = calibration.build(spec, tok, docs)
+        info["calibration"] = cs.manifest().model_dump(mode="json")
+        info["first_sample"] = tok.decode(cs.samples[0])[:300]
+    return info
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checking artifacts
+
+
 def verify(path: Path, reporter: Reporter | None = None) -> artifact.VerifyResult:
     """Re-hash an artifact's files against its manifest."""
     return artifact.verify(Path(path))
+
+
+def verify_all(path: Path) -> list[artifact.VerifyResult]:
+    """Verify an artifact, or each artifact of a release folder; a clear error when there is none."""
+    from quantkit.errors import UsageError
+
+    path = Path(path)
+    roots = [path] if (path / artifact.MANIFEST).exists() else sorted(p.parent for p in path.glob(
+        f"*/{artifact.MANIFEST}"))
+    if not roots:
+        raise UsageError(f"{path} has no {artifact.MANIFEST} (and no artifact folders holding one)")
+    return [artifact.verify(r) for r in roots]
+
+
+def eval_options(recipe_path: str | None = None, *, flags: dict[str, Any] | None = None,
+                 gate_flags: dict[str, float | None] | None = None, **engine: Any) -> tuple[Any, str | None]:
+    """The evaluation options from a recipe's ``verify`` block and flags (flags win), and the recipe's model.
+
+    Without a recipe the artifacts' own recipes (then the schema defaults) decide the gates."""
+    from quantkit.verify.evaluate import options_from
+
+    return options_from(recipe_path, flags or {}, gate_flags or {}, **engine)
 
 
 def evaluate(artifacts: list[Path], baseline: str | None = None, options: Any = None,
@@ -117,3 +246,10 @@ def doctor(path: Path | None = None, *, engine: str = "auto", python: str | None
     from quantkit import doctor as doctor_mod
 
     return doctor_mod.check(Path(path) if path is not None else None, engine, python=python, env=env)
+
+
+def publish(folder: Path, repo: str, *, private: bool = False) -> list[dict[str, Any]]:
+    """Re-verify then upload artifacts to the Hugging Face hub (:func:`quantkit.publish.publish`)."""
+    from quantkit import publish as publish_mod
+
+    return publish_mod.publish(Path(folder), repo, private=private)

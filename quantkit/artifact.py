@@ -7,7 +7,13 @@ complete. A lock file beside the output stops two runs writing the same artifact
 checked against the expected size before writing, and ENOSPC while writing becomes a clear error.
 
 ``quantkit.json`` records what the artifact is and how it was made, and the sha256 of every file, which
-:func:`verify` re-checks (tampering, bit rot, an incomplete copy).
+:func:`verify` re-checks (tampering, bit rot, an incomplete copy). It is one typed object, :class:`Manifest`,
+written by :meth:`ArtifactWriter.commit` and :func:`update_manifest` and read by :func:`read_manifest` only:
+nothing else opens the file. ``schema_version`` says which layout a file has; :func:`read_manifest` still opens
+the layout of earlier quantkit versions (schema 1).
+
+An artifact's *size* is one thing everywhere (summaries, ``inspect``, ``eval``, bits per weight): the bytes of
+its weight files (:func:`size_bytes`). Configs, tokenizers and reports are not counted.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import fcntl
 import hashlib
 import json
 import os
-import platform
+import platform as _platform
 import shutil
 import sys
 from collections.abc import Iterator
@@ -27,12 +33,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from quantkit import __version__, interrupts
 from quantkit.errors import DiskSpaceError, IntegrityError, LockedError, OutputExistsError, UsageError
 
 MANIFEST = "quantkit.json"
-MANIFEST_SCHEMA = 1
-# Files written after sealing (by eval/smoke) that are re-hashed by update_manifest, never left unhashed.
+SCHEMA_VERSION = 2  # 1: quantkit 0.1.0 before the typed manifest (key "schema"; source path as typed)
+WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".engine")
 _CHUNK = 1 << 22
 
 
@@ -44,13 +52,13 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def hash_tree(root: Path) -> dict[str, dict[str, Any]]:
+def hash_tree(root: Path) -> dict[str, "FileInfo"]:
     """sha256 and size of every regular file under ``root`` except the manifest itself, sorted by path."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, FileInfo] = {}
     for p in sorted(root.rglob("*")):
         if p.is_file() and p.name != MANIFEST and not p.name.endswith(".lock"):
             rel = p.relative_to(root).as_posix()
-            out[rel] = {"sha256": sha256_file(p), "size": p.stat().st_size}
+            out[rel] = FileInfo(sha256=sha256_file(p), size=p.stat().st_size)
     return out
 
 
@@ -58,19 +66,185 @@ def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
 
 
-def environment() -> dict[str, Any]:
-    return {"python": sys.version.split()[0], "platform": platform.platform(), "machine": platform.machine()}
+def is_weight_file(name: str) -> bool:
+    """Whether a file holds weights (what an artifact's size and bits per weight count)."""
+    return name.endswith(WEIGHT_SUFFIXES)
 
 
-def read_manifest(root: Path) -> dict[str, Any]:
-    """The manifest of an artifact folder; raises :class:`UsageError` when there is none or it is unreadable."""
-    path = root / MANIFEST
+def size_bytes(path: Path) -> int:
+    """The size of an artifact (or of one .gguf file): the bytes of its weight files, from its manifest when it has
+    one (what was sealed), else from the disk."""
+    path = Path(path)
+    if path.is_file():
+        return path.stat().st_size
+    if (path / MANIFEST).exists():
+        return read_manifest(path).size_bytes
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and is_weight_file(p.name))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The manifest: one typed object
+
+
+class Section(BaseModel):
+    """A manifest section. Fields a newer quantkit added are kept as they are, never dropped on rewrite."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class SourceInfo(Section):
+    """The source checkpoint as it was vetted.
+
+    ``id`` is the model as the user named it (a hub id, or a path as typed: the model card shows it), ``path`` the
+    resolved absolute folder it was read from (the hub cache for a hub id: ``hub``), and ``made_in`` the working
+    folder of the run, so a relative ``id`` can be found again from anywhere (:meth:`local_path`).
+    """
+
+    id: str
+    path: str
+    hub: bool = False
+    made_in: str | None = None
+    revision: str | None = None
+    architecture: str = "?"
+    model_type: str = "?"
+    config_sha256: str
+    size_bytes: int = 0
+    parameters: int = 0
+
+    def local_path(self) -> Path | None:
+        """The source's folder on this machine, if it is still there: ``path``, then ``id`` relative to the folder
+        the artifact was made in, then ``id`` as it stands (relative to here)."""
+        candidates = [Path(self.path).expanduser()]
+        if self.made_in:
+            candidates.append(Path(self.made_in) / Path(self.id).expanduser())
+        candidates.append(Path(self.id).expanduser())
+        return next((c for c in candidates if (c / "config.json").exists()), None)
+
+
+class CalibrationInfo(Section):
+    """The calibration tokens: where from, how many, and the sha256 of the exact ids."""
+
+    dataset: str
+    kind: str
+    source_sha256: str | None = None
+    samples: int
+    seq_len: int
+    seed: int = 0
+    chat_template: bool = False
+    tokens: int
+    tokens_sha256: str
+
+
+class FileInfo(Section):
+    sha256: str
+    size: int
+
+
+class EnvironmentInfo(Section):
+    python: str = Field(default_factory=lambda: sys.version.split()[0])
+    platform: str = Field(default_factory=_platform.platform)
+    machine: str = Field(default_factory=_platform.machine)
+
+
+class EvaluationInfo(Section):
+    """``quantkit eval``'s figures for this artifact (one row per model file in ``results``)."""
+
+    created: str | None = None
+    protocol: dict[str, Any] | None = None
+    results: list[dict[str, Any]] = Field(default_factory=list)
+    passed: bool | None = None
+    summary: dict[str, Any] | None = None
+
+
+class SmokeInfo(Section):
+    """``quantkit smoke``'s runs, keyed by engine (and GGUF file)."""
+
+    updated: str | None = None
+    runs: dict[str, dict[str, Any]] = Field(default_factory=dict)
+
+
+class PipelineInfo(Section):
+    """What ``quantkit run`` recorded: under which verification settings, and its evaluation, smoke and gates."""
+
+    verification_sha256: str | None = None
+    evaluation: dict[str, Any] | None = None
+    smoke: dict[str, Any] | None = None
+    gates: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class Manifest(Section):
+    """``quantkit.json``: what an artifact is, how it was made, and the seal over its files."""
+
+    schema_version: int = SCHEMA_VERSION
+    quantkit_version: str = __version__
+    created: str = Field(default_factory=now_iso)
+    updated: str | None = None
+    format: str
+    method: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    quantization: dict[str, Any] = Field(default_factory=dict)
+    source: SourceInfo
+    calibration: CalibrationInfo | None = None
+    recipe: dict[str, Any] = Field(default_factory=dict)
+    recipe_yaml: str = ""
+    recipe_sha256: str | None = None
+    output_sha256: str | None = None
+    runtime: dict[str, Any] = Field(default_factory=dict)
+    versions: dict[str, str] = Field(default_factory=dict)
+    timings: dict[str, float] = Field(default_factory=dict)
+    notes: list[str] = Field(default_factory=list)
+    evaluation: EvaluationInfo | None = None
+    smoke: SmokeInfo | None = None
+    pipeline: PipelineInfo | None = None
+    environment: EnvironmentInfo = Field(default_factory=EnvironmentInfo)
+    files: dict[str, FileInfo] = Field(default_factory=dict)
+
+    @property
+    def size_bytes(self) -> int:
+        """The artifact's size: bytes of its weight files (see the module docstring)."""
+        return sum(f.size for name, f in self.files.items() if is_weight_file(name))
+
+    @property
+    def recipe_gates(self) -> dict[str, Any] | None:
+        """The verification gates of the recipe that made it (None when it set none)."""
+        return ((self.recipe.get("verify") or {}).get("gates")) or None
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], where: str = MANIFEST) -> "Manifest":
+        """Read any schema version quantkit has written (1: ``"schema": 1``, no ``made_in``)."""
+        if not isinstance(data, dict):
+            raise IntegrityError(f"{where} does not hold a JSON object")
+        data = dict(data)
+        if "schema_version" not in data:
+            data["schema_version"] = int(data.pop("schema", 1))
+            source = data.get("source")
+            if isinstance(source, dict) and "hub" not in source:  # schema 1 wrote a local path as typed
+                data["source"] = {**source, "hub": source.get("path") != source.get("id")}
+        if data["schema_version"] > SCHEMA_VERSION:
+            raise UsageError(f"{where} has manifest schema {data['schema_version']}, newer than this quantkit "
+                             f"reads ({SCHEMA_VERSION})", hint="upgrade quantkit")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            first = e.errors()[0]
+            field_ = ".".join(str(p) for p in first["loc"])
+            raise IntegrityError(f"{where} is not a quantkit manifest: {field_}: {first['msg']}") from None
+
+
+def read_manifest(root: Path) -> Manifest:
+    """The manifest of an artifact folder; raises :class:`UsageError` when there is none, :class:`IntegrityError`
+    when it is unreadable."""
+    path = Path(root) / MANIFEST
     if not path.exists():
         raise UsageError(f"{root} has no {MANIFEST}: it was not written by quantkit (or is incomplete)")
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise IntegrityError(f"{path} is unreadable or not JSON: {e}") from None
+    return Manifest.from_json(data, str(path))
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -87,19 +261,22 @@ def write_text_atomic(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+def _write_manifest(root: Path, manifest: Manifest) -> None:
+    write_text_atomic(root / MANIFEST, json.dumps(manifest.to_json(), indent=2, sort_keys=False) + "\n")
 
 
-def update_manifest(root: Path, **sections: Any) -> dict[str, Any]:
-    """Add or replace top-level sections (``evaluation``, ``smoke``...) and re-hash files added since sealing."""
-    data = read_manifest(root)
-    for k, v in sections.items():
-        data[k] = v
-    data["files"] = hash_tree(root)
-    data["updated"] = now_iso()
-    _write_json_atomic(root / MANIFEST, data)
-    return data
+def update_manifest(root: Path, *, evaluation: EvaluationInfo | dict[str, Any] | None = None,
+                    smoke: SmokeInfo | dict[str, Any] | None = None,
+                    pipeline: PipelineInfo | dict[str, Any] | None = None) -> Manifest:
+    """Replace the sections given (``evaluation``, ``smoke``, ``pipeline``) and re-hash the files, so files added
+    since sealing (a report, a model card) are part of the seal, never left unhashed."""
+    manifest = read_manifest(root)
+    given = {"evaluation": evaluation, "smoke": smoke, "pipeline": pipeline}
+    update = {k: v for k, v in given.items() if v is not None}
+    manifest = Manifest.model_validate({**manifest.model_dump(), **update, "files": hash_tree(root),
+                                        "updated": now_iso()})
+    _write_manifest(root, manifest)
+    return manifest
 
 
 @dataclass
@@ -123,22 +300,21 @@ class VerifyResult:
 
 def verify(root: Path, progress: Any = None) -> VerifyResult:
     """Re-hash every file against the manifest (the artifact's seal)."""
-    data = read_manifest(root)
-    files: dict[str, dict[str, Any]] = data.get("files", {})
+    files = read_manifest(root).files
     res = VerifyResult(root=root)
     on_disk = {p.relative_to(root).as_posix() for p in root.rglob("*")
                if p.is_file() and p.name != MANIFEST and not p.name.endswith(".lock")}
-    task = progress.add_task("verifying sha256", total=sum(f["size"] for f in files.values())) if progress else None
+    task = progress.add_task("verifying sha256", total=sum(f.size for f in files.values())) if progress else None
     for rel, info in files.items():
         p = root / rel
         if not p.exists():
             res.missing.append(rel)
             continue
-        if p.stat().st_size != info["size"] or sha256_file(p) != info["sha256"]:
+        if p.stat().st_size != info.size or sha256_file(p) != info.sha256:
             res.changed.append(rel)
         res.checked += 1
         if progress:
-            progress.advance(task, info["size"])
+            progress.advance(task, info.size)
     res.extra = sorted(on_disk - set(files))
     return res
 
@@ -187,6 +363,11 @@ def check_free_space(where: Path, needed: int, margin: float = 1.1) -> None:
             f"{fmt_bytes(free)} is free", hint="free some space or write the output elsewhere")
 
 
+def fmt_num(v: Any, digits: int = 3) -> str:
+    """A figure for a table: fixed digits, or '-' when there is none."""
+    return f"{v:.{digits}f}" if isinstance(v, (int, float)) else "-"
+
+
 def fmt_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
@@ -228,16 +409,16 @@ class ArtifactWriter:
             raise
         return self
 
-    def commit(self, manifest: dict[str, Any]) -> dict[str, Any]:
-        """Hash every file, write ``quantkit.json``, and move the folder into place (replacing on ``force``).
+    def commit(self, manifest: Manifest) -> Manifest:
+        """Hash every file into ``manifest.files``, write ``quantkit.json``, and move the folder into place
+        (replacing on ``force``).
 
         Refuses if a stop was asked for, even one a library swallowed: a run told to stop never publishes.
         """
         interrupts.check()
-        data = {"schema": MANIFEST_SCHEMA, "quantkit_version": __version__, "created": now_iso(), **manifest,
-                "environment": environment(), "files": hash_tree(self.path)}
+        data = manifest.model_copy(update={"files": hash_tree(self.path), "created": now_iso()})
         try:
-            _write_json_atomic(self.path / MANIFEST, data)
+            _write_manifest(self.path, data)
             _fsync_tree(self.path)
             if self.final.exists():
                 old = self.final.parent / f".{self.final.name}.old-{os.getpid()}"

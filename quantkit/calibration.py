@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quantkit.artifact import CalibrationInfo
 from quantkit.errors import CalibrationError, MissingBackendError
 from quantkit.recipe import CalibrationSpec
 
@@ -193,13 +194,11 @@ class CalibrationSet:
     def num_tokens(self) -> int:
         return sum(len(s) for s in self.samples)
 
-    def manifest(self) -> dict[str, Any]:
-        return {
-            "dataset": self.spec.dataset, "kind": self.documents.kind, "source_sha256": self.documents.file_sha256,
-            "samples": len(self.samples), "seq_len": self.spec.seq_len, "seed": self.spec.seed,
-            "chat_template": self.spec.chat_template, "tokens": self.num_tokens,
-            "tokens_sha256": self.tokens_sha256,
-        }
+    def manifest(self) -> CalibrationInfo:
+        return CalibrationInfo(dataset=self.spec.dataset, kind=self.documents.kind,
+                               source_sha256=self.documents.file_sha256, samples=len(self.samples),
+                               seq_len=self.spec.seq_len, seed=self.spec.seed, chat_template=self.spec.chat_template,
+                               tokens=self.num_tokens, tokens_sha256=self.tokens_sha256)
 
     def texts(self, tokenizer: Any) -> list[str]:
         """The samples decoded back to text, for backends that want strings."""

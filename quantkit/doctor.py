@@ -28,7 +28,8 @@ from typing import Any
 
 from quantkit import artifact as artifact_mod
 from quantkit import serve
-from quantkit.errors import UsageError
+from quantkit.errors import QuantkitError, UsageError
+from quantkit.formats import kinds
 
 # What ``doctor`` reports for an environment: quantkit's backends and the engines.
 DISTS = ("torch", "transformers", "accelerate", "llmcompressor", "compressed-tensors", "safetensors", "gguf",
@@ -138,6 +139,7 @@ class Report:
     engine: dict[str, Any] | None = None
     artifact: dict[str, Any] | None = None
     checks: list[Check] = field(default_factory=list)
+    dists: tuple[str, ...] = DISTS  # the distributions whose versions were asked, in display order
 
     @property
     def ok(self) -> bool:
@@ -185,29 +187,27 @@ def describe_artifact(path: Path) -> dict[str, Any]:
     """What doctor needs to know about an artifact: its kind, scheme, and the library versions that wrote it."""
     from quantkit.inspect import checkpoint_quantization, gguf_files
 
-    manifest: dict[str, Any] = {}
+    kind = kinds.detect(path)
     root = path if path.is_dir() else path.parent
+    written: dict[str, str] = {}
     if (root / artifact_mod.MANIFEST).exists():
         try:
-            manifest = artifact_mod.read_manifest(root)
-        except Exception:  # an unreadable manifest is verify's business; doctor reads the configs
-            manifest = {}
-    written = manifest.get("versions") or {}
-    info: dict[str, Any] = {"path": str(path)}
-    if path.suffix == ".gguf" or (path.is_dir() and any(path.glob("*.gguf"))):
+            written = artifact_mod.read_manifest(root).versions
+        except QuantkitError:  # an unreadable manifest is verify's business; doctor reads the configs
+            written = {}
+    info: dict[str, Any] = {"path": str(path), "kind": kind.name}
+    if kind.name == "gguf":
         info["format"] = "gguf"
         info["gguf"] = gguf_files(path)
         info["written_with"] = {k: written[k] for k in ("gguf", "llama_cpp_python") if k in written}
         return info
-    if not (path / "config.json").exists():
-        raise UsageError(f"{path} is neither a GGUF artifact nor a checkpoint folder (no config.json)")
     try:
         cfg = json.loads((path / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise UsageError(f"{path / 'config.json'} is unreadable: {e}") from None
     info.update(checkpoint_quantization(path))
     q = cfg.get("quantization_config") or {}
-    if info.get("format") == "compressed-tensors":
+    if kind.name == "compressed-tensors":
         info["quantization_config"] = q
         ct_written = q.get("version") or written.get("compressed-tensors")
         info["written_with"] = {"compressed-tensors": ct_written,
@@ -305,8 +305,8 @@ def check(path: Path | None, engine_name: str = "auto", *, python: str | None = 
         engine_name = serve.detect(Path(path)) if path is not None else ""
     engine = serve.get(engine_name) if engine_name else None
     engine_python = engine.python(python) if engine else None
-    is_ct = bool(art and art.get("format") == "compressed-tensors")
-    is_gguf = bool(art and art.get("format") == "gguf")
+    is_ct = bool(art and art["kind"] == "compressed-tensors")
+    is_gguf = bool(art and art["kind"] == "gguf")
     # What to ask the engine's environment; when it is quantkit's own, one probe answers for both.
     ask = {"torch": engine is not None and engine.name != "llama.cpp",
            "quantization_config": art["quantization_config"] if art is not None and is_ct else None,
@@ -335,6 +335,6 @@ def check(path: Path | None, engine_name: str = "auto", *, python: str | None = 
                 report.checks.append(Check("known incompatibility", "fail", skew.message, hint=skew.hint))
         if is_ct and "error" not in info:
             report.checks.extend(_ct_checks(art, engine.name, info))
-        if art.get("format") == "gguf" and engine.name == "llama.cpp" and "error" not in info:
+        if is_gguf and engine.name == "llama.cpp" and "error" not in info:
             report.checks.extend(_gguf_checks(art, info))
     return report

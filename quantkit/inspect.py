@@ -11,16 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from quantkit import artifact
-from quantkit.errors import UsageError
-
-WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".engine")
-
-
-def weight_bytes(root: Path) -> int:
-    """Bytes of weight files in a folder (or of one file)."""
-    if root.is_file():
-        return root.stat().st_size
-    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
+from quantkit.formats import kinds
 
 
 def checkpoint_quantization(root: Path) -> dict[str, Any]:
@@ -78,12 +69,9 @@ def gguf_files(root: Path) -> list[dict[str, Any]]:
 
 def describe(path: Path) -> dict[str, Any]:
     """Everything ``inspect`` prints, as data."""
-    if not path.exists():
-        raise UsageError(f"{path} does not exist")
-    info: dict[str, Any] = {"path": str(path)}
-    is_gguf = path.suffix == ".gguf" or (path.is_dir() and any(path.glob("*.gguf")))
-    info["size_bytes"] = weight_bytes(path)
-    if is_gguf:
+    kind = kinds.detect(path)
+    info: dict[str, Any] = {"path": str(path), "kind": kind.name, "size_bytes": artifact.size_bytes(path)}
+    if kind.name == "gguf":
         info["format"] = "gguf"
         info["gguf"] = gguf_files(path)
     elif path.is_dir():
@@ -91,23 +79,23 @@ def describe(path: Path) -> dict[str, Any]:
     manifest_path = path / artifact.MANIFEST if path.is_dir() else None
     if manifest_path and manifest_path.exists():
         m = artifact.read_manifest(path)
-        src = m.get("source") or {}
-        info["method"] = m.get("method")
-        info["created"] = m.get("created")
-        info["quantkit_version"] = m.get("quantkit_version")
-        info["source"] = src.get("id")
-        info["source_size_bytes"] = src.get("size_bytes")
-        if src.get("size_bytes"):
-            info["compression"] = round(src["size_bytes"] / max(1, info["size_bytes"]), 2)
-        if src.get("parameters"):
-            if is_gguf:
+        src = m.source
+        info["method"] = m.method
+        info["created"] = m.created
+        info["quantkit_version"] = m.quantkit_version
+        info["source"] = src.id
+        info["source_size_bytes"] = src.size_bytes
+        if src.size_bytes:
+            info["compression"] = round(src.size_bytes / max(1, info["size_bytes"]), 2)
+        if src.parameters:
+            if kind.name == "gguf":
                 for g in info["gguf"]:
-                    g["bits_per_weight"] = round(8 * g["size"] / src["parameters"], 2)
+                    g["bits_per_weight"] = round(8 * g["size"] / src.parameters, 2)
             elif info["size_bytes"]:
-                info["bits_per_weight"] = round(8 * info["size_bytes"] / src["parameters"], 2)
-        info["calibration"] = m.get("calibration")
-        info["evaluation"] = m.get("evaluation")
-        info["smoke"] = m.get("smoke")
+                info["bits_per_weight"] = round(8 * info["size_bytes"] / src.parameters, 2)
+        info["calibration"] = m.calibration.model_dump(mode="json") if m.calibration else None
+        info["evaluation"] = m.evaluation.model_dump(mode="json") if m.evaluation else None
+        info["smoke"] = m.smoke.model_dump(mode="json") if m.smoke else None
         info["manifest"] = artifact.verify(path).to_json()
     else:
         info["manifest"] = None

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantkit import artifact, source as source_mod, versions
+from quantkit import artifact, formats, source as source_mod, versions
+from quantkit.artifact import Manifest
 from quantkit.errors import GateFailedError, OutputExistsError, QuantkitError
 from quantkit.progress import Reporter
-from quantkit.recipe import Recipe, artifact_name
+from quantkit.recipe import Recipe
 
 # Library versions that change an artifact's bytes: a difference means the artifact is rebuilt.
 PRODUCER_LIBS = ("llmcompressor", "compressed-tensors", "transformers", "torch", "gguf", "llama_cpp_python",
@@ -36,16 +37,16 @@ class OutputResult:
     path: Path
     status: str = "pending"  # built | reused | failed
     error: str | None = None
-    manifest: dict[str, Any] | None = None
+    manifest: Manifest | None = None
     evaluation: dict[str, Any] | None = None
     smoke: dict[str, Any] | None = None
     gates: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        size = sum(f["size"] for f in (self.manifest or {}).get("files", {}).values()) if self.manifest else None
+        m = self.manifest
         return {"name": self.name, "method": self.method, "path": str(self.path), "status": self.status,
-                "error": self.error, "format": (self.manifest or {}).get("format"), "size_bytes": size,
-                "timings": (self.manifest or {}).get("timings"), "evaluation": self.evaluation,
+                "error": self.error, "format": m.format if m else None, "size_bytes": m.size_bytes if m else None,
+                "timings": m.timings if m else None, "evaluation": self.evaluation,
                 "smoke": self.smoke, "gates": self.gates}
 
 
@@ -92,14 +93,14 @@ def reusable(recipe: Recipe, spec: Any, out: Path, src: source_mod.SourceModel) 
     if not (out / artifact.MANIFEST).exists():
         return False, "no manifest"
     m = artifact.read_manifest(out)
-    if m.get("output_sha256") != recipe.output_sha256(spec):
+    if m.output_sha256 != recipe.output_sha256(spec):
         return False, "the recipe for this output changed"
-    if (m.get("source") or {}).get("config_sha256") != src.config_sha256:
+    if m.source.config_sha256 != src.config_sha256:
         return False, "the source model changed"
-    if (m.get("source") or {}).get("revision") != src.revision:
+    if m.source.revision != src.revision:
         return False, "the source revision changed"
     now = versions.installed(PRODUCER_LIBS)
-    then = {k: v for k, v in (m.get("versions") or {}).items() if k in PRODUCER_LIBS}
+    then = {k: v for k, v in m.versions.items() if k in PRODUCER_LIBS}
     if now != then:
         diff = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
         return False, f"library versions changed ({', '.join(diff)})"
@@ -119,7 +120,7 @@ def run(recipe: Recipe, *, force: bool = False, reporter: Reporter | None = None
     src = source_mod.resolve(recipe.model)
     results: list[OutputResult] = []
     for spec, out in recipe.artifacts():
-        res = OutputResult(name=artifact_name(spec) if recipe.outputs else out.name, method=spec.method, path=out)
+        res = OutputResult(name=formats.folder(spec) if recipe.outputs else out.name, method=spec.method, path=out)
         results.append(res)
         ok, why = reusable(recipe, spec, out, src)
         if ok and not force:
@@ -174,10 +175,10 @@ def verification_sha256(recipe: Recipe) -> str:
 
 def _recall(r: OutputResult, checks: str) -> bool:
     """Reuse a reused artifact's recorded evaluation and smoke results when they were made the same way."""
-    rec = (r.manifest or {}).get("pipeline") or {}
-    if rec.get("verification_sha256") != checks:
+    rec = r.manifest.pipeline if r.manifest else None
+    if rec is None or rec.verification_sha256 != checks:
         return False
-    r.evaluation, r.smoke, r.gates = rec.get("evaluation"), rec.get("smoke"), rec.get("gates") or []
+    r.evaluation, r.smoke, r.gates = rec.evaluation, rec.smoke, rec.gates
     return True
 
 
@@ -246,34 +247,34 @@ def _smoke(recipe: Recipe, r: OutputResult, rep: Reporter) -> None:
 
 def write_model_card(r: OutputResult, recipe: Recipe, src: source_mod.SourceModel) -> None:
     """A Hugging Face model card for one artifact: metadata header, recipe, evaluation table, smoke result."""
-    m = r.manifest or {}
+    m = r.manifest
+    assert m is not None, "only built or reused outputs get a model card"
     base = src.spec
-    tags = ["quantkit", r.method, m.get("format", "")]
-    if m.get("format") == "gguf":
+    tags = ["quantkit", r.method, m.format]
+    if m.format == "gguf":
         tags.append("llama.cpp")
-    if m.get("format") == "compressed-tensors":
+    if m.format == "compressed-tensors":
         tags += ["vllm", "llm-compressor"]
-    header = {"base_model": base, "base_model_relation": "quantized", "library_name": _library(m.get("format")),
+    header = {"base_model": base, "base_model_relation": "quantized", "library_name": _library(m.format),
               "tags": sorted({t for t in tags if t}), "pipeline_tag": "text-generation"}
     import yaml
 
     lines = ["---", yaml.safe_dump(header, sort_keys=False).strip(), "---", "",
              f"# {Path(base).name} - {r.name}", "",
-             f"Quantized from `{base}` with quantkit {m.get('quantkit_version', '')} ({r.method}, "
-             f"{m.get('format')}).", "", "## Quantization", ""]
-    q = m.get("quantization") or {}
-    lines += ["| field | value |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in q.items()]
-    cal = m.get("calibration")
+             f"Quantized from `{base}` with quantkit {m.quantkit_version} ({r.method}, {m.format}).", "",
+             "## Quantization", ""]
+    lines += ["| field | value |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in m.quantization.items()]
+    cal = m.calibration
     if cal:
-        lines += ["", f"Calibration: `{cal['dataset']}`, {cal['samples']} samples x {cal['seq_len']} tokens, "
-                      f"token sha256 `{cal['tokens_sha256']}`."]
-    lines += ["", "Recipe:", "", "```yaml", (m.get("recipe_yaml") or "").strip(), "```"]
+        lines += ["", f"Calibration: `{cal.dataset}`, {cal.samples} samples x {cal.seq_len} tokens, "
+                      f"token sha256 `{cal.tokens_sha256}`."]
+    lines += ["", "Recipe:", "", "```yaml", m.recipe_yaml.strip(), "```"]
     if r.evaluation:
         lines += ["", "## Evaluation", ""] + _eval_table(r.evaluation)
     if r.smoke:
         lines += ["", "## Smoke test", "", f"{r.smoke.get('status', '?')}: {r.smoke.get('summary', '')}"]
     lines += ["", "## Versions", "", "| library | version |", "| --- | --- |"]
-    lines += [f"| {k} | {v} |" for k, v in (m.get("versions") or {}).items()]
+    lines += [f"| {k} | {v} |" for k, v in m.versions.items()]
     artifact.write_text_atomic(r.path / "README.md", "\n".join(lines) + "\n")
 
 
@@ -285,13 +286,10 @@ def _eval_table(ev: dict[str, Any]) -> list[str]:
     rows = ev.get("results") or [ev]
     out = ["| file | ppl | ppl ratio | KLD | top-1 |", "| --- | --- | --- | --- | --- |"]
     for x in rows:
-        out.append(f"| {x.get('file', x.get('name', ''))} | {fmt_num(x.get('ppl'))} | {fmt_num(x.get('ppl_ratio'))} | "
-                   f"{fmt_num(x.get('kld'), 4)} | {fmt_num(x.get('top1'))} |")
+        f = artifact.fmt_num
+        out.append(f"| {x.get('file', x.get('name', ''))} | {f(x.get('ppl'))} | {f(x.get('ppl_ratio'))} | "
+                   f"{f(x.get('kld'), 4)} | {f(x.get('top1'))} |")
     return out
-
-
-def fmt_num(v: Any, digits: int = 3) -> str:
-    return f"{v:.{digits}f}" if isinstance(v, (int, float)) else "-"
 
 
 def write_bundle(result: RunResult, recipe: Recipe) -> None:

@@ -17,26 +17,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, model_validator
 
+from quantkit import formats
 from quantkit.errors import RecipeError
-
-GROUP_SIZES = (-1, 32, 64, 128, 256)
-
-
-class _Strict(BaseModel):
-    """Unknown keys are errors: a typo in a recipe must never be silently ignored."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+from quantkit.formats.specs import Strict
 
 
-def _check_group_size(v: int) -> int:
-    if v not in GROUP_SIZES:
-        raise ValueError(f"must be one of {', '.join(map(str, GROUP_SIZES))} (-1 = one group per output channel)")
-    return v
-
-
-class ModelSpec(_Strict):
+class ModelSpec(Strict):
     """The source checkpoint: a local folder or a Hugging Face hub id (optionally pinned to a revision)."""
 
     source: str = Field(description="local folder or hub id (org/name)")
@@ -46,7 +34,7 @@ class ModelSpec(_Strict):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
 
 
-class CalibrationSpec(_Strict):
+class CalibrationSpec(Strict):
     """Where calibration text comes from and how much of it to use."""
 
     dataset: str = Field("mixed", description="shipped set (prose, code, mixed, heldout), a file, or a hub name")
@@ -57,7 +45,7 @@ class CalibrationSpec(_Strict):
     chat_template: bool = Field(False, description="wrap each sample in the model's chat template")
 
 
-class GateSpec(_Strict):
+class GateSpec(Strict):
     """Release gates. A gate left unset is not checked."""
 
     max_ppl_ratio: float | None = Field(None, gt=1.0, description="artifact ppl / baseline ppl")
@@ -65,7 +53,7 @@ class GateSpec(_Strict):
     min_top1: float | None = Field(None, ge=0.0, le=1.0, description="share of tokens whose argmax agrees")
 
 
-class VerifySpec(_Strict):
+class VerifySpec(Strict):
     """The evaluation protocol and its gates."""
 
     enabled: bool = True
@@ -77,7 +65,7 @@ class VerifySpec(_Strict):
     gates: GateSpec = Field(default_factory=lambda: GateSpec(max_ppl_ratio=1.5, max_kld=0.5, min_top1=0.6))
 
 
-class SmokeSpec(_Strict):
+class SmokeSpec(Strict):
     """Serve the artifact in its real engine and ask it a few questions."""
 
     enabled: bool = True
@@ -86,118 +74,11 @@ class SmokeSpec(_Strict):
     python: str | None = Field(None, description="the engine's own Python (vLLM/TensorRT-LLM environments)")
 
 
-class _Method(_Strict):
-    """Fields every quantization method shares."""
-
-    name: str | None = Field(None, description="artifact folder name inside a multi-output release")
-    ignore: list[str] = Field(default_factory=lambda: ["lm_head"], description="modules kept in full precision")
+MethodSpec = Annotated[Union[formats.specs()], Field(discriminator="method")]  # type: ignore[valid-type]
+METHODS = formats.methods()
 
 
-class AwqSpec(_Method):
-    """AWQ W4A16 through llm-compressor's AWQModifier (activation-aware scaling, then group quantization)."""
-
-    method: Literal["awq"]
-    bits: Literal[4, 8] = 4
-    group_size: int = 128
-    symmetric: bool = False
-    format: Literal["compressed-tensors", "autoawq"] = "compressed-tensors"
-    duo_scaling: bool = True
-    _g = field_validator("group_size")(_check_group_size)
-
-
-class GptqSpec(_Method):
-    """GPTQ W4A16/W8A16 through llm-compressor's GPTQModifier (second-order error compensation)."""
-
-    method: Literal["gptq"]
-    bits: Literal[4, 8] = 4
-    group_size: int = 128
-    symmetric: bool = True
-    act_order: bool = Field(True, description="GPTQ activation ordering (static: no g_idx, no runtime cost)")
-    damp: float = Field(0.01, gt=0, lt=1, description="dampening as a fraction of the Hessian diagonal mean")
-    format: Literal["compressed-tensors", "gptq"] = "compressed-tensors"
-    _g = field_validator("group_size")(_check_group_size)
-
-
-class Fp8Spec(_Method):
-    """FP8 E4M3 weights with their scales: static (calibrated input scales), dynamic, or 128x128 blocks."""
-
-    method: Literal["fp8"]
-    scheme: Literal["static", "dynamic", "block"] = "static"
-    kv_cache_fp8: bool = False
-
-
-class Int8Spec(_Method):
-    """SmoothQuant then W8A8 INT8 (per-channel weights, dynamic per-token activations)."""
-
-    method: Literal["int8"]
-    smoothing_strength: float = Field(0.8, gt=0.0, lt=1.0)
-    weights: Literal["gptq", "rtn"] = "gptq"
-
-
-class RtnSpec(_Method):
-    """Round-to-nearest W4A16/W8A16: no calibration, the baseline AWQ and GPTQ must beat."""
-
-    method: Literal["rtn"]
-    bits: Literal[4, 8] = 4
-    group_size: int = 128
-    symmetric: bool = True
-    _g = field_validator("group_size")(_check_group_size)
-
-
-GGUF_TYPES = (
-    "F32", "F16", "BF16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_0", "Q5_1", "Q4_K_M", "Q4_K_S", "Q4_0",
-    "Q4_1", "Q3_K_L", "Q3_K_M", "Q3_K_S", "Q2_K", "IQ4_XS", "IQ4_NL",
-)
-
-
-class GgufSpec(_Method):
-    """GGUF for llama.cpp: convert once, then quantize into each type with llama.cpp's own quantizer."""
-
-    method: Literal["gguf"]
-    types: list[str] = Field(default_factory=lambda: ["Q4_K_M"], min_length=1)
-    imatrix: bool = Field(False, description="compute an importance matrix from the calibration set")
-    ignore: list[str] = Field(default_factory=list)
-
-    @field_validator("types")
-    @classmethod
-    def _types(cls, v: list[str]) -> list[str]:
-        out = [t.upper() for t in v]
-        bad = [t for t in out if t not in GGUF_TYPES]
-        if bad:
-            raise ValueError(f"unknown GGUF type {', '.join(bad)}; known: {', '.join(GGUF_TYPES)}")
-        return out
-
-
-class TrtLimits(_Strict):
-    """TensorRT-LLM engine limits passed to trtllm-build."""
-
-    max_batch_size: int = Field(8, ge=1)
-    max_input_len: int = Field(1024, ge=1)
-    max_seq_len: int = Field(2048, ge=1)
-    max_num_tokens: int = Field(8192, ge=1)
-    paged_kv_cache: bool = True
-    gemm_plugin: str | None = "auto"
-
-
-class TrtSpec(_Method):
-    """ModelOpt quantization + export for TensorRT-LLM (unified HF checkpoint and TRT-LLM checkpoint)."""
-
-    method: Literal["trt"]
-    quantization: Literal["fp8", "int8_sq", "int4_awq", "w4a8_awq", "none"] = "fp8"
-    kv_cache: Literal["fp8", "int8", "auto"] = "auto"
-    tp: int = Field(1, ge=1, le=64)
-    pp: int = Field(1, ge=1, le=64)
-    limits: TrtLimits = Field(default_factory=TrtLimits)
-    checkpoint_only: bool = False
-
-
-MethodSpec = Annotated[
-    Union[AwqSpec, GptqSpec, Fp8Spec, Int8Spec, RtnSpec, GgufSpec, TrtSpec], Field(discriminator="method")
-]
-METHODS = ("awq", "gptq", "fp8", "int8", "rtn", "gguf", "trt")
-
-
-class RuntimeSpec(_Strict):
+class RuntimeSpec(Strict):
     """Where and how the work runs. Not part of what an artifact *is*, but recorded for reproduction."""
 
     device: str = Field("auto", description="auto, cpu, cuda, cuda:N")
@@ -206,7 +87,7 @@ class RuntimeSpec(_Strict):
     python: str | None = Field(None, description="another Python environment for this step (TensorRT-LLM)")
 
 
-class Recipe(_Strict):
+class Recipe(Strict):
     """A whole recipe. ``quantize`` (one artifact at ``output``) or ``outputs`` (several under ``output``)."""
 
     model: ModelSpec
@@ -223,7 +104,7 @@ class Recipe(_Strict):
         if (self.quantize is None) == (self.outputs is None):
             raise ValueError("give exactly one of 'quantize' (one artifact) or 'outputs' (a list of artifacts)")
         if self.outputs is not None:
-            names = [artifact_name(o) for o in self.outputs]
+            names = [formats.folder(o) for o in self.outputs]
             dup = sorted({n for n in names if names.count(n) > 1})
             if dup:
                 raise ValueError(f"two outputs would write the same folder {dup[0]!r}; give each a distinct 'name'")
@@ -233,7 +114,7 @@ class Recipe(_Strict):
         """Each output with the folder it is written to."""
         if self.quantize is not None:
             return [(self.quantize, Path(self.output))]
-        return [(o, Path(self.output) / artifact_name(o)) for o in self.outputs or []]
+        return [(o, Path(self.output) / formats.folder(o)) for o in self.outputs or []]
 
     def output_sha256(self, spec: Any) -> str:
         """Hash of what decides one output's bytes: the source, that output's spec, and (if used) calibration.
@@ -248,21 +129,6 @@ class Recipe(_Strict):
     def sha256(self) -> str:
         """Hash of the recipe as run (canonical JSON), used to decide whether an artifact can be reused."""
         return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()
-
-
-def artifact_name(spec: Any) -> str:
-    """A stable folder name for an output: its ``name``, else derived from the method and its main parameters."""
-    if spec.name:
-        return spec.name
-    if spec.method in ("awq", "gptq", "rtn"):
-        return f"{spec.method}-w{spec.bits}g{spec.group_size if spec.group_size > 0 else 'ch'}"
-    if spec.method == "fp8":
-        return f"fp8-{spec.scheme}"
-    if spec.method == "int8":
-        return f"int8-sq-{spec.weights}"
-    if spec.method == "gguf":
-        return "gguf"
-    return f"trt-{spec.quantization}"
 
 
 # ----------------------------------------------------------------------------------------------------------------

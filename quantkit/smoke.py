@@ -109,6 +109,17 @@ class SmokeResult:
     def ok(self) -> bool:
         return bool(self.runs) and all(r.status == "passed" for r in self.runs)
 
+    def error(self) -> QuantkitError:
+        """The error a failed result stands for: which runs failed and why (with each server's log tail) and a
+        hint; a baseline mismatch under ``require_match`` alone is a failed gate (exit code 3)."""
+        bad = [r for r in self.runs if r.status != "passed"]
+        message = "smoke test failed: " + "\n".join(f"{r.target.name} ({r.engine}, {r.status}): {r.error}"
+                                                     for r in bad)
+        hint = next((r.hint for r in bad if r.hint), None)
+        if bad and all(r.data.get("gate") for r in bad):
+            return GateFailedError(message, hint=hint)
+        return BackendError(message, hint=hint)
+
     def to_json(self) -> dict[str, Any]:
         return {"path": str(self.path), "engine": self.engine, "ok": self.ok,
                 "runs": [r.to_json() for r in self.runs], "doctor": self.doctor, "baseline": self.baseline,
@@ -302,11 +313,12 @@ def baseline_model(path: Path, baseline: str) -> Path:
                              hint="pass the source model's folder, or 'source' to use the one in quantkit.json")
         return p
     root = path if path.is_dir() else path.parent
-    src = (artifact.read_manifest(root).get("source") or {}).get("path")
-    if not src or not (Path(src) / "config.json").exists():
-        raise UsageError(f"--baseline source: {root}'s manifest names no source model on this machine ({src})",
-                         hint="pass --baseline PATH to the source model's folder")
-    return Path(src)
+    src = artifact.read_manifest(root).source
+    local = src.local_path()
+    if local is None:
+        raise UsageError(f"--baseline source: {root}'s manifest names no source model on this machine "
+                         f"({src.id}, {src.path})", hint="pass --baseline PATH to the source model's folder")
+    return local
 
 
 def baseline_generation(path: Path, opts: SmokeOptions, rep: Reporter) -> tuple[dict[str, Any], Any]:
@@ -366,23 +378,12 @@ def _record(path: Path, result: SmokeResult) -> bool:
         return False
     now = artifact.now_iso()
     with artifact.output_lock(root, wait=True):
-        current = artifact.read_manifest(root).get("smoke") or {}
-        runs = dict(current.get("runs") or {}) if isinstance(current, dict) else {}
+        current = artifact.read_manifest(root).smoke
+        runs = dict(current.runs) if current else {}
         for r in result.runs:
             entry = r.to_json()
             entry.pop("target", None)
             entry["when"] = now
             runs[r.key] = entry
-        artifact.update_manifest(root, smoke={"updated": now, "runs": runs})
+        artifact.update_manifest(root, smoke=artifact.SmokeInfo(updated=now, runs=runs))
     return True
-
-
-def failure(result: SmokeResult) -> QuantkitError:
-    """The error the CLI raises for a result that is not ok: which runs failed and why (with each server's log
-    tail) and a hint; a baseline mismatch under ``require_match`` alone is a failed gate (exit code 3)."""
-    bad = [r for r in result.runs if r.status != "passed"]
-    message = "smoke test failed: " + "\n".join(f"{r.target.name} ({r.engine}, {r.status}): {r.error}" for r in bad)
-    hint = next((r.hint for r in bad if r.hint), None)
-    if bad and all(r.data.get("gate") for r in bad):
-        return GateFailedError(message, hint=hint)
-    return BackendError(message, hint=hint)

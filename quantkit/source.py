@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quantkit.artifact import SourceInfo
 from quantkit.errors import SourceModelError
 from quantkit.recipe import ModelSpec
 
@@ -37,6 +38,7 @@ class SourceModel:
     size_bytes: int = 0
     num_parameters: int = 0
     is_pickle: bool = False
+    from_hub: bool = False
 
     @property
     def architecture(self) -> str:
@@ -47,13 +49,12 @@ class SourceModel:
     def model_type(self) -> str:
         return str(self.config.get("model_type", "?"))
 
-    def manifest(self) -> dict:
-        return {
-            "id": self.spec, "path": str(self.path), "revision": self.revision,
-            "architecture": self.architecture, "model_type": self.model_type,
-            "config_sha256": self.config_sha256, "size_bytes": self.size_bytes,
-            "parameters": self.num_parameters,
-        }
+    def manifest(self) -> SourceInfo:
+        """The manifest's ``source``: the name as given, the resolved folder, and the folder the run was in."""
+        return SourceInfo(id=self.spec, path=str(self.path.resolve()), hub=self.from_hub, made_in=str(Path.cwd()),
+                          revision=self.revision, architecture=self.architecture, model_type=self.model_type,
+                          config_sha256=self.config_sha256, size_bytes=self.size_bytes,
+                          parameters=self.num_parameters)
 
 
 def looks_like_hub_id(spec: str) -> bool:
@@ -64,8 +65,10 @@ def looks_like_hub_id(spec: str) -> bool:
 def resolve(spec: ModelSpec) -> SourceModel:
     """Turn a model spec into a vetted local checkpoint (downloading from the hub if needed)."""
     path, revision = _local_path(spec)
-    return vet(path, spec=spec.source, revision=revision, trust_remote_code=spec.trust_remote_code,
-               allow_pickle=spec.allow_pickle)
+    model = vet(path, spec=spec.source, revision=revision, trust_remote_code=spec.trust_remote_code,
+                allow_pickle=spec.allow_pickle)
+    model.from_hub = path != Path(os.path.expanduser(spec.source))
+    return model
 
 
 def _local_path(spec: ModelSpec) -> tuple[Path, str | None]:

@@ -11,23 +11,31 @@ from pathlib import Path
 import pytest
 
 from quantkit import artifact
-from quantkit.errors import DiskSpaceError, LockedError, OutputExistsError
+from quantkit.errors import DiskSpaceError, LockedError, OutputExistsError, UsageError
 
 
-def make(final: Path, content: bytes = b"weights", force: bool = False) -> dict:
+ROOT = Path(__file__).resolve().parents[1]
+SOURCE = artifact.SourceInfo(id="models/quantkit-tiny", path=str(ROOT / "models" / "quantkit-tiny"),
+                             made_in=str(ROOT), config_sha256="0" * 64)
+
+
+def make(final: Path, content: bytes = b"weights", force: bool = False) -> artifact.Manifest:
     with artifact.ArtifactWriter(final, force=force) as w:
+        (w.path / "config.json").write_text("{}")
         (w.path / "model.safetensors").write_bytes(content)
         (w.path / "sub").mkdir()
         (w.path / "sub" / "tokenizer.json").write_text("{}")
-        return w.commit({"format": "test"})
+        return w.commit(artifact.Manifest(format="test", method="test", source=SOURCE))
 
 
 def test_commit_renames_into_place_with_manifest(tmp_path: Path) -> None:
     out = tmp_path / "art"
     m = make(out)
-    assert sorted(m["files"]) == ["model.safetensors", "sub/tokenizer.json"]
-    assert m["files"]["model.safetensors"]["sha256"] == artifact.sha256_file(out / "model.safetensors")
-    assert json.loads((out / "quantkit.json").read_text())["format"] == "test"
+    assert sorted(m.files) == ["config.json", "model.safetensors", "sub/tokenizer.json"]
+    assert m.files["model.safetensors"].sha256 == artifact.sha256_file(out / "model.safetensors")
+    on_disk = json.loads((out / "quantkit.json").read_text())
+    assert on_disk["format"] == "test" and on_disk["schema_version"] == artifact.SCHEMA_VERSION
+    assert artifact.read_manifest(out) == m
     assert [p.name for p in tmp_path.iterdir()] == ["art"]  # no temp folder or lock left behind
 
 
@@ -110,5 +118,44 @@ def test_update_manifest_rehashes_new_files(tmp_path: Path) -> None:
     make(out)
     (out / "report.md").write_text("# report")
     m = artifact.update_manifest(out, evaluation={"ppl": 1.0})
-    assert m["evaluation"] == {"ppl": 1.0} and "report.md" in m["files"]
+    assert m.evaluation.model_dump(exclude_unset=True) == {"ppl": 1.0} and "report.md" in m.files
     assert artifact.verify(out).ok
+
+
+def test_size_is_the_weight_files_everywhere(tmp_path: Path, cli) -> None:
+    out = tmp_path / "art"
+    make(out, b"W" * 4096)
+    assert artifact.size_bytes(out) == artifact.read_manifest(out).size_bytes == 4096
+    shown = json.loads(cli("inspect", out, "--json", check=True).stdout)
+    assert shown["size_bytes"] == 4096
+
+
+def test_manifests_of_earlier_versions_still_open_and_verify(tmp_path: Path, cli) -> None:
+    """A schema-1 manifest (written by quantkit 0.1.0 before the typed manifest, kept in tests/data) reads into the
+    typed object, and an artifact sealed with that layout verifies, inspects and finds its source model."""
+    v1 = json.loads((Path(__file__).parent / "data" / "manifest-v1.json").read_text())
+    assert v1["schema"] == 1 and "schema_version" not in v1
+    m = artifact.Manifest.from_json(v1)
+    assert m.schema_version == 1 and m.method == "gptq" and m.calibration.samples == 4
+    assert m.source.id == "models/quantkit-tiny" and not m.source.hub
+    assert m.evaluation.results[0]["ppl"] > 1 and m.size_bytes == v1["files"]["model.safetensors"]["size"]
+    out = tmp_path / "old"
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    (out / "model.safetensors").write_bytes(b"old weights")
+    v1["files"] = {name: {"sha256": artifact.sha256_file(out / name), "size": (out / name).stat().st_size}
+                   for name in ("config.json", "model.safetensors")}
+    (out / "quantkit.json").write_text(json.dumps(v1))
+    assert json.loads(cli("verify", out, "--json", check=True).stdout)[0]["ok"] is True
+    assert json.loads(cli("inspect", out, "--json", check=True).stdout)["method"] == "gptq"
+    assert artifact.read_manifest(out).source.local_path() == Path("models/quantkit-tiny")
+
+
+def test_a_manifest_from_a_newer_quantkit_is_refused_clearly(tmp_path: Path) -> None:
+    out = tmp_path / "new"
+    make(out)
+    data = json.loads((out / "quantkit.json").read_text())
+    data["schema_version"] = artifact.SCHEMA_VERSION + 1
+    (out / "quantkit.json").write_text(json.dumps(data))
+    with pytest.raises(UsageError, match="newer than this quantkit"):
+        artifact.read_manifest(out)

@@ -64,7 +64,7 @@ def test_token_hash_tracks_the_exact_tokens(tok) -> None:
     assert a.samples == b.samples
     assert len({a.tokens_sha256, c.tokens_sha256, d.tokens_sha256}) == 3
     assert a.tokens_sha256 == calibration.tokens_sha256(a.samples)
-    assert a.manifest()["tokens"] == 4 * 64
+    assert a.manifest().tokens == 4 * 64
 
 
 def test_shipped_sets_load_and_heldout_is_disjoint_from_calibration() -> None:

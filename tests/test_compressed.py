@@ -452,7 +452,7 @@ def test_shipped_recipes_are_the_verbs_defaults():
 
 
 def test_plan_table():
-    from quantkit.recipe import AwqSpec, Fp8Spec, GptqSpec, Int8Spec, RtnSpec
+    from quantkit.formats.specs import AwqSpec, Fp8Spec, GptqSpec, Int8Spec, RtnSpec
 
     assert [n for n, _ in compressed.plan(AwqSpec(method="awq")).modifiers] == ["AWQModifier", "QuantizationModifier"]
     gptq = compressed.plan(GptqSpec(method="gptq", act_order=False, damp=0.05))

@@ -161,7 +161,7 @@ def test_reference_logits(tiny_gguf: dict, heldout: list[str]) -> None:
 def test_only_requested_types_are_kept(tmp_path: Path) -> None:
     res = convert(TINY, tmp_path / "q4", ["Q4_K_M"])
     assert sorted(p.name for p in res.path.iterdir()) == ["quantkit-tiny-Q4_K_M.gguf", "quantkit.json"]
-    assert res.manifest["quantization"]["intermediate"] == "BF16"  # lossless for the bf16 checkpoint
+    assert res.manifest.quantization["intermediate"] == "BF16"  # lossless for the bf16 checkpoint
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -203,7 +203,7 @@ def build(directory: Path, config_cls: str, model_cls: str, tokenizer_from: Path
 
 
 def check_against_transformers(model_dir: Path, res: api.ArtifactResult, texts: list[str], tok: object) -> None:
-    files = res.manifest["quantization"]["files"]
+    files = res.manifest.quantization["files"]
     assert llama_tokenize(res.path / files["F16"], texts) == [tok(t)["input_ids"] for t in texts]
     ids = tok(texts[0])["input_ids"][:64]
     ref = hf_logits(model_dir, ids)
@@ -221,7 +221,7 @@ def test_family_converts_and_matches(family: str, tmp_path: Path, heldout: list[
     config_cls, model_cls, overrides = FAMILIES[family]
     model_dir = build(tmp_path / f"tiny-{family}", config_cls, model_cls, **overrides)
     res = convert(model_dir, tmp_path / "out", ["F16", "Q4_K_M"])
-    q = res.manifest["quantization"]
+    q = res.manifest.quantization
     assert q["family"] == family
     check_against_transformers(model_dir, res, heldout[:4], transformers.AutoTokenizer.from_pretrained(TINY))
     # 64-wide rows cannot hold 256-value K-quant blocks: llama.cpp demotes Q4_K to Q5_0 (32-value blocks),
@@ -236,12 +236,12 @@ def test_family_converts_and_matches(family: str, tmp_path: Path, heldout: list[
 def test_q8_rows_that_are_not_whole_blocks_fall_back(tmp_path: Path) -> None:
     model_dir = build(tmp_path / "odd", "Qwen3Config", "Qwen3ForCausalLM", head_dim=32, intermediate_size=80)
     res = convert(model_dir, tmp_path / "out", ["Q8_0", "Q4_K_M"])
-    fell = res.manifest["quantization"]["fallbacks"]
+    fell = res.manifest.quantization["fallbacks"]
     # ffn_down rows are 80 values: not a whole 32-value Q8_0 block, so F16 (as llama.cpp's quantizer does)
     assert fell["Q8_0"] == {"blk.0.ffn_down.weight": "F16", "blk.1.ffn_down.weight": "F16"}
     assert fell["Q4_K_M"]["blk.0.ffn_down.weight"] == "F16" and fell["Q4_K_M"]["blk.0.ffn_up.weight"] == "Q5_0"
     assert tensor_types(res.path / "odd-Q8_0.gguf")["blk.0.ffn_up.weight"] == "Q8_0"
-    assert any("fell back" in n for n in res.manifest["notes"])
+    assert any("fell back" in n for n in res.manifest.notes)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -278,8 +278,8 @@ def test_sentencepiece_style_tokenizer_json(tmp_path: Path, heldout: list[str]) 
                       vocab_size=1500, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     llama2_style_tokenizer(model_dir, prose())
     res = convert(model_dir, tmp_path / "out", ["F16"])
-    assert res.manifest["quantization"]["tokenizer"] == "llama"
-    assert res.manifest["quantization"]["pre_tokenizer"] is None
+    assert res.manifest.quantization["tokenizer"] == "llama"
+    assert res.manifest.quantization["pre_tokenizer"] is None
     texts = heldout[:12] + ["tabs\tand  double  spaces\n\n", "ünïcödé ✓ 你好"]
     check_against_transformers(model_dir, res, texts, transformers.AutoTokenizer.from_pretrained(model_dir))
 
@@ -308,8 +308,8 @@ def test_sentencepiece_model(style: str, tmp_path: Path, heldout: list[str]) -> 
     build(model_dir, cls[0], cls[1], tokenizer_from=None, vocab_size=len(tok), bos_token_id=1, eos_token_id=2,
           pad_token_id=0, **cls[2])
     res = convert(model_dir, tmp_path / "out", ["F16"])
-    assert res.manifest["quantization"]["tokenizer"] == "llama"
-    reader = gguf.GGUFReader(res.path / res.manifest["quantization"]["files"]["F16"])
+    assert res.manifest.quantization["tokenizer"] == "llama"
+    reader = gguf.GGUFReader(res.path / res.manifest.quantization["files"]["F16"])
     prefix = reader.fields["tokenizer.ggml.add_space_prefix"]
     assert bool(prefix.parts[prefix.data[0]][0]) == (style == "llama2")
     # held-out documents only: for text that starts with a space, transformers' converted Llama tokenizer

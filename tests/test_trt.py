@@ -244,14 +244,14 @@ def test_trtllm_checkpoint_config_and_tensors(build, quantization: str, tp: int)
                 assert tensor.dtype == torch.bfloat16, name
 
     m = artifact.read_manifest(art)
-    assert m["format"] == "tensorrt-llm"
-    assert m["quantization"]["quant_algo"] == algo and m["quantization"]["world_size"] == tp
-    engine = m["quantization"]["engine"]
+    assert m.format == "tensorrt-llm"
+    assert m.quantization["quant_algo"] == algo and m.quantization["world_size"] == tp
+    engine = m.quantization["engine"]
     if not ENV.tensorrt_llm:  # step 2 says what is missing and what was produced instead
         assert engine["status"] == "unavailable" and not (art / "engine").exists()
-        assert f"tensorrt_llm is not installed in {ENV.python}" in m["notes"][0]
-        assert "trtllm-build --checkpoint_dir trtllm-ckpt --output_dir engine" in m["notes"][0]
-        assert f"--workers {tp}" in m["notes"][0]
+        assert f"tensorrt_llm is not installed in {ENV.python}" in m.notes[0]
+        assert "trtllm-build --checkpoint_dir trtllm-ckpt --output_dir engine" in m.notes[0]
+        assert f"--workers {tp}" in m.notes[0]
     assert artifact.verify(art).ok
 
 
@@ -313,7 +313,7 @@ def test_unified_hf_checkpoint(build, source, quantization: str) -> None:
         return
     if kv_algo == "INT8":  # ModelOpt's unified export carries FP8 KV scales only; INT8 stays in trtllm-ckpt/
         kv_algo = None
-        assert any("model-dtype KV cache" in n for n in artifact.read_manifest(art)["notes"])
+        assert any("model-dtype KV cache" in n for n in artifact.read_manifest(art).notes)
     q = json.loads((hf / "hf_quant_config.json").read_text())["quantization"]
     assert q["quant_algo"] == algo and q["kv_cache_quant_algo"] == kv_algo
     assert json.loads((hf / "config.json").read_text())["quantization_config"]["quant_method"] == "modelopt"
@@ -394,7 +394,7 @@ def test_cli_refuses_a_recipe_without_trt_output(cli, tmp_path: Path) -> None:
 def test_engine_step_says_what_is_missing_and_what_was_produced() -> None:
     """Step 2's decision, for the environments it can meet (described as data: nothing is imported or run)."""
     from quantkit.producers.trt import engine
-    from quantkit.recipe import TrtLimits
+    from quantkit.formats.specs import TrtLimits
 
     limits = TrtLimits(max_batch_size=4, max_input_len=512, max_seq_len=1024, max_num_tokens=2048,
                        paged_kv_cache=False, gemm_plugin=None)

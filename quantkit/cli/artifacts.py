@@ -7,20 +7,18 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from quantkit.cli.common import JSON_OPT, console, emit_json, handle_errors
+from quantkit import api
+from quantkit.cli.common import JSON_OPT, command, console, emit_json
 from quantkit.errors import IntegrityError
 
 
-@handle_errors
+@command
 def inspect_cmd(
     path: Path = typer.Argument(..., help="Artifact folder, checkpoint folder or .gguf file."),
     json: bool = JSON_OPT,
 ) -> None:
     """Print what an artifact is: format, bits, scheme, size, compression vs the source, and the manifest check
     (every file's sha256 re-verified). Exits 1 if any file differs from the manifest."""
-    from quantkit import api
-    from quantkit.artifact import fmt_bytes
-
     info = api.inspect(path)
     man = info.get("manifest")
     if json:
@@ -36,14 +34,14 @@ def inspect_cmd(
         for k in keys:
             if info.get(k) is not None:
                 t.add_row(k, str(info[k]))
-        t.add_row("size", fmt_bytes(info["size_bytes"]))
+        t.add_row("size", api.fmt_bytes(info["size_bytes"]))
         if info.get("compression"):
-            t.add_row("compression", f"{info['compression']}x vs source ({fmt_bytes(info['source_size_bytes'])})")
+            t.add_row("compression", f"{info['compression']}x vs source ({api.fmt_bytes(info['source_size_bytes'])})")
         if info.get("bits_per_weight"):
             t.add_row("bits per weight", str(info["bits_per_weight"]))
         for g in info.get("gguf", []):
             extra = f", {g['bits_per_weight']} bpw" if "bits_per_weight" in g else ""
-            t.add_row(g["file"], f"{g.get('type', g.get('error', '?'))}, {fmt_bytes(g['size'])}{extra}")
+            t.add_row(g["file"], f"{g.get('type', g.get('error', '?'))}, {api.fmt_bytes(g['size'])}{extra}")
         if info.get("calibration"):
             cal = info["calibration"]
             t.add_row("calibration", f"{cal['dataset']}: {cal['samples']} x {cal['seq_len']} tokens, "
@@ -64,22 +62,14 @@ def inspect_cmd(
                              f"missing: {man['missing']}, not in manifest: {man['extra']})")
 
 
-@handle_errors
+@command
 def verify_cmd(
     path: Path = typer.Argument(..., help="Artifact folder (or release folder of artifacts)."),
     json: bool = JSON_OPT,
 ) -> None:
     """Re-hash every file against quantkit.json and report any difference (tampering, bit rot, incomplete copy).
     Exits 1 on any mismatch. A release folder is checked artifact by artifact."""
-    from quantkit import api
-    from quantkit.artifact import MANIFEST
-
-    roots = [path] if (path / MANIFEST).exists() else sorted(p.parent for p in path.glob(f"*/{MANIFEST}"))
-    if not roots:
-        from quantkit.errors import UsageError
-
-        raise UsageError(f"{path} has no {MANIFEST} (and no artifact folders holding one)")
-    results = [api.verify(r) for r in roots]
+    results = api.verify_all(path)
     if json:
         emit_json([r.to_json() for r in results])
     else:

@@ -8,6 +8,7 @@ them with the traceback.
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import sys
 from collections.abc import Callable
@@ -35,6 +36,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 JSON_OPT = typer.Option(False, "--json", help="Print one machine-readable JSON document on stdout (human output goes to stderr).")
 FORCE_OPT = typer.Option(False, "--force", "-f", help="Replace an existing output (only once the new one is complete).")
 RECIPE_OPT = typer.Option(None, "--recipe", "-r", help="Recipe YAML file (or a shipped recipe's name); flags override its fields.")
+QUIET_OPT = typer.Option(False, "--quiet", "-q", help="Only print errors and the final result.", rich_help_panel="Output")
+DEBUG_OPT = typer.Option(False, "--debug", help="Show full tracebacks for errors.", rich_help_panel="Output")
 
 
 def console(as_json: bool) -> Console:
@@ -78,4 +81,22 @@ def handle_errors(fn: F) -> F:
             err.print(f"[bold red]interrupted[/] ({why}): temporary files were removed")
             raise typer.Exit(EXIT_INTERRUPTED) from None
 
+    return wrapper  # type: ignore[return-value]
+
+
+def command(fn: F) -> F:
+    """A verb: :func:`handle_errors`, plus the global ``--quiet`` and ``--debug`` accepted after the verb as well as
+    before it (``quantkit gptq MODEL OUT --quiet`` and ``quantkit --quiet gptq MODEL OUT`` are the same)."""
+    handled = handle_errors(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, quiet: bool = False, debug: bool = False, **kwargs: Any) -> Any:
+        STATE.quiet = STATE.quiet or quiet
+        STATE.debug = STATE.debug or debug
+        return handled(*args, **kwargs)
+
+    sig = inspect.signature(fn)
+    extra = [inspect.Parameter("quiet", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=QUIET_OPT),
+             inspect.Parameter("debug", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=DEBUG_OPT)]
+    wrapper.__signature__ = sig.replace(parameters=[*sig.parameters.values(), *extra])  # type: ignore[attr-defined]
     return wrapper  # type: ignore[return-value]

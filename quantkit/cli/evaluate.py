@@ -10,53 +10,33 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from pydantic import ValidationError
 from rich.table import Table
 
-from quantkit.cli.common import JSON_OPT, RECIPE_OPT, emit_json, handle_errors, reporter
-from quantkit.errors import UsageError
+from quantkit import api
+from quantkit.cli.common import JSON_OPT, RECIPE_OPT, command, emit_json, reporter
 
 PANEL_PROTOCOL = "Protocol"
 PANEL_GATES = "Gates"
 PANEL_ENGINE = "Engine"
 
 
-def _verify_spec(recipe_path: str | None, flags: dict[str, Any]) -> tuple[Any, str | None, bool]:
-    """The verify block (recipe + flags), the recipe's source model, and whether a recipe was given."""
-    from quantkit import recipe as recipe_mod
-
-    data: dict[str, Any] = {}
-    model = None
-    if recipe_path:
-        r = recipe_mod.load(recipe_mod.find(recipe_path), check_output_escape=False)  # eval writes no output
-        data = r.verify.model_dump()
-        model = r.model.source
-    data.update({k: v for k, v in flags.items() if v is not None})
-    try:
-        return recipe_mod.VerifySpec.model_validate(data), model, bool(recipe_path)
-    except ValidationError as e:
-        problems = "; ".join(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg'].removeprefix('Value error, ')}"
-                             f" (got {err.get('input')!r})" for err in e.errors())
-        raise UsageError(f"invalid evaluation option: {problems}") from None
-
-
 def _summary(console: Any, report: Any) -> None:
-    from quantkit.verify.report import HEADER, row
-
+    header, rows = report.table()
     t = Table(title=f"quantkit eval: {report.protocol.source}, ctx {report.protocol.ctx}, "
                     f"{report.protocol.tokens_scored:,} tokens", title_justify="left")
-    for col in HEADER:
+    for col in header:
         t.add_column(col, justify="right" if col in ("size", "bits/weight", "ppl", "ratio", "KLD", "top-1") else "left")
-    t.add_row(*row(report.baseline, is_baseline=True), style="dim")
-    for r in report.results:
-        cells = row(r)
-        t.add_row(*cells[:-1], f"[green]{cells[-1]}[/]" if r.passed else f"[bold red]{cells[-1]}[/]")
+    for cells, passed in rows:
+        if passed is None:
+            t.add_row(*cells, style="dim")
+        else:
+            t.add_row(*cells[:-1], f"[green]{cells[-1]}[/]" if passed else f"[bold red]{cells[-1]}[/]")
     console.print(t)
     if report.report_path:
         console.print(f"report: {report.report_path}" + (f"  plot: {report.plot_path}" if report.plot_path else ""))
 
 
-@handle_errors
+@command
 def eval_cmd(
     artifacts: list[Path] = typer.Argument(..., help="Artifact folders, .gguf files, checkpoints, or a release folder "
                                                      "of artifacts. A folder of several .gguf files gives one result "
@@ -99,16 +79,10 @@ def eval_cmd(
     """Perplexity, KL divergence and top-1 agreement of each artifact against its baseline, on the same tokens
     in every engine. Writes report.md, a size-vs-perplexity plot and each artifact's quantkit.json evaluation
     section. Exits 3 when a gate fails (after writing the report)."""
-    from quantkit import api
-    from quantkit.verify.evaluate import EvalOptions
-
-    spec, recipe_model, from_recipe = _verify_spec(recipe, {"dataset": dataset, "ctx": ctx, "stride": stride,
-                                                            "max_tokens": max_tokens, "engine": engine})
-    options = EvalOptions.from_verify(spec, device=device, python=python, report_dir=report_dir,
-                                      gate_flags={"max_ppl_ratio": max_ppl_ratio, "max_kld": max_kld,
-                                                  "min_top1": min_top1})
-    if not from_recipe:
-        options.recipe_gates = None  # the artifacts' own recipes (then the schema defaults) decide
+    options, recipe_model = api.eval_options(
+        recipe, flags={"dataset": dataset, "ctx": ctx, "stride": stride, "max_tokens": max_tokens, "engine": engine},
+        gate_flags={"max_ppl_ratio": max_ppl_ratio, "max_kld": max_kld, "min_top1": min_top1},
+        device=device, python=python, report_dir=report_dir)
     rep = reporter(json)
     report = api.evaluate(artifacts, baseline or _manifest_or(recipe_model, artifacts), options, rep)
     if json:
@@ -120,9 +94,7 @@ def eval_cmd(
 
 def _manifest_or(recipe_model: str | None, artifacts: list[Path]) -> str | None:
     """The recipe's model is the baseline only when the artifacts do not record their own source."""
-    from quantkit.artifact import MANIFEST
-
-    if recipe_model is None or any((p if p.is_dir() else p.parent).joinpath(MANIFEST).exists() for p in artifacts):
+    if recipe_model is None or any((p if p.is_dir() else p.parent).joinpath(api.MANIFEST).exists() for p in artifacts):
         return None
     return recipe_model
 

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.table import Table
 
-from quantkit.cli.common import FORCE_OPT, JSON_OPT, emit_json, handle_errors, reporter
+from quantkit import api
+from quantkit.cli.common import FORCE_OPT, JSON_OPT, command, emit_json, reporter
 
 
-@handle_errors
+@command
 def run_cmd(
     recipe: str = typer.Argument(..., help="Recipe YAML file, or a shipped recipe's name (quantkit recipes)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Release folder (overrides the recipe's output)."),
@@ -26,12 +27,9 @@ def run_cmd(
     report.md, report.json, plot, a model card per artifact).
 
     Exit codes: 0 release ok, 1 a step failed, 2 recipe/usage error, 3 a verification gate failed."""
-    from quantkit import pipeline, recipe as recipe_mod
-
-    r = recipe_mod.load(recipe_mod.find(recipe), {"output|--output": str(output) if output else None,
-                                                  "model.source|--model": model})
+    r = api.load_recipe(recipe, {"output|--output": str(output) if output else None, "model.source|--model": model})
     rep = reporter(json)
-    result = pipeline.run(r, force=force, reporter=rep, evaluate=not no_eval, smoke=not no_smoke)
+    result = api.run(r, force=force, reporter=rep, evaluate=not no_eval, smoke=not no_smoke)
     if json:
         emit_json(result.to_json())
     else:
@@ -39,10 +37,8 @@ def run_cmd(
     result.check()
 
 
-def summary(console, result) -> None:  # noqa: ANN001 - a Rich console and a RunResult
-    from quantkit.artifact import fmt_bytes
-    from quantkit.pipeline import fmt_num as _f
-
+def summary(console: Any, result: Any) -> None:
+    """The release table: one row per artifact file (a GGUF output has one per type)."""
     t = Table(title=f"release {result.release}", title_justify="left")
     for col in ("output", "status", "format", "size", "ppl", "ppl ratio", "KLD", "top-1", "smoke", "gates"):
         t.add_column(col)
@@ -56,13 +52,14 @@ def summary(console, result) -> None:  # noqa: ANN001 - a Rich console and a Run
             smoke = (o.smoke or {}).get("status", "skipped") if i == 0 else ""
             t.add_row(o.name + (f" {x['file']}" if x.get("file") else ""),
                       o.status if i == 0 else "", j["format"] or "-",
-                      fmt_bytes(x.get("size_bytes") or j["size_bytes"] or 0),
-                      _f(x.get("ppl")), _f(x.get("ppl_ratio")), _f(x.get("kld"), 4), _f(x.get("top1")), smoke, gate_s)
+                      api.fmt_bytes(x.get("size_bytes") or j["size_bytes"] or 0),
+                      api.fmt_num(x.get("ppl")), api.fmt_num(x.get("ppl_ratio")), api.fmt_num(x.get("kld"), 4),
+                      api.fmt_num(x.get("top1")), smoke, gate_s)
     console.print(t)
     console.print(f"[dim]{result.seconds:.1f}s; bundle in {result.release} (SHA256SUMS, report.md, report.json)[/]")
 
 
-@handle_errors
+@command
 def publish_cmd(
     folder: Path = typer.Argument(..., help="An artifact folder, or a release folder of artifacts."),
     repo: str = typer.Option(..., "--repo", help="Hub repository ORG/NAME (a release gets ORG/NAME-<artifact> each)."),
@@ -70,9 +67,7 @@ def publish_cmd(
     json: bool = JSON_OPT,
 ) -> None:
     """Upload artifacts to the Hugging Face hub with huggingface_hub, after re-verifying every sha256."""
-    from quantkit import publish
-
-    done = publish.publish(folder, repo, private=private)
+    done = api.publish(folder, repo, private=private)
     if json:
         emit_json(done)
     else:

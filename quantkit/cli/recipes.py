@@ -8,35 +8,30 @@ import typer
 from rich.syntax import Syntax
 from rich.table import Table
 
-from quantkit.cli.common import JSON_OPT, console, emit_json, handle_errors
+from quantkit import api
+from quantkit.cli.common import JSON_OPT, command, console, emit_json
 
 
-@handle_errors
+@command
 def recipes_cmd(
     name: Optional[str] = typer.Argument(None, help="Show this recipe (name or path), validated, with defaults."),
     schema: bool = typer.Option(False, "--schema", help="Print the recipe JSON schema (every field)."),
     json: bool = JSON_OPT,
 ) -> None:
     """List the shipped recipes in recipes/, or show one (validated, every default filled in)."""
-    from quantkit import recipe as recipe_mod
-
     c = console(json)
     if schema:
-        emit_json(recipe_mod.Recipe.model_json_schema())
+        emit_json(api.recipe_schema())
         return
     if name:
-        path = recipe_mod.find(name)
-        r = recipe_mod.load(path, check_output_escape=False)
+        path, r, text = api.show_recipe(name)
         if json:
             emit_json(r.model_dump(mode="json"))
         else:
             c.print(f"[bold]{path}[/] (valid; defaults filled in)")
-            c.print(Syntax(recipe_mod.dump(r), "yaml"))
+            c.print(Syntax(text, "yaml"))
         return
-    rows = []
-    for p in sorted(recipe_mod.shipped_dir().glob("*.yaml")):
-        first = next((ln[1:].strip() for ln in p.read_text().splitlines() if ln.startswith("#")), "")
-        rows.append({"name": p.stem, "path": str(p), "description": first})
+    rows = api.shipped_recipes()
     if json:
         emit_json(rows)
         return
@@ -52,19 +47,14 @@ calib_app = typer.Typer(help="Calibration sets: list the shipped ones, preview a
 
 
 @calib_app.command("list")
-@handle_errors
+@command
 def calib_list(json: bool = JSON_OPT) -> None:
     """List the calibration and evaluation sets shipped in calibration/."""
-    from quantkit import calibration
-
-    rows = []
-    for name in calibration.SHIPPED:
-        docs = calibration.load_documents(name)
-        rows.append({"name": name, "documents": len(docs.items), "characters": sum(len(d) for d in docs.items)})
+    rows = api.calibration_sets()
     if json:
         emit_json(rows)
         return
-    t = Table(title=f"shipped sets ({calibration.shipped_dir()}; PSF licence, see LICENSE-PSF.txt)", title_justify="left")
+    t = Table(title="shipped sets (calibration/; PSF licence, see LICENSE-PSF.txt)", title_justify="left")
     for col in ("name", "documents", "characters"):
         t.add_column(col)
     for r in rows:
@@ -74,7 +64,7 @@ def calib_list(json: bool = JSON_OPT) -> None:
 
 
 @calib_app.command("show")
-@handle_errors
+@command
 def calib_show(
     source: str = typer.Argument(..., help="Shipped set name, file, or hub dataset."),
     model: Optional[str] = typer.Option(None, "--model", help="Tokenize with this model's tokenizer and report the token hash."),
@@ -87,28 +77,15 @@ def calib_show(
     json: bool = JSON_OPT,
 ) -> None:
     """Preview a calibration source: its documents, and with --model the exact token samples and their sha256."""
-    from quantkit import calibration
-    from quantkit.recipe import CalibrationSpec
-
-    docs = calibration.load_documents(source, field)
-    info: dict = {"source": source, "kind": docs.kind, "documents": len(docs.items), "chat": docs.chat,
-                  "source_sha256": docs.file_sha256,
-                  "preview": [str(d)[:300] for d in docs.items[:n]]}
-    if model:
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(model)
-        spec = CalibrationSpec(dataset=source, samples=samples, seq_len=seq_len, seed=seed, field=field,
-                               chat_template=chat_template)
-        cs = calibration.build(spec, tok, docs)
-        info["calibration"] = cs.manifest()
-        info["first_sample"] = tok.decode(cs.samples[0])[:300]
+    info = api.preview_calibration(source, model=model, samples=samples, seq_len=seq_len, seed=seed, field=field,
+                                   chat_template=chat_template, show=n)
     if json:
         emit_json(info)
         return
     c = console(False)
-    c.print(f"[bold]{source}[/] ({docs.kind}): {len(docs.items)} documents"
-            + (" (chat)" if docs.chat else "") + (f", sha256 {docs.file_sha256[:16]}…" if docs.file_sha256 else ""))
+    c.print(f"[bold]{source}[/] ({info['kind']}): {info['documents']} documents"
+            + (" (chat)" if info["chat"] else "")
+            + (f", sha256 {info['source_sha256'][:16]}…" if info["source_sha256"] else ""))
     for i, p in enumerate(info["preview"]):
         c.rule(f"document {i}")
         c.print(p, markup=False)

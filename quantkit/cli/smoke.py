@@ -9,7 +9,8 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from quantkit.cli.common import JSON_OPT, console, emit_json, handle_errors, reporter
+from quantkit import api
+from quantkit.cli.common import JSON_OPT, command, console, emit_json, reporter
 from quantkit.errors import BackendError, UsageError
 
 ENGINES = ("auto", "vllm", "llama.cpp", "trtllm")
@@ -37,7 +38,7 @@ def _env(pairs: list[str] | None) -> dict[str, str]:
     return out
 
 
-@handle_errors
+@command
 def smoke_cmd(
     artifact: Path = typer.Argument(..., help="Artifact folder (compressed-tensors, GGUF, TensorRT-LLM) or a "
                                     ".gguf file."),
@@ -77,21 +78,19 @@ def smoke_cmd(
     loopback port, check /v1/models, a greedy completion and a chat answer, time the first token and decoding,
     then stop the server (always, also on Ctrl-C). Results go into quantkit.json; the server log is kept beside
     the artifact. Exits 1 if the server does not start or answers badly, 3 on a --require-match mismatch."""
-    from quantkit import api
-    from quantkit.smoke import DEFAULT_PROMPT, failure
-
     result = api.smoke(
         artifact, reporter=reporter(json), engine=_engine(engine), python=python, server_cmd=server_cmd,
         env=_env(env), extra_args=list(server_arg or []), port=port, timeout=timeout,
-        prompt=prompt or DEFAULT_PROMPT, max_tokens=max_tokens, speed_tokens=speed_tokens, baseline=baseline,
+        max_tokens=max_tokens, speed_tokens=speed_tokens, baseline=baseline,
         match_tokens=match_tokens, require_match=require_match, file=file, log_dir=log_dir,
-        max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization, check_versions=not skip_doctor)
+        max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization, check_versions=not skip_doctor,
+        **({"prompt": prompt} if prompt else {}))
     if json:
         emit_json(result.to_json())
     else:
         _print_smoke(result)
     if not result.ok:
-        raise failure(result)
+        raise result.error()
 
 
 def _print_smoke(result: Any) -> None:
@@ -120,7 +119,7 @@ def _print_smoke(result: Any) -> None:
             c.print(f"[dim]{escape(r.target.name)}: {escape(line)}[/]", soft_wrap=True)
 
 
-@handle_errors
+@command
 def doctor_cmd(
     artifact: Optional[Path] = typer.Argument(None, help="Artifact to check against the engine (optional)."),
     engine: str = ENGINE_OPT,
@@ -133,8 +132,6 @@ def doctor_cmd(
     ARTIFACT, whether that engine can read it: the compressed-tensors version it was written with against the
     one the engine reads it with, whether that version knows its format and scheme, GGUF file types, and known
     incompatibilities. Exits 1 when a check predicts the engine will not load the artifact."""
-    from quantkit import api
-
     rep = api.doctor(artifact, engine=_engine(engine), python=python, env=_env(env))
     if json:
         emit_json(rep.to_json())
@@ -146,8 +143,6 @@ def doctor_cmd(
 
 
 def _print_doctor(rep: Any) -> None:
-    from quantkit.doctor import DISTS
-
     c = console(False)
     envs = [("quantkit", rep.quantkit or {})]
     if rep.engine and rep.engine.get("python") != (rep.quantkit or {}).get("python") or (rep.engine or {}).get("env"):
@@ -157,7 +152,7 @@ def _print_doctor(rep: Any) -> None:
     for name, _ in envs:
         t.add_column(name)
     t.add_row("python", *[escape(f"{e.get('python_version', '?')} {e.get('python', '')}") for _, e in envs])
-    for d in DISTS:
+    for d in rep.dists:
         vals = [(e.get("versions") or {}).get(d) for _, e in envs]
         if any(vals):
             t.add_row(d, *[v or "[dim]-[/]" for v in vals])

@@ -1,7 +1,7 @@
 """``build-trt``: a recipe's TensorRT-LLM outputs: ModelOpt checkpoints, then the engine where TensorRT-LLM exists.
 
 The quantization itself runs in the ModelOpt environment (see :mod:`quantkit.producers.trt.pyenv`); this module
-only parses flags, calls :func:`quantkit.api.quantize_one` for each ``method: trt`` output, and renders the result.
+only parses flags, calls :func:`quantkit.api.build_trt`, and renders the result.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from quantkit.cli.common import FORCE_OPT, JSON_OPT, emit_json, handle_errors, reporter
-from quantkit.errors import BackendError, RecipeError
+from quantkit import api
+from quantkit.cli.common import FORCE_OPT, JSON_OPT, command, emit_json, reporter
+from quantkit.errors import BackendError
 
 HELP = ("TensorRT-LLM through NVIDIA ModelOpt: calibrate and quantize (fp8, int8_sq, int4_awq, w4a8_awq), write the "
         "unified Hugging Face checkpoint (hf/: vLLM, SGLang, TensorRT-LLM's LLM API) and the TensorRT-LLM checkpoint "
@@ -22,7 +23,7 @@ HELP = ("TensorRT-LLM through NVIDIA ModelOpt: calibrate and quantize (fp8, int8
         "TensorRT-LLM <= 1.2 is installed. ModelOpt runs in its own Python environment (--python).")
 
 
-@handle_errors
+@command
 def build_trt_cmd(
     recipe: str = typer.Argument(..., help="Recipe YAML (or a shipped recipe's name, e.g. trt-fp8) with a "
                                  "'quantize: {method: trt, ...}' section or trt outputs.", show_default=False),
@@ -30,29 +31,18 @@ def build_trt_cmd(
                                          "do not build an engine."),
     python: Optional[str] = typer.Option(None, "--python", help="The ModelOpt environment's Python \\[default: "
                                          "runtime.python, QUANTKIT_TRT_PYTHON, .venv-trt/bin/python, this Python]."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Artifact folder (one output) or release "
+                                          "folder (several) \\[default: the recipe's output]."),
     force: bool = FORCE_OPT,
     json: bool = JSON_OPT,
 ) -> None:
     """Build a recipe's TensorRT-LLM artifact(s): ModelOpt checkpoints, and the engine where it can be built."""
-    from quantkit import api, recipe as recipe_mod, source as source_mod
-
-    path = recipe_mod.find(recipe)
-    r = recipe_mod.load(path, {"runtime.python|--python": python})
-    specs = [(spec, out) for spec, out in r.artifacts() if spec.method == "trt"]
-    if not specs:
-        got = r.quantize.method if r.quantize else ", ".join(sorted({o.method for o in r.outputs or []}))
-        raise RecipeError(f"{path} has no TensorRT-LLM output (method: trt); it is {got}",
-                          hint="`quantkit recipes trt-fp8` shows a TensorRT-LLM recipe")
-    if checkpoint_only:
-        for spec, _ in specs:
-            spec.checkpoint_only = True
     rep = reporter(json)
-    with rep.timed("check_source"):
-        src = source_mod.resolve(r.model)
-    results = [api.quantize_one(r, spec, out, force=force, reporter=rep, source=src) for spec, out in specs]
-    failed = [res for res in results if (res.manifest["quantization"].get("engine") or {}).get("status") == "failed"]
+    results = api.build_trt(recipe, checkpoint_only=checkpoint_only, python=python,
+                            output=str(output) if output else None, force=force, reporter=rep)
+    failed = [res for res in results if (res.manifest.quantization.get("engine") or {}).get("status") == "failed"]
     if json:
-        emit_json([{**res.to_json(), "notes": res.manifest.get("notes")} for res in results])
+        emit_json([res.to_json() for res in results])
     else:
         _summary(rep.console, results)
     if failed:
@@ -61,35 +51,32 @@ def build_trt_cmd(
 
 
 def _dir_bytes(files: dict[str, Any], prefix: str) -> int:
-    return sum(f["size"] for name, f in files.items() if name.startswith(prefix + "/"))
+    return sum(f.size for name, f in files.items() if name.startswith(prefix + "/"))
 
 
 def _summary(console: Any, results: list[Any]) -> None:
-    from quantkit.artifact import fmt_bytes
-
     t = Table(title="quantkit build-trt", title_justify="left")
     for col in ("artifact", "quantization", "kv cache", "tp x pp", "hf/", "trtllm-ckpt/", "engine", "calibration",
                 "time"):
         t.add_column(col, overflow="fold")
     for res in results:
         m = res.manifest
-        q = m["quantization"]
-        files = m.get("files", {})
-        calib = m.get("calibration")
+        q = m.quantization
+        calib = m.calibration
         eng = q.get("engine") or {}
         engine_cell = eng.get("status", "-")
         if eng.get("status") in ("ran", "built"):
-            engine_cell += f" ({fmt_bytes(_dir_bytes(files, q['layout']['engine']))})"
+            engine_cell += f" ({api.fmt_bytes(_dir_bytes(m.files, q['layout']['engine']))})"
         t.add_row(str(res.path), f"{q['scheme']} ({q.get('quant_algo')})", str(q.get("kv_cache_quant_algo") or "-"),
-                  f"{q['tp']} x {q['pp']}", fmt_bytes(_dir_bytes(files, q["layout"]["hf"])),
-                  fmt_bytes(_dir_bytes(files, q["layout"]["trtllm_checkpoint"])), engine_cell,
-                  f"{calib['samples']}x{calib['seq_len']} {calib['dataset']}" if calib else "none",
-                  f"{m['timings'].get('total', 0):.1f}s")
+                  f"{q['tp']} x {q['pp']}", api.fmt_bytes(_dir_bytes(m.files, q["layout"]["hf"])),
+                  api.fmt_bytes(_dir_bytes(m.files, q["layout"]["trtllm_checkpoint"])), engine_cell,
+                  f"{calib.samples}x{calib.seq_len} {calib.dataset}" if calib else "none",
+                  f"{m.timings.get('total', 0):.1f}s")
     console.print(t)
     for res in results:
-        for note in res.manifest.get("notes") or []:
+        for note in res.manifest.notes:
             console.print(f"[dim]{escape(str(Path(res.path)))}:[/] {escape(note)}", soft_wrap=True)
-        for g in (res.manifest["quantization"].get("engine") or {}).get("generated") or []:
+        for g in (res.manifest.quantization.get("engine") or {}).get("generated") or []:
             console.print(f"  {escape(g['prompt'])!s} -> {escape(g['text'])!s}", soft_wrap=True)
 
 

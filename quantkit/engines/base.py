@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from quantkit.errors import UsageError
+from quantkit.formats import kinds
 
 KINDS = ("transformers", "llama.cpp", "vllm")
 _MODULES = {"transformers": "quantkit.engines.transformers", "llama.cpp": "quantkit.engines.llamacpp",
@@ -116,44 +117,33 @@ def is_gguf(path: Path) -> bool:
 
 def gguf_files(path: Path) -> list[Path]:
     """The GGUF files an artifact path stands for: the file itself, or every ``.gguf`` in a folder."""
-    if is_gguf(path):
-        return [path]
-    return sorted(path.glob("*.gguf")) if path.is_dir() else []
-
-
-def is_modelopt(path: Path) -> bool:
-    """A ModelOpt unified-HF export (``hf_quant_config.json``): transformers must not load it."""
-    return path.is_dir() and (path / "hf_quant_config.json").exists()
-
-
-def modelopt_refusal(path: Path) -> UsageError:
-    """Why transformers must not evaluate a ModelOpt export (raised before anything loads)."""
-    return UsageError(f"{path} is a ModelOpt export (hf_quant_config.json): transformers ignores that file and would "
-                      "load the quantized weights as plain ones, so its numbers would be wrong without any error",
-                      hint="evaluate it with --engine vllm (on a GPU), or leave --engine auto")
+    return kinds.gguf_files(path)
 
 
 def detect(path: Path) -> str:
-    """The engine ``auto`` picks for a path: llama.cpp for GGUF, vLLM for ModelOpt exports, else transformers."""
-    if gguf_files(path):
-        return "llama.cpp"
-    if path.is_dir() and (path / "config.json").exists():
-        return "vllm" if is_modelopt(path) else "transformers"
-    raise UsageError(f"{path} is neither a .gguf file, a folder of .gguf files, nor a checkpoint with config.json",
-                     hint="give an artifact folder written by quantkit, a Hugging Face checkpoint or a .gguf file")
+    """The engine ``auto`` picks for a path: its kind's (:mod:`quantkit.formats.kinds`): llama.cpp for GGUF, vLLM
+    for ModelOpt exports (transformers would load them silently wrong), else transformers."""
+    kind = kinds.detect(path)
+    if kind.evaluate is None:
+        raise UsageError(f"{path} is a {kind.label}, which cannot be evaluated as it is",
+                         hint="evaluate the hf/ folder of a TensorRT-LLM artifact (with --engine vllm)")
+    return kind.evaluate
 
 
 def check_compatible(kind: str, path: Path) -> None:
     """Refuse an engine that cannot read the path at all, before anything loads."""
-    if kind == "llama.cpp" and not gguf_files(path):
-        raise UsageError(f"llama.cpp reads GGUF files; {path} holds none",
-                         hint="use --engine transformers (or auto) for Hugging Face checkpoints")
-    if kind in ("transformers", "vllm") and gguf_files(path):
-        raise UsageError(f"{path} is GGUF; evaluate it with --engine llama.cpp (or auto)")
-    if kind == "transformers" and is_modelopt(path):
-        raise modelopt_refusal(path)
     if kind not in KINDS:
         raise UsageError(f"unknown engine {kind!r}; choose one of auto, {', '.join(KINDS)}")
+    found = kinds.detect(path)
+    if kind == "llama.cpp" and found.name != "gguf":
+        raise UsageError(f"llama.cpp reads GGUF files; {path} holds none",
+                         hint="use --engine transformers (or auto) for Hugging Face checkpoints")
+    if kind in ("transformers", "vllm") and found.name == "gguf":
+        raise UsageError(f"{path} is GGUF; evaluate it with --engine llama.cpp (or auto)")
+    if kind == "transformers" and found.name == "modelopt":
+        raise UsageError(f"{path} is a ModelOpt export (hf_quant_config.json): transformers ignores that file and "
+                         "would load the quantized weights as plain ones, so its numbers would be wrong without any "
+                         "error", hint="evaluate it with --engine vllm (on a GPU), or leave --engine auto")
 
 
 def open_engine(kind: str, path: Path, options: EngineOptions) -> Engine:

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from quantkit.engines.base import EngineOptions, LogProbs, Window, is_modelopt, modelopt_refusal
+from quantkit.engines.base import EngineOptions, LogProbs, Window, check_compatible
 from quantkit.errors import BackendError, UsageError
 from quantkit.versions import require
 
@@ -44,8 +44,7 @@ class TransformersEngine:
     def __init__(self, path: Path, options: EngineOptions) -> None:
         torch = require("torch", "eval", "evaluating with transformers")
         transformers = require("transformers", "eval", "evaluating with transformers")
-        if is_modelopt(path):
-            raise modelopt_refusal(path)
+        check_compatible(self.name, path)  # a ModelOpt export would load silently wrong
         self.path = path
         self.device = resolve_device(options.device)
         self.dtype = torch.float32 if self.device == "cpu" else "auto"

@@ -19,12 +19,10 @@ plus one bin for the rest of the vocabulary (see :func:`quantkit.verify.metrics.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -32,25 +30,26 @@ from typing import IO, Any
 
 import numpy as np
 
+from quantkit import envs
 from quantkit.engines.base import EngineOptions, LogProbs, Window
 from quantkit.errors import BackendError, UsageError
 
 WORKER = Path(__file__).with_name("_vllm_worker.py")
-PYTHON_ENV = "QUANTKIT_VLLM_PYTHON"
+PYTHON_ENV = envs.ENVS["vllm"].env_var
 ARGS_ENV = "QUANTKIT_VLLM_ARGS"
 
 
 def find_python(explicit: str | None) -> str:
-    """vLLM's interpreter: ``--python``, else ``$QUANTKIT_VLLM_PYTHON``, else this one if vLLM imports here."""
-    chosen = explicit or os.environ.get(PYTHON_ENV)
-    if chosen:
-        resolved = shutil.which(chosen) or (chosen if Path(chosen).is_file() else None)
-        if not resolved:
-            raise UsageError(f"vLLM's Python {chosen!r} does not exist",
+    """vLLM's interpreter (:func:`quantkit.envs.find`); refused early when it does not exist, or when it is this
+    one and vLLM does not import here."""
+    choice = envs.find("vllm", explicit)
+    if not choice.fallback:
+        if not Path(choice.python).is_file():
+            raise UsageError(f"vLLM's Python {choice.python!r} (from {choice.origin}) does not exist",
                              hint=f"pass --python /path/to/vllm-env/bin/python or set {PYTHON_ENV}")
-        return resolved
-    if importlib.util.find_spec("vllm") is not None:
-        return sys.executable
+        return choice.python
+    if envs.importable_here("vllm"):
+        return choice.python
     raise UsageError("the vLLM engine needs vLLM, which is not installed in this environment",
                      hint=f"pass --python /path/to/vllm-env/bin/python (or set {PYTHON_ENV}) to use the Python "
                           "of an environment where vLLM is installed")

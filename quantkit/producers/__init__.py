@@ -1,27 +1,18 @@
 """Producers: one module per format family, each with the same shape (see :mod:`quantkit.producers.base`).
 
-The registry maps a recipe ``method`` to the module that produces it. Modules are imported only when used,
-so a missing backend only matters to the verbs that need it.
+Which producer makes which spec is the formats registry's business (:mod:`quantkit.formats`, the ``producer``
+of each row); modules are imported only when used, so a missing backend only matters to the verbs that need it.
 """
 
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
+from quantkit import formats
 from quantkit.producers.base import Producer
 
-_MODULES = {
-    "awq": "quantkit.producers.compressed",
-    "gptq": "quantkit.producers.compressed",
-    "fp8": "quantkit.producers.compressed",
-    "int8": "quantkit.producers.compressed",
-    "rtn": "quantkit.producers.compressed",
-    "gguf": "quantkit.producers.gguf",
-    "trt": "quantkit.producers.trt",
-}
 
-
-def get(method: str) -> Producer:
-    """The producer for a recipe method."""
-    module = importlib.import_module(_MODULES[method])
-    return module.PRODUCER
+def get(spec: Any) -> Producer:
+    """The producer that makes ``spec`` (its registry row's module)."""
+    return importlib.import_module(formats.for_spec(spec).producer).PRODUCER

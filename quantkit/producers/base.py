@@ -1,7 +1,8 @@
 """The shape every producer shares: estimate the output size, then produce into a folder.
 
-A producer writes files into ``ctx.out`` (a temporary folder owned by :class:`~quantkit.artifact.ArtifactWriter`)
-and returns what the manifest should say about the quantization. It never evaluates (that is
+A producer writes files into ``ctx.workdir``: the temporary folder :class:`~quantkit.artifact.ArtifactWriter` owns,
+which is renamed to the output only once the artifact is complete (so a producer never sees the final path). It
+returns what the manifest should say about the quantization. It never evaluates (that is
 :mod:`quantkit.verify`'s job) and never renames or hashes (that is :mod:`quantkit.artifact`'s).
 """
 
@@ -23,12 +24,12 @@ class ProduceContext:
 
     spec: Any  # one of the recipe's method specs (AwqSpec, GgufSpec, ...)
     source: SourceModel
-    out: Path
+    model: ModelSpec  # how to load the source: dtype, trust_remote_code
+    workdir: Path  # the temporary folder the artifact is written into (renamed to the output when complete)
     calibration: CalibrationSpec
     runtime: RuntimeSpec
     reporter: Reporter
     _calib_cache: dict = field(default_factory=dict)
-    model: ModelSpec | None = None  # how to load the source (dtype, trust_remote_code); None = checkpoint defaults
 
     def calibration_set(self, tokenizer: Any) -> CalibrationSet:
         """The calibration samples for this run, built once per context and reused."""
@@ -42,9 +43,9 @@ class ProduceContext:
 
 @dataclass
 class Produced:
-    """What a producer made: the artifact's format and the manifest's ``quantization`` section."""
+    """What a producer made: the manifest's ``quantization`` section, the calibration it used, and notes (the
+    artifact's format is its registry row's kind, not the producer's to say)."""
 
-    format: str
     quantization: dict[str, Any]
     calibration: CalibrationSet | None = None
     notes: list[str] = field(default_factory=list)
@@ -60,4 +61,4 @@ class Producer(Protocol):
         """Roughly how many bytes the artifact will take (for the free-space check)."""
 
     def produce(self, ctx: ProduceContext) -> Produced:
-        """Write the artifact's files into ``ctx.out``."""
+        """Write the artifact's files into ``ctx.workdir``."""

@@ -14,8 +14,8 @@ hash, the progress and the manifest; every algorithm is llm-compressor's.
   block need no data and run layer by layer through the data-free pipeline.
 * ``runtime.num_gpus > 1`` relaunches the same job under ``torchrun`` (llm-compressor's distributed oneshot:
   data-parallel calibration, weight-parallel GPTQ), see :func:`_distributed`.
-* ``--format autoawq`` / ``--format gptq`` add the legacy layouts beside the compressed-tensors files
-  (:mod:`quantkit.producers.legacy`).
+* ``--format autoawq`` / ``--format gptq`` are their own registry rows, made by :mod:`quantkit.producers.legacy`
+  on top of this producer's checkpoint.
 
 Tested with llmcompressor 0.14.0.1, compressed-tensors 0.19.0, transformers 5.17.0, torch 2.13.0 (CPU).
 """
@@ -36,8 +36,6 @@ from typing import Any
 from quantkit.errors import BackendError, SourceModelError, UsageError
 from quantkit.producers.base import ProduceContext, Produced
 from quantkit.source import SourceModel
-
-LEGACY_DIRS = {"autoawq": "autoawq", "gptq": "gptq"}  # spec.format -> subfolder of the artifact
 
 # Where each modifier named in a plan lives (imported only when a plan is built into objects).
 _MODIFIERS = {
@@ -173,17 +171,6 @@ def _check_group_divides(spec: Any, source: SourceModel) -> None:
                          hint="choose a group size that divides them, or -1 for one scale per output channel")
 
 
-def _check_legacy(spec: Any) -> None:
-    fmt = getattr(spec, "format", "compressed-tensors")
-    if fmt == "autoawq":
-        if spec.bits != 4:
-            raise UsageError(f"--format autoawq needs --bits 4 (AutoAWQ's GEMM layout packs only int4); got "
-                             f"--bits {spec.bits}", hint="drop --format autoawq, or use --bits 4")
-        if spec.group_size <= 0:
-            raise UsageError("--format autoawq needs a group size (AutoAWQ has no per-channel GEMM layout)",
-                             hint="use --group-size 128 (the AutoAWQ default) or drop --format autoawq")
-
-
 class CompressedProducer:
     """The ``awq``, ``gptq``, ``fp8``, ``int8`` and ``rtn`` methods."""
 
@@ -195,7 +182,6 @@ class CompressedProducer:
                 f"`quantkit {spec.method}` quantizes causal language models (…ForCausalLM)",
                 hint="check config.json's architectures; vision-language models need their own recipe")
         _check_group_divides(spec, source)
-        _check_legacy(spec)
 
     def estimate_bytes(self, spec: Any, source: SourceModel) -> int:
         cfg = source.config
@@ -203,10 +189,7 @@ class CompressedProducer:
         unquantized = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
         params = source.num_parameters or source.size_bytes // 2
         bits = getattr(spec, "bits", 8)
-        size = unquantized * 2 + max(params - unquantized, 0) * bits / 8 * 1.1
-        if getattr(spec, "format", "compressed-tensors") in LEGACY_DIRS:
-            size *= 2
-        return int(size)
+        return int(unquantized * 2 + max(params - unquantized, 0) * bits / 8 * 1.1)
 
     def produce(self, ctx: ProduceContext) -> Produced:
         spec, rep = ctx.spec, ctx.reporter
@@ -228,21 +211,11 @@ class CompressedProducer:
             with rep.step("quantize", description), _quiet_backend():
                 info = _oneshot(model, p, job)
             with rep.step("save", "Saving the compressed-tensors checkpoint"), _quiet_backend():
-                _save(model, tokenizer, ctx.out)
+                _save(model, tokenizer, ctx.workdir)
             del model
-        quantization = _describe(ctx.out, p, spec, info)
-        notes = list(info.get("notes", []))
-        fmt = getattr(spec, "format", "compressed-tensors")
-        if fmt in LEGACY_DIRS:
-            from quantkit.producers import legacy
-
-            sub = LEGACY_DIRS[fmt]
-            with rep.step("legacy", f"Writing the legacy {fmt} layout into {sub}/"):
-                extra = {"damp_percent": spec.damp} if fmt == "gptq" else None
-                quantization["legacy"] = {**legacy.write(fmt, ctx.out, ctx.out / sub, extra), "path": sub}
-            notes.append(f"{sub}/ holds the same weights in the legacy {fmt} layout "
-                         f"(quant_method {quantization['legacy']['quant_method']})")
-        return Produced(format="compressed-tensors", quantization=quantization, calibration=calib, notes=notes)
+        quantization = _describe(ctx.workdir, p, spec, info)
+        return Produced(quantization=quantization, calibration=calib,
+                        notes=list(info.get("notes", [])))
 
 
 PRODUCER = CompressedProducer()
@@ -253,11 +226,10 @@ PRODUCER = CompressedProducer()
 
 
 def _job(ctx: ProduceContext) -> dict[str, Any]:
-    model = ctx.model
     return {
         "method": ctx.spec.method, "spec": ctx.spec.model_dump(mode="json"), "source": str(ctx.source.path),
-        "dtype": model.dtype if model else "auto", "trust_remote_code": bool(model and model.trust_remote_code),
-        "seq_len": ctx.calibration.seq_len, "seed": ctx.runtime.seed, "out": str(ctx.out),
+        "dtype": ctx.model.dtype, "trust_remote_code": ctx.model.trust_remote_code,
+        "seq_len": ctx.calibration.seq_len, "seed": ctx.runtime.seed, "out": str(ctx.workdir),
     }
 
 

@@ -17,6 +17,10 @@ Layouts (both store unsigned codes q in [0, 2^bits) and dequantize as (q - zero)
 
 Other tensors are written in float16, the dtype these engines run AWQ/GPTQ kernels in.
 
+As a producer (:data:`PRODUCER`, the registry rows ``awq+autoawq`` and ``gptq+gptq``) it makes the
+compressed-tensors artifact with :mod:`quantkit.producers.compressed`, then writes the legacy copy into a
+subfolder named after the layout; the manifest's ``quantization.legacy`` describes it.
+
 Tested with compressed-tensors 0.19.0 (reading) and against AutoAWQ 0.2.9's own packing code (tests).
 """
 
@@ -29,6 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.errors import BackendError, UsageError
+from quantkit.producers.base import ProduceContext, Produced
+from quantkit.producers.compressed import PRODUCER as COMPRESSED
+from quantkit.source import SourceModel
 
 AWQ_PACK_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ GEMM: word slot i holds column AWQ_PACK_ORDER[i] of 8
 FP16_MAX = 65504.0
@@ -308,3 +315,39 @@ def write(fmt: str, ct_dir: Path, out_dir: Path, extra: dict[str, Any] | None = 
         if f.is_file() and not f.name.endswith(".safetensors") and f.name not in _SKIP_FILES:
             shutil.copy2(f, out_dir / f.name)
     return {"format": fmt, **legacy_qc, "modules": len(prefixes), "dtype": "float16"}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The producer: compressed-tensors first, then the legacy copy of the same weights
+
+
+class LegacyProducer:
+    """``--format autoawq`` and ``--format gptq``: the compressed-tensors artifact plus the legacy layout in a
+    subfolder named after it (``autoawq/``, ``gptq/``)."""
+
+    def check(self, spec: Any, source: SourceModel) -> None:
+        COMPRESSED.check(spec, source)
+        if spec.format == "autoawq":
+            if spec.bits != 4:
+                raise UsageError(f"--format autoawq needs --bits 4 (AutoAWQ's GEMM layout packs only int4); got "
+                                 f"--bits {spec.bits}", hint="drop --format autoawq, or use --bits 4")
+            if spec.group_size <= 0:
+                raise UsageError("--format autoawq needs a group size (AutoAWQ has no per-channel GEMM layout)",
+                                 hint="use --group-size 128 (the AutoAWQ default) or drop --format autoawq")
+
+    def estimate_bytes(self, spec: Any, source: SourceModel) -> int:
+        return 2 * COMPRESSED.estimate_bytes(spec, source)  # the same weights twice
+
+    def produce(self, ctx: ProduceContext) -> Produced:
+        produced = COMPRESSED.produce(ctx)
+        fmt = ctx.spec.format
+        with ctx.reporter.step("legacy", f"Writing the legacy {fmt} layout into {fmt}/"):
+            extra = {"damp_percent": ctx.spec.damp} if fmt == "gptq" else None
+            described = write(fmt, ctx.workdir, ctx.workdir / fmt, extra)
+        produced.quantization["legacy"] = {**described, "path": fmt}
+        produced.notes.append(f"{fmt}/ holds the same weights in the legacy {fmt} layout "
+                              f"(quant_method {described['quant_method']})")
+        return produced
+
+
+PRODUCER = LegacyProducer()

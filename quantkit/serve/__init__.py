@@ -1,8 +1,9 @@
 """Engine servers: one module per engine, the same shape in each (:class:`quantkit.serve.base.Engine`).
 
-:func:`detect` picks the engine an artifact is served by (``--engine auto``): GGUF files go to llama.cpp,
-TensorRT-LLM engine folders and ModelOpt checkpoints to TensorRT-LLM, every other Hugging Face checkpoint
-(compressed-tensors, AutoAWQ, GPTQ, plain) to vLLM. Modules are imported only when used.
+:func:`detect` picks the engine an artifact is served by (``--engine auto``) from the artifact kinds table
+(:mod:`quantkit.formats.kinds`): GGUF files go to llama.cpp, TensorRT-LLM engine folders and ModelOpt checkpoints to
+TensorRT-LLM, every other Hugging Face checkpoint (compressed-tensors, AutoAWQ, GPTQ, plain) to vLLM. Modules are
+imported only when used.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import importlib
 from pathlib import Path
 
 from quantkit.errors import UsageError
+from quantkit.formats import kinds
 from quantkit.serve.base import Engine
 
 _MODULES = {"llama.cpp": "quantkit.serve.llamacpp", "vllm": "quantkit.serve.vllm", "trtllm": "quantkit.serve.trtllm"}
@@ -25,18 +27,9 @@ def get(name: str) -> Engine:
 
 
 def detect(path: Path) -> str:
-    """The engine that serves an artifact, from its files."""
-    if not path.exists():
-        raise UsageError(f"{path} does not exist")
-    if path.is_file():
-        if path.suffix == ".gguf":
-            return "llama.cpp"
-        raise UsageError(f"{path} is a file but not a .gguf", hint="pass an artifact folder or a .gguf file")
-    if any(path.glob("*.gguf")):
-        return "llama.cpp"
-    if any(path.glob("rank*.engine")) or (path / "hf_quant_config.json").exists():
-        return "trtllm"
-    if (path / "config.json").exists():
-        return "vllm"
-    raise UsageError(f"{path} holds neither .gguf files nor a checkpoint (config.json)",
-                     hint="pass an artifact folder written by quantkit, or --engine")
+    """The engine that serves an artifact: its kind's (:mod:`quantkit.formats.kinds`)."""
+    kind = kinds.detect(path)
+    if kind.serve is None:
+        raise UsageError(f"{path} is a {kind.label}, which no engine serves as it is",
+                         hint="serve the hf/ or engine/ folder of a TensorRT-LLM artifact, or pass --engine")
+    return kind.serve

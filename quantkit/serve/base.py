@@ -30,6 +30,7 @@ from typing import Any
 from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from quantkit import envs
 from quantkit.errors import BackendError, QuantkitError, UsageError
 from quantkit.progress import Reporter
 from quantkit.serve import client
@@ -60,23 +61,17 @@ class Engine:
     name: str = ""
     dist: str = ""  # the distribution whose version doctor reports as the engine's
     module: str = ""  # import name, to check the engine is installed in its Python
-    python_env_var: str = ""  # QUANTKIT_<ENGINE>_PYTHON
-    executable: str = ""  # the console script whose interpreter is the engine's Python when none is given
     health_path: str = "/health"
     reads_compressed_tensors: bool = False
 
-    def python(self, explicit: str | None) -> str | None:
-        """The engine's Python: ``--python``, then ``QUANTKIT_<ENGINE>_PYTHON``, then the interpreter of the
-        engine's console script on PATH, then quantkit's own."""
-        import shutil
+    def python(self, explicit: str | None) -> str:
+        """The engine's Python (:func:`quantkit.envs.find`)."""
+        return envs.find(self.name, explicit).python
 
-        if explicit:
-            return explicit
-        if self.python_env_var and os.environ.get(self.python_env_var):
-            return os.environ[self.python_env_var]
-        if self.executable and (exe := shutil.which(self.executable)):
-            return script_interpreter(Path(exe)) or sys.executable
-        return sys.executable
+    @property
+    def python_env_var(self) -> str:
+        """The variable that names the engine's Python (``QUANTKIT_VLLM_PYTHON``...)."""
+        return envs.ENVS[self.name].env_var
 
     def targets(self, artifact: Path, file: str | None) -> list[Path]:
         """What to serve, one server each: the artifact folder (GGUF overrides this: one per file)."""
@@ -116,21 +111,6 @@ class Engine:
                 base += ["--host", host, "--port", str(port)]
             return base + list(opts.extra_args)
         return self.command(target, python, host, port, opts) + list(opts.extra_args)
-
-
-def script_interpreter(script: Path) -> str | None:
-    """The Python named on a console script's ``#!`` line (the environment that script runs in)."""
-    try:
-        with open(script, "rb") as f:
-            first = f.readline().decode(errors="replace").strip()
-    except OSError:
-        return None
-    if not first.startswith("#!"):
-        return None
-    parts = shlex.split(first[2:])
-    if parts and Path(parts[0]).name == "env" and len(parts) > 1:
-        return parts[1]
-    return parts[0] if parts else None
 
 
 def _port_free(host: str, port: int) -> bool:

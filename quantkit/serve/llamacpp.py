@@ -33,7 +33,6 @@ class LlamaCppEngine(Engine):
     name = "llama.cpp"
     dist = "llama_cpp_python"
     module = "llama_cpp"
-    python_env_var = "QUANTKIT_LLAMACPP_PYTHON"
     health_path = "/v1/models"  # llama_cpp.server has no /health; it binds its port only once the model is loaded
 
     def targets(self, artifact: Path, file: str | None) -> list[Path]:

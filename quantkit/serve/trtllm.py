@@ -44,8 +44,6 @@ class TrtllmEngine(Engine):
     name = "trtllm"
     dist = "tensorrt_llm"
     module = "tensorrt_llm"
-    python_env_var = "QUANTKIT_TRTLLM_PYTHON"
-    executable = "trtllm-serve"
     health_path = "/health"
 
     def has_chat_template(self, target: Path) -> bool:

@@ -49,8 +49,6 @@ class VllmEngine(Engine):
     name = "vllm"
     dist = "vllm"
     module = "vllm"
-    python_env_var = "QUANTKIT_VLLM_PYTHON"
-    executable = "vllm"
     health_path = "/health"
     reads_compressed_tensors = True
 

@@ -23,15 +23,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from quantkit import artifact, source as source_mod
+from quantkit.artifact import Manifest
 from quantkit.engines import base as engines
 from quantkit.engines.base import EngineOptions
 from quantkit.errors import IntegrityError, UsageError
-from quantkit.inspect import weight_bytes
 from quantkit.progress import Reporter
 from quantkit.recipe import GateSpec, ModelSpec, VerifySpec
-from quantkit.verify import gates as gates_mod, protocol as protocol_mod
+from quantkit.verify import gates as gates_mod, protocol as protocol_mod, report as report_mod
 from quantkit.verify.metrics import Accumulator, BaselineStore, Metrics
+from quantkit.verify.results import EvalReport, Result, Target
 
 
 @dataclass
@@ -62,83 +65,41 @@ class EvalOptions:
         return cls(**base)
 
 
-@dataclass
-class Target:
-    """One model to score: a checkpoint folder or one GGUF file, and the artifact folder whose manifest it updates."""
+def options_from(recipe_path: str | None, flags: dict[str, Any], gate_flags: dict[str, float | None],
+                 **engine: Any) -> tuple[EvalOptions, str | None]:
+    """``quantkit eval``'s options: the ``verify`` block of a recipe (if given), its fields overridden by flags
+    (``flags``: dataset, ctx, stride, max_tokens, engine), the gate flags, and engine settings (device, python,
+    report_dir). Returns them with the recipe's source model, which is the baseline only for artifacts that do
+    not record their own. Without a recipe the artifacts' own recipes (then the schema defaults) decide gates."""
+    from quantkit import recipe as recipe_mod
 
-    label: str
-    path: Path
-    engine: str
-    manifest_dir: Path | None
-    manifest: dict[str, Any] | None
-    format: str
-    size_bytes: int
-    gates: GateSpec | None = None
-
-
-@dataclass
-class Result:
-    """One model's figures against the baseline."""
-
-    target: Target
-    engine: dict[str, Any]
-    metrics: Metrics
-    ppl_ratio: float | None
-    bits_per_weight: float | None
-    seconds: float
-    gates: list[gates_mod.GateResult] = field(default_factory=list)
-    kld_method: str | None = None  # set when it differs from the run's (a sparse engine's bound)
-
-    @property
-    def passed(self) -> bool:
-        return all(g.passed for g in self.gates)
-
-    def figures(self) -> dict[str, float | None]:
-        return {"ppl_ratio": self.ppl_ratio, "kld": self.metrics.kld, "top1": self.metrics.top1}
-
-    def to_json(self) -> dict[str, Any]:
-        t = self.target
-        return {"label": t.label, "path": str(t.path), "format": t.format, "engine": self.engine,
-                "size_bytes": t.size_bytes, "bits_per_weight": self.bits_per_weight, **self.metrics.to_json(),
-                "ppl_ratio": self.ppl_ratio, "seconds": round(self.seconds, 2),
-                "gates": [g.to_json() for g in self.gates], "passed": self.passed,
-                **({"kld_method": self.kld_method} if self.kld_method else {})}
-
-
-@dataclass
-class EvalReport:
-    """Everything one evaluation run measured, and where it wrote its report."""
-
-    protocol: protocol_mod.Protocol
-    baseline: Result
-    results: list[Result]
-    kld_method: str
-    report_path: Path | None = None
-    plot_path: Path | None = None
-
-    @property
-    def passed(self) -> bool:
-        return all(r.passed for r in self.results)
-
-    def raise_for_gates(self) -> None:
-        """Raise :class:`~quantkit.errors.GateFailedError` (exit 3) when any artifact failed a gate."""
-        gates_mod.enforce({r.target.label: r.gates for r in self.results})
-
-    def to_json(self) -> dict[str, Any]:
-        return {"protocol": self.protocol.manifest(), "kld_method": self.kld_method,
-                "baseline": self.baseline.to_json(), "results": [r.to_json() for r in self.results],
-                "passed": self.passed, "report": str(self.report_path) if self.report_path else None,
-                "plot": str(self.plot_path) if self.plot_path else None}
+    data: dict[str, Any] = {}
+    model = None
+    if recipe_path:
+        r = recipe_mod.load(recipe_mod.find(recipe_path), check_output_escape=False)  # eval writes no output
+        data = r.verify.model_dump()
+        model = r.model.source
+    data.update({k: v for k, v in flags.items() if v is not None})
+    try:
+        spec = VerifySpec.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg'].removeprefix('Value error, ')}"
+                             f" (got {err.get('input')!r})" for err in e.errors())
+        raise UsageError(f"invalid evaluation option: {problems}") from None
+    options = EvalOptions.from_verify(spec, gate_flags=gate_flags, **engine)
+    if not recipe_path:
+        options.recipe_gates = None
+    return options, model
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Targets and baseline
 
 
-def _describe_format(path: Path, manifest: dict[str, Any] | None) -> str:
+def _describe_format(path: Path, manifest: Manifest | None) -> str:
     from quantkit.inspect import checkpoint_quantization, gguf_files
 
-    method = (manifest or {}).get("method")
+    method = manifest.method if manifest else None
     if engines.is_gguf(path):
         info = gguf_files(path)[0]
         text = f"gguf {str(info.get('type', '?')).removeprefix('ALL_')}"
@@ -155,7 +116,7 @@ def _describe_format(path: Path, manifest: dict[str, Any] | None) -> str:
     return f"{method}: {text}" if method and method != "gguf" else text
 
 
-def _manifest_of(folder: Path) -> dict[str, Any] | None:
+def _manifest_of(folder: Path) -> Manifest | None:
     """The folder's manifest after checking its seal: evaluating a tampered artifact would re-seal it."""
     if not (folder / artifact.MANIFEST).exists():
         return None
@@ -190,7 +151,8 @@ def expand_targets(paths: list[Path], engine: str) -> list[Target]:
         for f in files:
             label = f"{home.name}/{f.name}" if f != home else home.name
             out.append(Target(label=label, path=f, engine=kind, manifest_dir=home if manifest else None,
-                              manifest=manifest, format=_describe_format(f, manifest), size_bytes=weight_bytes(f)))
+                              manifest=manifest, format=_describe_format(f, manifest),
+                              size_bytes=artifact.size_bytes(f)))
     labels = [t.label for t in out]
     dup = sorted({x for x in labels if labels.count(x) > 1})
     if dup:
@@ -215,7 +177,7 @@ def resolve_baseline(given: str | None, targets: list[Target]) -> source_mod.Sou
                          "tokenizer defines the protocol's tokens)")
     src = source_mod.resolve(ModelSpec(source=given))
     for t in targets:
-        recorded = ((t.manifest or {}).get("source") or {}).get("config_sha256")
+        recorded = t.manifest.source.config_sha256 if t.manifest else None
         if recorded and recorded != src.config_sha256:
             raise UsageError(f"{t.label} was made from a model whose config.json differs from the baseline {given}'s",
                              hint="evaluate it against the model it was made from (--baseline)")
@@ -223,20 +185,17 @@ def resolve_baseline(given: str | None, targets: list[Target]) -> source_mod.Sou
 
 
 def _recorded_source(t: Target) -> str | None:
-    src = (t.manifest or {}).get("source") or {}
-    for cand in (src.get("path"), src.get("id")):
-        if cand and Path(cand).expanduser().exists():
-            return cand
-    ident = src.get("id")
-    if ident and src.get("path") == ident:
-        # Made from a local folder that is not where the manifest says (a relative path, another machine).
-        raise UsageError(f"{t.label} was made from the local model {ident!r}, which is not found from here",
-                         hint="pass --baseline with that model's folder")
-    return ident if ident and source_mod.looks_like_hub_id(ident) else None
-
-
-def _recipe_gates(manifest: dict[str, Any] | None) -> dict[str, Any] | None:
-    return (((manifest or {}).get("recipe") or {}).get("verify") or {}).get("gates")
+    """The source model an artifact's manifest records, found on this machine (or a hub id to download)."""
+    if t.manifest is None:
+        return None
+    src = t.manifest.source
+    local = src.local_path()
+    if local is not None:
+        return str(local)
+    if src.hub:
+        return src.id
+    raise UsageError(f"{t.label} was made from the local model {src.id!r} ({src.path}), which is not found from "
+                     "here", hint="pass --baseline with that model's folder")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -307,8 +266,6 @@ def _report_dir(options: EvalOptions, targets: list[Target]) -> Path:
 def evaluate(paths: list[Path], baseline: str | None, options: EvalOptions | None = None,
              reporter: Reporter | None = None) -> EvalReport:
     """Evaluate artifacts against one baseline (see the module docstring); gates are checked, not enforced."""
-    from quantkit.verify import report as report_mod
-
     options = options or EvalOptions()
     rep = reporter or Reporter(quiet=True)
     if not paths:
@@ -320,7 +277,8 @@ def evaluate(paths: list[Path], baseline: str | None, options: EvalOptions | Non
     _preflight({t.engine for t in targets}, options)
     src = resolve_baseline(baseline, targets)
     for t in targets:
-        t.gates = gates_mod.resolve(options.gate_flags, options.recipe_gates, _recipe_gates(t.manifest))
+        t.gates = gates_mod.resolve(options.gate_flags, options.recipe_gates,
+                                    t.manifest.recipe_gates if t.manifest else None)
     with rep.step("protocol", "tokenizing the evaluation text with the baseline's tokenizer"):
         proto = protocol_mod.build(src.path, dataset=options.dataset, field_name=options.text_field, ctx=options.ctx,
                                    stride=options.stride, max_tokens=options.max_tokens)
@@ -332,7 +290,7 @@ def evaluate(paths: list[Path], baseline: str | None, options: EvalOptions | Non
         m, info, secs = _score("baseline", base_kind, src.path, proto, options, rep, store, is_baseline=True)
         base_target = Target(label=f"{src.path.name} (baseline)", path=src.path, engine=base_kind, manifest_dir=None,
                              manifest=None, format=_describe_format(src.path, None),
-                             size_bytes=weight_bytes(src.path))
+                             size_bytes=artifact.size_bytes(src.path))
         m.kld, m.kld_median, m.kld_p99, m.kld_max, m.top1 = 0.0, 0.0, 0.0, 0.0, 1.0
         base = Result(target=base_target, engine=info, metrics=m, ppl_ratio=1.0,
                       bits_per_weight=_bpw(base_target.size_bytes, src.num_parameters), seconds=secs)

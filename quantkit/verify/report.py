@@ -14,35 +14,14 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from quantkit import __version__, artifact
 from quantkit.progress import Reporter
-
-if TYPE_CHECKING:
-    from quantkit.verify.evaluate import EvalReport, Result
+from quantkit.verify.results import HEADER, EvalReport, Result, row
 
 REPORT = "report.md"
 PLOT = "size-vs-ppl.png"
-HEADER = ("model", "engine", "format", "size", "bits/weight", "ppl", "ratio", "KLD", "top-1", "gates")
-
-
-def _num(x: float | None, spec: str) -> str:
-    return "-" if x is None else format(x, spec)
-
-
-def row(r: "Result", is_baseline: bool = False) -> list[str]:
-    """One table row, as text (shared by report.md and the CLI's summary table)."""
-    m = r.metrics
-    if is_baseline:
-        verdict = "baseline"
-    elif not r.gates:
-        verdict = "none set"
-    else:
-        verdict = "pass" if r.passed else "FAIL: " + ", ".join(g.gate for g in r.gates if not g.passed)
-    return [r.target.label, str(r.engine.get("engine", r.target.engine)), r.target.format,
-            artifact.fmt_bytes(r.target.size_bytes), _num(r.bits_per_weight, ".2f"), _num(m.ppl, ".4f"),
-            _num(r.ppl_ratio, ".4f"), _num(m.kld, ".3g"), _num(m.top1, ".4f"), verdict]
 
 
 def _engine_line(info: dict[str, Any]) -> str:
@@ -50,7 +29,7 @@ def _engine_line(info: dict[str, Any]) -> str:
     return f"{info.get('engine')} {info.get('version') or ''}".strip() + (f" ({extra})" if extra else "")
 
 
-def markdown(report: "EvalReport", plot_name: str | None) -> str:
+def markdown(report: EvalReport, plot_name: str | None) -> str:
     p = report.protocol
     rows = [row(report.baseline, is_baseline=True)] + [row(r) for r in report.results]
     lines = ["# quantkit evaluation", "",
@@ -88,7 +67,7 @@ def markdown(report: "EvalReport", plot_name: str | None) -> str:
     return "\n".join(lines)
 
 
-def plot(report: "EvalReport", path: Path) -> Path:
+def plot(report: EvalReport, path: Path) -> Path:
     """Size (MiB) against perplexity for the baseline and every artifact, labelled, with the ratio gate drawn."""
     import matplotlib
 
@@ -129,7 +108,7 @@ def plot(report: "EvalReport", path: Path) -> Path:
     return path
 
 
-def write(report: "EvalReport", out_dir: Path, reporter: Reporter) -> None:
+def write(report: EvalReport, out_dir: Path, reporter: Reporter) -> None:
     """Write ``report.md`` and the plot into ``out_dir``; a missing matplotlib skips the plot with a warning."""
     out_dir.mkdir(parents=True, exist_ok=True)
     plot_path: Path | None = out_dir / PLOT
@@ -143,9 +122,9 @@ def write(report: "EvalReport", out_dir: Path, reporter: Reporter) -> None:
     report.report_path, report.plot_path = report_path, plot_path
 
 
-def _summary(results: list["Result"]) -> dict[str, Any]:
+def _summary(results: list[Result]) -> dict[str, Any]:
     """A few figures ``quantkit inspect`` shows; one line per file when a folder holds several GGUF files."""
-    def one(r: "Result") -> dict[str, Any]:
+    def one(r: Result) -> dict[str, Any]:
         m = r.metrics.to_json()
         return {"ppl": _round(m["ppl"], 4), "ppl_ratio": _round(r.ppl_ratio, 4), "kld": _round(m["kld"], 6),
                 "top1": _round(m["top1"], 4), "gates": "pass" if r.passed else "fail"}
@@ -159,9 +138,9 @@ def _round(x: float | None, digits: int) -> float | None:
     return None if x is None else round(x, digits)
 
 
-def update_manifests(report: "EvalReport") -> None:
+def update_manifests(report: EvalReport) -> None:
     """Record the results in each evaluated artifact's ``quantkit.json`` (and re-seal the folder)."""
-    by_dir: dict[Path, list["Result"]] = {}
+    by_dir: dict[Path, list[Result]] = {}
     for r in report.results:
         if r.target.manifest_dir is not None:
             by_dir.setdefault(r.target.manifest_dir, []).append(r)

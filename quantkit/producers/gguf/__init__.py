@@ -79,9 +79,9 @@ class GgufProducer:
         if to_quantize:
             intermediate = next((t for t in _INTERMEDIATE_ORDER if t in direct),
                                 convert.source_type(source.weight_files))
-        paths = {t: ctx.out / f"{name}-{t}.gguf" for t in types}
+        paths = {t: ctx.workdir / f"{name}-{t}.gguf" for t in types}
         if intermediate and intermediate not in paths:
-            paths[intermediate] = ctx.out / f".{name}-{intermediate}.intermediate.gguf"
+            paths[intermediate] = ctx.workdir / f".{name}-{intermediate}.intermediate.gguf"
 
         fell_back: dict[str, dict[str, str]] = {}
         vocab: tokenizer.Vocab | None = None
@@ -105,7 +105,6 @@ class GgufProducer:
                 notes.append(_fallback_note(t, fell_back[t]))
                 rep.warn(notes[-1])
         return Produced(
-            format="gguf",
             quantization={
                 "scheme": "GGUF " + ", ".join(types),
                 "types": types,

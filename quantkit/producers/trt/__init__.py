@@ -28,10 +28,9 @@ from typing import Any
 from quantkit.errors import BackendError, RecipeError, SourceModelError
 from quantkit.producers.base import ProduceContext, Produced
 from quantkit.producers.trt import engine, pyenv, runner
-from quantkit.recipe import TrtSpec
+from quantkit.formats.specs import TrtSpec
 from quantkit.source import SourceModel
 
-FORMAT = "tensorrt-llm"
 HF_DIR, CKPT_DIR, ENGINE_DIR = "hf", "trtllm-ckpt", "engine"
 # Architectures ModelOpt exports with decoder_type "llama" (LlamaForCausalLM is the one tested here; ModelOpt maps
 # Mistral to the same decoder).
@@ -112,11 +111,12 @@ class TrtProducer:
         note refers to (a failed engine build)."""
         spec: TrtSpec = ctx.spec
         # Absolute paths: the worker runs in its own work folder.
-        hf_dir, ckpt_dir = (ctx.out / HF_DIR).resolve(), (ctx.out / CKPT_DIR).resolve()
+        hf_dir, ckpt_dir = (ctx.workdir / HF_DIR).resolve(), (ctx.workdir / CKPT_DIR).resolve()
         calib = None
-        # Weights load (and export) in the checkpoint's own dtype: ProduceContext carries no ModelSpec.dtype.
+        # Weights load (and export) in model.dtype (auto: the checkpoint's own), as every other method loads them.
         job: dict[str, Any] = {
-            "model": str(Path(ctx.source.path).resolve()), "dtype": "auto", "device": ctx.runtime.device,
+            "model": str(Path(ctx.source.path).resolve()), "dtype": ctx.model.dtype,
+            "trust_remote_code": ctx.model.trust_remote_code, "device": ctx.runtime.device,
             "seed": ctx.runtime.seed, "decoder_type": _decoder(ctx.source), "quantization": spec.quantization,
             "kv_cache": spec.kv_cache, "ignore": spec.ignore, "batch_tokens": BATCH_TOKENS,
             "trtllm": {"dir": str(ckpt_dir), "tp": spec.tp, "pp": spec.pp}, "hf": {"dir": str(hf_dir)},
@@ -160,7 +160,7 @@ class TrtProducer:
                          f"the {spec.kv_cache.upper()} KV cache is in trtllm-ckpt/.")
         if step2.status == "failed":
             ctx.reporter.warn(step2.note)
-        produced = Produced(format=FORMAT, quantization=quantization, calibration=calib, notes=notes)
+        produced = Produced(quantization=quantization, calibration=calib, notes=notes)
         return produced, step2.status == "failed"
 
 
@@ -171,7 +171,7 @@ def _engine_step(ctx: ProduceContext, env: pyenv.TrtEnvironment, world: int, wor
     skipped = engine.status(env, spec.checkpoint_only, spec.limits, world)
     if skipped is not None:
         return skipped
-    ckpt_dir, engine_dir = (ctx.out / CKPT_DIR).resolve(), (ctx.out / ENGINE_DIR).resolve()
+    ckpt_dir, engine_dir = (ctx.workdir / CKPT_DIR).resolve(), (ctx.workdir / ENGINE_DIR).resolve()
     try:
         with ctx.reporter.step("engine_build", f"Building the TensorRT engine ({world} rank(s))"):
             cmd = engine.build(env, ckpt_dir, engine_dir, spec.limits, world, work / "trtllm-build.log")
@@ -195,7 +195,8 @@ def _tokenizer(ctx: ProduceContext) -> Any:
 
     with ctx.reporter.step("load_tokenizer", "Loading the tokenizer"):
         transformers = versions.require("transformers", "eval", "Tokenizing calibration data for the TensorRT-LLM step")
-        return transformers.AutoTokenizer.from_pretrained(str(ctx.source.path), trust_remote_code=False)
+        return transformers.AutoTokenizer.from_pretrained(str(ctx.source.path),
+                                                          trust_remote_code=ctx.model.trust_remote_code)
 
 
 def _copy_tokenizer(source: Path, dest: Path) -> None:

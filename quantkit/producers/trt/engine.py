@@ -21,7 +21,7 @@ from quantkit.producers.trt import runner
 from quantkit.producers.trt.pyenv import TrtEnvironment
 from quantkit.producers.trt.runner import log_tail
 from quantkit.progress import Reporter
-from quantkit.recipe import TrtLimits
+from quantkit.formats.specs import TrtLimits
 
 # Runs trtllm-build's own entry point with the chosen environment's Python (the console script may belong to
 # another environment on PATH).

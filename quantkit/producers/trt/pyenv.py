@@ -2,7 +2,8 @@
 
 nvidia-modelopt[hf] 0.47 pins transformers < 5.15 and llm-compressor 0.14 needs >= 5.15, so the two cannot share
 one environment; the TensorRT-LLM path runs in its own (``make install`` builds ``.venv-trt`` beside the repo;
-NVIDIA's TensorRT-LLM images carry ModelOpt). The environment is chosen, first match wins, from:
+NVIDIA's TensorRT-LLM images carry ModelOpt). The environment is chosen by :func:`quantkit.envs.find` (the rule
+every engine's Python follows), first match wins:
 
 1. ``runtime.python`` in the recipe (``--python`` on the command line sets it);
 2. the ``QUANTKIT_TRT_PYTHON`` environment variable;
@@ -15,19 +16,17 @@ so a missing package is reported in a second, before any model loads.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from quantkit import envs
 from quantkit.errors import BackendError, MissingBackendError, UsageError
 
-ENV_VAR = "QUANTKIT_TRT_PYTHON"
-REPO = Path(__file__).resolve().parents[3]
-DEFAULT_VENV = REPO / ".venv-trt"
+ENV_VAR = envs.ENVS["modelopt"].env_var
+DEFAULT_VENV = envs.REPO / envs.ENVS["modelopt"].venv
 REQUIRED = ("nvidia-modelopt", "torch", "transformers", "safetensors")
 INSTALL_HINT = (
     f"create the environment with `make install` (or: python3 -m venv {DEFAULT_VENV} && "
@@ -77,19 +76,14 @@ class TrtEnvironment:
 
 
 def choose(runtime_python: str | None) -> tuple[str, str]:
-    """The interpreter to use and the rule that picked it (see the module docstring)."""
-    if runtime_python:
-        return runtime_python, "runtime.python / --python"
-    if os.environ.get(ENV_VAR):
-        return os.environ[ENV_VAR], ENV_VAR
-    venv_python = DEFAULT_VENV / "bin" / "python"
-    if venv_python.exists():
-        return str(venv_python), f"{DEFAULT_VENV.name}/ in the repository"
-    if importlib.util.find_spec("modelopt") is not None:
-        return sys.executable, "this Python (ModelOpt importable)"
-    err = MissingBackendError("modelopt", "trt", "The TensorRT-LLM path (ModelOpt quantization and export)")
-    err.hint = INSTALL_HINT
-    raise err
+    """The interpreter to use and the rule that picked it (:func:`quantkit.envs.find`); this Python only when
+    ModelOpt imports here."""
+    choice = envs.find("modelopt", runtime_python)
+    if choice.fallback and not envs.importable_here("modelopt"):
+        err = MissingBackendError("modelopt", "trt", "The TensorRT-LLM path (ModelOpt quantization and export)")
+        err.hint = INSTALL_HINT
+        raise err
+    return choice.python, choice.origin
 
 
 def probe(runtime_python: str | None) -> TrtEnvironment:

@@ -86,7 +86,7 @@ def _load_model(job: dict[str, Any], device: str) -> Any:
 
     dtype = job["dtype"]
     torch_dtype = "auto" if dtype == "auto" else getattr(torch, dtype)
-    kwargs: dict[str, Any] = {"dtype": torch_dtype, "trust_remote_code": False}
+    kwargs: dict[str, Any] = {"dtype": torch_dtype, "trust_remote_code": bool(job.get("trust_remote_code"))}
     if device.startswith("cuda"):
         # Several visible GPUs: spread the layers over them; one GPU (or cuda:N): everything on it.
         kwargs["device_map"] = "auto" if device == "cuda" else {"": device}

@@ -1,0 +1,244 @@
+"""The one table of formats: every method quantkit can make, as one :class:`Format` row each.
+
+A row says everything the rest of quantkit needs to know about a method, so nothing else spells the list out:
+
+* ``spec``: its recipe schema (a class in :mod:`.specs`); the recipe's ``method:`` union is built from the rows;
+* ``producer``: the module whose ``PRODUCER`` writes it (imported only when used);
+* ``kind``: the artifact kind it leaves on disk (:mod:`.kinds`: how it is recognised, which engine evaluates it
+  and which serves it, for ``inspect``, ``doctor``, ``eval`` and ``smoke``);
+* ``verb``, ``help``, ``examples``, ``flags``: its command line (``quantkit awq MODEL OUT --bits 4``), each flag
+  a recipe field, plus the shared flag groups it uses (only those appear in ``--help``);
+* ``calibrates``: whether a given spec reads calibration data (the reuse hash and ``--dry-run`` depend on it);
+* ``folder``: the artifact's default folder name inside a multi-output release.
+
+A method with more than one on-disk layout has one row per layout, selected by the spec's ``format`` field
+(``layout``): AutoAWQ and GPTQ checkpoints are their own rows with their own producer. Adding a format is adding a
+spec class, a row here and its producer module; DESIGN.md lists the steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from quantkit.formats import kinds
+from quantkit.formats.specs import AwqSpec, Fp8Spec, GgufSpec, GptqSpec, Int8Spec, RtnSpec, TrtSpec
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One command-line flag: the recipe field it sets, its spelling and help. ``type`` is the value's Python type
+    (``bool`` for on/off switches, ``list`` for repeatable flags)."""
+
+    name: str
+    decls: tuple[str, ...]
+    type: Any
+    field: str
+    help: str
+    panel: str | None = None
+
+    @property
+    def flag(self) -> str:
+        """The flag as a user types it (the first spelling), for messages."""
+        return self.decls[0].split("/")[0]
+
+
+def _f(name: str, decl: str, type_: Any, field_: str, help_: str, panel: str | None = None) -> Flag:
+    return Flag(name, tuple(decl.split(" ")), type_, field_, help_, panel)
+
+
+# Shared flag groups; a format lists the ones it uses.
+CALIBRATION = (
+    _f("calib", "--calib", str, "calibration.dataset", "Calibration data: prose, code, mixed, a "
+       ".txt/.jsonl(.gz)/.parquet file, or a hub dataset (wikitext2, pile-val, c4, ultrachat, "
+       "org/name\\[:config]\\[@split]) \\[default: mixed].", "Calibration"),
+    _f("samples", "--samples", int, "calibration.samples", "Number of calibration samples \\[default: 128].",
+       "Calibration"),
+    _f("seq_len", "--seq-len", int, "calibration.seq_len", "Tokens per calibration sample \\[default: 512].",
+       "Calibration"),
+    _f("calib_field", "--calib-field", str, "calibration.field", "JSON/parquet field holding the text "
+       "\\[default: text].", "Calibration"),
+    _f("chat_template", "--chat-template/--no-chat-template", bool, "calibration.chat_template",
+       "Wrap calibration samples in the model's chat template.", "Calibration"),
+)
+REVISION = (_f("revision", "--revision", str, "model.revision", "Hub branch, tag or commit of the source model.",
+               "Model"),)
+LOADING = (
+    _f("dtype", "--dtype", str, "model.dtype", "Load dtype: auto, bfloat16, float16, float32.", "Model"),
+    _f("trust_remote_code", "--trust-remote-code", bool, "model.trust_remote_code",
+       "Allow the checkpoint's own Python code to run (off by default).", "Model"),
+    _f("allow_pickle", "--allow-pickle", bool, "model.allow_pickle",
+       "Accept pickle (.bin/.pt) weights (unsafe; off by default).", "Model"),
+)
+IGNORE = (_f("ignore", "--ignore", list, "quantize.ignore", "Module name or re: pattern kept in full precision "
+             "(repeatable) \\[default: lm_head].", "Model"),)
+DEVICE = (_f("device", "--device", str, "runtime.device", "auto, cpu, cuda or cuda:N \\[default: auto].",
+             "Runtime"),)
+GPUS = (_f("num_gpus", "--num-gpus", int, "runtime.num_gpus",
+           "GPUs for distributed calibration (launched through torchrun).", "Runtime"),)
+SEED = (_f("seed", "--seed", int, "runtime.seed", "Seed for sampling calibration data and any randomness "
+           "\\[default: 0].", "Runtime"),)
+LLMCOMPRESSOR = CALIBRATION + IGNORE + REVISION + LOADING + DEVICE + GPUS + SEED
+
+BITS = _f("bits", "--bits", int, "quantize.bits", "Weight bits: 4 or 8 \\[default: 4].")
+GROUP = _f("group_size", "--group-size", int, "quantize.group_size",
+           "Weights per quantization group: 32, 64, 128, 256 or -1 for per-channel \\[default: 128].")
+
+
+@dataclass(frozen=True)
+class Format:
+    """One method (and on-disk layout) quantkit can make; see the module docstring for each field."""
+
+    method: str
+    spec: type
+    producer: str
+    kind: str
+    calibrates: Callable[[Any], bool]
+    folder: Callable[[Any], str]
+    verb: str | None = None
+    help: str = ""
+    examples: tuple[str, ...] = ()
+    flags: tuple[Flag, ...] = ()
+    layout: str | None = None
+
+    @property
+    def key(self) -> str:
+        """The row's name: the method, plus the layout for the extra layouts of a method (``awq+autoawq``)."""
+        return f"{self.method}+{self.layout}" if self.layout else self.method
+
+
+def _int_folder(spec: Any) -> str:
+    return f"{spec.method}-w{spec.bits}g{spec.group_size if spec.group_size > 0 else 'ch'}"
+
+
+FORMATS: tuple[Format, ...] = (
+    Format("awq", AwqSpec, "quantkit.producers.compressed", "compressed-tensors", lambda s: True, _int_folder,
+           verb="awq",
+           help="AWQ int4 (W4A16, group 128, asymmetric) through llm-compressor: activation-aware scales, then group "
+                "quantization. Writes a compressed-tensors checkpoint vLLM and transformers load.",
+           examples=("quantkit awq models/quantkit-tiny out/awq",
+                     "quantkit awq org/model out/awq --samples 256 --seq-len 1024 --format autoawq"),
+           flags=(BITS, GROUP,
+                  _f("symmetric", "--symmetric/--asymmetric", bool, "quantize.symmetric",
+                     "Symmetric quantization \\[default: asymmetric]."),
+                  _f("format", "--format", str, "quantize.format",
+                     "compressed-tensors, or autoawq to also write the legacy AutoAWQ GEMM layout."),
+                  *LLMCOMPRESSOR)),
+    Format("awq", AwqSpec, "quantkit.producers.legacy", "compressed-tensors", lambda s: True, _int_folder,
+           layout="autoawq"),
+    Format("gptq", GptqSpec, "quantkit.producers.compressed", "compressed-tensors", lambda s: True, _int_folder,
+           verb="gptq",
+           help="GPTQ int4/int8 (W4A16/W8A16, group 128, symmetric) through llm-compressor: second-order error "
+                "compensation. Writes a compressed-tensors checkpoint.",
+           examples=("quantkit gptq models/quantkit-tiny out/gptq",
+                     "quantkit gptq org/model out/gptq --bits 8 --samples 512 --seq-len 2048 --format gptq"),
+           flags=(BITS, GROUP,
+                  _f("symmetric", "--symmetric/--asymmetric", bool, "quantize.symmetric",
+                     "Symmetric quantization \\[default: symmetric, as vLLM's Marlin kernels need]."),
+                  _f("act_order", "--act-order/--no-act-order", bool, "quantize.act_order",
+                     "GPTQ activation ordering: quantize columns in order of decreasing activation magnitude "
+                     "(llm-compressor's static ordering: no g_idx, no runtime cost) \\[default: on]."),
+                  _f("damp", "--damp", float, "quantize.damp", "Hessian dampening fraction \\[default: 0.01]."),
+                  _f("format", "--format", str, "quantize.format",
+                     "compressed-tensors, or gptq to also write the legacy GPTQ layout."),
+                  *LLMCOMPRESSOR)),
+    Format("gptq", GptqSpec, "quantkit.producers.legacy", "compressed-tensors", lambda s: True, _int_folder,
+           layout="gptq"),
+    Format("fp8", Fp8Spec, "quantkit.producers.compressed", "compressed-tensors",
+           lambda s: s.scheme == "static" or s.kv_cache_fp8, lambda s: f"fp8-{s.scheme}",
+           verb="fp8",
+           help="FP8 E4M3 weights with their scale tensors (static, dynamic or 128x128 block scales), optionally "
+                "FP8 KV cache. Writes a compressed-tensors checkpoint.",
+           examples=("quantkit fp8 models/quantkit-tiny out/fp8",
+                     "quantkit fp8 org/model out/fp8-dynamic --scheme dynamic"),
+           flags=(_f("scheme", "--scheme", str, "quantize.scheme",
+                     "static (per-tensor weight + calibrated input scales), dynamic (per-channel weights, per-token "
+                     "activations at run time, no calibration), block (128x128 weight blocks) \\[default: static]."),
+                  _f("kv_cache_fp8", "--kv-cache-fp8", bool, "quantize.kv_cache_fp8",
+                     "Also calibrate FP8 KV-cache scales."),
+                  *LLMCOMPRESSOR)),
+    Format("int8", Int8Spec, "quantkit.producers.compressed", "compressed-tensors", lambda s: True,
+           lambda s: f"int8-sq-{s.weights}",
+           verb="int8",
+           help="SmoothQuant, then W8A8 INT8 (per-channel weights, dynamic per-token activations) with GPTQ or "
+                "round-to-nearest weights.",
+           examples=("quantkit int8 models/quantkit-tiny out/int8",
+                     "quantkit int8 org/model out/int8 --smoothing-strength 0.5 --weights rtn"),
+           flags=(_f("smoothing_strength", "--smoothing-strength", float, "quantize.smoothing_strength",
+                     "SmoothQuant migration strength alpha in (0, 1) \\[default: 0.8]."),
+                  _f("weights", "--weights", str, "quantize.weights",
+                     "gptq or rtn for the INT8 weights \\[default: gptq]."),
+                  *LLMCOMPRESSOR)),
+    Format("rtn", RtnSpec, "quantkit.producers.compressed", "compressed-tensors", lambda s: False, _int_folder,
+           verb="rtn",
+           help="Round-to-nearest W4A16/W8A16 with no calibration: the instant option, and the baseline AWQ and "
+                "GPTQ must beat.",
+           examples=("quantkit rtn models/quantkit-tiny out/rtn", "quantkit rtn org/model out/rtn-w8 --bits 8"),
+           flags=(BITS, GROUP,
+                  _f("symmetric", "--symmetric/--asymmetric", bool, "quantize.symmetric",
+                     "Symmetric quantization \\[default: symmetric]."),
+                  *IGNORE, *REVISION, *LOADING, *DEVICE, *SEED)),
+    Format("gguf", GgufSpec, "quantkit.producers.gguf", "gguf", lambda s: s.imatrix, lambda s: "gguf",
+           verb="gguf",
+           help="GGUF files for llama.cpp: convert once (F32/F16/BF16/Q8_0 written directly), then each --type "
+                "through llama.cpp's own quantizer.",
+           examples=("quantkit gguf models/quantkit-tiny out/gguf -t Q8_0 -t Q4_K_M",),
+           flags=(_f("types", "--type -t", list, "quantize.types",
+                     "GGUF type, repeatable: F32, F16, BF16, Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q4_0, Q3_K_M, Q2_K, IQ4_XS "
+                     "... \\[default: Q4_K_M]."),
+                  _f("imatrix", "--imatrix-calib/--no-imatrix-calib", bool, "quantize.imatrix",
+                     "Compute llama.cpp's importance matrix from the calibration set for the low-bit types."),
+                  *REVISION)),
+    Format("trt", TrtSpec, "quantkit.producers.trt", "tensorrt-llm",
+           lambda s: s.quantization != "none" or s.kv_cache != "auto", lambda s: f"trt-{s.quantization}",
+           verb="build-trt"),
+)
+
+
+def methods() -> tuple[str, ...]:
+    """Every recipe ``method:`` value, in table order."""
+    return tuple(dict.fromkeys(f.method for f in FORMATS))
+
+
+def specs() -> tuple[type, ...]:
+    """Every method's spec class (one per method), for the recipe's discriminated union."""
+    return tuple(dict.fromkeys(f.spec for f in FORMATS))
+
+
+def by_method(method: str) -> Format:
+    """A method's row (its default layout)."""
+    return next(f for f in FORMATS if f.method == method and f.layout is None)
+
+
+def by_verb(verb: str) -> Format:
+    """The row a CLI verb makes (its method's default layout)."""
+    return next(f for f in FORMATS if f.verb == verb)
+
+
+def verbs() -> tuple[Format, ...]:
+    """The rows with a standard ``quantkit VERB MODEL OUTPUT`` command, in table order."""
+    return tuple(f for f in FORMATS if f.verb and f.method != "trt")
+
+
+def for_spec(spec: Any) -> Format:
+    """The row that makes ``spec``: its method, and the layout its ``format`` field asks for."""
+    layout = getattr(spec, "format", None)
+    rows = [f for f in FORMATS if f.method == spec.method]
+    return next((f for f in rows if f.layout == layout), rows[0])
+
+
+def folder(spec: Any) -> str:
+    """The artifact folder name of an output: its ``name``, else derived from its method and main parameters."""
+    return spec.name or for_spec(spec).folder(spec)
+
+
+def calibrates(spec: Any) -> bool:
+    """Whether making ``spec`` reads calibration data."""
+    return for_spec(spec).calibrates(spec)
+
+
+def kind(name: str) -> kinds.Kind:
+    """An artifact kind by name (a row of :data:`quantkit.formats.kinds.KINDS`)."""
+    return kinds.BY_NAME[name]
+

@@ -1,0 +1,128 @@
+"""The recipe's method specs: one pydantic class per method, the fields a recipe (or a verb's flags) can set.
+
+A spec is data, like an llm-compressor modifier's arguments: it says *what* to make, never how. The registry
+(:mod:`quantkit.formats`) pairs each spec with its producer, its artifact kind and its CLI verb; the recipe
+(:mod:`quantkit.recipe`) is built from the registry's specs. Validation happens before any model loads.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+GROUP_SIZES = (-1, 32, 64, 128, 256)
+
+
+class Strict(BaseModel):
+    """Unknown keys are errors: a typo in a recipe must never be silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def _check_group_size(v: int) -> int:
+    if v not in GROUP_SIZES:
+        raise ValueError(f"must be one of {', '.join(map(str, GROUP_SIZES))} (-1 = one group per output channel)")
+    return v
+
+
+class MethodBase(Strict):
+    """Fields every quantization method shares."""
+
+    name: str | None = Field(None, description="artifact folder name inside a multi-output release")
+    ignore: list[str] = Field(default_factory=lambda: ["lm_head"], description="modules kept in full precision")
+
+
+class AwqSpec(MethodBase):
+    """AWQ W4A16 through llm-compressor's AWQModifier (activation-aware scaling, then group quantization)."""
+
+    method: Literal["awq"]
+    bits: Literal[4, 8] = 4
+    group_size: int = 128
+    symmetric: bool = False
+    format: Literal["compressed-tensors", "autoawq"] = "compressed-tensors"
+    duo_scaling: bool = True
+    _g = field_validator("group_size")(_check_group_size)
+
+
+class GptqSpec(MethodBase):
+    """GPTQ W4A16/W8A16 through llm-compressor's GPTQModifier (second-order error compensation)."""
+
+    method: Literal["gptq"]
+    bits: Literal[4, 8] = 4
+    group_size: int = 128
+    symmetric: bool = True
+    act_order: bool = Field(True, description="GPTQ activation ordering (static: no g_idx, no runtime cost)")
+    damp: float = Field(0.01, gt=0, lt=1, description="dampening as a fraction of the Hessian diagonal mean")
+    format: Literal["compressed-tensors", "gptq"] = "compressed-tensors"
+    _g = field_validator("group_size")(_check_group_size)
+
+
+class Fp8Spec(MethodBase):
+    """FP8 E4M3 weights with their scales: static (calibrated input scales), dynamic, or 128x128 blocks."""
+
+    method: Literal["fp8"]
+    scheme: Literal["static", "dynamic", "block"] = "static"
+    kv_cache_fp8: bool = False
+
+
+class Int8Spec(MethodBase):
+    """SmoothQuant then W8A8 INT8 (per-channel weights, dynamic per-token activations)."""
+
+    method: Literal["int8"]
+    smoothing_strength: float = Field(0.8, gt=0.0, lt=1.0)
+    weights: Literal["gptq", "rtn"] = "gptq"
+
+
+class RtnSpec(MethodBase):
+    """Round-to-nearest W4A16/W8A16: no calibration, the baseline AWQ and GPTQ must beat."""
+
+    method: Literal["rtn"]
+    bits: Literal[4, 8] = 4
+    group_size: int = 128
+    symmetric: bool = True
+    _g = field_validator("group_size")(_check_group_size)
+
+
+class GgufSpec(MethodBase):
+    """GGUF for llama.cpp: convert once, then quantize into each type with llama.cpp's own quantizer."""
+
+    method: Literal["gguf"]
+    types: list[str] = Field(default_factory=lambda: ["Q4_K_M"], min_length=1)
+    imatrix: bool = Field(False, description="compute an importance matrix from the calibration set")
+    ignore: list[str] = Field(default_factory=list)
+
+    @field_validator("types")
+    @classmethod
+    def _types(cls, v: list[str]) -> list[str]:
+        from quantkit.producers.gguf.quantize import DIRECT, QUANTIZED
+
+        known = [*DIRECT, *QUANTIZED]
+        out = [t.upper() for t in v]
+        bad = [t for t in out if t not in known]
+        if bad:
+            raise ValueError(f"unknown GGUF type {', '.join(bad)}; known: {', '.join(known)}")
+        return out
+
+
+class TrtLimits(Strict):
+    """TensorRT-LLM engine limits passed to trtllm-build."""
+
+    max_batch_size: int = Field(8, ge=1)
+    max_input_len: int = Field(1024, ge=1)
+    max_seq_len: int = Field(2048, ge=1)
+    max_num_tokens: int = Field(8192, ge=1)
+    paged_kv_cache: bool = True
+    gemm_plugin: str | None = "auto"
+
+
+class TrtSpec(MethodBase):
+    """ModelOpt quantization + export for TensorRT-LLM (unified HF checkpoint and TRT-LLM checkpoint)."""
+
+    method: Literal["trt"]
+    quantization: Literal["fp8", "int8_sq", "int4_awq", "w4a8_awq", "none"] = "fp8"
+    kv_cache: Literal["fp8", "int8", "auto"] = "auto"
+    tp: int = Field(1, ge=1, le=64)
+    pp: int = Field(1, ge=1, le=64)
+    limits: TrtLimits = Field(default_factory=TrtLimits)
+    checkpoint_only: bool = False

@@ -1,0 +1,121 @@
+"""The formats registry is the one place a format is described, and the layers keep their import rules.
+
+These read the code as it is (rows, modules, imports); what each format produces is tested end to end in the
+producer tests.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from quantkit import formats, recipe
+from quantkit.formats import kinds
+from quantkit.formats.specs import AwqSpec, GptqSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = ROOT / "quantkit" / "cli"
+# What the CLI may import from quantkit: the API it calls, the registry its verbs are made from, errors and its own
+# modules. Producers, engines, the pipeline and heavy libraries are reached only through quantkit.api.
+CLI_MAY_IMPORT = ("quantkit.api", "quantkit.cli", "quantkit.errors", "quantkit.formats", "quantkit")
+HEAVY = ("torch", "transformers", "llmcompressor", "compressed_tensors", "llama_cpp", "gguf", "vllm", "modelopt",
+         "numpy", "quantkit.producers.compressed", "quantkit.producers.gguf", "quantkit.producers.trt",
+         "quantkit.engines.transformers", "quantkit.engines.llamacpp", "quantkit.engines.vllm")
+
+
+def _imports(path: Path) -> set[str]:
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+            if node.module == "quantkit":
+                out |= {f"quantkit.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+    return out
+
+
+def test_every_method_has_a_row_a_producer_and_a_kind() -> None:
+    assert set(formats.methods()) == set(recipe.METHODS) == {"awq", "gptq", "fp8", "int8", "rtn", "gguf", "trt"}
+    for row in formats.FORMATS:
+        assert importlib.import_module(row.producer).PRODUCER is not None, row.key
+        assert row.kind in kinds.BY_NAME, row.key
+        assert row.spec.model_fields["method"].annotation.__args__ == (row.method,), row.key
+    keys = [row.key for row in formats.FORMATS]
+    assert len(keys) == len(set(keys))
+
+
+def test_legacy_layouts_are_their_own_rows() -> None:
+    assert formats.for_spec(AwqSpec(method="awq")).producer == "quantkit.producers.compressed"
+    assert formats.for_spec(AwqSpec(method="awq", format="autoawq")).producer == "quantkit.producers.legacy"
+    assert formats.for_spec(GptqSpec(method="gptq", format="gptq")).key == "gptq+gptq"
+
+
+def test_each_verb_shows_only_the_flags_its_format_uses(cli) -> None:
+    for row in formats.verbs():
+        shown = cli(row.verb, "--help", check=True).stdout
+        for flag in row.flags:
+            assert flag.flag in shown, (row.verb, flag.flag)
+        assert "Examples" in shown and row.examples[0] in shown
+    rtn = cli("rtn", "--help", check=True).stdout
+    assert "--samples" not in rtn and "--calib" not in rtn and "--num-gpus" not in rtn
+    gguf = cli("gguf", "--help", check=True).stdout
+    assert "--ignore" not in gguf and "--num-gpus" not in gguf and "--dtype" not in gguf
+
+
+def test_a_flag_the_verb_does_not_use_is_refused(cli) -> None:
+    proc = cli("rtn", "models/quantkit-tiny", "out/never", "--samples", "8")
+    assert proc.returncode == 2 and "No such option" in proc.stderr
+    assert not (ROOT / "out" / "never").exists()
+
+
+def test_kinds_recognise_each_artifact_layout(tmp_path: Path) -> None:
+    def folder(name: str, files: dict[str, object]) -> Path:
+        p = tmp_path / name
+        p.mkdir()
+        for f, content in files.items():
+            (p / f).write_text(content if isinstance(content, str) else json.dumps(content))
+        return p
+
+    cases = {
+        "gguf": folder("g", {"m-Q8_0.gguf": ""}),
+        "modelopt": folder("mo", {"config.json": {}, "hf_quant_config.json": {}}),
+        "trtllm-checkpoint": folder("tc", {"config.json": {"architecture": "Llama", "quantization": {}}}),
+        "compressed-tensors": folder("ct", {"config.json": {"quantization_config": {"quant_method":
+                                                                                    "compressed-tensors"}}}),
+        "awq": folder("awq", {"config.json": {"quantization_config": {"quant_method": "awq"}}}),
+        "gptq": folder("gptq", {"config.json": {"quantization_config": {"quant_method": "gptq"}}}),
+        "hf": folder("hf", {"config.json": {"architectures": ["LlamaForCausalLM"]}}),
+    }
+    for name, path in cases.items():
+        assert kinds.detect(path).name == name
+    assert kinds.detect(cases["gguf"] / "m-Q8_0.gguf").name == "gguf"
+    with pytest.raises(Exception, match="neither .gguf files nor a checkpoint"):
+        kinds.detect(folder("empty", {}))
+
+
+def test_cli_reaches_the_work_only_through_the_api() -> None:
+    for path in sorted(CLI.glob("*.py")):
+        own = {m for m in _imports(path) if m == "quantkit" or m.startswith("quantkit.")}
+        bad = {m for m in own if not any(m == ok or m.startswith(ok + ".") for ok in CLI_MAY_IMPORT)}
+        assert not bad, f"{path.name} imports {sorted(bad)}: call quantkit.api instead"
+
+
+def test_the_cli_imports_nothing_heavy() -> None:
+    code = ("import sys, json, quantkit.cli.main\n"
+            f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))")
+    loaded = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                       cwd=ROOT).stdout)
+    assert loaded == []
+
+
+def test_verify_result_types_import_neither_side() -> None:
+    verify = ROOT / "quantkit" / "verify"
+    assert not {"quantkit.verify.evaluate", "quantkit.verify.report"} & _imports(verify / "results.py")
+    assert "quantkit.verify.evaluate" not in _imports(verify / "report.py")
