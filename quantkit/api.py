@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quantkit import artifact, formats, producers, recipe as recipe_mod, source as source_mod, versions
+from quantkit import artifact, calibration, formats, producers, recipe as recipe_mod, source as source_mod, versions
 from quantkit.artifact import MANIFEST, Manifest, fmt_bytes, fmt_num, size_bytes
 from quantkit.errors import RecipeError
 from quantkit.producers.base import ProduceContext
@@ -23,9 +23,9 @@ from quantkit.progress import Reporter
 from quantkit.recipe import Recipe
 
 __all__ = ["MANIFEST", "ArtifactResult", "Manifest", "build_trt", "calibration_sets", "doctor", "evaluate",
-           "eval_options", "fmt_bytes", "fmt_num", "inspect", "load_recipe", "preview_calibration", "publish",
+           "eval_options", "fmt_bytes", "fmt_num", "inspect", "load_recipe", "plan", "preview_calibration", "publish",
            "quantize", "quantize_one", "recipe_schema", "run", "show_recipe", "shipped_recipes", "size_bytes",
-           "smoke", "verify", "verify_all"]
+           "smoke", "trt_recipe", "verify", "verify_all"]
 
 
 @dataclass
@@ -91,6 +91,8 @@ def quantize_one(recipe: Recipe, spec: Any, out: Path, *, force: bool = False, r
     row = formats.for_spec(spec)
     producer = producers.get(spec)
     producer.check(spec, source)
+    if row.calibrates(spec):
+        calibration.check_fits(recipe.calibration, source.config, source.spec)
     with artifact.ArtifactWriter(out, force=force, expected_bytes=producer.estimate_bytes(spec, source)) as w:
         ctx = ProduceContext(spec=spec, source=source, model=recipe.model, workdir=w.path,
                              calibration=recipe.calibration, runtime=recipe.runtime, reporter=rep)
@@ -115,13 +117,10 @@ def quantize(recipe: Recipe, *, force: bool = False, reporter: Reporter | None =
             for spec, out in recipe.artifacts()]
 
 
-def build_trt(recipe_name: str, *, checkpoint_only: bool = False, python: str | None = None,
-              output: str | None = None, force: bool = False,
-              reporter: Reporter | None = None) -> list[ArtifactResult]:
-    """A recipe's TensorRT-LLM outputs (``method: trt``): ModelOpt checkpoints, and the engine where it builds.
-
-    ``python`` and ``output`` override the recipe like any flag; ``checkpoint_only`` stops every TensorRT-LLM output
-    after its checkpoints."""
+def trt_recipe(recipe_name: str, *, checkpoint_only: bool = False, python: str | None = None,
+               output: str | None = None) -> Recipe:
+    """A recipe for ``build-trt``: it must have TensorRT-LLM outputs (``method: trt``). ``python`` and ``output``
+    override the recipe like any flag; ``checkpoint_only`` stops every TensorRT-LLM output after its checkpoints."""
     path = recipe_mod.find(recipe_name)
     r = load_recipe(path, {"runtime.python|--python": python, "output|--output": output})
     specs = [(spec, out) for spec, out in r.artifacts() if spec.method == "trt"]
@@ -132,10 +131,27 @@ def build_trt(recipe_name: str, *, checkpoint_only: bool = False, python: str | 
     for spec, _ in specs:
         if checkpoint_only:
             spec.checkpoint_only = True  # validated on assignment, before anything is hashed
+    return r
+
+
+def build_trt(r: Recipe, *, force: bool = False, reporter: Reporter | None = None) -> list[ArtifactResult]:
+    """A recipe's TensorRT-LLM outputs (see :func:`trt_recipe`): ModelOpt checkpoints, and the engine where it
+    builds."""
+    specs = [(spec, out) for spec, out in r.artifacts() if spec.method == "trt"]
     rep = reporter or Reporter(quiet=True)
     with rep.timed("check_source"):
         src = source_mod.resolve(r.model)
     return [quantize_one(r, spec, out, force=force, reporter=rep, source=src) for spec, out in specs]
+
+
+def plan(recipe: Recipe, *, force: bool = False, pipeline: bool = False, evaluate: bool = True,
+         smoke: bool = True, method: str | None = None) -> Any:
+    """What making a recipe's outputs would do, checked and estimated without loading a weight (``--dry-run``;
+    :mod:`quantkit.plan`). ``pipeline``: as ``quantkit run`` would (reuse, evaluation, smoke test); ``method``:
+    only the outputs of that method (``build-trt``)."""
+    from quantkit import plan as plan_mod
+
+    return plan_mod.make(recipe, force=force, pipeline=pipeline, evaluate=evaluate, smoke=smoke, method=method)
 
 
 def run(recipe: Recipe, *, force: bool = False, reporter: Reporter | None = None, evaluate: bool = True,
@@ -152,8 +168,6 @@ def run(recipe: Recipe, *, force: bool = False, reporter: Reporter | None = None
 
 def calibration_sets() -> list[dict[str, Any]]:
     """The shipped calibration and evaluation sets: name, documents, characters."""
-    from quantkit import calibration
-
     rows = []
     for name in calibration.SHIPPED:
         docs = calibration.load_documents(name)
@@ -165,17 +179,16 @@ def preview_calibration(source: str, *, model: str | None = None, samples: int =
                         seed: int = 0, field: str = "text", chat_template: bool = False,
                         show: int = 3) -> dict[str, Any]:
     """A calibration source's documents, and with ``model`` the exact token samples and their sha256."""
-    from quantkit import calibration
-
     docs = calibration.load_documents(source, field)
     info: dict[str, Any] = {"source": source, "kind": docs.kind, "documents": len(docs.items), "chat": docs.chat,
                             "source_sha256": docs.file_sha256, "preview": [str(d)[:300] for d in docs.items[:show]]}
     if model:
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(model)
         spec = recipe_mod.CalibrationSpec(dataset=source, samples=samples, seq_len=seq_len, seed=seed, field=field,
                                           chat_template=chat_template)
+        calibration.check_fits(spec, source_mod.resolve(recipe_mod.ModelSpec(source=model)).config, model)
+        tok = AutoTokenizer.from_pretrained(model)
         cs = calibration.build(spec, tok, docs)
         info["calibration"] = cs.manifest().model_dump(mode="json")
         info["first_sample"] = tok.decode(cs.samples[0])[:300]

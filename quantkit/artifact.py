@@ -419,6 +419,7 @@ class ArtifactWriter:
         data = manifest.model_copy(update={"files": hash_tree(self.path), "created": now_iso()})
         try:
             _write_manifest(self.path, data)
+            _share(self.path)
             _fsync_tree(self.path)
             if self.final.exists():
                 old = self.final.parent / f".{self.final.name}.old-{os.getpid()}"
@@ -447,6 +448,19 @@ def _disk_error(e: OSError, final: Path) -> Exception:
         return DiskSpaceError(f"the disk filled up while writing {final}; the partial output was removed",
                               hint="free some space or write the output elsewhere")
     return e
+
+
+def _share(root: Path) -> None:
+    """Give every file and folder of an artifact the same mode, what the umask allows (0644/0755 with the usual
+    022): libraries write some files owner-only (safetensors via mkstemp, ModelOpt's exports), and a serving
+    container running as another user, or a shared model store, must be able to read all of it."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for p in [root, *root.rglob("*")]:
+        if p.is_dir():
+            p.chmod(0o777 & ~mask)
+        elif p.is_file():
+            p.chmod(0o666 & ~mask)
 
 
 def _fsync_tree(root: Path) -> None:

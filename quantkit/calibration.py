@@ -205,6 +205,24 @@ class CalibrationSet:
         return [tokenizer.decode(s) for s in self.samples]
 
 
+def context_length(config: dict[str, Any]) -> int | None:
+    """The longest sequence a model was trained for (``max_position_embeddings``, also inside a ``text_config``)."""
+    for cfg in (config, config.get("text_config") or {}):
+        if isinstance(cfg.get("max_position_embeddings"), int):
+            return int(cfg["max_position_embeddings"])
+    return None
+
+
+def check_fits(spec: CalibrationSpec, config: dict[str, Any], model: str) -> None:
+    """Refuse calibration samples longer than the model's context: positions it never saw calibrate nothing real
+    (and the only sign would be a transformers warning lost in the output)."""
+    limit = context_length(config)
+    if limit is not None and spec.seq_len > limit:
+        raise CalibrationError(f"--seq-len {spec.seq_len} is longer than {model}'s context "
+                               f"(max_position_embeddings {limit}): calibration would run on positions the model "
+                               "never saw", hint=f"use --seq-len {limit} or less")
+
+
 def tokens_sha256(samples: list[list[int]]) -> str:
     """sha256 over the exact token ids (int32 little-endian) with each sample's length: identical ids, same hash."""
     import numpy as np

@@ -42,6 +42,12 @@ class OutputResult:
     smoke: dict[str, Any] | None = None
     gates: list[dict[str, Any]] = field(default_factory=list)
 
+    def smoke_status(self, file: str | None = None) -> str:
+        """The smoke result of the output, or of one of its files (a GGUF output serves each file on its own)."""
+        smoke = self.smoke or {}
+        runs = [r for r in smoke.get("runs") or [] if file is not None and r.get("file") == file]
+        return str(runs[0].get("status", "?")) if runs else str(smoke.get("status", "skipped"))
+
     def to_json(self) -> dict[str, Any]:
         m = self.manifest
         return {"name": self.name, "method": self.method, "path": str(self.path), "status": self.status,
@@ -201,38 +207,40 @@ def _evaluate(recipe: Recipe, src: source_mod.SourceModel, done: list[OutputResu
                    for x in mine for g in x.gates]
 
 
-def engine_available(path: Path, python: str | None) -> tuple[str, str | None]:
-    """The engine that would serve ``path`` and, when it cannot run here, why (None when it can)."""
+def engine_unavailable(name: str, python: str | None) -> str | None:
+    """Why the engine ``name`` cannot serve here (None when it can): not installed in its Python, or no GPU."""
     import importlib.util
     import subprocess
     import sys
 
     from quantkit import serve
 
-    name = serve.detect(path)
     engine = serve.get(name)
     py = engine.python(python)
     if py in (None, sys.executable):
         if importlib.util.find_spec(engine.module) is None:
-            return name, f"{name} is not installed here (pass smoke.python / --python for its environment)"
+            return f"{name} is not installed here (pass smoke.python / --python for its environment)"
     elif subprocess.run([py, "-c", f"import {engine.module}"], capture_output=True).returncode != 0:
-        return name, f"{name} does not import in {py}"
+        return f"{name} does not import in {py}"
     if name in ("vllm", "trtllm") and py in (None, sys.executable):
         try:
             import torch
 
             if not torch.cuda.is_available():
-                return name, f"{name} needs a CUDA GPU and none is visible"
+                return f"{name} needs a CUDA GPU and none is visible"
         except ImportError:
-            return name, "torch is not installed"
-    return name, None
+            return "torch is not installed"
+    return None
 
 
 def _smoke(recipe: Recipe, r: OutputResult, rep: Reporter) -> None:
     """Smoke-test one artifact where its engine can run; otherwise record the step as skipped, with why."""
     from quantkit import api
 
-    engine, why = engine_available(r.path, recipe.smoke.python)
+    from quantkit import serve
+
+    engine = serve.detect(r.path)
+    why = engine_unavailable(engine, recipe.smoke.python)
     if why:
         r.smoke = {"status": "skipped", "engine": engine, "summary": why}
         rep.log(f"[yellow]-[/] smoke {r.name}: skipped ({why})")

@@ -2,12 +2,19 @@
 
 Everything a person reads goes through a :class:`Reporter`. With ``--json`` it writes to stderr so stdout
 carries only the machine-readable result; with ``--quiet`` it shows nothing but errors.
+
+Libraries draw their own tqdm bars (compressed-tensors' "Applying quantization config" and "Dispatching model",
+llm-compressor's per-layer "Calibrating"): they ignore ``--quiet`` and break Rich's live display, and some pass
+``disable=False`` explicitly, which overrides ``TQDM_DISABLE``. :func:`silence_library_bars` turns every tqdm bar
+off for the process (the CLI does it unless ``--debug``), and forwards llm-compressor's per-layer bars to
+:meth:`Reporter.layers`, so the quantize step shows layer i of n with the time left instead of a spinner.
 """
 
 from __future__ import annotations
 
+import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -16,6 +23,32 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColum
                            TimeElapsedColumn, TimeRemainingColumn)
 
 from quantkit import interrupts
+
+
+# llm-compressor's sequential pipeline names each layer's bars "(3/9): Calibrating", "(3/9): Propagating".
+_LAYER = re.compile(r"^\((\d+)/(\d+)\): (\w+)")
+_layer_sink: list[Callable[[int, int, str], None]] = []
+_silenced = False
+
+
+def silence_library_bars() -> None:
+    """Turn off every tqdm bar in this process, forwarding per-layer ones to an active :meth:`Reporter.layers`."""
+    global _silenced
+    if _silenced:
+        return
+    import tqdm.std
+
+    original = tqdm.std.tqdm.__init__
+
+    def quiet_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        kwargs["disable"] = True
+        original(self, *args, **kwargs)
+        desc = kwargs.get("desc", args[1] if len(args) > 1 else None)
+        if _layer_sink and isinstance(desc, str) and (m := _LAYER.match(desc)):
+            _layer_sink[-1](int(m.group(1)), int(m.group(2)), m.group(3))
+
+    tqdm.std.tqdm.__init__ = quiet_init  # type: ignore[method-assign]
+    _silenced = True
 
 
 class _Task:
@@ -67,6 +100,36 @@ class Reporter:
             finally:
                 self.timings[key] = round(self.timings.get(key, 0.0) + time.perf_counter() - start, 3)
         interrupts.check()  # a library call may have swallowed a Ctrl-C: do not report the step as done
+        self.console.print(f"[green]✓[/] {description} [dim]({self.timings[key]:.1f}s)[/]")
+
+    @contextmanager
+    def layers(self, key: str, description: str) -> Iterator[None]:
+        """A library call that works layer by layer (llm-compressor's sequential pipeline): a bar of layers with
+        the time left, fed by the library's own per-layer tqdm bars (see :func:`silence_library_bars`); a
+        spinner until the first layer starts, and for calls that report no layers. Timed as ``key``."""
+        start = time.perf_counter()
+        if self.quiet:
+            try:
+                yield
+            finally:
+                self.timings[key] = round(self.timings.get(key, 0.0) + time.perf_counter() - start, 3)
+            return
+        cols = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("layers"), TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn()]
+        with Progress(*cols, console=self.console, transient=True) as p:
+            tid = p.add_task(description, total=None)
+
+            def on_layer(index: int, total: int, stage: str) -> None:
+                interrupts.check()
+                p.update(tid, total=total, completed=index - 1, description=f"{description} [dim]({stage})[/]")
+
+            _layer_sink.append(on_layer)
+            try:
+                yield
+            finally:
+                _layer_sink.remove(on_layer)
+                self.timings[key] = round(self.timings.get(key, 0.0) + time.perf_counter() - start, 3)
+        interrupts.check()
         self.console.print(f"[green]✓[/] {description} [dim]({self.timings[key]:.1f}s)[/]")
 
     @contextmanager

@@ -117,13 +117,16 @@ class Recipe(Strict):
         return [(o, Path(self.output) / formats.folder(o)) for o in self.outputs or []]
 
     def output_sha256(self, spec: Any) -> str:
-        """Hash of what decides one output's bytes: the source, that output's spec, and (if used) calibration.
+        """Hash of what decides one output's bytes: the source, that output's spec, and the calibration data and
+        seed only when the output reads calibration data.
 
-        Adding an output to a recipe, or changing its gates, does not change the other outputs' hashes, so a
-        re-run reuses them.
+        Adding an output to a recipe, changing its gates, or changing the calibration set of a recipe whose other
+        outputs use none (RTN, FP8 dynamic, GGUF without an importance matrix) does not change those outputs'
+        hashes, so a re-run reuses them.
         """
-        relevant = {"model": self.model.model_dump(mode="json"), "spec": spec.model_dump(mode="json"),
-                    "calibration": self.calibration.model_dump(mode="json"), "seed": self.runtime.seed}
+        relevant: dict[str, Any] = {"model": self.model.model_dump(mode="json"), "spec": spec.model_dump(mode="json")}
+        if formats.calibrates(spec):
+            relevant |= {"calibration": self.calibration.model_dump(mode="json"), "seed": self.runtime.seed}
         return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()
 
     def sha256(self) -> str:
@@ -188,14 +191,16 @@ def _describe(err: dict) -> str:
 
 
 def validate(data: Any, *, where: str = "recipe", lines: dict[tuple, int] | None = None,
-             flags: dict[str, str] | None = None) -> Recipe:
-    """Validate a recipe mapping; every problem is reported with its field path, line (or flag) and expectation."""
+             flags: dict[str, str] | None = None, problems: list[str] | None = None,
+             hint: str | None = None) -> Recipe:
+    """Validate a recipe mapping; every problem is reported with its field path, line (or flag) and expectation,
+    together with ``problems`` the caller found already (so one run shows them all)."""
     if not isinstance(data, dict):
         raise RecipeError(f"{where}: a recipe must be a YAML mapping (key: value), not {type(data).__name__}")
+    problems = list(problems or [])
     try:
-        return Recipe.model_validate(data)
+        recipe = Recipe.model_validate(data)
     except ValidationError as e:
-        problems = []
         for err in e.errors():
             loc = tuple(p for p in err["loc"] if p not in METHODS)  # drop the discriminator's tag from the path
             field = ".".join(str(p) for p in loc) or "(top level)"
@@ -211,8 +216,11 @@ def validate(data: Any, *, where: str = "recipe", lines: dict[tuple, int] | None
             got = err.get("input")
             got_s = "" if err["type"] in ("missing", "extra_forbidden") or isinstance(got, dict) else f"; got {got!r}"
             problems.append(f"{field}{origin}: {_describe(err)}{got_s}")
-        head = f"{where}: " + ("invalid recipe" if len(problems) > 1 else problems[0])
-        raise RecipeError(head if len(problems) == 1 else head + "\n  " + "\n  ".join(problems)) from None
+    else:
+        if not problems:
+            return recipe
+    head = f"{where}: " + ("invalid recipe" if len(problems) > 1 else problems[0])
+    raise RecipeError(head if len(problems) == 1 else head + "\n  " + "\n  ".join(problems), hint=hint)
 
 
 def load(path: str | Path | None, overrides: dict[str, Any] | None = None,
@@ -224,6 +232,7 @@ def load(path: str | Path | None, overrides: dict[str, Any] | None = None,
     """
     data: dict[str, Any] = dict(base or {})
     lines: dict[tuple, int] = {}
+    problems: list[str] = []
     where = "command line"
     if path is not None:
         p = Path(path)
@@ -242,7 +251,7 @@ def load(path: str | Path | None, overrides: dict[str, Any] | None = None,
         data = _merge(data, loaded)
         output_flag = any(k.partition("|")[0] == "output" and v is not None for k, v in (overrides or {}).items())
         if check_output_escape and "output" in loaded and not output_flag:
-            _check_inside_cwd(str(loaded["output"]), where, lines.get(("output",)))
+            problems += _outside_cwd(str(loaded["output"]), lines.get(("output",)))
     flags: dict[str, str] = {}
     for key, value in (overrides or {}).items():
         if value is None:
@@ -252,7 +261,8 @@ def load(path: str | Path | None, overrides: dict[str, Any] | None = None,
         flags[field] = flag or field
     if path is not None and overrides:
         where = f"{where} + command line"
-    return validate(data, where=where, lines=lines, flags=flags)
+    hint = ("use a relative path inside the working folder, or pass -o/--output explicitly" if problems else None)
+    return validate(data, where=where, lines=lines, flags=flags, problems=problems, hint=hint)
 
 
 def _merge(a: dict, b: dict) -> dict:
@@ -262,14 +272,14 @@ def _merge(a: dict, b: dict) -> dict:
     return out
 
 
-def _check_inside_cwd(output: str, where: str, line: int | None) -> None:
+def _outside_cwd(output: str, line: int | None) -> list[str]:
     """A recipe (unlike a flag the user typed) must not write outside the folder it is run from."""
     cwd = Path.cwd().resolve()
     target = (cwd / os.path.expanduser(output)).resolve()
     if target != cwd and cwd not in target.parents:
         at = f" (line {line})" if line else ""
-        raise RecipeError(f"{where}: output{at}: {output!r} is outside the working folder {cwd}",
-                          hint="use a relative path inside the working folder, or pass -o/--output explicitly")
+        return [f"output{at}: {output!r} is outside the working folder {cwd}"]
+    return []
 
 
 def dump(recipe: Recipe) -> str:

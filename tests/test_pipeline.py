@@ -101,3 +101,22 @@ def test_failing_gate_exits_3_and_names_it(release) -> None:
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "min_top1" in proc.stderr and "0.9999" in proc.stderr and "Traceback" not in proc.stderr
     assert (work / "release-strict" / "report.json").exists()  # the bundle is still written for inspection
+
+
+def test_calibration_changes_rebuild_only_outputs_that_read_calibration(release) -> None:
+    """RTN and GGUF without an importance matrix read no calibration data: a new calibration block reuses them."""
+    work, _, _ = release
+    text = RECIPE.replace("  samples: 8\n", "  samples: 16\n").replace("  - method: gptq\n", "")
+    (work / "more-samples.yaml").write_text(text)
+    proc = quantkit("run", "more-samples.yaml", "--no-eval", "--no-smoke", "--json", cwd=work, check=True)
+    assert {o["name"]: o["status"] for o in json.loads(proc.stdout)["outputs"]} == {"rtn-w4g128": "reused",
+                                                                                     "gguf": "reused"}
+
+
+def test_summary_shows_status_and_smoke_for_every_gguf_file(release) -> None:
+    work, _, _ = release
+    table = quantkit("run", "recipe.yaml", cwd=work, check=True).stdout
+    rows = [line for line in table.splitlines() if ".gguf" in line]
+    assert len(rows) == 2, table
+    for line in rows:
+        assert "reused" in line and "passed" in line, line

@@ -37,7 +37,8 @@ def error_of(tmp_path: Path, text: str, overrides: dict | None = None) -> str:
 
 def test_good_recipe_fills_defaults(tmp_path: Path) -> None:
     r = recipe.load(write(tmp_path, GOOD), check_output_escape=False)
-    assert r.quantize.method == "awq" and r.quantize.symmetric is False and r.quantize.ignore == ["lm_head"]
+    assert r.quantize.method == "awq" and r.quantize.symmetric is False
+    assert r.quantize.ignore == [] and r.quantize.default_ignore is True
     assert r.calibration.samples == 16 and r.calibration.seq_len == 512
     assert r.artifacts() == [(r.quantize, Path("out/awq"))]
 

@@ -20,7 +20,7 @@ from rich.markup import escape
 
 from quantkit import interrupts
 from quantkit.errors import EXIT_INTERRUPTED, QuantkitError
-from quantkit.progress import Reporter
+from quantkit.progress import Reporter, silence_library_bars
 
 
 class State:
@@ -48,6 +48,35 @@ def console(as_json: bool) -> Console:
 
 def reporter(as_json: bool) -> Reporter:
     return Reporter(console(as_json), quiet=STATE.quiet)
+
+
+DRY_RUN_OPT = typer.Option(False, "--dry-run", help="Check everything and print the plan (outputs, calibration, "
+                           "expected size and peak memory, what would be skipped and why) without loading weights.")
+
+
+def print_plan(plan: Any, as_json: bool) -> None:
+    """The ``--dry-run`` table (or its JSON)."""
+    from rich.table import Table
+
+    if as_json:
+        emit_json(plan.to_json())
+        return
+    from quantkit.api import fmt_bytes
+
+    c = console(False)
+    s = plan.source
+    c.print(f"[bold]plan[/] for {escape(s['id'])} ({s['architecture']}, {s['parameters']:,} parameters, "
+            f"{fmt_bytes(s['size_bytes'])}); nothing was loaded or written")
+    t = Table(title_justify="left")
+    for col in ("output", "format", "action", "calibration", "disk", "host RAM", "GPU", "evaluate", "smoke"):
+        t.add_column(col, overflow="fold")
+    for o in plan.outputs:
+        t.add_row(escape(o.path), o.format, f"{o.action}: {escape(o.why)}", escape(o.calibration),
+                  fmt_bytes(o.disk_bytes), fmt_bytes(o.host_bytes), fmt_bytes(o.gpu_bytes) if o.gpu_bytes else "-",
+                  escape(o.evaluate), escape(o.smoke))
+    c.print(t)
+    c.print("[dim]disk: the producer's estimate (also used for the free-space check); memory: rules of thumb "
+            "(quantkit.plan)[/]")
 
 
 def emit_json(data: Any) -> None:
@@ -93,6 +122,8 @@ def command(fn: F) -> F:
     def wrapper(*args: Any, quiet: bool = False, debug: bool = False, **kwargs: Any) -> Any:
         STATE.quiet = STATE.quiet or quiet
         STATE.debug = STATE.debug or debug
+        if not STATE.debug:
+            silence_library_bars()  # libraries' own bars ignore --quiet and break Rich's display
         return handled(*args, **kwargs)
 
     sig = inspect.signature(fn)

@@ -9,7 +9,7 @@ import typer
 from rich.table import Table
 
 from quantkit import api
-from quantkit.cli.common import FORCE_OPT, JSON_OPT, command, emit_json, reporter
+from quantkit.cli.common import DRY_RUN_OPT, FORCE_OPT, JSON_OPT, command, emit_json, print_plan, reporter
 
 
 @command
@@ -20,6 +20,7 @@ def run_cmd(
     no_eval: bool = typer.Option(False, "--no-eval", help="Skip evaluation (reported as skipped)."),
     no_smoke: bool = typer.Option(False, "--no-smoke", help="Skip smoke tests (reported as skipped)."),
     force: bool = FORCE_OPT,
+    dry_run: bool = DRY_RUN_OPT,
     json: bool = JSON_OPT,
 ) -> None:
     """Run a recipe end to end: produce every output (reusing complete ones), evaluate them against the source,
@@ -28,6 +29,9 @@ def run_cmd(
 
     Exit codes: 0 release ok, 1 a step failed, 2 recipe/usage error, 3 a verification gate failed."""
     r = api.load_recipe(recipe, {"output|--output": str(output) if output else None, "model.source|--model": model})
+    if dry_run:
+        print_plan(api.plan(r, force=force, pipeline=True, evaluate=not no_eval, smoke=not no_smoke), json)
+        return
     rep = reporter(json)
     result = api.run(r, force=force, reporter=rep, evaluate=not no_eval, smoke=not no_smoke)
     if json:
@@ -46,15 +50,13 @@ def summary(console: Any, result: Any) -> None:
         j = o.to_json()
         ev = o.evaluation or {}
         rows = ev.get("results") or [ev]
-        for i, x in enumerate(rows):
+        for x in rows:
             gates = [g for g in o.gates if g.get("file") in (None, x.get("file"))]
             gate_s = "-" if not gates else ("[green]pass[/]" if all(g["passed"] for g in gates) else "[red]FAIL[/]")
-            smoke = (o.smoke or {}).get("status", "skipped") if i == 0 else ""
-            t.add_row(o.name + (f" {x['file']}" if x.get("file") else ""),
-                      o.status if i == 0 else "", j["format"] or "-",
+            t.add_row(o.name + (f" {x['file']}" if x.get("file") else ""), o.status, j["format"] or "-",
                       api.fmt_bytes(x.get("size_bytes") or j["size_bytes"] or 0),
                       api.fmt_num(x.get("ppl")), api.fmt_num(x.get("ppl_ratio")), api.fmt_num(x.get("kld"), 4),
-                      api.fmt_num(x.get("top1")), smoke, gate_s)
+                      api.fmt_num(x.get("top1")), o.smoke_status(x.get("file")), gate_s)
     console.print(t)
     console.print(f"[dim]{result.seconds:.1f}s; bundle in {result.release} (SHA256SUMS, report.md, report.json)[/]")
 

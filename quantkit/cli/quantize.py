@@ -16,8 +16,8 @@ import typer
 from rich.table import Table
 
 from quantkit import api, formats
-from quantkit.cli.common import FORCE_OPT, JSON_OPT, RECIPE_OPT, command, emit_json, reporter
-from quantkit.errors import RecipeError
+from quantkit.cli.common import DRY_RUN_OPT, FORCE_OPT, JSON_OPT, RECIPE_OPT, command, emit_json, print_plan, reporter
+from quantkit.errors import RecipeError, UsageError
 
 
 def _option(flag: formats.Flag) -> Any:
@@ -47,6 +47,9 @@ def _quantize(row: formats.Format, values: dict[str, Any]) -> None:
         raise RecipeError(f"{recipe_path} is {got} recipe, not {row.method}",
                           hint=f"use `quantkit {formats.by_method(got).verb if r.quantize else 'run'} "
                                f"--recipe {recipe_path}`")
+    if values["dry_run"]:
+        print_plan(api.plan(r, force=values["force"]), values["json"])
+        return
     rep = reporter(values["json"])
     results = api.quantize(r, force=values["force"], reporter=rep)
     if values["json"]:
@@ -85,18 +88,26 @@ def _make_verb(row: formats.Format):  # noqa: ANN202 - builds a Typer command
                            default=typer.Argument(None, help="Output folder (written atomically; refused if it "
                                                   "exists, unless --force).", show_default=False)),
         _inspect.Parameter("recipe", _inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str], default=RECIPE_OPT),
+        _inspect.Parameter("output_opt", _inspect.Parameter.KEYWORD_ONLY, annotation=Optional[Path],
+                           default=typer.Option(None, "--output", "-o", help="Output folder, as OUTPUT (for use "
+                                                "with --recipe: overrides the recipe's output).",
+                                                show_default=False)),
     ]
     for flag in row.flags:
         params.append(_inspect.Parameter(flag.name, _inspect.Parameter.KEYWORD_ONLY, annotation=_annotation(flag),
                                          default=_option(flag)))
     params += [
         _inspect.Parameter("force", _inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=FORCE_OPT),
+        _inspect.Parameter("dry_run", _inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=DRY_RUN_OPT),
         _inspect.Parameter("json", _inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=JSON_OPT),
     ]
 
     def verb(**values: Any) -> None:
-        if values.get("output") is not None:
-            values["output"] = str(values["output"])
+        given = {str(v) for v in (values.pop("output_opt"), values.get("output")) if v is not None}
+        if len(given) > 1:
+            raise UsageError(f"OUTPUT and --output name different folders ({', '.join(sorted(given))})",
+                             hint="give the output once")
+        values["output"] = given.pop() if given else None
         _quantize(row, values)
 
     verb.__signature__ = _inspect.Signature(params)  # type: ignore[attr-defined]

@@ -14,7 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from quantkit import api
-from quantkit.cli.common import FORCE_OPT, JSON_OPT, command, emit_json, reporter
+from quantkit.cli.common import DRY_RUN_OPT, FORCE_OPT, JSON_OPT, command, emit_json, print_plan, reporter
 from quantkit.errors import BackendError
 
 HELP = ("TensorRT-LLM through NVIDIA ModelOpt: calibrate and quantize (fp8, int8_sq, int4_awq, w4a8_awq), write the "
@@ -34,12 +34,16 @@ def build_trt_cmd(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Artifact folder (one output) or release "
                                           "folder (several) \\[default: the recipe's output]."),
     force: bool = FORCE_OPT,
+    dry_run: bool = DRY_RUN_OPT,
     json: bool = JSON_OPT,
 ) -> None:
     """Build a recipe's TensorRT-LLM artifact(s): ModelOpt checkpoints, and the engine where it can be built."""
+    r = api.trt_recipe(recipe, checkpoint_only=checkpoint_only, python=python, output=str(output) if output else None)
+    if dry_run:
+        print_plan(api.plan(r, force=force, method="trt"), json)
+        return
     rep = reporter(json)
-    results = api.build_trt(recipe, checkpoint_only=checkpoint_only, python=python,
-                            output=str(output) if output else None, force=force, reporter=rep)
+    results = api.build_trt(r, force=force, reporter=rep)
     failed = [res for res in results if (res.manifest.quantization.get("engine") or {}).get("status") == "failed"]
     if json:
         emit_json([res.to_json() for res in results])

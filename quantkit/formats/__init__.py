@@ -71,8 +71,10 @@ LOADING = (
     _f("allow_pickle", "--allow-pickle", bool, "model.allow_pickle",
        "Accept pickle (.bin/.pt) weights (unsafe; off by default).", "Model"),
 )
-IGNORE = (_f("ignore", "--ignore", list, "quantize.ignore", "Module name or re: pattern kept in full precision "
-             "(repeatable) \\[default: lm_head].", "Model"),)
+IGNORE = (_f("ignore", "--ignore", list, "quantize.ignore", "Also keep this module in full precision: a module name "
+             "or re:REGEX that must match a module of the model (repeatable; added to the defaults).", "Model"),
+          _f("default_ignore", "--default-ignore/--no-default-ignore", bool, "quantize.default_ignore",
+             "Keep lm_head and mixture-of-experts router gates in full precision \\[default: on].", "Model"))
 DEVICE = (_f("device", "--device", str, "runtime.device", "auto, cpu, cuda or cuda:N \\[default: auto].",
              "Runtime"),)
 GPUS = (_f("num_gpus", "--num-gpus", int, "runtime.num_gpus",

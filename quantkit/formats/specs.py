@@ -30,7 +30,10 @@ class MethodBase(Strict):
     """Fields every quantization method shares."""
 
     name: str | None = Field(None, description="artifact folder name inside a multi-output release")
-    ignore: list[str] = Field(default_factory=lambda: ["lm_head"], description="modules kept in full precision")
+    ignore: list[str] = Field(default_factory=list, description="modules kept in full precision besides the "
+                              "defaults: names or re: patterns, each must match a module (see quantkit.ignore)")
+    default_ignore: bool = Field(True, description="also keep lm_head and mixture-of-experts router gates in full "
+                                 "precision")
 
 
 class AwqSpec(MethodBase):
@@ -90,7 +93,6 @@ class GgufSpec(MethodBase):
     method: Literal["gguf"]
     types: list[str] = Field(default_factory=lambda: ["Q4_K_M"], min_length=1)
     imatrix: bool = Field(False, description="compute an importance matrix from the calibration set")
-    ignore: list[str] = Field(default_factory=list)
 
     @field_validator("types")
     @classmethod

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quantkit import ignore as ignore_mod
 from quantkit.errors import BackendError, SourceModelError, UsageError
 from quantkit.producers.base import ProduceContext, Produced
 from quantkit.source import SourceModel
@@ -182,6 +183,7 @@ class CompressedProducer:
                 f"`quantkit {spec.method}` quantizes causal language models (…ForCausalLM)",
                 hint="check config.json's architectures; vision-language models need their own recipe")
         _check_group_divides(spec, source)
+        ignore_mod.effective(spec, source)  # a misspelt --ignore fails here, before anything loads
 
     def estimate_bytes(self, spec: Any, source: SourceModel) -> int:
         cfg = source.config
@@ -195,6 +197,7 @@ class CompressedProducer:
         spec, rep = ctx.spec, ctx.reporter
         p = plan(spec)
         job = _job(ctx)
+        job["ignore"] = ignore_mod.effective(spec, ctx.source)
         device = _pin_device(ctx.runtime.device, ctx.runtime.num_gpus)
         from transformers import AutoTokenizer
 
@@ -208,12 +211,12 @@ class CompressedProducer:
         else:
             with rep.step("load_model", f"Loading {ctx.source.spec}"), _quiet_backend():
                 model = _load_model(job)
-            with rep.step("quantize", description), _quiet_backend():
+            with rep.layers("quantize", description), _quiet_backend():
                 info = _oneshot(model, p, job)
             with rep.step("save", "Saving the compressed-tensors checkpoint"), _quiet_backend():
                 _save(model, tokenizer, ctx.workdir)
             del model
-        quantization = _describe(ctx.workdir, p, spec, info)
+        quantization = _describe(ctx.workdir, p, job["ignore"], info)
         return Produced(quantization=quantization, calibration=calib,
                         notes=list(info.get("notes", [])))
 
@@ -243,31 +246,19 @@ def _spec_from(job: dict[str, Any]) -> Any:
 
 @contextlib.contextmanager
 def _quiet_backend() -> Iterator[None]:
-    """Silence llm-compressor's, compressed-tensors' and transformers' tqdm bars while quantkit's spinner runs.
-
-    Under Rich's live display every tqdm refresh becomes a new line (AWQ's grid search alone prints hundreds);
-    the step's spinner and timing say the same thing. tqdm reads TQDM_DISABLE only when it is imported, so for
-    this process the bars are turned off by making every bar disabled for the duration of the step. torch.fx's
-    one-line notice about llm-compressor's graph tracing is dropped too.
-    """
+    """Silence library bars (:func:`quantkit.progress.silence_library_bars`) and torch.fx's one-line notice about
+    llm-compressor's graph tracing while quantkit's own progress runs."""
     import logging
 
-    import tqdm
+    from quantkit.progress import silence_library_bars
 
+    silence_library_bars()
     fx_log = logging.getLogger("torch.fx._symbolic_trace")
     fx_level = fx_log.level
     fx_log.setLevel(logging.ERROR)
-    original = tqdm.tqdm.__init__
-
-    def disabled(self: Any, *args: Any, **kwargs: Any) -> None:
-        kwargs["disable"] = True
-        original(self, *args, **kwargs)
-
-    tqdm.tqdm.__init__ = disabled  # type: ignore[method-assign]
     try:
         yield
     finally:
-        tqdm.tqdm.__init__ = original  # type: ignore[method-assign]
         fx_log.setLevel(fx_level)
 
 
@@ -353,9 +344,8 @@ def _oneshot(model: Any, p: Plan, job: dict[str, Any]) -> dict[str, Any]:
     import torch
     from llmcompressor import oneshot
 
-    spec = _spec_from(job)
     torch.manual_seed(job["seed"])
-    modifiers = p.build(spec.ignore)
+    modifiers = p.build(job["ignore"])
     kwargs: dict[str, Any] = {}
     samples = job.get("samples")
     if samples:
@@ -405,7 +395,7 @@ def _save(model: Any, tokenizer: Any, out: Path) -> None:
     tokenizer.save_pretrained(str(out))
 
 
-def _describe(out: Path, p: Plan, spec: Any, info: dict[str, Any]) -> dict[str, Any]:
+def _describe(out: Path, p: Plan, ignore: list[str], info: dict[str, Any]) -> dict[str, Any]:
     """The manifest's ``quantization`` section, read back from what was written."""
     from quantkit import versions
 
@@ -415,7 +405,8 @@ def _describe(out: Path, p: Plan, spec: Any, info: dict[str, Any]) -> dict[str, 
         raise BackendError(f"llm-compressor wrote no compressed-tensors quantization_config into {out}/config.json")
     q: dict[str, Any] = {"scheme": p.scheme, **p.summary, "ct_format": qc.get("format"),
                          "quant_method": qc.get("quant_method"), "ignore": qc.get("ignore", []),
-                         "kv_cache_scheme": qc.get("kv_cache_scheme"), "recipe": p.recipe(spec.ignore),
+                         "ignore_patterns": ignore, "kv_cache_scheme": qc.get("kv_cache_scheme"),
+                         "recipe": p.recipe(ignore),
                          "llmcompressor": versions.version("llmcompressor"),
                          "compressed_tensors": versions.version("compressed-tensors")}
     if "awq_mappings" in info:

@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from quantkit import ignore as ignore_mod
 from quantkit.errors import BackendError, RecipeError, SourceModelError
 from quantkit.producers.base import ProduceContext, Produced
 from quantkit.producers.trt import engine, pyenv, runner
@@ -83,6 +84,7 @@ class TrtProducer:
         if regex:
             raise RecipeError(f"quantize.ignore: {regex[0]!r}: ModelOpt matches module names with wildcards, not "
                               "regular expressions", hint="write e.g. 'model.layers.0.*' or '*mlp.down_proj'")
+        ignore_mod.effective(spec, source, wildcards=True)  # a misspelt module fails here, before anything loads
 
     def estimate_bytes(self, spec: TrtSpec, source: SourceModel) -> int:
         """Two checkpoints (hf/ and trtllm-ckpt/), plus an engine of about the same size unless checkpoint-only."""
@@ -118,7 +120,8 @@ class TrtProducer:
             "model": str(Path(ctx.source.path).resolve()), "dtype": ctx.model.dtype,
             "trust_remote_code": ctx.model.trust_remote_code, "device": ctx.runtime.device,
             "seed": ctx.runtime.seed, "decoder_type": _decoder(ctx.source), "quantization": spec.quantization,
-            "kv_cache": spec.kv_cache, "ignore": spec.ignore, "batch_tokens": BATCH_TOKENS,
+            "kv_cache": spec.kv_cache, "ignore": ignore_mod.effective(spec, ctx.source, wildcards=True),
+            "batch_tokens": BATCH_TOKENS,
             "trtllm": {"dir": str(ckpt_dir), "tp": spec.tp, "pp": spec.pp}, "hf": {"dir": str(hf_dir)},
         }
         if spec.quantization != "none" or spec.kv_cache != "auto":
@@ -127,9 +130,6 @@ class TrtProducer:
             (work / "calibration.json").write_text(json.dumps(calib.samples))
         events = runner.run(env.python, job, work, ctx.reporter)
         _copy_tokenizer(ctx.source.path, hf_dir)
-        for f in [*hf_dir.rglob("*"), *ckpt_dir.rglob("*")]:
-            if f.is_file():
-                f.chmod(0o644)  # ModelOpt writes its safetensors owner-only; an artifact is meant to be shared
         trt_config = json.loads((ckpt_dir / "config.json").read_text())
         mapping = trt_config.get("mapping") or {}
         world = int(mapping.get("world_size", spec.tp * spec.pp))

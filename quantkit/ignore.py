@@ -1,0 +1,88 @@
+"""Which modules stay in full precision: the defaults, the user's additions, and proof that each one exists.
+
+``--ignore`` (recipe ``ignore:``) *adds* to the defaults, it never replaces them: a user who keeps one extra
+layer in bf16 must not get an int4 ``lm_head`` as a side effect. The defaults are ``lm_head`` and, in
+mixture-of-experts models, the router gates and shared-expert gates (quantizing a router changes which experts
+every token goes to); ``default_ignore: false`` (``--no-default-ignore``) turns them off.
+
+Every pattern the user gives must match at least one module of the source checkpoint, read from its safetensors
+headers before any weight loads: a misspelt name is an error listing the nearest real names, never a pattern that
+silently keeps nothing. Patterns are llm-compressor's: an exact module name, or ``re:`` and a regular expression
+matched from the start of the name; ModelOpt (``method: trt``) takes shell wildcards instead (``*mlp.down_proj``).
+A bare class name (``Linear``, no dots) names a module type, which headers cannot show, and is not checked.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import re
+from typing import Any
+
+from quantkit.errors import UsageError
+from quantkit.source import SourceModel, safetensors_header
+
+# Kept in full precision unless default_ignore is off; MoE gates only where the checkpoint has them.
+ALWAYS = ("lm_head",)
+MOE_GATES = (r"re:.*\.mlp\.gate$", r"re:.*\.block_sparse_moe\.gate$", r"re:.*\.shared_expert_gate$")
+# transformers 5 may save a layer's experts fused into 3-D tensors: one name per expert and projection then.
+_FUSED = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",), "w13": ("w1", "w3"),
+          "w2": ("w2",)}
+
+
+def module_names(source: SourceModel) -> list[str]:
+    """Every weight-carrying module of the checkpoint, by name (fused expert tensors expanded per expert)."""
+    names: list[str] = []
+    for f in source.weight_files:
+        if f.suffix != ".safetensors":
+            continue
+        header, _ = safetensors_header(f)
+        for tensor, info in header.items():
+            if tensor == "__metadata__":
+                continue
+            prefix, _, leaf = tensor.rpartition(".")
+            if leaf == "weight":
+                names.append(prefix)
+            elif ".experts" in tensor and leaf in _FUSED and len(info.get("shape", ())) == 3:
+                names += [f"{prefix}.{i}.{proj}" for i in range(info["shape"][0]) for proj in _FUSED[leaf]]
+    return sorted(set(names))
+
+
+def matches(pattern: str, name: str, *, wildcards: bool = False) -> bool:
+    """Whether an ignore pattern names a module (llm-compressor's rules, or ModelOpt's wildcards)."""
+    if wildcards:  # quantkit.producers.trt.worker disables the quantizers under "*{pattern}.*"
+        return fnmatch.fnmatchcase(name + ".", f"*{pattern}.*")
+    if pattern.startswith("re:"):
+        return re.match(pattern[3:], name) is not None
+    return name == pattern
+
+
+def _is_class_name(pattern: str) -> bool:
+    return not pattern.startswith("re:") and "." not in pattern and pattern[:1].isupper()
+
+
+def effective(spec: Any, source: SourceModel, *, wildcards: bool = False) -> list[str]:
+    """The ignore list a producer passes on: the defaults that apply to this model, then the user's patterns.
+
+    Raises :class:`UsageError` (exit 2) naming the nearest module names when a user pattern matches nothing."""
+    names = module_names(source)
+    defaults: list[str] = []
+    if spec.default_ignore:
+        defaults = list(ALWAYS) + [p for p in MOE_GATES if any(matches(p, n) for n in names)]
+        if wildcards:
+            defaults = [p if not p.startswith("re:") else _as_wildcard(p) for p in defaults]
+    for pattern in spec.ignore:
+        if _is_class_name(pattern) or pattern in ALWAYS:
+            continue
+        if not any(matches(pattern, n, wildcards=wildcards) for n in names):
+            probe = pattern[3:] if pattern.startswith("re:") else pattern
+            near = difflib.get_close_matches(probe.replace("*", ""), names, n=5, cutoff=0.4) or names[:5]
+            raise UsageError(f"--ignore {pattern!r} matches no module of {source.spec}; nearest: {', '.join(near)}",
+                             hint="use a module name from the checkpoint, or re:REGEX"
+                                  + (" (shell wildcards for method trt: '*mlp.down_proj')" if wildcards else ""))
+    return list(dict.fromkeys(defaults + list(spec.ignore)))
+
+
+def _as_wildcard(regex_pattern: str) -> str:
+    """A default MoE gate pattern in ModelOpt's wildcard syntax (``re:.*\\.mlp\\.gate$`` -> ``*.mlp.gate``)."""
+    return "*" + regex_pattern[3:].removeprefix(".*").replace("\\.", ".").removesuffix("$")

@@ -1,0 +1,172 @@
+"""``--dry-run``: what a command would do, from headers and configs only, without loading a weight.
+
+For each output of a recipe: the producer's own checks (group sizes, ignore patterns, supported architecture,
+calibration length), whether it would be built, reused or refused (``quantkit run``'s reuse rule, an existing
+output without ``--force``), the calibration tokens it reads (or why none), the expected size on disk (the
+producer's estimate, the same one the free-space check uses), the expected peak memory, and how it would be
+evaluated and smoke-tested here, or why those steps would be skipped.
+
+Peak memory is a rule of thumb per producer family, from the checkpoint's safetensors headers (see
+:func:`_memory`), meant to tell a 40 GiB job from a 400 GiB one before it starts, not to the gigabyte.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from quantkit import calibration, formats, producers, source as source_mod
+from quantkit.recipe import Recipe
+from quantkit.source import SourceModel, safetensors_header
+
+_LAYER = re.compile(r"^(?:model\.)?(?:language_model\.)?layers\.(\d+)\.")
+_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+          "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+@dataclass
+class PlannedOutput:
+    """One output as it would be made."""
+
+    name: str
+    format: str  # registry row (method, and layout when not the default)
+    kind: str
+    path: str
+    action: str  # build | reuse | refuse
+    why: str
+    calibration: str
+    disk_bytes: int
+    host_bytes: int
+    gpu_bytes: int
+    evaluate: str
+    smoke: str
+
+
+@dataclass
+class Plan:
+    """Everything ``--dry-run`` prints, as data."""
+
+    source: dict[str, Any]
+    outputs: list[PlannedOutput] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": self.source, "outputs": [asdict(o) for o in self.outputs]}
+
+
+def make(recipe: Recipe, *, force: bool = False, pipeline: bool = False, evaluate: bool = True,
+         smoke: bool = True, method: str | None = None) -> Plan:
+    """The plan of a recipe's outputs (``pipeline``: as ``quantkit run`` would, with reuse, eval and smoke)."""
+    from quantkit import pipeline as pipeline_mod
+
+    src = source_mod.resolve(recipe.model)
+    out = Plan(source={"id": src.spec, "path": str(src.path), "architecture": src.architecture,
+                       "parameters": src.num_parameters, "size_bytes": src.size_bytes})
+    layer = _largest_layer_bytes(src)
+    for spec, path in recipe.artifacts():
+        if method is not None and spec.method != method:
+            continue
+        row = formats.for_spec(spec)
+        producer = producers.get(spec)
+        producer.check(spec, src)
+        calibrates = row.calibrates(spec)
+        if calibrates:
+            calibration.check_fits(recipe.calibration, src.config, src.spec)
+        action, why = "build", "not there yet"
+        if path.exists():
+            ok, reason = pipeline_mod.reusable(recipe, spec, path, src) if pipeline else (False, "")
+            if ok and not force:
+                action, why = "reuse", reason
+            elif force:
+                action, why = "build", "--force: replaced once the new one is complete"
+            else:
+                action, why = "refuse", (f"exists and cannot be reused: {reason}" if pipeline else "exists") \
+                    + " (pass --force)"
+        c = recipe.calibration
+        calib = (f"{c.dataset}: {c.samples} x {c.seq_len} tokens, seed {recipe.runtime.seed}" if calibrates
+                 else f"none ({row.key} reads no calibration data)")
+        host, gpu = _memory(row, spec, recipe, src, layer)
+        kind = formats.kind(row.kind)
+        out.outputs.append(PlannedOutput(
+            name=formats.folder(spec) if recipe.outputs else path.name, format=row.key, kind=kind.label,
+            path=str(path), action=action, why=why, calibration=calib,
+            disk_bytes=producer.estimate_bytes(spec, src), host_bytes=host, gpu_bytes=gpu,
+            evaluate=_evaluate(kind, recipe, pipeline and evaluate),
+            smoke=_smoke(kind, recipe, pipeline and smoke)))
+    return out
+
+
+def _evaluate(kind: Any, recipe: Recipe, asked: bool) -> str:
+    if not asked:
+        return "not part of this command"
+    if not recipe.verify.enabled:
+        return "skipped (verify.enabled is false)"
+    if kind.evaluate is None:
+        return f"skipped ({kind.label} cannot be evaluated as it is)"
+    return f"{kind.evaluate}, {recipe.verify.dataset}, ctx {recipe.verify.ctx}"
+
+
+def _smoke(kind: Any, recipe: Recipe, asked: bool) -> str:
+    from quantkit import pipeline as pipeline_mod
+
+    if not asked:
+        return "not part of this command"
+    if not recipe.smoke.enabled:
+        return "skipped (smoke.enabled is false)"
+    if kind.serve is None:
+        return f"skipped (no engine serves a {kind.label} as it is)"
+    why = pipeline_mod.engine_unavailable(kind.serve, recipe.smoke.python)
+    return f"skipped ({why})" if why else f"{kind.serve} server on 127.0.0.1"
+
+
+def _largest_layer_bytes(src: SourceModel) -> int:
+    """Bytes of the biggest decoder layer (all its experts, for a mixture of experts), from the headers."""
+    per_layer: dict[int, int] = {}
+    for f in src.weight_files:
+        if f.suffix != ".safetensors":
+            continue
+        header, _ = safetensors_header(f)
+        for name, info in header.items():
+            m = _LAYER.match(name)
+            if m and isinstance(info, dict):
+                start, stop = info["data_offsets"]
+                per_layer[int(m.group(1))] = per_layer.get(int(m.group(1)), 0) + stop - start
+    return max(per_layer.values(), default=src.size_bytes)
+
+
+def _memory(row: formats.Format, spec: Any, recipe: Recipe, src: SourceModel, layer: int) -> tuple[int, int]:
+    """(host, GPU) peak bytes, by producer family.
+
+    * llm-compressor: the whole model sits on the host in its load dtype, plus the calibration activations between
+      layers (samples x seq_len x hidden, bf16, twice); the GPU holds one layer at a time, its activations, and
+      for GPTQ one float32 Hessian per input width of the layer (in_features^2 x 4 bytes, about 4 per layer).
+      No GPU: the same work on the host.
+    * GGUF: streams one tensor chunk at a time; llama.cpp's quantizer holds one tensor in float32 and its output.
+    * ModelOpt: the whole model on the device it runs on.
+    """
+    cfg = src.config.get("text_config", src.config)
+    hidden = int(cfg.get("hidden_size") or 0)
+    width = max(int(cfg.get("intermediate_size") or 0), int(cfg.get("moe_intermediate_size") or 0), hidden)
+    model = src.size_bytes if recipe.model.dtype == "auto" else src.num_parameters * (
+        4 if recipe.model.dtype == "float32" else 2)
+    if row.producer.startswith("quantkit.producers.gguf"):
+        return (64 << 20) + layer * 2, 0
+    on_gpu = recipe.runtime.device != "cpu" and _cuda()
+    if row.producer.startswith("quantkit.producers.trt"):
+        return model, model if on_gpu else 0
+    c = recipe.calibration
+    acts = c.samples * c.seq_len * hidden * 2 * 2 if row.calibrates(spec) else 0
+    hessians = 4 * width * width * 4 if spec.method in ("gptq", "int8") else 0
+    gpu = layer + acts // max(c.samples, 1) * 8 + hessians
+    if not on_gpu:
+        return model + acts + gpu, 0
+    return model + acts, gpu
+
+
+def _cuda() -> bool:
+    """Whether a CUDA GPU is visible (the work runs on the host otherwise)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())

@@ -1,0 +1,142 @@
+"""What a new user trips over (issue 17), each case through a real ``quantkit`` process on the reference model.
+
+Silently wrong results first (the ignore list, calibration beyond the model's context, owner-only files, a source
+recorded relative to where it was made), then the rough edges (flags on every verb, one report of a recipe's
+problems, libraries' own progress bars, per-layer progress, --dry-run, inspect on a non-artifact).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors import safe_open
+
+from conftest import ROOT, quantkit
+
+TINY_REL = "models/quantkit-tiny"  # as a user types it, from the repository root
+
+
+def _tensors(path: Path) -> dict[str, str]:
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        return {k: str(f.get_slice(k).get_dtype()) for k in f.keys()}
+
+
+@pytest.fixture(scope="module")
+def rtn_extra_ignore(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """RTN with one more module kept in full precision; made from a relative source path, with umask 027."""
+    out = tmp_path_factory.mktemp("ignore") / "rtn"
+    proc = subprocess.run([sys.executable, "-m", "quantkit", "rtn", TINY_REL, str(out), "--ignore",
+                           "model.layers.0.mlp.down_proj", "--json"], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, preexec_fn=lambda: os.umask(0o027))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def test_ignore_adds_to_the_defaults(rtn_extra_ignore: Path) -> None:
+    t = _tensors(rtn_extra_ignore)
+    assert "lm_head.weight" in t and "lm_head.weight_packed" not in t  # the default stays
+    assert "model.layers.0.mlp.down_proj.weight" in t and "model.layers.1.mlp.down_proj.weight_packed" in t
+    q = json.loads((rtn_extra_ignore / "quantkit.json").read_text())["quantization"]
+    assert q["ignore_patterns"] == ["lm_head", "model.layers.0.mlp.down_proj"]
+
+
+def test_no_default_ignore_quantizes_lm_head(tmp_path: Path) -> None:
+    out = tmp_path / "rtn"
+    quantkit("rtn", TINY_REL, out, "--no-default-ignore", check=True)
+    assert "lm_head.weight_packed" in _tensors(out)
+
+
+def test_an_ignore_pattern_that_matches_nothing_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "rtn"
+    proc = quantkit("rtn", TINY_REL, out, "--ignore", "model.layers.99.mlp.down_proj")
+    assert proc.returncode == 2 and "matches no module" in proc.stderr and "Traceback" not in proc.stderr
+    assert "model.layers." in proc.stderr.split("nearest:")[1]  # real names to pick from
+    assert not out.exists()
+    bad_regex = quantkit("rtn", TINY_REL, out, "--ignore", "re:.*mlp\\.down_prj$")
+    assert bad_regex.returncode == 2 and "down_proj" in bad_regex.stderr
+
+
+def test_every_file_gets_the_same_mode_from_the_umask(rtn_extra_ignore: Path) -> None:
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in rtn_extra_ignore.iterdir()}
+    assert set(modes.values()) == {0o640}, modes  # umask 027: group-readable, model.safetensors included
+    assert stat.S_IMODE(rtn_extra_ignore.stat().st_mode) == 0o750
+
+
+def test_eval_finds_a_relative_source_from_another_folder(rtn_extra_ignore: Path, tmp_path: Path) -> None:
+    src = json.loads((rtn_extra_ignore / "quantkit.json").read_text())["source"]
+    assert src["id"] == TINY_REL and Path(src["path"]).is_absolute() and src["made_in"] == str(ROOT)
+    proc = quantkit("-q", "eval", rtn_extra_ignore, "--dataset", "heldout", "--max-tokens", "512", "--ctx", "256",
+                    "--report-dir", tmp_path, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    # and the libraries' own progress bars stay quiet with -q
+    for leak in ("Applying quantization config", "Dispatching model", "it/s]"):
+        assert leak not in proc.stderr, proc.stderr[-1000:]
+
+
+def test_seq_len_beyond_the_model_context_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "gptq"
+    proc = quantkit("gptq", TINY_REL, out, "--samples", "8", "--seq-len", "4096")
+    assert proc.returncode == 2 and "max_position_embeddings 2048" in proc.stderr and "--seq-len 2048" in proc.stderr
+    assert not out.exists()
+    show = quantkit("calib", "show", "mixed", "--model", TINY_REL, "--seq-len", "4096")
+    assert show.returncode == 2 and "max_position_embeddings 2048" in show.stderr
+
+
+def test_output_flag_and_global_flags_after_the_verb(tmp_path: Path) -> None:
+    out = tmp_path / "fp8"
+    proc = quantkit("fp8", TINY_REL, "--scheme", "dynamic", "-o", out, "--quiet", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)[0]["path"] == str(out) and proc.stderr.strip() == ""
+    both = quantkit("fp8", TINY_REL, tmp_path / "a", "-o", tmp_path / "b")
+    assert both.returncode == 2 and "different folders" in both.stderr
+    assert quantkit("fp8", TINY_REL, tmp_path / "c", "--dry-run", "--debug").returncode == 0
+
+
+def test_a_recipe_reports_all_its_problems_at_once(tmp_path: Path) -> None:
+    (tmp_path / "r.yaml").write_text(f"model:\n  source: {ROOT / TINY_REL}\noutput: ../elsewhere\nquantize:\n"
+                                     "  method: rtn\n  bitz: 4\n")
+    proc = quantkit("rtn", "--recipe", tmp_path / "r.yaml", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "outside the working folder" in proc.stderr and "quantize.bitz" in proc.stderr
+    assert "-o/--output" in proc.stderr
+
+
+def test_quantize_shows_progress_layer_by_layer(tmp_path: Path) -> None:
+    out = tmp_path / "gptq"
+    proc = quantkit("gptq", TINY_REL, out, "--samples", "4", "--seq-len", "64",
+                    env={"TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    shown = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", proc.stdout)
+    assert re.search(r"\d/9 layers \S+ left", shown), shown[-2000:]  # 8 decoder layers + lm_head, with time left
+
+
+def test_dry_run_plans_without_loading_or_writing(tmp_path: Path) -> None:
+    out = tmp_path / "gptq"
+    proc = quantkit("gptq", TINY_REL, out, "--samples", "64", "--seq-len", "256", "--dry-run", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    plan = json.loads(proc.stdout)
+    (o,) = plan["outputs"]
+    assert o["action"] == "build" and o["calibration"].startswith("mixed: 64 x 256")
+    assert o["disk_bytes"] > 0 and o["host_bytes"] > 0 and not out.exists()
+    run = quantkit("run", "recipes/demo.yaml", "--dry-run", "--json", "--output", tmp_path / "demo", cwd=ROOT)
+    assert run.returncode == 0, run.stderr[-2000:]
+    outputs = {o["name"]: o for o in json.loads(run.stdout)["outputs"]}
+    assert len(outputs) == 7 and outputs["rtn-w4g128"]["calibration"].startswith("none")
+    assert outputs["gguf"]["smoke"].startswith("llama.cpp")
+    assert all(o["evaluate"] != "not part of this command" for o in outputs.values())
+    assert not (tmp_path / "demo").exists()
+    refused = quantkit("gptq", TINY_REL, out, "--seq-len", "4096", "--dry-run")
+    assert refused.returncode == 2  # the same checks as a real run
+
+
+def test_inspect_on_a_folder_that_is_no_artifact(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("hello")
+    proc = quantkit("inspect", tmp_path)
+    assert proc.returncode == 2 and "hint:" in proc.stderr and "Traceback" not in proc.stderr
