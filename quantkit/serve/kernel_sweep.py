@@ -158,8 +158,8 @@ def run_configuration(model: Path, config: Configuration, bench: Bench, runtime:
     request.write_text(json.dumps(bench.request(model, config), indent=2))
     rc, seconds = run_logged([runtime.python, str(CHILD), str(request)], runtime.environ(config.env), log, timeout)
     text = log.read_text(errors="replace")
-    facts = kernels.log_facts(text)
     result = result_line(text) or {}
+    facts = kernels.log_facts("\n".join(ln for ln in text.splitlines() if not ln.startswith("RESULT ")))
     m = Measurement(config, "ok", facts, seconds=round(seconds, 1), log=str(log))
     if rc is None:
         m.status, m.error = "timeout", f"no result within {timeout:.0f} s" + (f" ({facts.error})" if facts.error
@@ -190,7 +190,8 @@ class SweepResult:
     command: kernels.ServeCommand | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"artifact": self.artifact, "vllm_read": kernels.VLLM_VERSION, "quantization": self.quantization.to_json(),
+        return {"artifact": self.artifact, "vllm_read": kernels.VLLM_VERSION,
+                "quantization": self.quantization.to_json(),
                 "packages": self.packages, "candidates": self.candidates, "bench": self.bench.to_json(),
                 "measurements": [m.to_json() for m in self.measurements],
                 "choice": self.choice.to_json() if self.choice else None,
