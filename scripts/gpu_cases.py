@@ -6,9 +6,10 @@ On the GPU machine, from the repository root, with vLLM 0.26.0 in /tmp/site (../
 llm-compressor in /tmp/site-llmc (../shared/device/llmcompressor/README.md) and, for the ModelOpt cases, the
 ModelOpt environment in /tmp/site-trt (scripts/trt_env.sh):
 
-    setsid nohup python3 scripts/gpu_cases.py --out /tmp/qk-gpu --budget 1200 > /tmp/qk-gpu.log 2>&1 &
-    python3 scripts/gpu_cases.py --status --out /tmp/qk-gpu            # poll: progress and the table so far
-    python3 scripts/gpu_cases.py --collect "$OUT" --out /tmp/qk-gpu    # results + logs into the call's $OUT
+    setsid nohup python3 scripts/gpu_cases.py --out /tmp/qk-gpu --budget 1200 > /tmp/qk-gpu.log 2>&1 < /dev/null &
+    python3 scripts/gpu_cases.py --status --out /tmp/qk-gpu             # poll: progress and the table so far
+    python3 scripts/gpu_cases.py --wait 540 --collect "$OUT" --out /tmp/qk-gpu
+                          # block until the run ends (or 540 s), print its status, copy results + logs to $OUT
 
 ``--dry-run`` prints every command a run would start, without starting any. Per case, in order:
 
@@ -27,8 +28,9 @@ ModelOpt environment in /tmp/site-trt (scripts/trt_env.sh):
 
 Results are rewritten after every step: OUT/results.json (everything), OUT/results.md (the table),
 OUT/progress.log, OUT/logs/CASE/ (each process's log). Cases run ``--parallel`` at once on one GPU, each vLLM with
-``--mem-share`` of its memory, vLLM starts ``--stagger`` seconds apart; a case marked ``exclusive`` times its
-load or sweep with nothing else on the GPU. No case starts once the ``--budget`` left is under its ``estimate_s``:
+``--mem-share`` of its memory and a fixed ``--kv-cache-gib`` KV cache (which skips vLLM's start-up memory
+profiling: it asserts when another process frees GPU memory meanwhile), vLLM starts ``--stagger`` seconds apart;
+a case marked ``exclusive`` runs its load or sweep with nothing else on the GPU (and lets vLLM size its cache). No case starts once the ``--budget`` left is under its ``estimate_s``:
 those are listed as ``not run``; ``--resume`` keeps the finished cases of an earlier run in the same OUT.
 SIGTERM stops every child process group and writes the results. The parent needs Python 3.10+ and PyYAML (the
 image has it; quantkit depends on it); heavy work happens in child processes.
@@ -422,17 +424,27 @@ def share(c: Case, opts: argparse.Namespace) -> float:
     return c.gpu_memory_utilization or opts.mem_share
 
 
+def kv_bytes(c: Case, opts: argparse.Namespace, timed: bool = False) -> int | None:
+    """A fixed KV cache for vLLM starts that share the GPU; None for an exclusive case's load or sweep."""
+    if (timed and c.exclusive) or opts.parallel == 1:
+        return None
+    return int(opts.kv_cache_gib * 2**30)
+
+
 def bench_of(m: Measure, c: Case, opts: argparse.Namespace) -> kernel_sweep.Bench:
     return kernel_sweep.Bench(batches=tuple(m.batches), prompt_len=m.prompt_len, gen=m.gen,
                               max_model_len=m.max_model_len, gpu_memory_utilization=share(c, opts),
-                              enforce_eager=m.enforce_eager, engine_args={**c.load.engine_args, **m.engine_args})
+                              enforce_eager=m.enforce_eager, engine_args={**c.load.engine_args, **m.engine_args},
+                              kv_cache_memory_bytes=kv_bytes(c, opts, timed=True))
 
 
 def smoke_argv(c: Case, p: Paths, opts: argparse.Namespace, timeout: float) -> list[str]:
     assert c.smoke is not None
+    kv = kv_bytes(c, opts)
     return [p.python, "-m", "quantkit", "smoke", str(p.served(c)), "--engine", "vllm", "--python",
             str(p.wrapper("vllm-python")), "--json", "--log-dir", str(p.logs(c) / "smoke"), "--timeout",
-            str(int(timeout)), "--gpu-memory-utilization", f"{share(c, opts):.2f}", *c.smoke.args]
+            str(int(timeout)), "--gpu-memory-utilization", f"{share(c, opts):.2f}",
+            *([f"--server-arg=--kv-cache-memory-bytes={kv}"] if kv else []), *c.smoke.args]
 
 
 def eval_argv(c: Case, p: Paths) -> list[str]:
@@ -445,6 +457,8 @@ def eval_argv(c: Case, p: Paths) -> list[str]:
 
 def eval_env(c: Case, p: Paths, opts: argparse.Namespace) -> dict[str, str]:
     args = {"gpu_memory_utilization": share(c, opts), **c.load.engine_args}
+    if kv := kv_bytes(c, opts):
+        args["kv_cache_memory_bytes"] = kv
     return {**p.quantkit_env(), "QUANTKIT_VLLM_ARGS": json.dumps(args)}
 
 
@@ -698,7 +712,7 @@ class Run:
         self.gate = GpuGate(opts.stagger)
         self.lock = threading.Lock()
         self.locks: dict[str, threading.Lock] = {}
-        self.stopping = False
+        self.stop = threading.Event()  # SIGTERM/SIGINT: start nothing more
         self.header: dict[str, Any] = {"started": _now(), "budget_s": opts.budget, "gpus": gpus(),
                                        "command": shlex.join([Path(sys.executable).name, *sys.argv])}
         self.rebuilt: set[str] = set()  # artifacts this run produced (--rebuild redoes each once)
@@ -752,7 +766,7 @@ class Run:
                     return
                 c = todo.pop(0)
             o: dict[str, Any] = {"name": c.name, "tags": c.tags}
-            if self.stopping:
+            if self.stop.is_set():
                 o.update(status="not run", reason="stopped")
             elif self.left() < c.estimate_s:
                 o.update(status="not run",
@@ -776,7 +790,7 @@ class Run:
         except Exception as e:  # a bug in a step must not take the other cases down; the message says which
             o["error"] = f"runner error in {c.name}: {type(e).__name__}: {e}"
         o["checks"] = evaluate(c, o)
-        o["status"] = "interrupted" if self.stopping else verdict(o)
+        o["status"] = "interrupted" if self.stop.is_set() else verdict(o)
         o["seconds"] = round(time.monotonic() - t, 1)
 
     def steps(self, c: Case, o: dict[str, Any]) -> None:
@@ -815,6 +829,9 @@ class Run:
             yield
 
     def timeout(self, step: str, limit: float) -> float:
+        """The time a step may take, or StepFailed when it must not start (budget spent, run stopped)."""
+        if self.stop.is_set():
+            raise StepFailed(f"{step}: not run, the run was stopped")
         left = self.left() - 5
         if left < 20:
             raise StepFailed(f"{step}: not run, {max(0.0, self.left()):.0f} s of the budget left")
@@ -874,7 +891,7 @@ class Run:
         self.timeout("sweep", c.sweep.timeout)
         r = kernel_sweep.sweep(self.p.served(c), bench_of(c.sweep, c, self.opts), self.runtime(), logs / "sweep",
                                force=c.sweep.force, timeout=c.sweep.timeout, deadline=self.deadline - 5,
-                               only=c.sweep.only or None, on_update=update)
+                               only=c.sweep.only or None, on_update=update, stop=self.stop)
         return r.to_json()
 
     def smoke(self, c: Case, logs: Path) -> dict[str, Any]:
@@ -982,6 +999,16 @@ def preflight(p: Paths) -> None:
         raise CaseError(f"vLLM is not installed in {p.vllm_site} (../shared/device/vllm/README.md)")
 
 
+def running_pid(out: Path) -> int | None:
+    """The pid of a runner still alive that writes into ``out``, if any."""
+    try:
+        pid = int((out / "runner.pid").read_text())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
+    return pid if pid != os.getpid() and b"gpu_cases.py" in cmdline else None
+
+
 def status(out: Path) -> str:
     """The progress log's end and the table so far (for polling a background run)."""
     parts = []
@@ -1028,9 +1055,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--only", action="append", default=[], help="case name or tag (repeatable, or comma-separated)")
     ap.add_argument("--skip", action="append", default=[], help="case name or tag to leave out")
     ap.add_argument("--budget", type=float, default=1500, help="seconds; no case starts past it")
-    ap.add_argument("--parallel", type=int, default=3, help="cases at once on the GPU")
-    ap.add_argument("--stagger", type=float, default=10, help="seconds between two vLLM starts")
+    ap.add_argument("--parallel", type=int, default=4, help="cases at once on the GPU")
+    ap.add_argument("--stagger", type=float, default=5, help="seconds between two vLLM starts")
     ap.add_argument("--mem-share", type=float, default=0.12, help="GPU memory fraction per vLLM instance")
+    ap.add_argument("--kv-cache-gib", type=float, default=4, help="fixed KV cache of each vLLM sharing the GPU")
     ap.add_argument("--python", default="python3", help="the interpreter of all three environments")
     ap.add_argument("--quantkit-site", default="/tmp/site-llmc", help="PYTHONPATH added for quantkit")
     ap.add_argument("--vllm-site", default="/tmp/site", help="PYTHONPATH of vLLM's environment")
@@ -1044,6 +1072,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no-sweep", action="store_true", help="plain loads instead of kernel sweeps")
     ap.add_argument("--dry-run", action="store_true", help="print what would run and exit")
     ap.add_argument("--status", action="store_true", help="print the progress of a run in OUT and exit")
+    ap.add_argument("--wait", type=float, metavar="SECONDS", help="wait until the run in OUT ends (at most "
+                    "SECONDS), then print its status")
     ap.add_argument("--collect", type=Path, metavar="DEST", help="copy OUT's results and logs into DEST and exit")
     args = ap.parse_args(argv)
     args.only = [w for x in args.only for w in x.split(",") if w]
@@ -1054,12 +1084,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     opts = parse_args(argv)
     out = opts.out.resolve()
-    if opts.status:
-        print(status(out))
-        return 0
-    if opts.collect:
-        for f in collect(out, opts.collect):
-            print(f)
+    if opts.status or opts.wait or opts.collect:
+        if opts.wait:
+            end = time.monotonic() + opts.wait
+            while running_pid(out) is not None and time.monotonic() < end:
+                time.sleep(5)
+        if opts.status or opts.wait:
+            print(status(out))
+        if opts.collect:
+            for f in collect(out, opts.collect):
+                print(f)
         return 0
     p = Paths(out, (opts.arts or out / "arts").resolve(), opts.models_dir.resolve(), opts.python, opts.quantkit_site,
               opts.vllm_site, opts.trt_site)
@@ -1068,6 +1102,8 @@ def main(argv: list[str] | None = None) -> int:
         if opts.dry_run:
             print(plan(cases, p, opts), end="")
             return 0
+        if (other := running_pid(out)) is not None:
+            raise CaseError(f"a run (pid {other}) is still writing into {out}; poll it with --status")
         preflight(p)
     except CaseError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -1084,7 +1120,7 @@ def main(argv: list[str] | None = None) -> int:
     run = Run(cases, p, opts, previous)
 
     def stop(signum: int, _frame: Any) -> None:
-        run.stopping = True  # no logging here: the handler may interrupt a thread that holds the log's lock
+        run.stop.set()  # no logging here: the handler may interrupt a thread that holds the log's lock
 
         def halt() -> None:
             run.log(f"signal {signum}: stopping every child process")
@@ -1101,7 +1137,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "DONE").write_text(json.dumps(summary) + "\n")
     run.log(f"done: {summary}")
     print((out / "results.md").read_text())
-    if run.stopping:
+    if run.stop.is_set():
         return 130
     return 0 if all(r["status"] in ("pass", "skipped") for r in results) else 1
 

@@ -135,7 +135,12 @@ def test_dry_run_prints_every_command(tmp_path: Path) -> None:
     assert f"produce (build): python3 -m quantkit gptq {ROOT}/models/quantkit-tiny {tmp_path}/arts/gptq-w8g128 " \
            "--force --json --bits 8" in out
     assert f"smoke:   python3 -m quantkit smoke {tmp_path}/arts/awq-legacy/autoawq --engine vllm" in out
-    assert "QUANTKIT_VLLM_ARGS='{\"gpu_memory_utilization\": 0.12, \"quantization\": \"modelopt\"}'" in out
+    assert "QUANTKIT_VLLM_ARGS='{\"gpu_memory_utilization\": 0.12, \"quantization\": \"modelopt\", " \
+           "\"kv_cache_memory_bytes\": 4294967296}'" in out
+    assert "--gpu-memory-utilization 0.12 --server-arg=--kv-cache-memory-bytes=4294967296 " \
+           "--server-arg=--quantization=modelopt" in out
+    # parallel loads get a fixed KV cache (no memory profiling); --parallel 1 lets vLLM size it
+    assert '"enforce_eager": true, "kv_cache_memory_bytes": 4294967296}' in out
     assert f"build-trt {tmp_path}/recipes/modelopt-fp8.yaml --force --json --python {tmp_path}/bin/trt-python " \
            "--checkpoint-only" in out
     assert f"output: {tmp_path}/arts/modelopt-fp8" in out and "rtn-w4g128-8b" not in out
@@ -332,3 +337,42 @@ def test_status_of_a_run(tmp_path: Path) -> None:
     (tmp_path / "results.md").write_text("| case |\n")
     text = gc.status(tmp_path)
     assert text.startswith("running") and "a: started" in text and "| case |" in text
+
+
+@pytest.mark.slow
+def test_a_case_end_to_end_without_vllm(tmp_path: Path) -> None:
+    """One real case on this CPU: the real quantkit CLI produces the artifact, the real child finds no vLLM, the
+    loads check fails with that reason; a second run reuses the artifact."""
+    f = tmp_path / "cases.yaml"
+    f.write_text("cases:\n  - name: rtn\n    produce: {verb: rtn}\n    expect: {kernel: Machete, min_tok_s: {1: 1}}\n")
+    p = gc.Paths(tmp_path, tmp_path / "arts", tmp_path / "models", sys.executable, "", str(tmp_path / "no-vllm"),
+                 str(tmp_path / "no-trt"))
+    p.write_wrappers()
+    cases = gc.load_cases(f)
+    gc.Run(cases, p, opts("--parallel", "1", "--out", str(tmp_path)), {}).run()
+    r = json.loads((tmp_path / "results.json").read_text())["cases"][0]
+    assert r["artifact"]["status"] == "built" and (tmp_path / "arts" / "rtn" / "quantkit.json").is_file()
+    assert json.loads((tmp_path / "logs" / "rtn" / "produce.json").read_text())  # --json kept apart from stderr
+    checks = {ch["check"]: ch for ch in r["checks"]}
+    assert r["status"] == "fail" and checks["loads"]["status"] == "fail" and "vllm" in checks["loads"]["note"]
+    assert checks["kernel"]["status"] == "skip" and checks["tok/s b1"]["status"] == "skip"
+    gc.Run(cases, p, opts("--parallel", "1", "--out", str(tmp_path)), {}).run()
+    assert json.loads((tmp_path / "results.json").read_text())["cases"][0]["artifact"]["status"] == "reused"
+
+
+def test_one_run_per_out_folder(tmp_path: Path) -> None:
+    """A second start on a folder a live runner writes into is refused; --wait on a finished run returns at once."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "gpu_cases.py"])
+    try:
+        (tmp_path / "runner.pid").write_text(str(other.pid))
+        p = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path)], capture_output=True, text=True)
+        assert p.returncode == 2 and p.stderr == f"error: a run (pid {other.pid}) is still writing into {tmp_path}; " \
+                                                 "poll it with --status\n"
+    finally:
+        other.kill()
+        other.wait()
+    (tmp_path / "DONE").write_text('{"pass": 3}\n')
+    t = time.monotonic()
+    p = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--wait", "60"], capture_output=True,
+                       text=True)
+    assert p.returncode == 0 and p.stdout.startswith('finished: {"pass": 3}') and time.monotonic() - t < 30

@@ -51,6 +51,9 @@ class Bench:
     max_model_len: int = 2048
     gpu_memory_utilization: float = 0.85
     enforce_eager: bool = False  # True: no CUDA graphs (starts in half the time; decode at batch 1 is slower)
+    # A fixed KV cache skips vLLM's memory profiling, which asserts when another process on the GPU frees memory
+    # meanwhile: set it when several vLLM instances share one GPU.
+    kv_cache_memory_bytes: int | None = None
     engine_args: dict[str, Any] = field(default_factory=dict)  # e.g. {"quantization": "modelopt"}
     ttft_repeats: int = 5
     sample_prompt: str = "def parse_args(argv):\n    "
@@ -59,6 +62,8 @@ class Bench:
     def request(self, model: Path, config: Configuration) -> dict[str, Any]:
         args = {"max_model_len": self.max_model_len, "gpu_memory_utilization": self.gpu_memory_utilization,
                 "enforce_eager": self.enforce_eager, **self.engine_args, **config.args}
+        if self.kv_cache_memory_bytes:
+            args["kv_cache_memory_bytes"] = self.kv_cache_memory_bytes
         return {"model": str(model), "engine_args": args, "batches": list(self.batches),
                 "prompt_len": self.prompt_len, "gen": self.gen, "ttft_repeats": self.ttft_repeats,
                 "sample_prompt": self.sample_prompt, "sample_tokens": self.sample_tokens}
@@ -207,11 +212,12 @@ def _safe(name: str) -> str:
 
 def sweep(artifact: Path, bench: Bench, runtime: Runtime, log_dir: Path, *, force: str = "env", batch: int = 1,
           min_gain: float = 0.03, timeout: float = 600, deadline: float | None = None,
-          only: list[str] | None = None, on_update: Callable[[SweepResult], None] | None = None) -> SweepResult:
+          only: list[str] | None = None, on_update: Callable[[SweepResult], None] | None = None,
+          stop: threading.Event | None = None) -> SweepResult:
     """Run every kernel configuration of ``artifact`` (or those named in ``only``), one vLLM process each, and
-    choose. ``deadline`` is a ``time.monotonic()`` value: configurations that would start after it are recorded
-    as ``not run``. When the best linear kernel and the best MoE backend were measured apart, their combination
-    is run last if time allows."""
+    choose. ``deadline`` is a ``time.monotonic()`` value: configurations that would start after it, or after
+    ``stop`` is set, are recorded as ``not run``. When the best linear kernel and the best MoE backend were
+    measured apart, their combination is run last if time allows."""
     q = kernels.read_quantization(artifact)
     packages = probe_packages(runtime)
     configs = kernels.configurations(q, packages, force)
@@ -225,7 +231,9 @@ def sweep(artifact: Path, bench: Bench, runtime: Runtime, log_dir: Path, *, forc
 
     def run(config: Configuration) -> None:
         left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left < 30:
+        if stop is not None and stop.is_set():
+            result.measurements.append(Measurement(config, "not run", error="stopped"))
+        elif left is not None and left < 30:
             result.measurements.append(Measurement(config, "not run", error="time budget spent"))
         else:
             limit = timeout if left is None else min(timeout, left)
