@@ -6,7 +6,8 @@ On the GPU machine, from the repository root, with vLLM 0.26.0 in /tmp/site (../
 llm-compressor in /tmp/site-llmc (../shared/device/llmcompressor/README.md) and, for the ModelOpt cases, the
 ModelOpt environment in /tmp/site-trt (scripts/trt_env.sh):
 
-    setsid nohup python3 scripts/gpu_cases.py --out /tmp/qk-gpu --budget 1200 > /tmp/qk-gpu.log 2>&1 < /dev/null &
+    setsid nohup python3 scripts/gpu_cases.py --out /tmp/qk-gpu --budget 1200 \
+        > /tmp/qk-gpu.log 2>&1 < /dev/null &
     python3 scripts/gpu_cases.py --status --out /tmp/qk-gpu             # poll: progress and the table so far
     python3 scripts/gpu_cases.py --wait 540 --collect "$OUT" --out /tmp/qk-gpu
                           # block until the run ends (or 540 s), print its status, copy results + logs to $OUT
@@ -30,10 +31,11 @@ Results are rewritten after every step: OUT/results.json (everything), OUT/resul
 OUT/progress.log, OUT/logs/CASE/ (each process's log). Cases run ``--parallel`` at once on one GPU, each vLLM with
 ``--mem-share`` of its memory and a fixed ``--kv-cache-gib`` KV cache (which skips vLLM's start-up memory
 profiling: it asserts when another process frees GPU memory meanwhile), vLLM starts ``--stagger`` seconds apart;
-a case marked ``exclusive`` runs its load or sweep with nothing else on the GPU (and lets vLLM size its cache). No case starts once the ``--budget`` left is under its ``estimate_s``:
-those are listed as ``not run``; ``--resume`` keeps the finished cases of an earlier run in the same OUT.
-SIGTERM stops every child process group and writes the results. The parent needs Python 3.10+ and PyYAML (the
-image has it; quantkit depends on it); heavy work happens in child processes.
+a case marked ``exclusive`` runs its load or sweep with nothing else on the GPU (and lets vLLM size its cache).
+No case starts once the ``--budget`` left is under its ``estimate_s``: those are listed as ``not run``;
+``--resume`` keeps the finished cases of an earlier run in the same OUT. SIGTERM stops every child process group
+and writes the results. One runner per OUT. The parent needs Python 3.10+ and PyYAML (the image has it; quantkit
+depends on it) and imports only quantkit.serve.kernels/kernel_sweep; the heavy work happens in child processes.
 """
 
 from __future__ import annotations

@@ -170,13 +170,12 @@ def _ct_scheme(group: dict[str, Any], fmt: str | None) -> Scheme:
 @dataclass(frozen=True)
 class Kernel:
     """One kernel of a family: its vLLM name (class name, or MoE backend name as the log prints it), the
-    ``--linear-backend``/``--moe-backend`` value that selects it, and what a forced run needs besides."""
+    ``--linear-backend``/``--moe-backend`` value that selects it, and what it needs besides."""
 
     name: str
     backend: str | None = None
     requires: str | None = None  # an optional package vLLM checks with find_spec
-    env: tuple[tuple[str, str], ...] = ()
-    args: tuple[tuple[str, Any], ...] = ()
+    env: tuple[tuple[str, str], ...] = ()  # a switch of its own it needs to be considered at all
 
 
 @dataclass(frozen=True)
@@ -272,7 +271,7 @@ def _kernel_args(kernel: Kernel, dtype: str) -> tuple[tuple[str, Any], ...]:
     """Engine arguments forcing ``kernel`` needs: Exllama runs only with float16 activations."""
     if kernel.name == "ExllamaLinearKernel" and dtype != "float16":
         return (("dtype", "float16"),)
-    return kernel.args
+    return ()
 
 
 def assess(scheme: Scheme, dtype: str = "bfloat16", packages: frozenset[str] | set[str] = frozenset(),
