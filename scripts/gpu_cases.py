@@ -383,7 +383,8 @@ class Paths:
         return {**os.environ, "PYTHONPATH": f"{REPO}:{self.quantkit_site}", "HF_HUB_OFFLINE": "1", "COLUMNS": "160"}
 
     def vllm_env(self) -> dict[str, str]:
-        return {"PYTHONPATH": self.vllm_site, "VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1"}
+        return {"PYTHONPATH": self.vllm_site, "VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1",
+                "VLLM_NO_USAGE_STATS": "1"}  # the GPU machine has no network
 
     def wrapper(self, name: str) -> Path:
         """A Python that sets its own environment, for the quantkit flags that take an interpreter path."""
