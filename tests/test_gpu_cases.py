@@ -3,7 +3,6 @@ the H200 results kept in bench/results/h200/, the table, the scheduling gate, an
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -19,16 +18,15 @@ from quantkit.serve import kernels
 ROOT = Path(__file__).resolve().parents[1]
 H200 = ROOT / "bench" / "results" / "h200"
 SCRIPT = ROOT / "scripts" / "gpu_cases.py"
-
-_spec = importlib.util.spec_from_file_location("gpu_cases", SCRIPT)
-gc = importlib.util.module_from_spec(_spec)
-sys.modules["gpu_cases"] = gc
-_spec.loader.exec_module(gc)
+sys.path.insert(0, str(SCRIPT.parent))
+import gpu_case_file as cf  # noqa: E402
+import gpu_case_report as cr  # noqa: E402
+import gpu_cases as gc  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def cases() -> list:
-    return gc.load_cases(gc.CASES)
+    return cf.load_cases(cf.CASES)
 
 
 def by_name(cases: list) -> dict:
@@ -74,11 +72,11 @@ def test_the_old_scripts_are_covered(cases: list) -> None:
 
 
 def test_selection(cases: list) -> None:
-    assert "fp8-block-sweep" not in [c.name for c in gc.select(cases, [], [])]  # optional
-    assert [c.name for c in gc.select(cases, ["8b"], ["modelopt"])] == ["rtn-w4g128-8b"]
-    assert [c.name for c in gc.select(cases, ["fp8-block-sweep"], [])] == ["fp8-block-sweep"]
-    with pytest.raises(gc.CaseError, match="no case has that name or tag"):
-        gc.select(cases, ["nosuch"], [])
+    assert "fp8-block-sweep" not in [c.name for c in cf.select(cases, [], [])]  # optional
+    assert [c.name for c in cf.select(cases, ["8b"], ["modelopt"])] == ["rtn-w4g128-8b"]
+    assert [c.name for c in cf.select(cases, ["fp8-block-sweep"], [])] == ["fp8-block-sweep"]
+    with pytest.raises(cf.CaseError, match="no case has that name or tag"):
+        cf.select(cases, ["nosuch"], [])
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -109,8 +107,8 @@ BASE = "cases:\n  - name: a\n    produce: {verb: rtn}\n"
 def test_bad_case_files(tmp_path: Path, text: str, message: str) -> None:
     f = tmp_path / "cases.yaml"
     f.write_text(text)
-    with pytest.raises(gc.CaseError) as e:
-        gc.load_cases(f)
+    with pytest.raises(cf.CaseError) as e:
+        cf.load_cases(f)
     assert message in str(e.value) and str(e.value).startswith(str(f)) and "\n" not in str(e.value)
 
 
@@ -209,12 +207,12 @@ def h200_outcomes() -> dict[str, dict]:
 def test_expectations_pass_on_the_last_h200_results(cases: list) -> None:
     c = by_name(cases)
     for name, o in h200_outcomes().items():
-        checks = gc.evaluate(c[name], o)
+        checks = cr.evaluate(c[name], o)
         assert [ch for ch in checks if ch["status"] == "fail"] == [], name
-        assert gc.verdict({**o, "checks": checks}) == "pass"
+        assert cr.verdict({**o, "checks": checks}) == "pass"
         ran = {ch["check"] for ch in checks if ch["status"] == "pass"}
         assert {"loads", "quantization", "kernel", "tok/s b1", "tok/s b16"} <= ran, name
-    fp8 = gc.evaluate(c["fp8-static"], h200_outcomes()["fp8-static"])
+    fp8 = cr.evaluate(c["fp8-static"], h200_outcomes()["fp8-static"])
     assert {ch["check"]: ch["status"] for ch in fp8} == {
         "loads": "pass", "quantization": "pass", "kernel": "pass", "tok/s b1": "pass", "tok/s b16": "pass",
         "smoke": "pass", "doctor agrees": "pass", "kld": "pass", "ppl_ratio": "pass", "top1": "pass"}
@@ -225,35 +223,35 @@ def test_failures_are_named(cases: list) -> None:
     o = h200_outcomes()["gptq-w4g128"]
     o["load"]["facts"]["linear"] = [["CompressedTensorsWNA16", "MarlinLinearKernel"]]  # vLLM picked another
     o["eval"]["kld"] = 0.2
-    checks = {ch["check"]: ch for ch in gc.evaluate(c["gptq-w4g128"], o)}
+    checks = {ch["check"]: ch for ch in cr.evaluate(c["gptq-w4g128"], o)}
     assert checks["kernel"]["status"] == "fail" and checks["kld"]["status"] == "fail"
     assert checks["kernel"]["actual"] == ["MarlinLinearKernel for CompressedTensorsWNA16"]
-    assert gc.verdict({"checks": list(checks.values())}) == "fail"
+    assert cr.verdict({"checks": list(checks.values())}) == "fail"
 
     failed = {"load": {"status": "failed", "error": "ValueError: Failed to find a kernel", "facts": {}}}
-    checks = {ch["check"]: ch for ch in gc.evaluate(c["rtn-w4g128"], failed)}
+    checks = {ch["check"]: ch for ch in cr.evaluate(c["rtn-w4g128"], failed)}
     assert checks["loads"]["status"] == "fail" and "Failed to find a kernel" in checks["loads"]["note"]
     assert checks["kernel"]["status"] == "skip" and checks["tok/s b1"]["status"] == "skip"
 
     refused = {**h200_outcomes()["awq-w4g128"]}
     refused["smoke"] = {"status": "refused", "doctor_ok": False, "doctor": ["fail: scheme: unknown"]}
-    checks = {ch["check"]: ch for ch in gc.evaluate(c["awq-w4g128"], refused)}
+    checks = {ch["check"]: ch for ch in cr.evaluate(c["awq-w4g128"], refused)}
     assert checks["smoke"]["status"] == "fail" and checks["doctor agrees"]["status"] == "fail"
-    assert gc.verdict({"error": "produce: quantkit awq exited 1", "checks": []}) == "error"
+    assert cr.verdict({"error": "produce: quantkit awq exited 1", "checks": []}) == "error"
 
 
 def test_regex_and_substring_patterns() -> None:
     lines = ["MacheteLinearKernel for CompressedTensorsWNA16"]
-    assert gc.matches("Machete", lines) and gc.matches("/^(Machete|Marlin)LinearKernel for /", lines)
-    assert not gc.matches("/^Marlin/", lines) and not gc.matches("Marlin", lines)
+    assert cr.matches("Machete", lines) and cr.matches("/^(Machete|Marlin)LinearKernel for /", lines)
+    assert not cr.matches("/^Marlin/", lines) and not cr.matches("Marlin", lines)
 
 
 def test_markdown_table(cases: list) -> None:
     results = []
     for name, o in h200_outcomes().items():
         o = {"name": name, **o, "artifact": {"status": "built"}}
-        o["checks"] = gc.evaluate(by_name(cases)[name], o)
-        o["status"] = gc.verdict(o)
+        o["checks"] = cr.evaluate(by_name(cases)[name], o)
+        o["status"] = cr.verdict(o)
         results.append(o)
     sweep_case = by_name(cases)["rtn-w4g128-8b"]
     config = kernels.Configuration("MarlinLinearKernel", "linear", (("CompressedTensorsWNA16", "MarlinLinearKernel"),),
@@ -264,7 +262,7 @@ def test_markdown_table(cases: list) -> None:
     results.append({"name": sweep_case.name, "status": "pass", "sweep": {
         "bench": {"batches": [1, 16]}, "measurements": [m.to_json()], "choice": choice.to_json(),
         "command": kernels.serve_command("/a", choice.configuration).to_json()}})
-    md = gc.markdown(results, {"started": "t0", "updated": "t1", "gpus": ["NVIDIA H200, 143771 MiB"],
+    md = cr.markdown(results, {"started": "t0", "updated": "t1", "gpus": ["NVIDIA H200, 143771 MiB"],
                                "vllm": "0.26.0"})
     row = next(line for line in md.splitlines() if line.startswith("| fp8-static |"))
     assert "CutlassFP8ScaledMMLinearKernel for CompressedTensorsW8A8Fp8" in row and "| 175 | 2019 |" in row
@@ -308,7 +306,7 @@ def test_spent_budget_lists_every_case_as_not_run(tmp_path: Path, cases: list) -
     """A run with no budget starts nothing and still writes its results (and skips what cannot run here)."""
     p = paths(tmp_path)
     o = opts("--budget", "0", "--out", str(tmp_path))
-    picked = gc.select(cases, ["legacy", "modelopt-fp8"], [])
+    picked = cf.select(cases, ["legacy", "modelopt-fp8"], [])
     run = gc.Run(picked, p, o, previous={"gptq-legacy": {"name": "gptq-legacy", "status": "pass"}})
     run.run()
     data = json.loads((tmp_path / "results.json").read_text())
@@ -348,7 +346,7 @@ def test_a_case_end_to_end_without_vllm(tmp_path: Path) -> None:
     p = gc.Paths(tmp_path, tmp_path / "arts", tmp_path / "models", sys.executable, "", str(tmp_path / "no-vllm"),
                  str(tmp_path / "no-trt"))
     p.write_wrappers()
-    cases = gc.load_cases(f)
+    cases = cf.load_cases(f)
     gc.Run(cases, p, opts("--parallel", "1", "--out", str(tmp_path)), {}).run()
     r = json.loads((tmp_path / "results.json").read_text())["cases"][0]
     assert r["artifact"]["status"] == "built" and (tmp_path / "arts" / "rtn" / "quantkit.json").is_file()
