@@ -542,8 +542,11 @@ def _now() -> str:
 def gpus() -> list[str]:
     if not shutil.which("nvidia-smi"):
         return []
-    out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
-                         capture_output=True, text=True)
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return []
     return [x.strip() for x in out.stdout.splitlines() if x.strip()]
 
 
