@@ -1,15 +1,16 @@
 """Serving speed (issue 10 item 3): time to first token and decode tokens/s at batch 1 and 16 in vLLM, for a bf16
 checkpoint and its quantized artifacts, with the kernel vLLM chose and the memory-bandwidth limit beside each.
 
-On the GPU machine, vLLM installed as in ../shared/device/vllm/README.md and wrapped as /tmp/vpy (a script that
-sets PYTHONPATH=/tmp/site and runs python3), after ``python bench/quantize_cost.py --shape 8b --keep`` has left
-the 8B-shaped source and its quantkit artifacts in /tmp/quantkit-bench-qcost:
+On the GPU machine, vLLM installed as in ../shared/device/vllm/README.md (in /tmp/site), after
+``python bench/quantize_cost.py --shape 8b --keep`` has left the 8B-shaped source and its quantkit artifacts in
+/tmp/quantkit-bench-qcost:
 
-    python bench/serve_speed.py /tmp/quantkit-bench-qcost/src-8b /tmp/quantkit-bench-qcost/out-quantkit-* \\
-        --python /tmp/vpy
+    python3 bench/serve_speed.py /tmp/quantkit-bench-qcost/src-8b /tmp/quantkit-bench-qcost/out-quantkit-* \\
+        --vllm-site /tmp/site [--kernels]
 
-Each checkpoint runs in its own child process in vLLM's Python (CUDA graphs on, prefix caching off so repeated
-prompts cost what new ones do), after one warm-up generation at the largest batch:
+Each checkpoint runs in its own child process in vLLM's Python (quantkit/serve/_vllm_speed.py through
+quantkit.serve.kernel_sweep: CUDA graphs on, prefix caching off so repeated prompts cost what new ones do), after
+one warm-up generation at the largest batch:
 
 * TTFT: the median of 5 ``generate`` calls with one fresh prompt of ``--prompt-len`` random token ids and
   ``max_tokens=1`` (prefill plus the first sampled token, offline: no HTTP in the figure).
@@ -18,6 +19,8 @@ prompts cost what new ones do), after one warm-up generation at the largest batc
 * limit: a decode step reads every weight once (the input embedding table only one row per sequence, unless tied to
   ``lm_head``), so B x bandwidth / bytes-read-per-step bounds it from above (KV-cache reads ignored, which only
   lowers the real bound). ``--bandwidth`` defaults to the H200's 4.8 TB/s.
+* the kernel: what vLLM's log says it used. ``--kernels`` also runs every other linear (and MoE) kernel vLLM could
+  use for the checkpoint (quantkit.serve.kernels) and reports the fastest configuration's ``vllm serve`` command.
 
 Writes bench/results/serve_speed.{json,md} after every checkpoint (the command, machine and versions included).
 This parent needs only the standard library and quantkit's source module.
@@ -29,54 +32,17 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import meta  # noqa: E402
 
-sys.path.insert(0, str(meta.ROOT / "scripts"))
 sys.path.insert(0, str(meta.ROOT))
-from gpu_vllm_matrix import kernels_in, run_child  # noqa: E402
+from quantkit.serve import kernel_sweep, kernels  # noqa: E402
 from quantkit.source import safetensors_header  # noqa: E402
 
 H200_BANDWIDTH = 4.8e12  # bytes/s, HBM3e
-
-CHILD = r"""
-import json, random, statistics, sys, time
-import vllm
-from vllm import LLM, SamplingParams
-
-art, prompt_len, gen, max_len = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[5])
-batches = [int(b) for b in sys.argv[4].split(",")]
-llm = LLM(model=art, max_model_len=max_len, gpu_memory_utilization=0.85, enable_prefix_caching=False, seed=0)
-cfg = llm.llm_engine.model_config
-vocab = cfg.hf_config.vocab_size
-rng = random.Random(0)
-
-
-def prompts(n):
-    return [{"prompt_token_ids": [rng.randrange(100, vocab - 100) for _ in range(prompt_len)]} for _ in range(n)]
-
-
-def timed(n, max_tokens):
-    sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    t = time.perf_counter()
-    res = llm.generate(prompts(n), sp, use_tqdm=False)
-    return time.perf_counter() - t, sum(len(r.outputs[0].token_ids) for r in res)
-
-
-timed(max(batches), gen)
-out = {"vllm": vllm.__version__, "quantization": cfg.quantization, "dtype": str(cfg.dtype),
-       "ttft_s": statistics.median(timed(1, 1)[0] for _ in range(5))}
-for b in batches:
-    first = statistics.median(timed(b, 1)[0] for _ in range(3))
-    total, tokens = timed(b, gen)
-    out[f"b{b}"] = {"first_token_s": first, "total_s": total, "tokens": tokens,
-                    "decode_tok_s": b * (gen - 1) / (total - first)}
-print("RESULT " + json.dumps(out), flush=True)
-"""
 
 
 def bytes_per_step(folder: Path) -> tuple[int, int]:
@@ -107,26 +73,32 @@ def describe(folder: Path) -> str:
 
 
 def run_one(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One checkpoint: vLLM's default configuration, or (``--kernels``) every kernel configuration."""
     total, read = bytes_per_step(folder)
     row: dict[str, Any] = {"checkpoint": folder.name, "path": str(folder), "format": describe(folder),
                            "weight_bytes": total, "bytes_per_step": read}
-    log = args.logs / f"{folder.name}.log"
-    argv = [args.python, "-c", CHILD, str(folder), str(args.prompt_len), str(args.gen),
-            ",".join(map(str, args.batches)), str(args.max_model_len)]
-    env = {**os.environ, "VLLM_USE_FLASHINFER_SAMPLER": os.environ.get("VLLM_USE_FLASHINFER_SAMPLER", "0")}
-    t = time.perf_counter()
-    text, rc, result = run_child(argv, env, args.timeout, log)
-    row.update(seconds=round(time.perf_counter() - t, 1), rc=rc, log=str(log), kernels=kernels_in(text))
-    row.update(result or {})
-    if "ttft_s" not in row:
-        lines = [ln for ln in text.splitlines() if ln.strip()]
-        errors = [ln for ln in lines if "Error" in ln]
-        row["error"] = ((errors or lines or ["no output"])[-1]).strip()[:300]
+    bench = kernel_sweep.Bench(batches=tuple(args.batches), prompt_len=args.prompt_len, gen=args.gen,
+                               max_model_len=args.max_model_len, gpu_memory_utilization=0.85)
+    env = {"VLLM_USE_FLASHINFER_SAMPLER": os.environ.get("VLLM_USE_FLASHINFER_SAMPLER", "0")}
+    runtime = kernel_sweep.Runtime(args.python, {**env, **({"PYTHONPATH": args.vllm_site} if args.vllm_site else {})})
+    if args.kernels:
+        sweep = kernel_sweep.sweep(folder, bench, runtime, args.logs / folder.name, timeout=args.timeout)
+        row["sweep"] = sweep.to_json()
+        m = next(x for x in sweep.measurements if x.configuration.kind == "default")
+    else:
+        config = kernels.configurations(kernels.read_quantization(folder))[0]
+        m = kernel_sweep.run_configuration(folder, config, bench, runtime, args.logs / f"{folder.name}.log",
+                                           args.timeout)
+    row.update(seconds=m.seconds, log=m.log, kernels=m.facts.kernels(), **m.extra)
+    if m.status == "ok":
+        row["ttft_s"] = m.ttft_s
+    else:
+        row["error"] = f"{m.status}: {m.error}"[:300]
     for b in args.batches:
         limit = b * args.bandwidth / read
         row[f"limit_b{b}"] = limit
-        if f"b{b}" in row:
-            row[f"b{b}"]["share_of_limit"] = row[f"b{b}"]["decode_tok_s"] / limit
+        if str(b) in m.decode_tok_s:
+            row[f"b{b}"] = {"decode_tok_s": m.decode_tok_s[str(b)], "share_of_limit": m.decode_tok_s[str(b)] / limit}
     return row
 
 
@@ -152,6 +124,14 @@ def markdown(data: dict[str, Any]) -> str:
                      f"{'; '.join(r.get('kernels') or []) or '-'} | {r['bytes_per_step'] / 2**30:.2f} | "
                      f"{r['ttft_s'] * 1000:.0f} ms | " + " | ".join(cells) + " |")
     lines += ["", "Decode tok/s in brackets: the share of the bandwidth limit reached.", ""]
+    for r in data["rows"]:
+        sweep = r.get("sweep")
+        if sweep:
+            ms = [kernels.Measurement.from_json(m) for m in sweep["measurements"]]
+            choice = kernels.choose(ms)
+            lines += [f"## Kernels: {r['checkpoint']}", "", kernels.markdown(ms, choice, tuple(batches))]
+            if sweep.get("command"):
+                lines += [f"Serve with: `{sweep['command']['shell']}`", ""]
     return "\n".join(lines)
 
 
@@ -159,12 +139,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("checkpoints", nargs="+", type=Path, help="checkpoint folders: the bf16 source and artifacts")
     ap.add_argument("--python", default=sys.executable, help="the Python that has vLLM (default: this one)")
+    ap.add_argument("--vllm-site", help="PYTHONPATH of vLLM's environment (e.g. /tmp/site)")
+    ap.add_argument("--kernels", action="store_true", help="also measure every other kernel vLLM could use")
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16])
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--bandwidth", type=float, default=H200_BANDWIDTH, help="bytes/s (default: H200, 4.8e12)")
-    ap.add_argument("--timeout", type=float, default=600, help="seconds per checkpoint")
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per vLLM start")
     ap.add_argument("--results-dir", type=Path, default=meta.RESULTS)
     ap.add_argument("--logs", type=Path, default=Path("/tmp/quantkit-bench-serve"))
     args = ap.parse_args()

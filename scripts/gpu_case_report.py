@@ -1,0 +1,153 @@
+"""The checks of a GPU case against what was measured, and the results table. Pure: an outcome dict in (what the
+runner recorded, or an earlier run's results.json), checks and markdown out."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from gpu_case_file import Case
+from quantkit.serve import kernels
+
+
+def matches(pattern: str, lines: list[str]) -> bool:
+    """A substring of one of the lines, or /regex/ searched in each."""
+    if len(pattern) > 1 and pattern.startswith("/") and pattern.endswith("/"):
+        rx = re.compile(pattern[1:-1])
+        return any(rx.search(line) for line in lines)
+    return any(pattern in line for line in lines)
+
+
+def _check(name: str, expected: Any, actual: Any, ok: bool | None, note: str = "") -> dict[str, Any]:
+    status = "skip" if ok is None else ("pass" if ok else "fail")
+    return {"check": name, "expected": expected, "actual": actual, "status": status, "note": note}
+
+
+def evaluate(c: Case, o: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every expectation of the case against what was measured; a measurement that is missing is a skip."""
+    e, checks = c.expect, []
+    load = o.get("load")
+    ran = load is not None and load.get("status") not in (None, "not run")
+    loaded = ran and load["status"] == "ok"
+    facts = (load or {}).get("facts") or {}
+    checks.append(_check("loads", e.loads, loaded if ran else None, (loaded == e.loads) if ran else None,
+                         "" if loaded or not ran else (load.get("error") or "")[:200]))
+    if e.quantization:
+        got = facts.get("quantization") or ((load or {}).get("extra") or {}).get("quantization")
+        checks.append(_check("quantization", e.quantization, got, (got == e.quantization) if loaded else None))
+    linear = [f"{k} for {layer}" for layer, k in facts.get("linear") or []]
+    if e.kernel:
+        checks.append(_check("kernel", e.kernel, linear, matches(e.kernel, linear) if loaded else None))
+    if e.moe_kernel:
+        moe = list(facts.get("moe") or [])
+        checks.append(_check("moe_kernel", e.moe_kernel, moe, matches(e.moe_kernel, moe) if loaded else None))
+    for b, floor in e.min_tok_s.items():
+        got = ((load or {}).get("decode_tok_s") or {}).get(str(b))
+        checks.append(_check(f"tok/s b{b}", floor, got, (got >= floor) if got is not None else None))
+    smoke = o.get("smoke")
+    if e.smoke is not None:
+        got = (smoke or {}).get("status")
+        ok = None if got in (None, "not run") else (got == "passed") == e.smoke
+        checks.append(_check("smoke", "passed" if e.smoke else "fails", got, ok, (smoke or {}).get("error") or ""))
+    if smoke and smoke.get("doctor_ok") is not None and ran:
+        checks.append(_check("doctor agrees", loaded, smoke["doctor_ok"], smoke["doctor_ok"] == loaded,
+                             "; ".join(smoke.get("doctor") or [])[:300]))
+    ev = o.get("eval") or {}
+    for key, metric, upper in (("max_kld", "kld", True), ("max_ppl_ratio", "ppl_ratio", True),
+                               ("min_top1", "top1", False)):
+        limit = getattr(e, key)
+        if limit is not None:
+            got = ev.get(metric)
+            checks.append(_check(metric, limit, got, None if got is None else (got <= limit if upper else
+                                                                               got >= limit)))
+    return checks
+
+
+def verdict(o: dict[str, Any]) -> str:
+    """pass, fail (a check failed) or error (a step could not produce what the checks need)."""
+    if o.get("error"):
+        return "error"
+    if any(ch["status"] == "fail" for ch in o.get("checks") or []):
+        return "fail"
+    return "pass"
+
+
+def _num(v: Any, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def markdown(results: list[dict[str, Any]], header: dict[str, Any]) -> str:
+    """The run as a table: one row per case, then the failed checks and the kernel sweeps."""
+    lines = ["# GPU end-to-end cases", "", f"- started {header.get('started')}, updated {header.get('updated')}",
+             f"- machine: {', '.join(header.get('gpus') or ['no GPU seen'])}; vLLM {header.get('vllm') or '?'}", "",
+             "| case | artifact | loads | vLLM quantization | kernel vLLM picked | tok/s b1 | tok/s b16 | smoke | "
+             "KLD | ppl ratio | top-1 | checks | status |", "|" + "---|" * 13]
+    for r in results:
+        load, ev, smoke = r.get("load") or {}, r.get("eval") or {}, r.get("smoke") or {}
+        facts = load.get("facts") or {}
+        checks = r.get("checks") or []
+        passed = sum(ch["status"] == "pass" for ch in checks)
+        failed = [ch["check"] for ch in checks if ch["status"] == "fail"]
+        tok = load.get("decode_tok_s") or {}
+        cells = [r["name"], (r.get("artifact") or {}).get("status", "-"),
+                 {"ok": "yes", None: "-", "not run": "-"}.get(load.get("status"), "NO"),
+                 facts.get("quantization") or "-", "<br>".join(facts.get("kernels") or []) or "-",
+                 _num(tok.get("1"), ".0f"), _num(tok.get("16"), ".0f"), smoke.get("status") or "-",
+                 _num(ev.get("kld"), ".4f"), _num(ev.get("ppl_ratio"), ".4f"), _num(ev.get("top1"), ".3f"),
+                 f"{passed}/{len(checks)}" + (f" (failed: {', '.join(failed)})" if failed else ""),
+                 r.get("status", "-") + (f": {r['reason']}" if r.get("reason") else "")]
+        lines.append("| " + " | ".join(str(x).replace("|", "\\|") for x in cells) + " |")
+    bad = [(r["name"], ch) for r in results for ch in r.get("checks") or [] if ch["status"] == "fail"]
+    if bad:
+        lines += ["", "## Failed checks", ""]
+        lines += [f"- {n}: {ch['check']}: expected {ch['expected']!r}, got {ch['actual']!r}"
+                  + (f" ({ch['note']})" if ch.get("note") else "") for n, ch in bad]
+    errors = [(r["name"], r["error"]) for r in results if r.get("error")]
+    if errors:
+        lines += ["", "## Errors", ""] + [f"- {n}: {e}" for n, e in errors]
+    for r in results:
+        sw = r.get("sweep")
+        if sw:
+            ms = [kernels.Measurement.from_json(m) for m in sw.get("measurements") or []]
+            choice = sw.get("choice")
+            ch = kernels.Choice(kernels.Configuration.from_json(choice["configuration"]), choice["reason"],
+                                choice["measured"]) if choice else None
+            lines += ["", f"## Kernel sweep: {r['name']}", "",
+                      kernels.markdown(ms, ch, tuple(sw["bench"]["batches"])).rstrip()]
+            if sw.get("command"):
+                lines += ["", f"Serve with: `{sw['command']['shell']}`"]
+    return "\n".join(lines) + "\n"
+
+
+def smoke_summary(data: Any, rc: int, log: Path) -> dict[str, Any]:
+    """What the checks need from ``quantkit smoke --json``."""
+    if not isinstance(data, dict):
+        return {"status": "failed", "error": f"quantkit smoke exited {rc} without JSON: {tail(log)}"}
+    run = (data.get("runs") or [{}])[0]
+    doctor = data.get("doctor") or {}
+    facts = run.get("facts") or {}
+    return {"status": run.get("status"), "ttft_s": run.get("ttft_s"), "decode_tok_s": run.get("decode_tokens_per_s"),
+            "healthy_after_s": run.get("healthy_after_s"), "kernels": facts.get("kernels"),
+            "quantization": facts.get("quantization"), "doctor_ok": doctor.get("ok"),
+            "doctor": [f"{ch['status']}: {ch['name']}: {ch['message']}" for ch in doctor.get("checks") or []
+                       if ch.get("status") != "ok"],
+            "completion": (run.get("completion") or {}).get("text"), "error": run.get("error"), "log": run.get("log")}
+
+
+def eval_summary(data: Any, rc: int, log: Path) -> dict[str, Any]:
+    """What the checks need from ``quantkit eval --json`` (exit 3, a gate, still wrote the report)."""
+    if not isinstance(data, dict) or not data.get("results"):
+        return {"error": f"quantkit eval exited {rc} without results: {tail(log)}"}
+    r = data["results"][0]
+    return {"kld": r.get("kld"), "ppl_ratio": r.get("ppl_ratio"), "top1": r.get("top1"), "ppl": r.get("ppl"),
+            "baseline_ppl": (data.get("baseline") or {}).get("ppl"), "tokens": r.get("tokens"),
+            "engine": r.get("engine"), "exit": rc}
+
+
+def tail(log: Path, n: int = 3) -> str:
+    try:
+        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "(no log)"
+    return " / ".join(lines[-n:])[-400:]

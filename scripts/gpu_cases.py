@@ -1,0 +1,713 @@
+#!/usr/bin/env python3
+"""Run the GPU end-to-end cases of scripts/gpu_cases.yaml: produce each artifact with the real quantkit CLI, load it
+in vLLM, serve it, score it, sweep its kernels, and check every expectation (issue 13).
+
+On the GPU machine, from the repository root, with vLLM 0.26.0 in /tmp/site (../shared/device/vllm/README.md),
+llm-compressor in /tmp/site-llmc (../shared/device/llmcompressor/README.md) and, for the ModelOpt cases, the
+ModelOpt environment in /tmp/site-trt (scripts/trt_env.sh):
+
+    setsid nohup python3 scripts/gpu_cases.py --out /tmp/qk-gpu --budget 1200 \
+        > /tmp/qk-gpu.log 2>&1 < /dev/null &
+    python3 scripts/gpu_cases.py --status --out /tmp/qk-gpu             # poll: progress and the table so far
+    python3 scripts/gpu_cases.py --wait 540 --collect "$OUT" --out /tmp/qk-gpu
+                          # block until the run ends (or 540 s), print its status, copy results + logs to $OUT
+
+``--dry-run`` prints every command a run would start, without starting any. Per case, in order:
+
+1. the source model: a folder, or ``shape:NAME`` (random weights, built once into ``--models-dir``, shared with
+   bench/quantize_cost.py);
+2. the artifact: ``python3 -m quantkit VERB MODEL ART --force --json ...`` (or ``build-trt`` on a recipe copy whose
+   model and output are set), with PYTHONPATH=REPO:``--quantkit-site``; an artifact already built by the same
+   command is reused (``--rebuild`` redoes it), and cases with the same command share it;
+3. the load: quantkit/serve/_vllm_speed.py in vLLM's environment (PYTHONPATH=``--vllm-site``): vLLM's
+   quantization method, the linear and MoE kernels its log names, TTFT and decode tok/s at the case's batch sizes;
+   with ``sweep:``, one such load per kernel configuration instead (quantkit.serve.kernel_sweep);
+4. ``quantkit smoke --engine vllm`` (the real ``vllm serve``) and ``quantkit eval --engine vllm`` where the case
+   asks for them;
+5. the checks: loads, quantization, kernel, MoE kernel, tok/s floors, smoke, doctor's prediction against vLLM's
+   own verdict, KLD, perplexity ratio, top-1.
+
+Results are rewritten after every step: OUT/results.json (everything), OUT/results.md (the table),
+OUT/progress.log, OUT/logs/CASE/ (each process's log). Cases run ``--parallel`` at once on one GPU, each vLLM with
+``--mem-share`` of its memory and a fixed ``--kv-cache-gib`` KV cache (which skips vLLM's start-up memory
+profiling: it asserts when another process frees GPU memory meanwhile), vLLM starts ``--stagger`` seconds apart;
+a case marked ``exclusive`` runs its load or sweep with nothing else on the GPU (and lets vLLM size its cache).
+No case starts once the ``--budget`` left is under its ``estimate_s``: those are listed as ``not run``;
+``--resume`` keeps the finished cases of an earlier run in the same OUT. SIGTERM stops every child process group
+and writes the results. One runner per OUT. The parent needs Python 3.10+ and PyYAML (the image has it; quantkit
+depends on it) and imports only quantkit.serve.kernels/kernel_sweep; the heavy work happens in child processes.
+
+Beside it: gpu_case_file.py (the case file's schema and validation) and gpu_case_report.py (checks and table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(Path(__file__).resolve().parent)]
+from gpu_case_file import CASES, Case, CaseError, Measure, describe_expect, load_cases, select  # noqa: E402
+from gpu_case_report import eval_summary, evaluate, markdown, smoke_summary, tail, verdict  # noqa: E402
+from quantkit.serve import kernel_sweep, kernels  # noqa: E402
+
+FINISHED = ("pass", "fail", "error", "skipped")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The commands a case runs (shared by --dry-run and the run)
+
+
+@dataclass
+class Paths:
+    """Where everything of a run lives, and the environments of the three Pythons."""
+
+    out: Path
+    arts: Path
+    models: Path
+    python: str
+    quantkit_site: str
+    vllm_site: str
+    trt_site: str
+
+    def model(self, c: Case) -> Path:
+        return self.models / f"src-{c.model[6:]}" if c.model.startswith("shape:") else (REPO / c.model).resolve()
+
+    def artifact(self, c: Case) -> Path:
+        return self.arts / c.artifact
+
+    def served(self, c: Case) -> Path:
+        art = self.artifact(c)
+        return art / c.produce.serve if c.produce.serve else art
+
+    def logs(self, c: Case) -> Path:
+        return self.out / "logs" / c.name
+
+    def quantkit_env(self) -> dict[str, str]:
+        return {**os.environ, "PYTHONPATH": f"{REPO}:{self.quantkit_site}", "HF_HUB_OFFLINE": "1", "COLUMNS": "160"}
+
+    def vllm_env(self) -> dict[str, str]:
+        return {"PYTHONPATH": self.vllm_site, "VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1",
+                "VLLM_NO_USAGE_STATS": "1"}  # the GPU machine has no network
+
+    def wrapper(self, name: str) -> Path:
+        """A Python that sets its own environment, for the quantkit flags that take an interpreter path."""
+        return self.out / "bin" / name
+
+    def write_wrappers(self) -> None:
+        envs = {"vllm-python": self.vllm_env(), "trt-python": {"PYTHONPATH": self.trt_site}}
+        for name, env in envs.items():
+            path = self.wrapper(name)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+            path.write_text(f"#!/bin/sh\nexport {exports}\nexec {shlex.quote(self.python)} \"$@\"\n")
+            path.chmod(0o755)
+
+
+def recipe_text(c: Case, p: Paths) -> str:
+    """The build-trt recipe with its model and output set to this run's."""
+    r = c.produce.recipe
+    data = yaml.safe_load((REPO / r).read_text()) if isinstance(r, str) else json.loads(json.dumps(r))
+    data.setdefault("model", {})["source"] = str(p.model(c))
+    data["output"] = str(p.artifact(c))
+    return yaml.safe_dump(data, sort_keys=False)
+
+
+def produce_argv(c: Case, p: Paths) -> list[str]:
+    qk = [p.python, "-m", "quantkit"]
+    if c.produce.verb == "build-trt":
+        return qk + ["build-trt", str(p.out / "recipes" / f"{c.artifact}.yaml"), "--force", "--json",
+                     "--python", str(p.wrapper("trt-python")), *c.produce.args]
+    return qk + [c.produce.verb, str(p.model(c)), str(p.artifact(c)), "--force", "--json", *c.produce.args]
+
+
+def shape_argv(c: Case, p: Paths) -> list[str]:
+    code = ("import sys; from pathlib import Path; sys.path.insert(0, sys.argv[3]); "
+            "from quantize_cost import make_checkpoint; make_checkpoint(sys.argv[1], Path(sys.argv[2]))")
+    return [p.python, "-c", code, c.model[6:], str(p.model(c)), str(REPO / "bench")]
+
+
+def share(c: Case, opts: argparse.Namespace) -> float:
+    return c.gpu_memory_utilization or opts.mem_share
+
+
+def kv_bytes(c: Case, opts: argparse.Namespace, timed: bool = False) -> int | None:
+    """A fixed KV cache for vLLM starts that share the GPU; None for an exclusive case's load or sweep."""
+    if (timed and c.exclusive) or opts.parallel == 1:
+        return None
+    return int(opts.kv_cache_gib * 2**30)
+
+
+def bench_of(m: Measure, c: Case, opts: argparse.Namespace) -> kernel_sweep.Bench:
+    return kernel_sweep.Bench(batches=tuple(m.batches), prompt_len=m.prompt_len, gen=m.gen,
+                              max_model_len=m.max_model_len, gpu_memory_utilization=share(c, opts),
+                              enforce_eager=m.enforce_eager, engine_args={**c.load.engine_args, **m.engine_args},
+                              kv_cache_memory_bytes=kv_bytes(c, opts, timed=True))
+
+
+def smoke_argv(c: Case, p: Paths, opts: argparse.Namespace, timeout: float) -> list[str]:
+    assert c.smoke is not None
+    kv = kv_bytes(c, opts)
+    return [p.python, "-m", "quantkit", "smoke", str(p.served(c)), "--engine", "vllm", "--python",
+            str(p.wrapper("vllm-python")), "--json", "--log-dir", str(p.logs(c) / "smoke"), "--timeout",
+            str(int(timeout)), "--gpu-memory-utilization", f"{share(c, opts):.2f}",
+            *([f"--server-arg=--kv-cache-memory-bytes={kv}"] if kv else []), *c.smoke.args]
+
+
+def eval_argv(c: Case, p: Paths) -> list[str]:
+    assert c.eval is not None
+    return [p.python, "-m", "quantkit", "eval", str(p.served(c)), "--engine", "vllm", "--python",
+            str(p.wrapper("vllm-python")), "--baseline", str(p.model(c)), "--dataset", c.eval.dataset, "--ctx",
+            str(c.eval.ctx), "--max-tokens", str(c.eval.max_tokens), "--report-dir", str(p.logs(c) / "eval"),
+            "--json"]
+
+
+def eval_env(c: Case, p: Paths, opts: argparse.Namespace) -> dict[str, str]:
+    args = {"gpu_memory_utilization": share(c, opts), **c.load.engine_args}
+    if kv := kv_bytes(c, opts):
+        args["kv_cache_memory_bytes"] = kv
+    return {**p.quantkit_env(), "QUANTKIT_VLLM_ARGS": json.dumps(args)}
+
+
+def missing_needs(c: Case, p: Paths) -> str | None:
+    """Why the case cannot run on this machine (an environment it needs is absent), or None."""
+    if "trt" in c.needs and not (Path(p.trt_site) / "modelopt").is_dir():
+        return f"the ModelOpt environment is not installed in {p.trt_site} (scripts/trt_env.sh)"
+    return None
+
+
+def stamp(c: Case, p: Paths) -> dict[str, Any]:
+    """What the artifact was built from; equal stamps mean the artifact can be reused."""
+    s: dict[str, Any] = {"argv": produce_argv(c, p)}
+    if c.produce.recipe is not None:
+        s["recipe"] = recipe_text(c, p)
+    return s
+
+
+def reusable(c: Case, p: Paths) -> bool:
+    f = p.arts / f"{c.artifact}.stamp.json"
+    try:
+        same = json.loads(f.read_text()) == stamp(c, p)
+    except (OSError, json.JSONDecodeError):
+        return False
+    return same and (p.artifact(c) / "quantkit.json").is_file() and (p.served(c) / "config.json").is_file()
+
+
+def plan(cases: list[Case], p: Paths, opts: argparse.Namespace) -> str:
+    """What a run would do, command by command (--dry-run)."""
+    sh = shlex.join
+    out = [f"{len(cases)} cases, budget {opts.budget:.0f} s, {opts.parallel} at a time, vLLM memory share "
+           f"{opts.mem_share:.2f} each, starts {opts.stagger:.0f} s apart; results in {p.out}",
+           f"quantkit: PYTHONPATH={REPO}:{p.quantkit_site}; vLLM: PYTHONPATH={p.vllm_site}; "
+           f"ModelOpt: PYTHONPATH={p.trt_site}", ""]
+    for c in cases:
+        out.append(f"== {c.name} [{', '.join(c.tags)}] estimate {c.estimate_s:.0f} s"
+                   + (", exclusive" if c.exclusive else ""))
+        if reason := missing_needs(c, p):
+            out.append(f"   skipped on this machine: {reason}")
+        if c.model.startswith("shape:"):
+            out.append(f"   model:   {sh(shape_argv(c, p))}  (reused when built)")
+        state = "reuse" if reusable(c, p) and not opts.rebuild else "build"
+        out.append(f"   produce ({state}): {sh(produce_argv(c, p))}")
+        if c.produce.recipe is not None:
+            out.append("            recipe: " + recipe_text(c, p).strip().replace("\n", "; "))
+        b = bench_of(c.sweep or c.load, c, opts)
+        engine_args = b.request(p.served(c), kernels.Configuration("default", "default", ()))["engine_args"]
+        out.append(f"   {'sweep' if c.sweep else 'load'}:    {p.python} {kernel_sweep.CHILD.relative_to(REPO)} REQUEST "
+                   f"(PYTHONPATH={p.vllm_site}); engine args {json.dumps(engine_args)}, batches {list(b.batches)}, "
+                   f"prompt {b.prompt_len}, gen {b.gen}")
+        if c.sweep:
+            try:
+                q = kernels.read_quantization(p.served(c))
+                for conf in kernels.configurations(q, force=c.sweep.force):
+                    if c.sweep.only and conf.name not in c.sweep.only and conf.kind != "default":
+                        continue
+                    forced = " ".join([f"{k}={v}" for k, v in conf.env.items()] + [f"--{k} {v}" for k, v in
+                                                                                   conf.args.items()])
+                    out.append(f"            {conf.name}: {forced or 'no flags'}; expects "
+                               + ", ".join(f"{k} for {lyr}" for lyr, k in conf.expect))
+            except ValueError:
+                out.append("            configurations: read from the artifact once it is built")
+        if c.smoke and not opts.no_smoke:
+            out.append(f"   smoke:   {sh(smoke_argv(c, p, opts, c.smoke.timeout))}")
+        if c.eval and not opts.no_eval:
+            out.append(f"   eval:    QUANTKIT_VLLM_ARGS={shlex.quote(eval_env(c, p, opts)['QUANTKIT_VLLM_ARGS'])} "
+                       f"{sh(eval_argv(c, p))}")
+        out.append(f"   expect:  {describe_expect(c.expect)}")
+    return "\n".join(out) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The run
+
+
+class GpuGate:
+    """Shared use of the GPU by parallel cases, exclusive use for timings that are compared, and vLLM starts
+    spaced out so that one instance's memory profiling does not see another's allocations."""
+
+    def __init__(self, stagger: float) -> None:
+        self.stagger = stagger
+        self.cond = threading.Condition()
+        self.readers = 0
+        self.writer = False
+        self.writers_waiting = 0
+        self.last_start = 0.0
+        self.start_lock = threading.Lock()
+
+    @contextmanager
+    def use(self, exclusive: bool = False) -> Iterator[None]:
+        with self.cond:
+            if exclusive:
+                self.writers_waiting += 1
+                self.cond.wait_for(lambda: not self.writer and self.readers == 0)
+                self.writers_waiting -= 1
+                self.writer = True
+            else:
+                self.cond.wait_for(lambda: not self.writer and self.writers_waiting == 0)
+                self.readers += 1
+        try:
+            yield
+        finally:
+            with self.cond:
+                if exclusive:
+                    self.writer = False
+                else:
+                    self.readers -= 1
+                self.cond.notify_all()
+
+    def engine_start(self) -> None:
+        with self.start_lock:
+            wait = self.last_start + self.stagger - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            self.last_start = time.monotonic()
+
+
+class Run:
+    """Runs the selected cases within the budget, several at once, writing results after every step."""
+
+    def __init__(self, cases: list[Case], p: Paths, opts: argparse.Namespace, previous: dict[str, dict]) -> None:
+        self.cases, self.p, self.opts = cases, p, opts
+        self.t0 = time.monotonic()
+        self.deadline = self.t0 + opts.budget
+        self.gate = GpuGate(opts.stagger)
+        self.lock = threading.Lock()
+        self.locks: dict[str, threading.Lock] = {}
+        self.stop = threading.Event()  # SIGTERM/SIGINT: start nothing more
+        self.header: dict[str, Any] = {"started": _now(), "budget_s": opts.budget, "gpus": gpus(),
+                                       "command": shlex.join([Path(sys.executable).name, *sys.argv])}
+        self.rebuilt: set[str] = set()  # artifacts this run produced (--rebuild redoes each once)
+        self.results: dict[str, dict[str, Any]] = {}  # published snapshots; each case thread owns its own dict
+        for c in cases:
+            old = previous.get(c.name)
+            self.results[c.name] = old if old and old.get("status") in FINISHED else \
+                {"name": c.name, "tags": c.tags, "status": "pending"}
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def log(self, msg: str) -> None:
+        line = f"[{time.monotonic() - self.t0:6.0f}s] {msg}"
+        print(line, flush=True)
+        with self.lock, open(self.p.out / "progress.log", "a") as f:
+            f.write(line + "\n")
+
+    def publish(self, name: str, o: dict[str, Any]) -> None:
+        """Take a snapshot of a case's outcome (in the thread that owns it) and rewrite the results."""
+        snapshot = json.loads(json.dumps(o, default=str))
+        with self.lock:
+            self.results[name] = snapshot
+        self.write()
+
+    def write(self) -> None:
+        with self.lock:
+            self.header["updated"] = _now()
+            results = [self.results[c.name] for c in self.cases]
+            vllm = next((r["load"]["extra"].get("vllm") for r in results
+                         if ((r.get("load") or {}).get("extra") or {}).get("vllm")), None)
+            self.header["vllm"] = vllm
+            _atomic(self.p.out / "results.json", json.dumps({**self.header, "cases": results}, indent=2) + "\n")
+            _atomic(self.p.out / "results.md", markdown(results, self.header))
+
+    def run(self) -> None:
+        todo = [c for c in self.cases if self.results[c.name]["status"] == "pending"]
+        self.write()
+        workers = [threading.Thread(target=self.worker, args=(todo,), daemon=True) for _ in range(self.opts.parallel)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            while w.is_alive():
+                w.join(timeout=1)
+        self.write()
+
+    def worker(self, todo: list[Case]) -> None:
+        while True:
+            with self.lock:
+                if not todo:
+                    return
+                c = todo.pop(0)
+            o: dict[str, Any] = {"name": c.name, "tags": c.tags}
+            if self.stop.is_set():
+                o.update(status="not run", reason="stopped")
+            elif self.left() < c.estimate_s:
+                o.update(status="not run",
+                         reason=f"{self.left():.0f} s of the budget left, estimate {c.estimate_s:.0f} s")
+            elif reason := missing_needs(c, self.p):
+                o.update(status="skipped", reason=reason)
+            else:
+                self.case(c, o)
+            self.log(f"{c.name}: {o['status']}" + (f" ({o.get('reason')})" if o.get("reason") else ""))
+            self.publish(c.name, o)
+
+    def case(self, c: Case, o: dict[str, Any]) -> None:
+        t = time.monotonic()
+        o.update(status="running", started=_now())
+        self.log(f"{c.name}: started")
+        self.publish(c.name, o)
+        try:
+            self.steps(c, o)
+        except (StepFailed, ValueError) as e:  # ValueError: a config vLLM's kernel table cannot read
+            o["error"] = str(e)
+        except Exception as e:  # a bug in a step must not take the other cases down; the message says which
+            o["error"] = f"runner error in {c.name}: {type(e).__name__}: {e}"
+        o["checks"] = evaluate(c, o)
+        o["status"] = "interrupted" if self.stop.is_set() else verdict(o)
+        o["seconds"] = round(time.monotonic() - t, 1)
+
+    def steps(self, c: Case, o: dict[str, Any]) -> None:
+        p = self.p
+        logs = p.logs(c)
+        logs.mkdir(parents=True, exist_ok=True)
+        if c.model.startswith("shape:"):
+            with self.once(f"model:{c.model}"), self.gate.use():
+                if self.process(c, "model", shape_argv(c, p), p.quantkit_env(), logs / "model.log", 900):
+                    raise StepFailed(f"model: building {c.model} failed: {tail(logs / 'model.log')}")
+        with self.once(f"artifact:{c.artifact}"), self.gate.use():
+            o["artifact"] = self.produce(c, logs)
+        self.publish(c.name, o)
+        if c.sweep and not self.opts.no_sweep:
+            with self.gate.use(c.exclusive):
+                o["sweep"] = self.sweep(c, o, logs)
+            o["load"] = next((m for m in o["sweep"]["measurements"] if m["configuration"]["kind"] == "default"), None)
+        else:
+            with self.gate.use(c.exclusive):
+                o["load"] = self.load(c, logs)
+        self.publish(c.name, o)
+        if c.smoke and not self.opts.no_smoke:
+            with self.gate.use():
+                o["smoke"] = self.smoke(c, logs)
+            self.publish(c.name, o)
+        if c.eval and not self.opts.no_eval:
+            with self.gate.use():
+                o["eval"] = self.evaluate_step(c, logs)
+
+    @contextmanager
+    def once(self, key: str) -> Iterator[None]:
+        """One thread at a time per shared thing (a model shape, an artifact two cases share)."""
+        with self.lock:
+            lock = self.locks.setdefault(key, threading.Lock())
+        with lock:
+            yield
+
+    def timeout(self, step: str, limit: float) -> float:
+        """The time a step may take, or StepFailed when it must not start (budget spent, run stopped)."""
+        if self.stop.is_set():
+            raise StepFailed(f"{step}: not run, the run was stopped")
+        left = self.left() - 5
+        if left < 20:
+            raise StepFailed(f"{step}: not run, {max(0.0, self.left()):.0f} s of the budget left")
+        return min(limit, left)
+
+    def process(self, c: Case, step: str, argv: list[str], env: dict[str, str], log: Path, limit: float,
+                stdout: Path | None = None, cwd: Path | None = None) -> int:
+        timeout = self.timeout(step, limit)
+        self.log(f"{c.name}: {step}: {shlex.join(argv)}")
+        rc, seconds = run_split(argv, env, log, timeout, stdout, cwd)
+        if rc is None:
+            raise StepFailed(f"{step}: no result within {timeout:.0f} s (log {log})")
+        return rc
+
+    def produce(self, c: Case, logs: Path) -> dict[str, Any]:
+        p = self.p
+        art = {"path": str(p.artifact(c)), "served": str(p.served(c))}
+        if reusable(c, p) and not (self.opts.rebuild and c.artifact not in self.rebuilt):
+            return {**art, "status": "reused"}
+        p.arts.mkdir(parents=True, exist_ok=True)
+        if c.produce.recipe is not None:
+            recipe = p.out / "recipes" / f"{c.artifact}.yaml"
+            recipe.parent.mkdir(parents=True, exist_ok=True)
+            recipe.write_text(recipe_text(c, p))
+        t = time.monotonic()
+        log = logs / "produce.log"
+        rc = self.process(c, "produce", produce_argv(c, p), p.quantkit_env(), log, 1200, logs / "produce.json",
+                          cwd=p.arts)
+        self.rebuilt.add(c.artifact)
+        if rc != 0 or not (p.served(c) / "config.json").is_file():
+            raise StepFailed(f"produce: quantkit {c.produce.verb} exited {rc}: {tail(log)}")
+        (p.arts / f"{c.artifact}.stamp.json").write_text(json.dumps(stamp(c, p), indent=2))
+        return {**art, "status": "built", "seconds": round(time.monotonic() - t, 1), "log": str(log)}
+
+    def runtime(self) -> kernel_sweep.Runtime:
+        return kernel_sweep.Runtime(self.p.python, self.p.vllm_env())
+
+    def load(self, c: Case, logs: Path) -> dict[str, Any]:
+        served = self.p.served(c)
+        config = kernels.configurations(kernels.read_quantization(served))[0]
+        timeout = self.timeout("load", c.load.timeout)
+        self.gate.engine_start()
+        self.log(f"{c.name}: load in vLLM")
+        m = kernel_sweep.run_configuration(served, config, bench_of(c.load, c, self.opts), self.runtime(),
+                                           logs / "load.log", timeout)
+        return m.to_json()
+
+    def sweep(self, c: Case, o: dict[str, Any], logs: Path) -> dict[str, Any]:
+        assert c.sweep is not None
+
+        def update(r: kernel_sweep.SweepResult) -> None:
+            o["sweep"] = r.to_json()
+            last = r.measurements[-1]
+            self.log(f"{c.name}: sweep: {last.configuration.name}: {last.status} {last.decode_tok_s}")
+            self.publish(c.name, o)
+
+        self.timeout("sweep", c.sweep.timeout)
+        r = kernel_sweep.sweep(self.p.served(c), bench_of(c.sweep, c, self.opts), self.runtime(), logs / "sweep",
+                               force=c.sweep.force, timeout=c.sweep.timeout, deadline=self.deadline - 5,
+                               only=c.sweep.only or None, on_update=update, stop=self.stop)
+        return r.to_json()
+
+    def smoke(self, c: Case, logs: Path) -> dict[str, Any]:
+        assert c.smoke is not None
+        timeout = self.timeout("smoke", c.smoke.timeout + 120)
+        self.gate.engine_start()
+        out = logs / "smoke.json"
+        rc = self.process(c, "smoke", smoke_argv(c, self.p, self.opts, max(60.0, min(c.smoke.timeout, timeout - 60))),
+                          self.p.quantkit_env(), logs / "smoke.stderr.log", timeout, out)
+        return smoke_summary(_json(out), rc, logs / "smoke.stderr.log")
+
+    def evaluate_step(self, c: Case, logs: Path) -> dict[str, Any]:
+        assert c.eval is not None
+        self.gate.engine_start()
+        out = logs / "eval.json"
+        rc = self.process(c, "eval", eval_argv(c, self.p), eval_env(c, self.p, self.opts), logs / "eval.stderr.log",
+                          c.eval.timeout, out)
+        return eval_summary(_json(out), rc, logs / "eval.stderr.log")
+
+
+class StepFailed(Exception):
+    """A step that could not give the checks what they need (the message says which and why)."""
+
+
+def run_split(argv: list[str], env: dict[str, str], log: Path, timeout: float, stdout: Path | None,
+              cwd: Path | None) -> tuple[int | None, float]:
+    """kernel_sweep.run_logged, with stdout kept apart (a --json document) when ``stdout`` is given."""
+    if stdout is None:
+        return kernel_sweep.run_logged(argv, env, log, timeout, cwd)
+    wrapped = ["sh", "-c", 'exec "$@" 2>"$0"', str(log), *argv]
+    return kernel_sweep.run_logged(wrapped, env, stdout, timeout, cwd)
+
+
+def _json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def _atomic(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def gpus() -> list[str]:
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return []
+    return [x.strip() for x in out.stdout.splitlines() if x.strip()]
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Entry points
+
+
+def preflight(p: Paths) -> None:
+    """Fail in seconds when quantkit or vLLM cannot even be found."""
+    qk = subprocess.run([p.python, "-c", "import quantkit.cli.main"], env=p.quantkit_env(), capture_output=True,
+                        text=True)
+    if qk.returncode:
+        raise CaseError(f"quantkit does not import with {p.python} and PYTHONPATH={REPO}:{p.quantkit_site}: "
+                        f"{(qk.stderr.strip().splitlines() or ['?'])[-1]}")
+    if not (Path(p.vllm_site) / "vllm").is_dir() and subprocess.run(
+            [p.python, "-c", "import vllm"], env={**os.environ, **p.vllm_env()}, capture_output=True).returncode:
+        raise CaseError(f"vLLM is not installed in {p.vllm_site} (../shared/device/vllm/README.md)")
+
+
+def running_pid(out: Path) -> int | None:
+    """The pid of a runner still alive that writes into ``out``, if any."""
+    try:
+        pid = int((out / "runner.pid").read_text())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
+    return pid if pid != os.getpid() and b"gpu_cases.py" in cmdline else None
+
+
+def status(out: Path) -> str:
+    """The progress log's end and the table so far (for polling a background run)."""
+    parts = []
+    done = out / "DONE"
+    parts.append(f"finished: {done.read_text().strip()}" if done.exists() else "running (no DONE file yet)")
+    log = out / "progress.log"
+    if log.exists():
+        parts += ["", *log.read_text().splitlines()[-15:]]
+    md = out / "results.md"
+    parts += ["", md.read_text() if md.exists() else "no results yet"]
+    return "\n".join(parts)
+
+
+def collect(out: Path, dest: Path, limit: int = 15 * 2**20) -> list[Path]:
+    """Copy results.json, results.md, progress.log and one logs.tar.gz (each log cut to its last 256 KiB, the
+    whole under ``limit``) into ``dest``: few files, flat, as a device call's $OUT takes them."""
+    dest.mkdir(parents=True, exist_ok=True)
+    copied = []
+    for name in ("results.json", "results.md", "progress.log", "DONE"):
+        if (out / name).exists():
+            shutil.copy(out / name, dest / name)
+            copied.append(dest / name)
+    logs = sorted((out / "logs").rglob("*")) if (out / "logs").exists() else []
+    tar_path = dest / "logs.tar.gz"
+    with tarfile.open(tar_path, "w:gz") as tar:
+        for f in logs:
+            if not f.is_file() or f.suffix == ".png":
+                continue
+            data = f.read_bytes()[-256 * 2**10:]
+            info = tarfile.TarInfo(str(f.relative_to(out)))
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+            if tar_path.stat().st_size > limit:
+                break
+    copied.append(tar_path)
+    return copied
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", type=Path, default=CASES, help="the case file [default: scripts/gpu_cases.yaml]")
+    ap.add_argument("--out", type=Path, default=Path("/tmp/qk-gpu"), help="results, logs, artifacts")
+    ap.add_argument("--arts", type=Path, help="artifact folder [default: OUT/arts]")
+    ap.add_argument("--only", action="append", default=[], help="case name or tag (repeatable, or comma-separated)")
+    ap.add_argument("--skip", action="append", default=[], help="case name or tag to leave out")
+    ap.add_argument("--budget", type=float, default=1500, help="seconds; no case starts past it")
+    ap.add_argument("--parallel", type=int, default=4, help="cases at once on the GPU")
+    ap.add_argument("--stagger", type=float, default=5, help="seconds between two vLLM starts")
+    ap.add_argument("--mem-share", type=float, default=0.12, help="GPU memory fraction per vLLM instance")
+    ap.add_argument("--kv-cache-gib", type=float, default=4, help="fixed KV cache of each vLLM sharing the GPU")
+    ap.add_argument("--python", default="python3", help="the interpreter of all three environments")
+    ap.add_argument("--quantkit-site", default="/tmp/site-llmc", help="PYTHONPATH added for quantkit")
+    ap.add_argument("--vllm-site", default="/tmp/site", help="PYTHONPATH of vLLM's environment")
+    ap.add_argument("--trt-site", default="/tmp/site-trt", help="PYTHONPATH of ModelOpt's environment")
+    ap.add_argument("--models-dir", type=Path, default=Path("/tmp/quantkit-bench-qcost"),
+                    help="where shape:NAME models are built (src-NAME; shared with bench/quantize_cost.py)")
+    ap.add_argument("--rebuild", action="store_true", help="produce every artifact again")
+    ap.add_argument("--resume", action="store_true", help="keep finished cases of OUT/results.json")
+    ap.add_argument("--no-smoke", action="store_true")
+    ap.add_argument("--no-eval", action="store_true")
+    ap.add_argument("--no-sweep", action="store_true", help="plain loads instead of kernel sweeps")
+    ap.add_argument("--dry-run", action="store_true", help="print what would run and exit")
+    ap.add_argument("--status", action="store_true", help="print the progress of a run in OUT and exit")
+    ap.add_argument("--wait", type=float, metavar="SECONDS", help="wait until the run in OUT ends (at most "
+                    "SECONDS), then print its status")
+    ap.add_argument("--collect", type=Path, metavar="DEST", help="copy OUT's results and logs into DEST and exit")
+    args = ap.parse_args(argv)
+    args.only = [w for x in args.only for w in x.split(",") if w]
+    args.skip = [w for x in args.skip for w in x.split(",") if w]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parse_args(argv)
+    out = opts.out.resolve()
+    if opts.status or opts.wait or opts.collect:
+        if opts.wait:
+            end = time.monotonic() + opts.wait
+            while running_pid(out) is not None and time.monotonic() < end:
+                time.sleep(5)
+        if opts.status or opts.wait:
+            print(status(out))
+        if opts.collect:
+            for f in collect(out, opts.collect):
+                print(f)
+        return 0
+    p = Paths(out, (opts.arts or out / "arts").resolve(), opts.models_dir.resolve(), opts.python, opts.quantkit_site,
+              opts.vllm_site, opts.trt_site)
+    try:
+        cases = select(load_cases(opts.cases), opts.only, opts.skip)
+        if opts.dry_run:
+            print(plan(cases, p, opts), end="")
+            return 0
+        if (other := running_pid(out)) is not None:
+            raise CaseError(f"a run (pid {other}) is still writing into {out}; poll it with --status")
+        preflight(p)
+    except CaseError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "DONE").unlink(missing_ok=True)
+    if not opts.resume:
+        (out / "progress.log").unlink(missing_ok=True)
+    (out / "runner.pid").write_text(str(os.getpid()))
+    p.write_wrappers()
+    previous = {}
+    if opts.resume and (old := _json(out / "results.json")):
+        previous = {r["name"]: r for r in old.get("cases") or []}
+    run = Run(cases, p, opts, previous)
+
+    def stop(signum: int, _frame: Any) -> None:
+        run.stop.set()  # no logging here: the handler may interrupt a thread that holds the log's lock
+
+        def halt() -> None:
+            run.log(f"signal {signum}: stopping every child process")
+            kernel_sweep.stop_all()
+
+        threading.Thread(target=halt, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    run.log(f"{len(cases)} cases, budget {opts.budget:.0f} s, {opts.parallel} at a time")
+    run.run()
+    results = [run.results[c.name] for c in cases]
+    summary = {s: sum(r["status"] == s for r in results) for s in dict.fromkeys(r["status"] for r in results)}
+    (out / "DONE").write_text(json.dumps(summary) + "\n")
+    run.log(f"done: {summary}")
+    print((out / "results.md").read_text())
+    if run.stop.is_set():
+        return 130
+    return 0 if all(r["status"] in ("pass", "skipped") for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

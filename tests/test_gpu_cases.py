@@ -1,0 +1,376 @@
+"""scripts/gpu_cases.py without a GPU: the case file and its validation, the plan (--dry-run), the checks against
+the H200 results kept in bench/results/h200/, the table, the scheduling gate, and a run whose budget is spent."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from quantkit.serve import kernels
+
+ROOT = Path(__file__).resolve().parents[1]
+H200 = ROOT / "bench" / "results" / "h200"
+SCRIPT = ROOT / "scripts" / "gpu_cases.py"
+sys.path.insert(0, str(SCRIPT.parent))
+import gpu_case_file as cf  # noqa: E402
+import gpu_case_report as cr  # noqa: E402
+import gpu_cases as gc  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cases() -> list:
+    return cf.load_cases(cf.CASES)
+
+
+def by_name(cases: list) -> dict:
+    return {c.name: c for c in cases}
+
+
+def opts(*argv: str):
+    return gc.parse_args(list(argv))
+
+
+def paths(tmp: Path) -> object:
+    return gc.Paths(tmp, tmp / "arts", tmp / "models", "python3", "/tmp/site-llmc", "/tmp/site", "/tmp/site-trt")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The shipped case file
+
+
+def test_shipped_cases_load(cases: list) -> None:
+    c = by_name(cases)
+    assert len(c) == len(cases) and all(x.expect.kernel for x in cases)
+    assert c["awq-legacy"].produce.serve == "autoawq" and c["modelopt-fp8"].produce.serve == "hf"
+    assert c["awq-w4g128"].load.batches == [1, 16] and c["awq-w4g128"].load.enforce_eager  # from defaults
+    assert c["rtn-w4g128-8b"].sweep.prompt_len == 512 and not c["rtn-w4g128-8b"].sweep.enforce_eager
+    assert c["gptq-w4g128"].expect.kernel == "MacheteLinearKernel for CompressedTensorsWNA16"  # YAML merge key
+    assert c["fp8-block-sweep"].artifact == "fp8-block"  # the same command: one artifact
+
+
+def test_the_old_scripts_are_covered(cases: list) -> None:
+    """Every artifact gpu_quantize_all.sh made, gpu_smoke.py's served artifacts, gpu_trt.sh's ModelOpt stages."""
+    produced = {(c.model, c.produce.verb, tuple(c.produce.args)) for c in cases}
+    tiny = "models/quantkit-tiny"
+    for verb, args in [("rtn", ()), ("awq", ()), ("gptq", ()), ("gptq", ("--bits", "8")), ("fp8", ()),
+                       ("fp8", ("--scheme", "dynamic")), ("fp8", ("--scheme", "block")), ("int8", ()),
+                       ("awq", ("--format", "autoawq")), ("gptq", ("--format", "gptq"))]:
+        assert (tiny, verb, args) in produced, (verb, args)
+    c = by_name(cases)
+    assert c["awq-w4g128"].smoke is not None and c["fp8-static"].smoke is not None
+    for name in ("modelopt-fp8", "modelopt-fp8-8b"):
+        assert c[name].produce.verb == "build-trt" and "--checkpoint-only" in c[name].produce.args
+        assert c[name].smoke is not None and c[name].eval is not None and c[name].needs == ["trt"]
+    assert c["modelopt-fp8-8b"].model == "shape:8b"
+
+
+def test_selection(cases: list) -> None:
+    assert "fp8-block-sweep" not in [c.name for c in cf.select(cases, [], [])]  # optional
+    assert [c.name for c in cf.select(cases, ["8b"], ["modelopt"])] == ["rtn-w4g128-8b"]
+    assert [c.name for c in cf.select(cases, ["fp8-block-sweep"], [])] == ["fp8-block-sweep"]
+    with pytest.raises(cf.CaseError, match="no case has that name or tag"):
+        cf.select(cases, ["nosuch"], [])
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# A bad case file is one line naming file, line and field
+
+
+BASE = "cases:\n  - name: a\n    produce: {verb: rtn}\n"
+
+
+@pytest.mark.parametrize("text, message", [
+    (BASE + "    expect: {kernal: Machete}\n", ":4: cases[0].expect.kernal: unknown key; expected one of loads"),
+    (BASE + "    load: {batches: [1, x]}\n", ":4: cases[0].load.batches: expected a non-empty list of positive"),
+    (BASE + "  - name: a\n    produce: {verb: awq}\n", ":4: cases[1].name: 'a' is also the name of cases[0]"),
+    (BASE + "    expect: {kernel: '/Machete(/'}\n", "cases[0].expect.kernel: not a valid regular expression"),
+    ("cases:\n  - name: t\n    produce: {verb: build-trt}\n", ":3: cases[0].produce: build-trt needs a recipe"),
+    ("cases:\n  - name: t\n    produce: {verb: rtn, recipe: recipes/rtn.yaml}\n", "only build-trt takes a recipe"),
+    (BASE + "    expect: {min_tok_s: {4: 10}}\n", "cases[0].expect.min_tok_s: batch 4 is not measured"),
+    (BASE + "    expect: {max_kld: 0.1}\n", "cases[0].expect.max_kld: needs an eval: section"),
+    (BASE + "    model: shape:9b\n", ":4: cases[0].model: unknown shape '9b'"),
+    (BASE + "    model: models/nothing\n", "no checkpoint (config.json) at models/nothing"),
+    (BASE + "    produce: {verb: quantize}\n", "cases[0].produce.verb: expected one of awq, gptq"),
+    ("cases:\n  - name: x\n", ":2: cases[0]: needs produce"),
+    ("cases: [\n", ": not valid YAML"),
+    ("- just\n- a list\n", ": expected a mapping with a non-empty list under 'cases:'"),
+    (BASE + "    gpu_memory_utilization: 1.5\n", "expected a fraction in (0, 1); got 1.5"),
+    ("defaults: {colour: red}\n" + BASE, ":1: defaults.colour: unknown key"),
+])
+def test_bad_case_files(tmp_path: Path, text: str, message: str) -> None:
+    f = tmp_path / "cases.yaml"
+    f.write_text(text)
+    with pytest.raises(cf.CaseError) as e:
+        cf.load_cases(f)
+    assert message in str(e.value) and str(e.value).startswith(str(f)) and "\n" not in str(e.value)
+
+
+def test_bad_case_file_through_the_script(tmp_path: Path) -> None:
+    f = tmp_path / "cases.yaml"
+    f.write_text(BASE + "    smoke: {retries: 3}\n")
+    p = subprocess.run([sys.executable, str(SCRIPT), "--cases", str(f), "--dry-run"], capture_output=True, text=True)
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr == f"error: {f}:4: cases[0].smoke.retries: unknown key; expected one of args, timeout\n"
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The plan
+
+
+def test_dry_run_prints_every_command(tmp_path: Path) -> None:
+    p = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(tmp_path), "--only", "tiny",
+                        "--vllm-site", "/opt/v"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    assert f"quantkit: PYTHONPATH={ROOT}:/tmp/site-llmc; vLLM: PYTHONPATH=/opt/v" in out
+    assert f"produce (build): python3 -m quantkit gptq {ROOT}/models/quantkit-tiny {tmp_path}/arts/gptq-w8g128 " \
+           "--force --json --bits 8" in out
+    assert f"smoke:   python3 -m quantkit smoke {tmp_path}/arts/awq-legacy/autoawq --engine vllm" in out
+    assert "QUANTKIT_VLLM_ARGS='{\"gpu_memory_utilization\": 0.12, \"quantization\": \"modelopt\", " \
+           "\"kv_cache_memory_bytes\": 4294967296}'" in out
+    assert "--gpu-memory-utilization 0.12 --server-arg=--kv-cache-memory-bytes=4294967296 " \
+           "--server-arg=--quantization=modelopt" in out
+    # parallel loads get a fixed KV cache (no memory profiling); --parallel 1 lets vLLM size it
+    assert '"enforce_eager": true, "kv_cache_memory_bytes": 4294967296}' in out
+    assert f"build-trt {tmp_path}/recipes/modelopt-fp8.yaml --force --json --python {tmp_path}/bin/trt-python " \
+           "--checkpoint-only" in out
+    assert f"output: {tmp_path}/arts/modelopt-fp8" in out and "rtn-w4g128-8b" not in out
+    assert not (tmp_path / "results.json").exists()  # nothing ran
+
+
+def test_plan_lists_sweep_configurations_of_a_built_artifact(tmp_path: Path, cases: list) -> None:
+    """With the artifact in place, the plan names each kernel configuration the sweep will start."""
+    from compressed_tensors.quantization import QuantizationConfig, preset_name_to_scheme
+
+    p = paths(tmp_path)
+    case = by_name(cases)["rtn-w4g128-8b"]
+    art = p.served(case)
+    art.mkdir(parents=True)
+    qc = QuantizationConfig(config_groups={"group_0": preset_name_to_scheme("W4A16", ["Linear"])},
+                            quant_method="compressed-tensors", format="pack-quantized")
+    (art / "config.json").write_text(json.dumps({"quantization_config": qc.model_dump(mode="json")}))
+    text = gc.plan([case], p, opts())
+    assert "MarlinLinearKernel: VLLM_DISABLED_KERNELS=MacheteLinearKernel; expects MarlinLinearKernel for " \
+           "CompressedTensorsWNA16" in text
+    assert "default: no flags; expects MacheteLinearKernel for CompressedTensorsWNA16" in text
+    assert "produce (build)" in text  # no stamp: it would be produced again
+
+
+def test_reuse_needs_the_same_command(tmp_path: Path, cases: list) -> None:
+    p = paths(tmp_path)
+    case = by_name(cases)["fp8-static"]
+    art = p.artifact(case)
+    art.mkdir(parents=True)
+    (art / "config.json").write_text("{}")
+    (art / "quantkit.json").write_text("{}")
+    (p.arts / "fp8-static.stamp.json").write_text(json.dumps(gc.stamp(case, p)))
+    assert gc.reusable(case, p)
+    other = by_name(cases)["fp8-dynamic"]
+    other.artifact = "fp8-static"  # same folder, another command
+    assert not gc.reusable(other, p)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Checks against the H200 results
+
+
+MATRIX_CASE = {"awq-w4g128": "awq-w4g128", "gptq-w4g128": "gptq-w4g128", "gptq-w8g128": "gptq-w8g128",
+               "rtn-w4g128": "rtn-w4g128", "fp8-static": "fp8-static", "fp8-dynamic": "fp8-dynamic",
+               "fp8-block": "fp8-block", "int8-sq": "int8-sq", "autoawq": "awq-legacy", "gptq": "gptq-legacy"}
+
+
+def h200_outcomes() -> dict[str, dict]:
+    """The last H200 runs (vLLM matrix, smoke, eval) as the runner's outcome dicts."""
+    out: dict[str, dict] = {}
+    for row in json.loads((H200 / "vllm_matrix.json").read_text()):
+        log = "\n".join(row["kernels"]) + f"\nquantization={row['quantization']}"
+        facts = kernels.log_facts(log)
+        out[MATRIX_CASE[row["artifact"]]] = {"load": {
+            "status": "ok" if row["loads"] else "failed", "facts": facts.to_json(),
+            "decode_tok_s": {"1": row["tok_s_b1"], "16": row["tok_s_b16"]}, "extra": {"vllm": "0.26.0"}}}
+    for row in json.loads((H200 / "gpu_smoke.json").read_text()):
+        out[row["artifact"].split("/")[-1]]["smoke"] = {
+            "status": {"yes": "passed"}.get(row["loads"], "failed"), "decode_tok_s": row["tokens_per_s"],
+            "doctor_ok": row["doctor_predicted"] == "loads", "doctor": row["doctor"]}
+    for r in json.loads((H200 / "eval_vllm_tiny.json").read_text())["results"]:
+        out[r["label"]]["eval"] = {"kld": r["kld"], "ppl_ratio": r["ppl_ratio"], "top1": r["top1"]}
+    return out
+
+
+def test_expectations_pass_on_the_last_h200_results(cases: list) -> None:
+    c = by_name(cases)
+    for name, o in h200_outcomes().items():
+        checks = cr.evaluate(c[name], o)
+        assert [ch for ch in checks if ch["status"] == "fail"] == [], name
+        assert cr.verdict({**o, "checks": checks}) == "pass"
+        ran = {ch["check"] for ch in checks if ch["status"] == "pass"}
+        assert {"loads", "quantization", "kernel", "tok/s b1", "tok/s b16"} <= ran, name
+    fp8 = cr.evaluate(c["fp8-static"], h200_outcomes()["fp8-static"])
+    assert {ch["check"]: ch["status"] for ch in fp8} == {
+        "loads": "pass", "quantization": "pass", "kernel": "pass", "tok/s b1": "pass", "tok/s b16": "pass",
+        "smoke": "pass", "doctor agrees": "pass", "kld": "pass", "ppl_ratio": "pass", "top1": "pass"}
+
+
+def test_failures_are_named(cases: list) -> None:
+    c = by_name(cases)
+    o = h200_outcomes()["gptq-w4g128"]
+    o["load"]["facts"]["linear"] = [["CompressedTensorsWNA16", "MarlinLinearKernel"]]  # vLLM picked another
+    o["eval"]["kld"] = 0.2
+    checks = {ch["check"]: ch for ch in cr.evaluate(c["gptq-w4g128"], o)}
+    assert checks["kernel"]["status"] == "fail" and checks["kld"]["status"] == "fail"
+    assert checks["kernel"]["actual"] == ["MarlinLinearKernel for CompressedTensorsWNA16"]
+    assert cr.verdict({"checks": list(checks.values())}) == "fail"
+
+    failed = {"load": {"status": "failed", "error": "ValueError: Failed to find a kernel", "facts": {}}}
+    checks = {ch["check"]: ch for ch in cr.evaluate(c["rtn-w4g128"], failed)}
+    assert checks["loads"]["status"] == "fail" and "Failed to find a kernel" in checks["loads"]["note"]
+    assert checks["kernel"]["status"] == "skip" and checks["tok/s b1"]["status"] == "skip"
+
+    refused = {**h200_outcomes()["awq-w4g128"]}
+    refused["smoke"] = {"status": "refused", "doctor_ok": False, "doctor": ["fail: scheme: unknown"]}
+    checks = {ch["check"]: ch for ch in cr.evaluate(c["awq-w4g128"], refused)}
+    assert checks["smoke"]["status"] == "fail" and checks["doctor agrees"]["status"] == "fail"
+    assert cr.verdict({"error": "produce: quantkit awq exited 1", "checks": []}) == "error"
+
+
+def test_regex_and_substring_patterns() -> None:
+    lines = ["MacheteLinearKernel for CompressedTensorsWNA16"]
+    assert cr.matches("Machete", lines) and cr.matches("/^(Machete|Marlin)LinearKernel for /", lines)
+    assert not cr.matches("/^Marlin/", lines) and not cr.matches("Marlin", lines)
+
+
+def test_markdown_table(cases: list) -> None:
+    results = []
+    for name, o in h200_outcomes().items():
+        o = {"name": name, **o, "artifact": {"status": "built"}}
+        o["checks"] = cr.evaluate(by_name(cases)[name], o)
+        o["status"] = cr.verdict(o)
+        results.append(o)
+    sweep_case = by_name(cases)["rtn-w4g128-8b"]
+    config = kernels.Configuration("MarlinLinearKernel", "linear", (("CompressedTensorsWNA16", "MarlinLinearKernel"),),
+                                   {"VLLM_DISABLED_KERNELS": "MacheteLinearKernel"})
+    m = kernels.Measurement(config, "ok", kernels.LogFacts(None, (("CompressedTensorsWNA16", "MarlinLinearKernel"),)),
+                            0.03, {"1": 303.0, "16": 3700.0})
+    choice = kernels.choose([m])
+    results.append({"name": sweep_case.name, "status": "pass", "sweep": {
+        "bench": {"batches": [1, 16]}, "measurements": [m.to_json()], "choice": choice.to_json(),
+        "command": kernels.serve_command("/a", choice.configuration).to_json()}})
+    md = cr.markdown(results, {"started": "t0", "updated": "t1", "gpus": ["NVIDIA H200, 143771 MiB"],
+                               "vllm": "0.26.0"})
+    row = next(line for line in md.splitlines() if line.startswith("| fp8-static |"))
+    assert "CutlassFP8ScaledMMLinearKernel for CompressedTensorsW8A8Fp8" in row and "| 175 | 2019 |" in row
+    assert "| 0.0055 | 1.0063 | 0.947 | 10/10 | pass |" in row
+    assert "## Kernel sweep: rtn-w4g128-8b" in md
+    assert "Serve with: `VLLM_DISABLED_KERNELS=MacheteLinearKernel vllm serve /a`" in md
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Scheduling and the run's files
+
+
+def test_exclusive_use_waits_for_shared_users() -> None:
+    gate = gc.GpuGate(stagger=0)
+    events: list[str] = []
+
+    def shared() -> None:
+        with gate.use():
+            events.append("shared in")
+            time.sleep(0.3)
+            events.append("shared out")
+
+    t = threading.Thread(target=shared)
+    t.start()
+    time.sleep(0.1)
+    with gate.use(exclusive=True):
+        events.append("exclusive")
+    t.join()
+    assert events == ["shared in", "shared out", "exclusive"]
+
+
+def test_stagger_spaces_engine_starts() -> None:
+    gate = gc.GpuGate(stagger=0.2)
+    t = time.monotonic()
+    gate.engine_start()
+    gate.engine_start()
+    assert time.monotonic() - t >= 0.2
+
+
+def test_spent_budget_lists_every_case_as_not_run(tmp_path: Path, cases: list) -> None:
+    """A run with no budget starts nothing and still writes its results (and skips what cannot run here)."""
+    p = paths(tmp_path)
+    o = opts("--budget", "0", "--out", str(tmp_path))
+    picked = cf.select(cases, ["legacy", "modelopt-fp8"], [])
+    run = gc.Run(picked, p, o, previous={"gptq-legacy": {"name": "gptq-legacy", "status": "pass"}})
+    run.run()
+    data = json.loads((tmp_path / "results.json").read_text())
+    status = {r["name"]: (r["status"], r.get("reason", "")) for r in data["cases"]}
+    assert status["gptq-legacy"] == ("pass", "")  # kept from the earlier run (--resume)
+    assert status["awq-legacy"][0] == "not run" and "budget left" in status["awq-legacy"][1]
+    assert status["modelopt-fp8"][0] == "not run"
+    assert "| awq-legacy | - | - |" in (tmp_path / "results.md").read_text()
+    assert "awq-legacy: not run" in (tmp_path / "progress.log").read_text()
+
+
+def test_collect_brings_few_flat_files(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    (out / "logs" / "case").mkdir(parents=True)
+    (out / "results.json").write_text("{}")
+    (out / "results.md").write_text("# t\n")
+    (out / "logs" / "case" / "load.log").write_text("x" * 300_000)
+    files = gc.collect(out, tmp_path / "dest")
+    assert sorted(f.name for f in files) == ["logs.tar.gz", "results.json", "results.md"]
+    with tarfile.open(tmp_path / "dest" / "logs.tar.gz") as tar:
+        assert tar.getmember("logs/case/load.log").size == 256 * 1024  # the end of each log
+
+
+def test_status_of_a_run(tmp_path: Path) -> None:
+    (tmp_path / "progress.log").write_text("[ 1s] a: started\n")
+    (tmp_path / "results.md").write_text("| case |\n")
+    text = gc.status(tmp_path)
+    assert text.startswith("running") and "a: started" in text and "| case |" in text
+
+
+@pytest.mark.slow
+def test_a_case_end_to_end_without_vllm(tmp_path: Path) -> None:
+    """One real case on this CPU: the real quantkit CLI produces the artifact, the real child finds no vLLM, the
+    loads check fails with that reason; a second run reuses the artifact."""
+    f = tmp_path / "cases.yaml"
+    f.write_text("cases:\n  - name: rtn\n    produce: {verb: rtn}\n    expect: {kernel: Machete, min_tok_s: {1: 1}}\n")
+    p = gc.Paths(tmp_path, tmp_path / "arts", tmp_path / "models", sys.executable, "", str(tmp_path / "no-vllm"),
+                 str(tmp_path / "no-trt"))
+    p.write_wrappers()
+    cases = cf.load_cases(f)
+    gc.Run(cases, p, opts("--parallel", "1", "--out", str(tmp_path)), {}).run()
+    r = json.loads((tmp_path / "results.json").read_text())["cases"][0]
+    assert r["artifact"]["status"] == "built" and (tmp_path / "arts" / "rtn" / "quantkit.json").is_file()
+    assert json.loads((tmp_path / "logs" / "rtn" / "produce.json").read_text())  # --json kept apart from stderr
+    checks = {ch["check"]: ch for ch in r["checks"]}
+    assert r["status"] == "fail" and checks["loads"]["status"] == "fail" and "vllm" in checks["loads"]["note"]
+    assert checks["kernel"]["status"] == "skip" and checks["tok/s b1"]["status"] == "skip"
+    gc.Run(cases, p, opts("--parallel", "1", "--out", str(tmp_path)), {}).run()
+    assert json.loads((tmp_path / "results.json").read_text())["cases"][0]["artifact"]["status"] == "reused"
+
+
+def test_one_run_per_out_folder(tmp_path: Path) -> None:
+    """A second start on a folder a live runner writes into is refused; --wait on a finished run returns at once."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "gpu_cases.py"])
+    try:
+        (tmp_path / "runner.pid").write_text(str(other.pid))
+        p = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path)], capture_output=True, text=True)
+        assert p.returncode == 2 and p.stderr == f"error: a run (pid {other.pid}) is still writing into {tmp_path}; " \
+                                                 "poll it with --status\n"
+    finally:
+        other.kill()
+        other.wait()
+    (tmp_path / "DONE").write_text('{"pass": 3}\n')
+    t = time.monotonic()
+    p = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--wait", "60"], capture_output=True,
+                       text=True)
+    assert p.returncode == 0 and p.stdout.startswith('finished: {"pass": 3}') and time.monotonic() - t < 30
