@@ -45,6 +45,7 @@ ARTIFACTS: dict[str, list[str]] = {
     "fp8-block": ["fp8", "--scheme", "block"],
     "int8": ["int8", "--samples", "8", "--seq-len", "128"],
     "int8-rtn": ["int8", "--weights", "rtn", "--samples", "8", "--seq-len", "128"],
+    "w4a8": ["w4a8", "--weights", "rtn"],
 }
 
 
@@ -279,6 +280,30 @@ def test_int8_smoothquant(build, name, source_tensors, heldout_windows):
 
 
 # ------------------------------------------------------------------------------------------------------------
+# W4A8: int4 weights, FP8 activations
+
+
+def test_w4a8_is_packed_for_vllm(build, source_tensors, heldout_windows):
+    """vLLM's CompressedTensorsW4A8Fp8 reads int4 packed eight to an int32; compressed-tensors would infer one int4
+    value per byte (int-quantized) for a float-activation scheme, so the format is asked for explicitly."""
+    out, _ = build("w4a8")
+    qc = qconfig(out)
+    assert qc["format"] == "pack-quantized"
+    group = qc["config_groups"]["group_0"]
+    assert (group["weights"]["num_bits"], group["weights"]["group_size"], group["weights"]["symmetric"]) == \
+        (4, 128, True)
+    acts = group["input_activations"]
+    assert (acts["type"], acts["num_bits"], acts["strategy"], acts["dynamic"]) == ("float", 8, "token", True)
+    t = tensors(out)
+    for prefix, (o, i) in each_linear():
+        assert t[f"{prefix}.weight_packed"].dtype == torch.int32 and tuple(t[f"{prefix}.weight_packed"].shape) == \
+            (o, i // 8)
+        assert tuple(t[f"{prefix}.weight_scale"].shape) == (o, i // 128)
+    assert_untouched(t, source_tensors)
+    assert_loads(out, heldout_windows)
+
+
+# ------------------------------------------------------------------------------------------------------------
 # Legacy layouts, bit for bit against AutoAWQ 0.2.9's code
 
 
@@ -437,7 +462,7 @@ def test_refusals_exit_2_without_traceback(tmp_path):
 
 
 def test_shipped_recipes_are_the_verbs_defaults():
-    for name in ("awq", "gptq", "fp8", "fp8-dynamic", "fp8-block", "int8", "rtn"):
+    for name in ("awq", "gptq", "fp8", "fp8-dynamic", "fp8-block", "int8", "w4a8", "rtn"):
         path = recipe.find(name)
         assert path.read_text().startswith("# ")
         r = recipe.load(path, check_output_escape=False)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quantkit.formats import kinds
-from quantkit.formats.specs import AwqSpec, Fp8Spec, GgufSpec, GptqSpec, Int8Spec, RtnSpec, TrtSpec
+from quantkit.formats.specs import AwqSpec, Fp8Spec, GgufSpec, GptqSpec, Int8Spec, RtnSpec, TrtSpec, W4a8Spec
 
 
 @dataclass(frozen=True)
@@ -171,6 +171,16 @@ FORMATS: tuple[Format, ...] = (
                      "SmoothQuant migration strength alpha in (0, 1) \\[default: 0.8]."),
                   _f("weights", "--weights", str, "quantize.weights",
                      "gptq or rtn for the INT8 weights \\[default: gptq]."),
+                  *LLMCOMPRESSOR)),
+    Format("w4a8", W4a8Spec, "quantkit.producers.compressed", "compressed-tensors", lambda s: s.weights == "gptq",
+           lambda s: f"w4a8-{s.weights}",
+           verb="w4a8",
+           help="W4A8 for Hopper GPUs: int4 weights (group 128, symmetric; GPTQ or round-to-nearest) with FP8 "
+                "activations quantized per token at run time, through llm-compressor's W4AFP8 scheme. Writes a "
+                "compressed-tensors checkpoint vLLM serves with its CUTLASS W4A8 kernel.",
+           examples=("quantkit w4a8 models/quantkit-tiny out/w4a8", "quantkit w4a8 org/model out/w4a8 --weights rtn"),
+           flags=(_f("weights", "--weights", str, "quantize.weights",
+                     "gptq (calibrated) or rtn (no calibration) for the int4 weights \\[default: gptq]."),
                   *LLMCOMPRESSOR)),
     Format("rtn", RtnSpec, "quantkit.producers.compressed", "compressed-tensors", lambda s: False, _int_folder,
            verb="rtn",

@@ -77,6 +77,15 @@ class Int8Spec(MethodBase):
     weights: Literal["gptq", "rtn"] = "gptq"
 
 
+class W4a8Spec(MethodBase):
+    """W4A8 for Hopper: int4 weights (group 128, symmetric) with FP8 E4M3 activations quantized per token at run
+    time (llm-compressor's W4AFP8 scheme; vLLM serves it with its CUTLASS W4A8 kernel on Hopper)."""
+
+    method: Literal["w4a8"]
+    weights: Literal["gptq", "rtn"] = "gptq"
+    group_size: Literal[128] = Field(128, description="the one group size the scheme and vLLM's kernel take")
+
+
 class RtnSpec(MethodBase):
     """Round-to-nearest W4A16/W8A16: no calibration, the baseline AWQ and GPTQ must beat."""
 

@@ -59,6 +59,7 @@ class Plan:
     modifiers: tuple[tuple[str, dict[str, Any]], ...]
     calibrate: bool
     summary: dict[str, Any] = field(default_factory=dict)
+    save_format: str | None = None  # the compressed-tensors format to write, when its own inference is wrong
 
     def build(self, ignore: list[str]) -> list[Any]:
         """The llm-compressor modifier objects (imports llm-compressor)."""
@@ -146,7 +147,18 @@ def _plan_int8(spec: Any) -> Plan:
                          "activations": "int8 dynamic per-token symmetric"})
 
 
-_PLANS = {"awq": _plan_awq, "gptq": _plan_gptq, "rtn": _plan_rtn, "fp8": _plan_fp8, "int8": _plan_int8}
+def _plan_w4a8(spec: Any) -> Plan:
+    # compressed-tensors 0.19 infers int-quantized (one int4 value per byte) for float-activation schemes, but
+    # vLLM's CompressedTensorsW4A8Fp8 reads pack-quantized (eight int4 values per int32): ask for that.
+    modifier = "GPTQModifier" if spec.weights == "gptq" else "QuantizationModifier"
+    return Plan("W4AFP8", ((modifier, {"scheme": "W4AFP8"}),), calibrate=spec.weights == "gptq",
+                summary={"algorithm": f"w4a8+{spec.weights}", "bits": 4, "group_size": 128, "symmetric": True,
+                         "weights": "int4 group 128 symmetric", "activations": "fp8 e4m3 dynamic per-token"},
+                save_format="pack-quantized")
+
+
+_PLANS = {"awq": _plan_awq, "gptq": _plan_gptq, "rtn": _plan_rtn, "fp8": _plan_fp8, "int8": _plan_int8,
+          "w4a8": _plan_w4a8}
 
 
 def plan(spec: Any) -> Plan:
@@ -214,7 +226,7 @@ class CompressedProducer:
             with rep.layers("quantize", description), _quiet_backend():
                 info = _oneshot(model, p, job)
             with rep.step("save", "Saving the compressed-tensors checkpoint"), _quiet_backend():
-                _save(model, tokenizer, ctx.workdir)
+                _save(model, tokenizer, ctx.workdir, p.save_format)
             del model
         quantization = _describe(ctx.workdir, p, job["ignore"], info)
         return Produced(quantization=quantization, calibration=calib,
@@ -385,13 +397,13 @@ def _awq_mapping_source(model: Any) -> str:
     return f"its default (Llama-style) mappings: {name} is not in its registry"
 
 
-def _save(model: Any, tokenizer: Any, out: Path) -> None:
+def _save(model: Any, tokenizer: Any, out: Path, save_format: str | None = None) -> None:
     """compressed-tensors weights + config, the tokenizer, and the generation config (save_pretrained writes it)."""
     import warnings
 
     with warnings.catch_warnings():  # transformers warns about 50 GB shards whenever llm-compressor offloaded modules
         warnings.filterwarnings("ignore", message="Attempting to save a model with offloaded modules")
-        model.save_pretrained(str(out), save_compressed=True)
+        model.save_pretrained(str(out), save_compressed=True, quantization_format=save_format)
     tokenizer.save_pretrained(str(out))
 
 
@@ -450,7 +462,7 @@ def _worker(job_path: str) -> None:
     p = plan(_spec_from(job))
     model = _load_model(job, distributed=True)
     info = _oneshot(model, p, job)
-    model.save_pretrained(job["out"], save_compressed=True)  # only rank 0 writes
+    model.save_pretrained(job["out"], save_compressed=True, quantization_format=p.save_format)  # rank 0 writes
     if dist.get_rank() == 0:
         AutoTokenizer.from_pretrained(job["source"], trust_remote_code=job["trust_remote_code"]).save_pretrained(
             job["out"])
