@@ -233,6 +233,31 @@ def test_refused_before_any_work(case: str, tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+def test_already_quantized_checkpoint_is_refused(tmp_path: Path) -> None:
+    model_dir = make_moe("deepseek3", tmp_path / "fp8", layers=2, experts=4)
+    config = json.loads((model_dir / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
+    (model_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SourceModelError, match=r"already quantized \(fp8\)"):
+        convert(model_dir, tmp_path / "out", ["F16"])
+
+
+def test_multi_token_prediction_layers_are_left_out(tmp_path: Path) -> None:
+    """DeepSeek-V3 checkpoints carry an MTP module as one layer past num_hidden_layers; logits never use it."""
+    from safetensors.torch import load_file, save_file
+
+    model_dir = make_moe("deepseek3", tmp_path / "mtp", layers=2, experts=4)
+    weights = load_file(model_dir / "model.safetensors")
+    extra = {k.replace("model.layers.1.", "model.layers.2."): v.clone() for k, v in weights.items()
+             if k.startswith("model.layers.1.")}
+    extra["model.layers.2.eh_proj.weight"] = weights["model.layers.1.self_attn.o_proj.weight"].clone()
+    save_file({**weights, **extra}, model_dir / "model.safetensors", metadata={"format": "pt"})
+    res = convert(model_dir, tmp_path / "out", ["F16"])
+    names = {t.name for t in gguf.GGUFReader(res.path / res.manifest["quantization"]["files"]["F16"]).tensors}
+    assert "blk.1.ffn_down_exps.weight" in names and not any(n.startswith("blk.2.") for n in names)
+    assert any(f"{len(extra)} tensor(s) of layers past the model's 2" in n for n in res.manifest["notes"])
+
+
 def test_refusal_through_the_cli(tmp_path: Path, cli: Callable) -> None:
     model_dir = make_moe("qwen3moe", tmp_path / "m", layers=2, experts=4, norm_topk_prob=False)
     proc = cli("gguf", model_dir, tmp_path / "out", "-t", "Q4_K_M")

@@ -68,6 +68,9 @@ class Family:
     # Hugging Face tensor names llama.cpp's name table spells differently: (regex, replacement) pairs
     # (DeepSeek-V3's per-expert score correction, added to the router's scores for choosing only).
     renames: tuple[tuple[str, str], ...] = ()
+    # Layers past num_hidden_layers (DeepSeek-V3's multi-token-prediction module) are left out: transformers
+    # ignores them when it computes logits, and llama.cpp's own converter leaves them out of this architecture.
+    extra_layers_ignored: bool = False
     sliding_window: bool = False  # write the window and which layers use it
     softcapping: bool = False  # attention and final logit soft-capping (Gemma 2)
     swa_rope_base: bool = False  # sliding layers have their own rope base (Gemma 3)
@@ -95,7 +98,7 @@ FAMILIES: tuple[Family, ...] = (
                            gating="sigmoid", norm_key="norm_topk_prob", norm_in_file=True,
                            scale_key="routed_scaling_factor", shared_key="n_shared_experts",
                            groups=("n_group", "topk_group"), dense_lead_key="first_k_dense_replace"),
-           renames=((r"\.e_score_correction_bias$", ".e_score_correction.bias"),)),
+           renames=((r"\.e_score_correction_bias$", ".e_score_correction.bias"),), extra_layers_ignored=True),
     Family("gemma2", "Gemma 2", ("Gemma2ForCausalLM",), "GEMMA2", norm_plus_one=True, always_tied=True,
            sliding_window=True, softcapping=True, fixed_attention_scale=True),
     Family("gemma3", "Gemma 3 (text)", ("Gemma3ForCausalLM",), "GEMMA3", norm_plus_one=True,

@@ -162,6 +162,13 @@ def _moe(cfg: Any, family: Family) -> Moe:
 
 def _check(hp: HParams, family: Family, cfg: Any) -> None:
     name = family.label
+    quantized = getattr(cfg, "quantization_config", None)
+    if quantized:
+        method = quantized.get("quant_method", "?") if isinstance(quantized, dict) else type(quantized).__name__
+        raise SourceModelError(
+            f"{name}: the checkpoint is already quantized ({method}); GGUF conversion reads unquantized weights",
+            hint="convert an unquantized (bf16, fp16 or fp32) copy of the model, e.g. DeepSeek-V3's FP8 weights "
+                 "cast to bf16")
     if hp.rope_type not in family.rope_types:
         raise SourceModelError(
             f"{name}: rope scaling {hp.rope_type!r} is not supported by the GGUF converter "

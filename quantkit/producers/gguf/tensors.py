@@ -43,6 +43,7 @@ PER_EXPERT = re.compile(r"(?P<prefix>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>\w+
 FUSED_GATE_UP = re.compile(r"(?P<prefix>.+\.experts)\.gate_up_proj")
 FUSED_DOWN = re.compile(r"(?P<prefix>.+\.experts)\.down_proj")
 KV_B = re.compile(r"(?P<prefix>.+)\.kv_b_proj\.weight")
+LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ def targets(hf_name: str, family: Family, hp: HParams) -> list[Target]:
     if family.experts is not None:
         if m := FUSED_GATE_UP.fullmatch(hf_name):
             names = [_mapped(f"{m['prefix']}.{proj}.weight", family, hp) for proj in ("gate_proj", "up_proj")]
-            return [Target(n, half=i) for i, n in enumerate(names) if n] if all(names) else []
+            return [Target(str(n), half=i) for i, n in enumerate(names)] if all(names) else []
         if m := FUSED_DOWN.fullmatch(hf_name):
             name = _mapped(f"{m['prefix']}.down_proj.weight", family, hp)
             return [Target(name)] if name else []
@@ -105,7 +106,7 @@ def targets(hf_name: str, family: Family, hp: HParams) -> list[Target]:
         return [Target(name, expert=int(m["expert"]))] if name else []
     if family.mla and (m := KV_B.fullmatch(hf_name)):
         names = [_mapped(f"{m['prefix']}.{side}_proj.weight", family, hp) for side in ("k_b", "v_b")]
-        return [Target(n, split=side) for n, side in zip(names, ("k_b", "v_b")) if n] if all(names) else []
+        return [Target(str(n), split=side) for n, side in zip(names, ("k_b", "v_b"))] if all(names) else []
     name = _mapped(hf_name, family, hp)
     return [Target(name)] if name else []
 
@@ -129,7 +130,8 @@ class Piece:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        """kv_b_proj (heads x (nope + v), rank) -> k_b (heads, rank, nope) or v_b (heads, v, rank)."""
+        """What this piece contributes: half the rows of a fused gate_up_proj, or from MLA's kv_b_proj
+        (heads x (nope + v), rank) either k_b (heads, rank, nope) or v_b (heads, v, rank)."""
         if self.split is not None:
             side, heads, nope = self.split
             rows, rank = self.part.shape
@@ -212,8 +214,12 @@ def plan(files: list[Path], family: Family, hp: HParams, requested: Any) -> list
     T = gguf.MODEL_TENSOR
     grouped: dict[str, list[tuple[Target, Part]]] = {}
     unknown: list[str] = []
+    extra: list[str] = []
     for key, part in _read_headers(files).items():
         if SKIP.match(key) or (hp.tied and key == "lm_head.weight"):
+            continue
+        if family.extra_layers_ignored and (m := LAYER.match(key)) and int(m.group(1)) >= hp.n_layer:
+            extra.append(key)
             continue
         found = targets(key, family, hp)
         if not found:
@@ -225,6 +231,13 @@ def plan(files: list[Path], family: Family, hp: HParams, requested: Any) -> list
         raise SourceModelError(
             f"{family.label}: tensor(s) {', '.join(unknown[:5])}{more} have no place in llama.cpp's "
             f"{family.gguf_arch.lower()} layout", hint=f"the checkpoint is not a plain {family.label} model")
+
+    if extra:
+        note = (f"{len(extra)} tensor(s) of layers past the model's {hp.n_layer} (a multi-token-prediction module) "
+                f"were left out: transformers does not use them for logits, nor does llama.cpp's "
+                f"{family.gguf_arch.lower()} graph")
+        if note not in hp.notes:
+            hp.notes.append(note)
 
     planned: list[Planned] = []
     for name, pieces in grouped.items():
