@@ -99,6 +99,20 @@ def test_moe_matches_transformers(family: str, layout: str, converted: dict, ref
     assert np.median(np.abs(ref - f16).max(-1)) < 0.03
 
 
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 512,
+        "mscale": 0.707, "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1}
+
+
+def test_deepseek_yarn_matches_transformers(tmp_path: Path, ids: list[int]) -> None:
+    """DeepSeek-V3's long-context rope (YaRN, attention logits scaled by mscale_all_dim), past the original
+    context: llama.cpp's deepseek2 graph reads it from the file's rope keys."""
+    model_dir = make_moe("deepseek3", tmp_path / "yarn", rope_parameters=YARN)
+    res = convert(model_dir, tmp_path / "out", ["F32"])
+    ref = hf_logits(model_dir, ids)
+    f32 = llama_logits(res.path / res.manifest["quantization"]["files"]["F32"], ids)
+    assert top1(ref, f32) >= 0.999 and np.median(np.abs(ref - f32).max(-1)) < 1e-3
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_layouts_give_identical_tensors(family: str, converted: dict) -> None:
     split = gguf.GGUFReader(converted[family, "split"]["F16"])
@@ -220,6 +234,9 @@ REFUSED = {
     "dense-layers": ("qwen3moe", {"mlp_only_layers": [0]}, "not every layer has experts"),
     "rotate-half-mla": ("deepseek3", {"rope_interleave": False}, "rope_interleave is false"),
     "mla-biases": ("deepseek3", {"attention_bias": True}, "attention_bias is true"),
+    "yarn-mscale": ("deepseek3", {"rope_parameters": {**YARN, "mscale": 1.0}}, "cannot reproduce rope parameters"),
+    "qwen-yarn": ("qwen3moe", {"rope_parameters": {**YARN, "mscale": None, "mscale_all_dim": None}},
+                  "rope scaling 'yarn' is not supported"),
 }
 
 

@@ -94,6 +94,7 @@ FAMILIES: tuple[Family, ...] = (
            experts=Experts("num_experts", "num_experts_per_tok", ffn_key="moe_intermediate_size",
                            norm_key="norm_topk_prob")),
     Family("deepseek3", "DeepSeek-V3", ("DeepseekV3ForCausalLM",), "DEEPSEEK2", mla=True,
+           rope_types=("default", "yarn"),
            experts=Experts("n_routed_experts", "num_experts_per_tok", ffn_key="moe_intermediate_size",
                            gating="sigmoid", norm_key="norm_topk_prob", norm_in_file=True,
                            scale_key="routed_scaling_factor", shared_key="n_shared_experts",

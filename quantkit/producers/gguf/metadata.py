@@ -188,10 +188,32 @@ def _check(hp: HParams, family: Family, cfg: Any) -> None:
                         f"contexts beyond {cfg.sliding_window} tokens attend to the full context")
     if hp.sliding_window and hp.swa_layers is not None and len(hp.swa_layers) != hp.n_layer:
         raise SourceModelError(f"{name}: layer_types has {len(hp.swa_layers)} entries for {hp.n_layer} layers")
+    if hp.rope_type == "yarn":
+        _check_yarn(hp, family)
     if hp.moe is not None:
         _check_moe(hp.moe, family, cfg)
     if hp.mla is not None:
         _check_mla(family, cfg)
+
+
+def _check_yarn(hp: HParams, family: Family) -> None:
+    """YaRN as llama.cpp's deepseek2 graph computes it (the one family whose row allows yarn): ramp bounds 32/1 (truncated), no explicit attention
+    factor, and ``mscale`` equal to ``mscale_all_dim``, which then scales the attention logits by
+    (0.1 * mscale_all_dim * ln(factor) + 1)^2 and leaves cos/sin alone, as transformers does."""
+    r = hp.rope
+    differs = {k: r.get(k) for k, ok in (("beta_fast", r.get("beta_fast") in (None, 32)),
+                                         ("beta_slow", r.get("beta_slow") in (None, 1)),
+                                         ("truncate", r.get("truncate", True) is True),
+                                         ("attention_factor", r.get("attention_factor") is None),
+                                         ("mscale", bool(r.get("mscale_all_dim"))
+                                          and r.get("mscale") == r.get("mscale_all_dim"))) if not ok}
+    if differs:
+        raise SourceModelError(
+            f"{family.label}: llama.cpp's YaRN for this architecture cannot reproduce rope parameters {differs} "
+            f"(it needs beta_fast 32, beta_slow 1, truncation, no attention_factor, and mscale equal to a non-zero "
+            f"mscale_all_dim); the GGUF would compute different attention",
+            hint="serve this checkpoint with an engine that follows transformers' rope parameters (vLLM), or "
+                 "choose another quantization method")
 
 
 def _check_moe(moe: Moe, family: Family, cfg: Any) -> None:
@@ -283,6 +305,11 @@ def write(writer: Any, hp: HParams, family: Family, *, name: str, file_type: int
     if hp.rope_type == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(float(hp.rope["factor"]))
+    if hp.rope_type == "yarn":  # llama.cpp's deepseek2 reads the multiplier as 0.1 * mscale_all_dim
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(float(hp.rope["factor"]))
+        writer.add_rope_scaling_orig_ctx_len(int(hp.rope["original_max_position_embeddings"]))
+        writer.add_rope_scaling_yarn_log_mul(0.1 * float(hp.rope["mscale_all_dim"]))
     if hp.moe is not None:
         _write_moe(writer, hp.moe, family)
     if hp.mla is not None:
