@@ -3,7 +3,10 @@
 One declarative row per family: the GGUF architecture llama.cpp runs it as, and the handful of ways its
 checkpoint must be reshaped for llama.cpp's graph (the rest is common to all of them and lives in
 :mod:`.tensors` and :mod:`.metadata`). Each difference is a field, so adding a family is adding a row, and a
-reviewer can see at a glance what is special about, say, Gemma.
+reviewer can see at a glance what is special about, say, Gemma. Mixture-of-experts families also say how their
+router chooses and weighs experts (:class:`Experts`), which llama.cpp must reproduce exactly: a different rule
+converts into a model that loads and routes tokens elsewhere, so a checkpoint whose rule llama.cpp's graph for
+that architecture does not compute is refused in :mod:`.metadata`.
 
 Tested with gguf 0.19.0 and llama-cpp-python 0.3.36 (its bundled llama.cpp), transformers 5.17.0.
 """
