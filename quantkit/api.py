@@ -25,7 +25,7 @@ from quantkit.recipe import Recipe
 __all__ = ["MANIFEST", "ArtifactResult", "Manifest", "build_trt", "calibration_sets", "doctor", "evaluate",
            "eval_options", "fmt_bytes", "fmt_num", "inspect", "load_recipe", "plan", "preview_calibration", "publish",
            "quantize", "quantize_one", "recipe_schema", "run", "show_recipe", "shipped_recipes", "size_bytes",
-           "smoke", "trt_recipe", "verify", "verify_all"]
+           "smoke", "trt_recipe", "tune", "verify", "verify_all"]
 
 
 @dataclass
@@ -259,6 +259,14 @@ def doctor(path: Path | None = None, *, engine: str = "auto", python: str | None
     from quantkit import doctor as doctor_mod
 
     return doctor_mod.check(Path(path) if path is not None else None, engine, python=python, env=env)
+
+
+def tune(path: Path, *, reporter: Reporter | None = None, **options: Any) -> Any:
+    """Measure every vLLM kernel configuration for an artifact and record the fastest ``vllm serve`` command in its
+    manifest (:mod:`quantkit.tune`; keywords: :class:`quantkit.tune.TuneOptions`). Returns the sweep's result."""
+    from quantkit import tune as tune_mod
+
+    return tune_mod.run(Path(path), tune_mod.TuneOptions(**options), reporter)
 
 
 def publish(folder: Path, repo: str, *, private: bool = False) -> list[dict[str, Any]]:

@@ -163,6 +163,17 @@ class SmokeInfo(Section):
     runs: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
 
+class ServingInfo(Section):
+    """``quantkit tune``'s kernel sweep in vLLM: each configuration's TTFT and decode tokens/s, the choice, and the
+    ``vllm serve`` command that uses it (:mod:`quantkit.tune`)."""
+
+    updated: str | None = None
+    measurements: list[dict[str, Any]] = Field(default_factory=list)
+    choice: dict[str, Any] | None = None
+    command: dict[str, Any] | None = None
+    table: str = ""
+
+
 class PipelineInfo(Section):
     """What ``quantkit run`` recorded: under which verification settings, and its evaluation, smoke and gates."""
 
@@ -195,6 +206,7 @@ class Manifest(Section):
     notes: list[str] = Field(default_factory=list)
     evaluation: EvaluationInfo | None = None
     smoke: SmokeInfo | None = None
+    serving: ServingInfo | None = None
     pipeline: PipelineInfo | None = None
     environment: EnvironmentInfo = Field(default_factory=EnvironmentInfo)
     files: dict[str, FileInfo] = Field(default_factory=dict)
@@ -267,11 +279,12 @@ def _write_manifest(root: Path, manifest: Manifest) -> None:
 
 def update_manifest(root: Path, *, evaluation: EvaluationInfo | dict[str, Any] | None = None,
                     smoke: SmokeInfo | dict[str, Any] | None = None,
+                    serving: ServingInfo | dict[str, Any] | None = None,
                     pipeline: PipelineInfo | dict[str, Any] | None = None) -> Manifest:
-    """Replace the sections given (``evaluation``, ``smoke``, ``pipeline``) and re-hash the files, so files added
-    since sealing (a report, a model card) are part of the seal, never left unhashed."""
+    """Replace the sections given (``evaluation``, ``smoke``, ``serving``, ``pipeline``) and re-hash the files, so
+    files added since sealing (a report, a model card) are part of the seal, never left unhashed."""
     manifest = read_manifest(root)
-    given = {"evaluation": evaluation, "smoke": smoke, "pipeline": pipeline}
+    given = {"evaluation": evaluation, "smoke": smoke, "serving": serving, "pipeline": pipeline}
     update = {k: v for k, v in given.items() if v is not None}
     manifest = Manifest.model_validate({**manifest.model_dump(), **update, "files": hash_tree(root),
                                         "updated": now_iso()})

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantkit import artifact, formats, source as source_mod, versions
+from quantkit import artifact, formats, source as source_mod, tune as tune_mod, versions
 from quantkit.artifact import Manifest
 from quantkit.errors import GateFailedError, OutputExistsError, QuantkitError
 from quantkit.progress import Reporter
@@ -155,6 +155,8 @@ def run(recipe: Recipe, *, force: bool = False, reporter: Reporter | None = None
     if todo and smoke and recipe.smoke.enabled:
         for r in todo:
             _smoke(recipe, r, rep)
+            if recipe.smoke.tune_kernels:
+                _tune(recipe, r, rep)
     for r in done:
         if not (evaluate and recipe.verify.enabled):
             r.evaluation = r.evaluation or {"status": "skipped", "summary": "evaluation turned off"}
@@ -253,6 +255,26 @@ def _smoke(recipe: Recipe, r: OutputResult, rep: Reporter) -> None:
                "summary": f"{len(data['runs'])} server run(s) answered" if res.ok else "; ".join(map(str, errors))}
 
 
+def _tune(recipe: Recipe, r: OutputResult, rep: Reporter) -> None:
+    """``smoke.tune_kernels``: measure vLLM's kernels for an output vLLM serves (recorded in its manifest), or say
+    why not. A sweep that fails is a warning: the artifact's own smoke result decides whether it ships."""
+    from quantkit import api, serve
+
+    engine = serve.detect(r.path)
+    why = f"{engine} serves it (one kernel per type)" if engine != "vllm" else \
+        engine_unavailable(engine, recipe.smoke.python)
+    if why:
+        rep.log(f"[yellow]-[/] kernel sweep {r.name}: skipped ({why})")
+        return
+    try:
+        api.tune(r.path, reporter=rep, python=recipe.smoke.python, log_dir=Path(recipe.output) / "logs" /
+                 f"{r.name}.tune")
+    except QuantkitError as e:
+        rep.warn(f"kernel sweep of {r.name} failed: {e}")
+        return
+    r.manifest = artifact.read_manifest(r.path)
+
+
 def write_model_card(r: OutputResult, recipe: Recipe, src: source_mod.SourceModel) -> None:
     """A Hugging Face model card for one artifact: metadata header, recipe, evaluation table, smoke result."""
     m = r.manifest
@@ -281,6 +303,7 @@ def write_model_card(r: OutputResult, recipe: Recipe, src: source_mod.SourceMode
         lines += ["", "## Evaluation", ""] + _eval_table(r.evaluation)
     if r.smoke:
         lines += ["", "## Smoke test", "", f"{r.smoke.get('status', '?')}: {r.smoke.get('summary', '')}"]
+    lines += tune_mod.card_section(m.serving.model_dump(mode="json") if m.serving else None)
     lines += ["", "## Versions", "", "| library | version |", "| --- | --- |"]
     lines += [f"| {k} | {v} |" for k, v in m.versions.items()]
     artifact.write_text_atomic(r.path / "README.md", "\n".join(lines) + "\n")

@@ -102,7 +102,7 @@ def _evaluate(kind: Any, recipe: Recipe, asked: bool) -> str:
     if not recipe.verify.enabled:
         return "skipped (verify.enabled is false)"
     if kind.evaluate is None:
-        return f"skipped ({kind.label} cannot be evaluated as it is)"
+        return f"skipped (a {kind.name} artifact cannot be evaluated as it is)"
     return f"{kind.evaluate}, {recipe.verify.dataset}, ctx {recipe.verify.ctx}"
 
 
@@ -114,7 +114,7 @@ def _smoke(kind: Any, recipe: Recipe, asked: bool) -> str:
     if not recipe.smoke.enabled:
         return "skipped (smoke.enabled is false)"
     if kind.serve is None:
-        return f"skipped (no engine serves a {kind.label} as it is)"
+        return f"skipped (no engine serves a {kind.name} artifact as it is)"
     why = pipeline_mod.engine_unavailable(kind.serve, recipe.smoke.python)
     return f"skipped ({why})" if why else f"{kind.serve} server on 127.0.0.1"
 

@@ -72,6 +72,8 @@ class SmokeSpec(Strict):
     engine: Literal["auto", "vllm", "llama.cpp", "trtllm"] = "auto"
     timeout: float = Field(600.0, gt=0)
     python: str | None = Field(None, description="the engine's own Python (vLLM/TensorRT-LLM environments)")
+    tune_kernels: bool = Field(False, description="also measure every vLLM kernel for each output served by vLLM "
+                               "and record the fastest `vllm serve` command (quantkit tune; needs a GPU)")
 
 
 MethodSpec = Annotated[Union[formats.specs()], Field(discriminator="method")]  # type: ignore[valid-type]

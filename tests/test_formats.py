@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import json
 import subprocess
 import sys
@@ -120,3 +121,18 @@ def test_verify_result_types_import_neither_side() -> None:
     verify = ROOT / "quantkit" / "verify"
     assert not {"quantkit.verify.evaluate", "quantkit.verify.report"} & _imports(verify / "results.py")
     assert "quantkit.verify.evaluate" not in _imports(verify / "report.py")
+
+
+def test_tune_refuses_clearly_without_vllm_or_for_gguf(cli, tmp_path: Path) -> None:
+    """The kernel sweep needs vLLM (on a GPU): without it, one line and exit 2, before anything starts."""
+    ct = tmp_path / "ct"
+    ct.mkdir()
+    (ct / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "compressed-tensors"}}))
+    proc = cli("tune", ct, env={"QUANTKIT_VLLM_PYTHON": ""})
+    if importlib.util.find_spec("vllm") is None:
+        assert proc.returncode == 2 and "needs vLLM" in proc.stderr and "--python" in proc.stderr
+    gguf = tmp_path / "g"
+    gguf.mkdir()
+    (gguf / "m-Q8_0.gguf").write_bytes(b"")
+    proc = cli("tune", gguf)
+    assert proc.returncode == 2 and "vLLM does not serve" in proc.stderr and "Traceback" not in proc.stderr

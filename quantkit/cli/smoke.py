@@ -185,6 +185,47 @@ def _cuda(env: dict[str, Any]) -> str:
     return escape(f"{t.get('cuda')}: {', '.join(t.get('devices', []))}")
 
 
+@command
+def tune_cmd(
+    artifact: Path = typer.Argument(..., help="Artifact folder vLLM serves (compressed-tensors, AWQ, GPTQ, ModelOpt)."),
+    python: Optional[str] = typer.Option(None, "--python", help="vLLM's own Python \\[default: QUANTKIT_VLLM_PYTHON, "
+                                         "else the interpreter of vllm on PATH, else this Python]."),
+    env: Optional[list[str]] = ENV_OPT,
+    batch: Optional[list[int]] = typer.Option(None, "--batch", help="Batch sizes to decode at (repeatable) "
+                                              "\\[default: 1 and 16]; the choice is made at the first."),
+    kernel: Optional[list[str]] = typer.Option(None, "--kernel", help="Measure only these configurations "
+                                               "(repeatable; vLLM's default is always measured)."),
+    prompt_len: int = typer.Option(512, "--prompt-len", help="Prompt tokens per request."),
+    gen: int = typer.Option(128, "--gen", help="Tokens decoded per request."),
+    timeout: float = typer.Option(600.0, "--timeout", help="Seconds one configuration may take (start included)."),
+    budget: Optional[float] = typer.Option(None, "--budget", help="Seconds for the whole sweep; configurations "
+                                           "past it are reported as not run."),
+    json: bool = JSON_OPT,
+) -> None:
+    """Measure time to first token and decode tokens/s of ARTIFACT in vLLM under every linear kernel (and MoE
+    backend) vLLM can use for it, one vLLM start each, and record the table, the fastest configuration and its
+    `vllm serve` command (flags and environment) in quantkit.json; `quantkit run` puts it in the model card. A
+    configuration whose log shows another kernel than the one asked for is reported, never counted. Needs a CUDA
+    GPU.
+
+    [bold]Examples[/]
+
+      [bold]$[/] quantkit tune out/gptq --python /opt/vllm/bin/python
+
+      [bold]$[/] quantkit tune out/fp8 --batch 1 --batch 64 --budget 900"""
+    result = api.tune(artifact, reporter=reporter(json), python=python, env=_env(env),
+                      batches=tuple(batch or (1, 16)), only=list(kernel or []), prompt_len=prompt_len, gen=gen,
+                      timeout=timeout, budget=budget)
+    if json:
+        emit_json(result.to_json())
+        return
+    c = console(False)
+    c.print(result.markdown(), markup=False)
+    if result.command:
+        c.print("fastest: " + result.command.shell(), markup=False, soft_wrap=True)
+
+
 def register(app: typer.Typer) -> None:
     app.command("smoke", rich_help_panel="Verify")(smoke_cmd)
+    app.command("tune", rich_help_panel="Verify")(tune_cmd)
     app.command("doctor", rich_help_panel="Verify")(doctor_cmd)

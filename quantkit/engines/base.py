@@ -125,7 +125,7 @@ def detect(path: Path) -> str:
     for ModelOpt exports (transformers would load them silently wrong), else transformers."""
     kind = kinds.detect(path)
     if kind.evaluate is None:
-        raise UsageError(f"{path} is a {kind.label}, which cannot be evaluated as it is",
+        raise UsageError(f"{path} holds {kind.label}, which cannot be evaluated as it is",
                          hint="evaluate the hf/ folder of a TensorRT-LLM artifact (with --engine vllm)")
     return kind.evaluate
 

@@ -30,6 +30,6 @@ def detect(path: Path) -> str:
     """The engine that serves an artifact: its kind's (:mod:`quantkit.formats.kinds`)."""
     kind = kinds.detect(path)
     if kind.serve is None:
-        raise UsageError(f"{path} is a {kind.label}, which no engine serves as it is",
+        raise UsageError(f"{path} holds {kind.label}, which no engine serves as it is",
                          hint="serve the hf/ or engine/ folder of a TensorRT-LLM artifact, or pass --engine")
     return kind.serve
