@@ -43,6 +43,8 @@ class CalibrationSpec(Strict):
     seed: int = 0
     field: str = Field("text", description="JSON/parquet field holding the text")
     chat_template: bool = Field(False, description="wrap each sample in the model's chat template")
+    min_expert_tokens: int = Field(16, ge=0, description="warn when the router sends an MoE expert fewer "
+                                   "calibration tokens than this")
 
 
 class GateSpec(Strict):
