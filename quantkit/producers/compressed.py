@@ -365,7 +365,7 @@ def _load_model(job: dict[str, Any], distributed: bool = False) -> Any:
                     f"(transformers would initialise them at random): {', '.join(missing[:6])}"
                     + (f" (+{len(missing) - 6} more)" if len(missing) > 6 else ""),
                     hint="the checkpoint's tensor names do not match its config.json's architecture")
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, RuntimeError) as e:  # RuntimeError: a checkpoint it cannot convert
         raise SourceModelError(
             f"transformers cannot load {job['source']}: {str(e).splitlines()[0][:300]}",
             hint="check that the checkpoint is a complete causal LM (config.json + weights)") from None
@@ -412,6 +412,7 @@ def _oneshot(model: Any, p: Plan, job: dict[str, Any]) -> dict[str, Any]:
         kwargs |= {"dataset": Dataset.from_dict({"input_ids": samples}), "num_calibration_samples": len(samples),
                    "max_seq_length": job["seq_len"], "shuffle_calibration_samples": False}
     fam = moe.family(job["config"])
+    split = _split_awq_router(modifiers, model, fam, job["config"])
     # Under torchrun each rank routes only its share of the samples: counted in one process only.
     counted = fam and samples and not torch.distributed.is_initialized()
     router = moe.RouterTokens(model, fam, job["config"], sum(map(len, samples))) if counted else None
@@ -434,13 +435,24 @@ def _oneshot(model: Any, p: Plan, job: dict[str, Any]) -> dict[str, Any]:
         if type(m).__name__ == "AWQModifier":
             info["awq_mappings"] = [{"smooth_layer": mp.smooth_layer, "balance_layers": list(mp.balance_layers)}
                                     for mp in (m.mappings or [])]
-            info["awq_mappings_source"] = _awq_mapping_source(model)
+            info["awq_mappings_source"] = _awq_mapping_source(model) + (
+                ", its router mapping split into MoE and dense layers by quantkit" if split else "")
             info["notes"].append(f"AWQ smoothing mappings chosen by llm-compressor: {info['awq_mappings_source']}")
             if not torch.accelerator.is_available():
                 info["notes"].append("AWQ on CPU: llm-compressor 0.14's activation pinning skipped (no accelerator)")
         if type(m).__name__ == "SmoothQuantModifier":
             info["smoothquant_mappings"] = [[list(b), s] for b, s in (m.mappings or [])]
     return info
+
+
+def _split_awq_router(modifiers: list[Any], model: Any, fam: moe.Family | None, config: dict[str, Any]) -> bool:
+    """Give AWQ mappings that work on an MoE with dense layers (:func:`quantkit.producers.moe.awq_mappings`);
+    whether they differ from llm-compressor's own."""
+    awq = next((m for m in modifiers if type(m).__name__ == "AWQModifier"), None)
+    mappings = moe.awq_mappings(model, fam, config) if awq is not None and fam else None
+    if mappings is not None:
+        awq.mappings = mappings
+    return mappings is not None
 
 
 def _awq_mapping_source(model: Any) -> str:

@@ -66,7 +66,7 @@ class Coverage:
                 f"layer {i}: {_names(v['missing'], 8)}" for i, v in self.experts.items() if v["missing"]))
         if self.caught_by:
             patterns = sorted(set(self.caught_by.values()))
-            hints.append(f"the ignore list catches them ({', '.join(map(repr, patterns))}); every expert of an MoE "
+            hints.append(f"the ignore list catches them ({', '.join(patterns)}); every expert of an MoE "
                          "must be quantized: narrow or drop those patterns (quantize.ignore / --ignore)")
         if self.absent:
             hints.append("some modules do not exist as Linear layers: their experts were not linearized by "

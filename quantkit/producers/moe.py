@@ -140,6 +140,43 @@ def save_as_checkpoint(model: Any, fam: Family) -> None:
     set_save_conversion_mapping(model, renames)
 
 
+def awq_mappings(model: Any, fam: Family, config: dict[str, Any]) -> list[Any] | None:
+    """llm-compressor's AWQ mappings for the model, made to work when some decoder layers are dense; None when its
+    own mappings work as they are.
+
+    Its mapping that smooths the post-attention norm into the router and the experts' gate/up projections (the
+    router must be rescaled with them, or routing shifts) cannot be matched on a dense layer, which has no router:
+    llm-compressor 0.14.0.1 stops with "AWQ needs to match a single smoothlayer" on DeepSeek-V3, whose first
+    ``first_k_dense_replace`` layers are dense. That mapping is split in two, scoped by layer index: the MoE layers
+    keep it whole, the dense layers get it without the router. Every other mapping is theirs, unchanged.
+    """
+    from llmcompressor.modifiers.transform.awq import AWQMapping
+    from llmcompressor.modifiers.transform.awq.dynamic_mappings import get_layer_mappings_from_model
+
+    moe_layers = fam.layers(config)
+    dense = [i for i in range(int(config["num_hidden_layers"])) if i not in moe_layers]
+    mappings = get_layer_mappings_from_model(model)
+
+    def router(pattern: str) -> bool:
+        return pattern.replace("\\", "").endswith(fam.router + "$")
+
+    if not dense or not any(router(b) for m in mappings for b in m.balance_layers):
+        return None
+
+    def scoped(pattern: str, layers: list[int]) -> str:
+        return rf"re:.*layers\.({'|'.join(map(str, layers))})\..*" + pattern.removeprefix("re:").removeprefix(".*")
+
+    out = []
+    for m in mappings:
+        if not any(router(b) for b in m.balance_layers):
+            out.append(m)
+            continue
+        out.append(AWQMapping(scoped(m.smooth_layer, moe_layers), [scoped(b, moe_layers) for b in m.balance_layers]))
+        out.append(AWQMapping(scoped(m.smooth_layer, dense),
+                              [scoped(b, dense) for b in m.balance_layers if not router(b)]))
+    return out
+
+
 class RouterTokens:
     """Count, per MoE layer and expert, the calibration tokens the model's own router chose that expert for.
 
