@@ -183,7 +183,9 @@ class RouterTokens:
     A pre-forward hook on each layer's experts module reads ``top_k_index``: the router's top-k choice, which
     transformers 5 passes to every experts implementation (llm-compressor's linearized one included). With
     ``calibrate_all_experts`` every expert still computes every token, so this is the only place the real routing
-    is visible. Only the calibration pass is counted: llm-compressor disables its hooks (``HooksMixin``) for the
+    is visible. The counts are what the calibration pass routed: with llm-compressor 0.14.0.1's traced layers that
+    pass runs without the causal mask (tests/test_moe_compressed.py), so they differ a little from what the router
+    does at inference on the same text. Only the calibration pass is counted: llm-compressor disables its hooks (``HooksMixin``) for the
     propagation pass and for AWQ's scale search, and each layer stops counting once it has seen every calibration
     token once (a modifier that re-runs a layer adds nothing).
     """
