@@ -124,8 +124,8 @@ def checkpoint_experts(cfg: dict[str, Any]) -> dict[int, list[str]]:
                     for w in ("w1", "w2", "w3")] for i in layers}
     n = cfg.get("n_routed_experts") or cfg.get("num_experts") or cfg["num_local_experts"]
     moe_layers = [i for i in layers if i >= cfg.get("first_k_dense_replace", 0)]
-    return {i: [f"model.layers.{i}.mlp.experts.{e}.{p}" for e in range(n) for p in ("gate_proj", "up_proj", "down_proj")]
-            for i in moe_layers}
+    projections = ("gate_proj", "up_proj", "down_proj")
+    return {i: [f"model.layers.{i}.mlp.experts.{e}.{p}" for e in range(n) for p in projections] for i in moe_layers}
 
 
 def router(cfg: dict[str, Any], layer: int) -> str:

@@ -103,7 +103,7 @@ _LAYER_PREFIXES = ("model.layers", "model.language_model.layers")
 
 
 def layer_prefix(model: Any) -> str:
-    """Where the decoder layers sit in the loaded model (``model.layers``, or a VLM's ``model.language_model.layers``)."""
+    """Where the decoder layers sit: ``model.layers``, or a VLM's ``model.language_model.layers``."""
     names = {name for name, _ in model.named_modules()}
     found = next((p for p in _LAYER_PREFIXES if p in names), None)
     if found is None:
@@ -182,12 +182,12 @@ class RouterTokens:
 
     A pre-forward hook on each layer's experts module reads ``top_k_index``: the router's top-k choice, which
     transformers 5 passes to every experts implementation (llm-compressor's linearized one included). With
-    ``calibrate_all_experts`` every expert still computes every token, so this is the only place the real routing
-    is visible. The counts are what the calibration pass routed: with llm-compressor 0.14.0.1's traced layers that
-    pass runs without the causal mask (tests/test_moe_compressed.py), so they differ a little from what the router
-    does at inference on the same text. Only the calibration pass is counted: llm-compressor disables its hooks (``HooksMixin``) for the
-    propagation pass and for AWQ's scale search, and each layer stops counting once it has seen every calibration
-    token once (a modifier that re-runs a layer adds nothing).
+    ``calibrate_all_experts`` every expert still computes every token, so this is the only place the real routing is
+    visible. The counts are what the calibration pass routed: with llm-compressor 0.14.0.1's traced layers that pass
+    runs without the causal mask (tests/test_moe_compressed.py), so they differ a little from what the router does
+    at inference on the same text. Only the calibration pass is counted: llm-compressor disables its hooks
+    (``HooksMixin``) for the propagation pass and for AWQ's scale search, and each layer stops counting once it has
+    seen every calibration token once (a modifier that re-runs a layer adds nothing).
     """
 
     def __init__(self, model: Any, fam: Family, config: dict[str, Any], tokens: int) -> None:
@@ -243,7 +243,8 @@ def low_token_warning(stats: dict[str, Any]) -> str | None:
     if not below:
         return None
     n = sum(len(v) for v in below.values())
-    where = "; ".join(f"layer {layer}: " + ", ".join(f"expert {e} got {stats['per_layer'][layer][e]}" for e in experts[:8])
+    counts = stats["per_layer"]
+    where = "; ".join(f"layer {layer}: " + ", ".join(f"expert {e} got {counts[layer][e]}" for e in experts[:8])
                       + (f" and {len(experts) - 8} more" if len(experts) > 8 else "")
                       for layer, experts in list(below.items())[:4])
     more = f"; and {len(below) - 4} more layers" if len(below) > 4 else ""
