@@ -22,9 +22,8 @@ from typing import Any
 from quantkit.errors import UsageError
 from quantkit.source import SourceModel, safetensors_header
 
-# Kept in full precision unless default_ignore is off; MoE gates only where the checkpoint has them.
+# Kept in full precision unless default_ignore is off (and the routers of an MoE family, quantkit.producers.moe).
 ALWAYS = ("lm_head",)
-MOE_GATES = (r"re:.*\.mlp\.gate$", r"re:.*\.block_sparse_moe\.gate$", r"re:.*\.shared_expert_gate$")
 # transformers 5 may save a layer's experts fused into 3-D tensors: one name per expert and projection then.
 _FUSED = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",), "w13": ("w1", "w3"),
           "w2": ("w2",)}
@@ -65,10 +64,12 @@ def effective(spec: Any, source: SourceModel, *, wildcards: bool = False) -> lis
     """The ignore list a producer passes on: the defaults that apply to this model, then the user's patterns.
 
     Raises :class:`UsageError` (exit 2) naming the nearest module names when a user pattern matches nothing."""
+    from quantkit.producers import moe
+
     names = module_names(source)
     defaults: list[str] = []
     if spec.default_ignore:
-        defaults = list(ALWAYS) + [p for p in MOE_GATES if any(matches(p, n) for n in names)]
+        defaults = list(ALWAYS) + moe.router_patterns(source.config)
         if wildcards:
             defaults = [p if not p.startswith("re:") else _as_wildcard(p) for p in defaults]
     for pattern in spec.ignore:

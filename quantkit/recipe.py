@@ -43,6 +43,8 @@ class CalibrationSpec(Strict):
     seed: int = 0
     field: str = Field("text", description="JSON/parquet field holding the text")
     chat_template: bool = Field(False, description="wrap each sample in the model's chat template")
+    min_expert_tokens: int = Field(16, ge=0, description="warn when the router sends an MoE expert fewer "
+                                   "calibration tokens than this")
 
 
 class GateSpec(Strict):
@@ -128,7 +130,9 @@ class Recipe(Strict):
         """
         relevant: dict[str, Any] = {"model": self.model.model_dump(mode="json"), "spec": spec.model_dump(mode="json")}
         if formats.calibrates(spec):
-            relevant |= {"calibration": self.calibration.model_dump(mode="json"), "seed": self.runtime.seed}
+            # the expert-token threshold only decides a warning, never the bytes
+            relevant |= {"calibration": self.calibration.model_dump(mode="json", exclude={"min_expert_tokens"}),
+                         "seed": self.runtime.seed}
         return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()
 
     def sha256(self) -> str:

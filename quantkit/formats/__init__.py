@@ -61,6 +61,9 @@ CALIBRATION = (
        "\\[default: text].", "Calibration"),
     _f("chat_template", "--chat-template/--no-chat-template", bool, "calibration.chat_template",
        "Wrap calibration samples in the model's chat template.", "Calibration"),
+    _f("min_expert_tokens", "--min-expert-tokens", int, "calibration.min_expert_tokens",
+       "Warn when the router sends a mixture-of-experts expert fewer calibration tokens than this "
+       "\\[default: 16].", "Calibration"),
 )
 REVISION = (_f("revision", "--revision", str, "model.revision", "Hub branch, tag or commit of the source model.",
                "Model"),)

@@ -16,6 +16,13 @@ hash, the progress and the manifest; every algorithm is llm-compressor's.
   data-parallel calibration, weight-parallel GPTQ), see :func:`_distributed`.
 * ``--format autoawq`` / ``--format gptq`` are their own registry rows, made by :mod:`quantkit.producers.legacy`
   on top of this producer's checkpoint.
+* Mixture-of-experts models use llm-compressor's own MoE support: its ``linearize_moe`` turns transformers 5's fused
+  3-D experts into one Linear per expert projection right after loading, and ``moe_calibrate_all_experts`` runs
+  every expert on every calibration token. Routers and shared-expert gates are never quantized; the real router's
+  choices are counted per expert, and :mod:`quantkit.producers.moe` knows each family (see there).
+* After quantizing, :mod:`quantkit.producers.coverage` checks that every module that should be quantized was (for
+  an MoE, every expert projection of every layer) with finite, positive scales; otherwise the run fails (exit 1)
+  and nothing is published.
 
 Tested with llmcompressor 0.14.0.1, compressed-tensors 0.19.0, transformers 5.17.0, torch 2.13.0 (CPU).
 """
@@ -35,6 +42,7 @@ from typing import Any
 
 from quantkit import ignore as ignore_mod
 from quantkit.errors import BackendError, SourceModelError, UsageError
+from quantkit.producers import coverage, moe
 from quantkit.producers.base import ProduceContext, Produced
 from quantkit.source import SourceModel
 
@@ -209,7 +217,6 @@ class CompressedProducer:
         spec, rep = ctx.spec, ctx.reporter
         p = plan(spec)
         job = _job(ctx)
-        job["ignore"] = ignore_mod.effective(spec, ctx.source)
         device = _pin_device(ctx.runtime.device, ctx.runtime.num_gpus)
         from transformers import AutoTokenizer
 
@@ -225,10 +232,19 @@ class CompressedProducer:
                 model = _load_model(job)
             with rep.layers("quantize", description), _quiet_backend():
                 info = _oneshot(model, p, job)
+            with rep.step("check", "Checking that every module that should be quantized was"):
+                cov = coverage.check(model, job["ignore"], job["config"])
+            cov.raise_for_failures()
+            info["coverage"] = cov.manifest()
             with rep.step("save", "Saving the compressed-tensors checkpoint"), _quiet_backend():
-                _save(model, tokenizer, ctx.workdir, p.save_format)
+                _save(model, tokenizer, ctx.workdir, job["config"], p.save_format)
             del model
-        quantization = _describe(ctx.workdir, p, job["ignore"], info)
+        tokens = (info.get("moe") or {}).get("expert_tokens")
+        warning = moe.low_token_warning(tokens) if tokens else None
+        if warning:
+            rep.warn(warning)
+            info["notes"].append(warning)
+        quantization = _describe(ctx.workdir, p, info, job["ignore"])
         return Produced(quantization=quantization, calibration=calib,
                         notes=list(info.get("notes", [])))
 
@@ -243,8 +259,10 @@ PRODUCER = CompressedProducer()
 def _job(ctx: ProduceContext) -> dict[str, Any]:
     return {
         "method": ctx.spec.method, "spec": ctx.spec.model_dump(mode="json"), "source": str(ctx.source.path),
+        "config": ctx.source.config, "ignore": ignore_mod.effective(ctx.spec, ctx.source),
         "dtype": ctx.model.dtype, "trust_remote_code": ctx.model.trust_remote_code,
-        "seq_len": ctx.calibration.seq_len, "seed": ctx.runtime.seed, "out": str(ctx.workdir),
+        "seq_len": ctx.calibration.seq_len, "min_expert_tokens": ctx.calibration.min_expert_tokens,
+        "seed": ctx.runtime.seed, "out": str(ctx.workdir),
     }
 
 
@@ -303,9 +321,26 @@ def _pin_device(device: str, num_gpus: int) -> str:
     return "cuda" if gpus else "cpu"
 
 
+def _quiet_llmcompressor_log() -> None:
+    """llm-compressor's INFO/WARNING/METRIC lines (one per module for GPTQ) drown quantkit's progress, and they go to
+    stdout, which ``--json`` keeps for its one document; LLM_COMPRESSOR_LOG_LEVEL=INFO shows them. Read when
+    llmcompressor is first imported, so this runs before every import of it."""
+    os.environ.setdefault("LLM_COMPRESSOR_LOG_LEVEL", "ERROR")
+
+
 def _load_model(job: dict[str, Any], distributed: bool = False) -> Any:
-    """The source model on the CPU (the pipelines move layers to the accelerator as they go)."""
+    """The source model on the CPU (the pipelines move layers to the accelerator as they go), experts linearized.
+
+    Not llm-compressor's ``load_context``: its MoE half (``load_quantizable_moe``) loads Qwen-MoE and DeepSeek
+    checkpoints straight into per-expert Linears by renaming per-expert tensors, so a checkpoint that stores
+    fused 3-D experts leaves every expert randomly initialised, with only transformers' load report to say so; and
+    in transformers 5.17 its class patching imports every image processor (which fails without torchvision). Its
+    ``linearize_moe`` after an ordinary load takes both layouts; oneshot would call it anyway. A weight the
+    checkpoint lacks is an error here, never a random initialisation.
+    """
+    _quiet_llmcompressor_log()
     import torch
+    from llmcompressor.modeling.moe.linearize import linearize_moe
     from transformers import AutoModelForCausalLM
 
     dtype = job["dtype"]
@@ -313,15 +348,24 @@ def _load_model(job: dict[str, Any], distributed: bool = False) -> Any:
                               "trust_remote_code": job["trust_remote_code"]}
     try:
         if distributed:
-            from llmcompressor.utils import load_context
+            from compressed_tensors.offload import load_offloaded_model
 
-            with load_context():
-                return AutoModelForCausalLM.from_pretrained(job["source"], device_map="auto_offload", **kwargs)
-        return AutoModelForCausalLM.from_pretrained(job["source"], **kwargs)
-    except (OSError, ValueError, KeyError) as e:
+            with load_offloaded_model():
+                model = AutoModelForCausalLM.from_pretrained(job["source"], device_map="auto_offload", **kwargs)
+        else:
+            model, info = AutoModelForCausalLM.from_pretrained(job["source"], output_loading_info=True, **kwargs)
+            missing = sorted(info.get("missing_keys") or [])
+            if missing:
+                raise SourceModelError(
+                    f"{job['source']}: {len(missing)} weights the model needs are not in the checkpoint "
+                    f"(transformers would initialise them at random): {', '.join(missing[:6])}"
+                    + (f" (+{len(missing) - 6} more)" if len(missing) > 6 else ""),
+                    hint="the checkpoint's tensor names do not match its config.json's architecture")
+    except (OSError, ValueError, KeyError, RuntimeError) as e:  # RuntimeError: a checkpoint it cannot convert
         raise SourceModelError(
             f"transformers cannot load {job['source']}: {str(e).splitlines()[0][:300]}",
             hint="check that the checkpoint is a complete causal LM (config.json + weights)") from None
+    return linearize_moe(model)
 
 
 @contextlib.contextmanager
@@ -350,23 +394,26 @@ def _awq_without_pin_memory(p: Plan) -> Iterator[None]:
 
 def _oneshot(model: Any, p: Plan, job: dict[str, Any]) -> dict[str, Any]:
     """Run llm-compressor's oneshot on a loaded model; returns what the manifest should know about the run."""
-    # llm-compressor's INFO/WARNING/METRIC lines (one per module for GPTQ) drown quantkit's progress; set
-    # LLM_COMPRESSOR_LOG_LEVEL=INFO to see them. Read when llmcompressor is first imported.
-    os.environ.setdefault("LLM_COMPRESSOR_LOG_LEVEL", "ERROR")
+    _quiet_llmcompressor_log()
     import torch
     from llmcompressor import oneshot
 
     torch.manual_seed(job["seed"])
     modifiers = p.build(job["ignore"])
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = {"moe_calibrate_all_experts": True}
     samples = job.get("samples")
     if samples:
         from datasets import Dataset
 
-        kwargs = {"dataset": Dataset.from_dict({"input_ids": samples}), "num_calibration_samples": len(samples),
-                  "max_seq_length": job["seq_len"], "shuffle_calibration_samples": False}
+        kwargs |= {"dataset": Dataset.from_dict({"input_ids": samples}), "num_calibration_samples": len(samples),
+                   "max_seq_length": job["seq_len"], "shuffle_calibration_samples": False}
+    fam = moe.family(job["config"])
+    split = _split_awq_router(modifiers, model, fam, job["config"])
+    # Under torchrun each rank routes only its share of the samples: counted in one process only.
+    counted = fam and samples and not torch.distributed.is_initialized()
+    router = moe.RouterTokens(model, fam, job["config"], sum(map(len, samples))) if counted else None
     try:
-        with _awq_without_pin_memory(p):
+        with _awq_without_pin_memory(p), router or contextlib.nullcontext():
             oneshot(model=model, recipe=modifiers, **kwargs)
     except torch.OutOfMemoryError as e:
         raise BackendError(f"out of GPU memory while quantizing: {str(e).splitlines()[0][:200]}",
@@ -375,17 +422,33 @@ def _oneshot(model: Any, p: Plan, job: dict[str, Any]) -> dict[str, Any]:
         raise BackendError(f"llm-compressor failed ({type(e).__name__}): {str(e).splitlines()[0][:400]}",
                            hint="rerun with --debug for the traceback") from e
     info: dict[str, Any] = {"notes": []}
+    if fam:
+        info["moe"] = {"family": fam.name, "experts": fam.num_experts(job["config"]),
+                       "top_k": fam.top_k(job["config"]), "layers": fam.layers(job["config"]),
+                       "routers": moe.router_patterns(job["config"]), "calibrate_all_experts": True,
+                       "expert_tokens": router.summary(job["min_expert_tokens"]) if router else None}
     for m in modifiers:
         if type(m).__name__ == "AWQModifier":
             info["awq_mappings"] = [{"smooth_layer": mp.smooth_layer, "balance_layers": list(mp.balance_layers)}
                                     for mp in (m.mappings or [])]
-            info["awq_mappings_source"] = _awq_mapping_source(model)
+            info["awq_mappings_source"] = _awq_mapping_source(model) + (
+                ", its router mapping split into MoE and dense layers by quantkit" if split else "")
             info["notes"].append(f"AWQ smoothing mappings chosen by llm-compressor: {info['awq_mappings_source']}")
             if not torch.accelerator.is_available():
                 info["notes"].append("AWQ on CPU: llm-compressor 0.14's activation pinning skipped (no accelerator)")
         if type(m).__name__ == "SmoothQuantModifier":
             info["smoothquant_mappings"] = [[list(b), s] for b, s in (m.mappings or [])]
     return info
+
+
+def _split_awq_router(modifiers: list[Any], model: Any, fam: moe.Family | None, config: dict[str, Any]) -> bool:
+    """Give AWQ mappings that work on an MoE with dense layers (:func:`quantkit.producers.moe.awq_mappings`);
+    whether they differ from llm-compressor's own."""
+    awq = next((m for m in modifiers if type(m).__name__ == "AWQModifier"), None)
+    mappings = moe.awq_mappings(model, fam, config) if awq is not None and fam else None
+    if mappings is not None:
+        awq.mappings = mappings
+    return mappings is not None
 
 
 def _awq_mapping_source(model: Any) -> str:
@@ -397,17 +460,22 @@ def _awq_mapping_source(model: Any) -> str:
     return f"its default (Llama-style) mappings: {name} is not in its registry"
 
 
-def _save(model: Any, tokenizer: Any, out: Path, save_format: str | None = None) -> None:
-    """compressed-tensors weights + config, the tokenizer, and the generation config (save_pretrained writes it)."""
+def _save(model: Any, tokenizer: Any, out: Path, config: dict[str, Any], save_format: str | None = None) -> None:
+    """compressed-tensors weights + config, the tokenizer, and the generation config (save_pretrained writes it);
+    an MoE's experts under its checkpoints' own names; ``save_format`` when compressed-tensors would infer the
+    wrong one (W4A8)."""
     import warnings
 
+    fam = moe.family(config)
+    if fam:
+        moe.save_as_checkpoint(model, fam)
     with warnings.catch_warnings():  # transformers warns about 50 GB shards whenever llm-compressor offloaded modules
         warnings.filterwarnings("ignore", message="Attempting to save a model with offloaded modules")
         model.save_pretrained(str(out), save_compressed=True, quantization_format=save_format)
     tokenizer.save_pretrained(str(out))
 
 
-def _describe(out: Path, p: Plan, ignore: list[str], info: dict[str, Any]) -> dict[str, Any]:
+def _describe(out: Path, p: Plan, info: dict[str, Any], ignore: list[str]) -> dict[str, Any]:
     """The manifest's ``quantization`` section, read back from what was written."""
     from quantkit import versions
 
@@ -426,6 +494,9 @@ def _describe(out: Path, p: Plan, ignore: list[str], info: dict[str, Any]) -> di
         q["awq_mappings_source"] = info["awq_mappings_source"]
     if "smoothquant_mappings" in info:
         q["smoothquant_mappings"] = info["smoothquant_mappings"]
+    for key in ("coverage", "moe"):
+        if key in info:
+            q[key] = info[key]
     return q
 
 
@@ -462,6 +533,12 @@ def _worker(job_path: str) -> None:
     p = plan(_spec_from(job))
     model = _load_model(job, distributed=True)
     info = _oneshot(model, p, job)
+    cov = coverage.check(model, job["ignore"], job["config"])
+    cov.raise_for_failures()
+    info["coverage"] = cov.manifest()
+    fam = moe.family(job["config"])
+    if fam:
+        moe.save_as_checkpoint(model, fam)
     model.save_pretrained(job["out"], save_compressed=True, quantization_format=p.save_format)  # rank 0 writes
     if dist.get_rank() == 0:
         AutoTokenizer.from_pretrained(job["source"], trust_remote_code=job["trust_remote_code"]).save_pretrained(
