@@ -43,7 +43,7 @@ class Rates:
 
 def linears(shape: Shape) -> list[tuple[str, int, int, int]]:
     """Per decoder layer: (name, in features, out features, copies) of every Linear quantization targets."""
-    f = shape.fields
+    f = shape.config()
     h, heads, kv = f["hidden_size"], f["num_attention_heads"], f["num_key_value_heads"]
     hd = f.get("head_dim") or h // heads
     out = [("q_proj", h, heads * hd, 1), ("k_proj", h, kv * hd, 1), ("v_proj", h, kv * hd, 1),
@@ -57,7 +57,7 @@ def linears(shape: Shape) -> list[tuple[str, int, int, int]]:
 
 def parameters(shape: Shape) -> int:
     """Weights of the checkpoint (norms left out: they do not move the estimate)."""
-    f = shape.fields
+    f = shape.config()
     per_layer = sum(i * o * n for _, i, o, n in linears(shape))
     if shape.moe:
         per_layer += f["hidden_size"] * f["num_experts"]  # the router
@@ -78,7 +78,7 @@ def estimate(shape: Shape, method: str, samples: int, seq_len: int, rates: Rates
     sequential pipeline, and a rough peak of GPU memory (one layer on the device at a time)."""
     if method not in MODELLED:
         raise ValueError(f"no cost model for {method!r}; modelled: {', '.join(MODELLED)}")
-    f = shape.fields
+    f = shape.config()
     layers, L = f["num_hidden_layers"], seq_len
     heads, hd = f["num_attention_heads"], f.get("head_dim") or f["hidden_size"] // f["num_attention_heads"]
     lin = linears(shape)
