@@ -117,7 +117,8 @@ def markdown(shape_name: str, shape: Shape, rows: list[dict[str, Any]]) -> str:
     lines += ["", f"Assumed: bf16 GEMMs at {r['bf16_flops'] / 1e12:.0f} TFLOP/s, float32 at "
               f"{r['fp32_flops'] / 1e12:.0f} TFLOP/s, {r['expert_step_s'] * 1e6:.0f} us per expert step, start-up "
               f"{r['startup_s']:.0f} s, load {r['load_bytes_s'] / 1e9:.1f} GB/s, save {r['save_bytes_s'] / 1e9:.1f} "
-              "GB/s of bf16 source. Peak GPU: one layer's weights, its Hessians and its largest batched GPTQ solve, a floor "
+              "GB/s of bf16 source. Peak GPU: one layer's weights, its Hessians and its largest batched GPTQ solve, "
+              "a floor "
               "(the allocator's cache and activation buffers are not counted: 4.6 GiB here for the 8B GPTQ run that "
               "peaked at 10.4 GiB).", ""]
     return "\n".join(lines)

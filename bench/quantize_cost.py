@@ -2,7 +2,7 @@
 used directly, on the same token ids.
 
     python bench/quantize_cost.py --shape 8b                 # the 8B benchmark (make bench-gpu)
-    python bench/quantize_cost.py --shape qwen3-30b-a3b-12l --samples 32 --seq-len 2048 --keep   # the MoE one
+    python bench/quantize_cost.py --shape qwen3-30b-a3b-12l --samples 32 --seq-len 2048 --keep quantkit  # MoE
     python bench/quantize_cost.py --shape qwen3-30b-a3b-12l --samples 32 --estimate   # its cost, from FLOPs
     python bench/quantize_cost.py --shape moe-tiny --samples 4 --seq-len 64 --results-dir /tmp/qc   # a logic check
 
@@ -363,7 +363,7 @@ def run_one(args: argparse.Namespace, tool: str, method: str, verb: str, flags: 
         tail = [line for line in Path(r["log"]).read_text(errors="replace").splitlines() if line.strip()]
         r["error"] = tail[-1].strip() if tail else ""
     r["output_bytes"] = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) if out.exists() else 0
-    if not args.keep:
+    if args.keep not in ("all", tool):
         shutil.rmtree(out, ignore_errors=True)
     return r
 
@@ -443,7 +443,8 @@ def main() -> None:
     ap.add_argument("--device", default="auto", help="quantkit's --device (llm-compressor picks the same way)")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/quantkit-bench-qcost"))
     ap.add_argument("--results-dir", type=Path, default=meta.RESULTS)
-    ap.add_argument("--keep", action="store_true", help="keep the quantized outputs (serve_speed.py reads them)")
+    ap.add_argument("--keep", nargs="?", const="all", choices=["all", "quantkit", "llm-compressor"],
+                    help="keep the quantized outputs (all, or one tool's: serve_speed.py reads quantkit's)")
     ap.add_argument("--repeat", type=int, default=1, help="runs per method and tool; the table shows the median")
     ap.add_argument("--prepare", action="store_true", help="build the checkpoint and the tokens, time nothing")
     ap.add_argument("--estimate", action="store_true", help="print each run's cost from its FLOPs, run nothing")

@@ -3,7 +3,7 @@ vLLM, for a bf16 checkpoint (the "bf16" row) and its quantized artifacts, with t
 memory-bandwidth limit beside each.
 
 On the GPU machine, vLLM installed as in ../shared/device/vllm/README.md (in /tmp/site), after
-``python bench/quantize_cost.py --shape SHAPE --keep`` has left the source and its quantkit artifacts in
+``python bench/quantize_cost.py --shape SHAPE --keep quantkit`` has left the source and its quantkit artifacts in
 /tmp/quantkit-bench-qcost:
 
     python3 bench/serve_speed.py /tmp/quantkit-bench-qcost/src-8b /tmp/quantkit-bench-qcost/out-quantkit-* \\
@@ -129,8 +129,8 @@ def markdown(data: dict[str, Any]) -> str:
     batches = data["batches"]
     lines = ["# Serving speed in vLLM", "", meta.md_header(data),
              f"Prompts of {data['prompt_len']} random token ids, {data['gen']} generated tokens, greedy, prefix "
-             f"caching off. Limit = batch x {data['bandwidth'] / 1e12:.1f} TB/s / bytes read per decode step (GiB read per "
-             "step: at batch 1).", "",
+             f"caching off. Limit = batch x {data['bandwidth'] / 1e12:.1f} TB/s / bytes read per decode step "
+             "(GiB read per step: at batch 1).", "",
              "| checkpoint | format | vLLM quantization | kernel | GiB read per step | TTFT | "
              + " | ".join(f"decode tok/s b{b} | limit b{b}" for b in batches) + " |",
              "|---|---|---|---|---|---|" + "---|---|" * len(batches)]

@@ -15,17 +15,19 @@ ModelOpt environment in /tmp/site-trt (scripts/trt_env.sh):
 ``--dry-run`` prints every command a run would start, without starting any. Per case, in order:
 
 1. the source model: a folder, or ``shape:NAME`` (random weights, built once into ``--models-dir``, shared with
-   bench/quantize_cost.py);
+   bench/quantize_cost.py); a case whose folder is one of the file's ``pending_models`` and still missing is
+   skipped with the reason given there;
 2. the artifact: ``python3 -m quantkit VERB MODEL ART --force --json ...`` (or ``build-trt`` on a recipe copy whose
    model and output are set), with PYTHONPATH=REPO:``--quantkit-site``; an artifact already built by the same
    command is reused (``--rebuild`` redoes it), and cases with the same command share it;
 3. the load: quantkit/serve/_vllm_speed.py in vLLM's environment (PYTHONPATH=``--vllm-site``): vLLM's
-   quantization method, the linear and MoE kernels its log names, TTFT and decode tok/s at the case's batch sizes;
-   with ``sweep:``, one such load per kernel configuration instead (quantkit.serve.kernel_sweep);
-4. ``quantkit smoke --engine vllm`` (the real ``vllm serve``) and ``quantkit eval --engine vllm`` where the case
-   asks for them;
-5. the checks: loads, quantization, kernel, MoE kernel, tok/s floors, smoke, doctor's prediction against vLLM's
-   own verdict, KLD, perplexity ratio, top-1.
+   quantization method, the linear and MoE kernels its log names and the fused-MoE method, TTFT and decode tok/s at
+   the case's batch sizes; with ``sweep:``, one such load per kernel configuration instead
+   (quantkit.serve.kernel_sweep);
+4. ``quantkit smoke --engine vllm`` (the real ``vllm serve``) and ``quantkit eval`` (``--engine vllm``, and
+   ``--engine transformers`` on the GPU where the case lists both engines) where the case asks for them;
+5. the checks: loads, quantization, kernel, MoE kernel and method, tok/s floors, smoke, doctor's prediction against
+   vLLM's own verdict, KLD, perplexity ratio, top-1, vLLM's perplexity against transformers'.
 
 Results are rewritten after every step: OUT/results.json (everything), OUT/results.md (the table),
 OUT/progress.log, OUT/logs/CASE/ (each process's log). Cases run ``--parallel`` at once on one GPU, each vLLM with
