@@ -293,9 +293,9 @@ def moe_note(data: dict[str, Any]) -> str:
     if not any(int(cfg.get(k) or 0) > 1 for k in ("num_experts", "num_local_experts")):
         return ""
     return (f" {data.get('architecture')}, {cfg.get('num_experts') or cfg.get('num_local_experts')} experts, top-"
-            f"{cfg.get('num_experts_per_tok')}. The direct script is llm-compressor 0.14's Qwen3-MoE example: "
-            f"`load_context()` (experts linearized), routers ignored (`{ROUTER_IGNORE}`), "
-            "`moe_calibrate_all_experts=True` (every expert sees every calibration token).")
+            f"{cfg.get('num_experts_per_tok')}. The direct script follows llm-compressor 0.14's Qwen3-MoE example: "
+            "experts linearized at load (`load_context()`; how it loaded is said below), routers ignored "
+            f"(`{ROUTER_IGNORE}`), `moe_calibrate_all_experts=True` (every expert sees every calibration token).")
 
 
 def markdown(data: dict[str, Any]) -> str:
