@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from shapes import SHAPES  # noqa: E402
+from shapes import LLAMA  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
@@ -68,7 +68,7 @@ def write_checkpoint(path: Path, shape: str) -> dict:
     cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
            "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
            "attention_bias": False, "mlp_bias": False, "bos_token_id": 1,
-           "eos_token_id": 2, "torch_dtype": "bfloat16", **SHAPES[shape]}
+           "eos_token_id": 2, "torch_dtype": "bfloat16", **LLAMA[shape].fields}
     path.mkdir(parents=True)
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
     groups: list[list[tuple[str, tuple[int, ...]]]] = [[]]
@@ -208,7 +208,7 @@ def write_markdown(results: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", choices=list(SHAPES), default="small")
+    ap.add_argument("--shape", choices=list(LLAMA), default="small")
     ap.add_argument("--outtype", choices=["f16", "bf16", "q8_0"], default="f16")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/quantkit-bench-gguf"))
     ap.add_argument("--llamacpp", type=Path, default=DEFAULT_LLAMACPP,

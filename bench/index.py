@@ -113,6 +113,26 @@ def quantize_cost() -> list[str]:
     return lines
 
 
+def moe() -> list[str]:
+    """Issue 14's MoE benchmarks: quantization cost and serving speed of Qwen3-30B-A3B's width (12 layers)."""
+    lines: list[str] = []
+    for name, what in (("quantize_cost_qwen3-30b-a3b-12l", "quantization cost"), ("serve_speed_moe", "serving speed")):
+        md = RESULTS / f"{name}.md"
+        lines += [f"### MoE {what}", "", _body(md) if md.exists() else f"**Not run yet** ({name}.md).", ""]
+    if not (RESULTS / "quantize_cost_qwen3-30b-a3b-12l.md").exists():
+        lines += ["Written and checked on this CPU with the tiny MoE shape (tests/test_bench_moe.py): "
+                  "`python bench/quantize_cost.py --shape qwen3-30b-a3b-12l --samples 32 --seq-len 2048 "
+                  "--keep quantkit` "
+                  "(GPTQ W4A16 and FP8 static, quantkit's CLI next to llm-compressor 0.14's Qwen3-MoE example on the "
+                  "same tokens; `--estimate` prints the FLOP-based cost: about 2.3 and 1.6 min per tool at 32 x 2048, "
+                  "4.7 and 2.2 min at 128 x 2048), then `python3 bench/serve_speed.py "
+                  "/tmp/quantkit-bench-qcost/src-qwen3-30b-a3b-12l /tmp/quantkit-bench-qcost/out-quantkit-{gptq,"
+                  "fp8-static} --vllm-site /tmp/site --name serve_speed_moe` (bf16, W4A16, FP8 at batch 1 and 16, with "
+                  "the bandwidth limit from the bytes a decode step reads: top-k experts at batch 1, the expected "
+                  "distinct experts at batch 16).", ""]
+    return lines
+
+
 def serve_speed() -> list[str]:
     md = RESULTS / "serve_speed.md"
     if md.exists():
@@ -149,7 +169,8 @@ def build() -> Path:
                                       "--out $OUT` on one H200; file h200/gpu_smoke.json."),
              "### vLLM vs transformers: the same artifacts scored by both engines", "", *eval_agreement(),
              "### Quantization time of the reference model on the H200", "", *quantize_tiny(),
-             "## 4. GGUF conversion (CPU)", "", *gguf()]
+             "## 4. GGUF conversion (CPU)", "", *gguf(),
+             "## 5. Mixture of experts: Qwen3-30B-A3B's width, 12 layers, random weights (H200)", "", *moe()]
     out = RESULTS / "README.md"
     out.write_text("\n".join(lines).rstrip() + "\n")
     return out

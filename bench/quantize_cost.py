@@ -1,28 +1,44 @@
-"""Quantization cost (issue 10 item 1): wall time and peak memory, quantkit's CLI vs llm-compressor used directly.
+"""Quantization cost (issue 10 item 1, issue 14 item 4): wall time and peak memory, quantkit's CLI vs llm-compressor
+used directly, on the same token ids.
 
-    python bench/quantize_cost.py --shape 8b                 # the H200 benchmark (make bench-gpu)
-    python bench/quantize_cost.py --shape tiny --samples 4 --seq-len 128 --results-dir /tmp/qc   # a logic check
+    python bench/quantize_cost.py --shape 8b                 # the 8B benchmark (make bench-gpu)
+    python bench/quantize_cost.py --shape qwen3-30b-a3b-12l --samples 32 --seq-len 2048 --keep quantkit  # MoE
+    python bench/quantize_cost.py --shape qwen3-30b-a3b-12l --samples 32 --estimate   # its cost, from FLOPs
+    python bench/quantize_cost.py --shape moe-tiny --samples 4 --seq-len 64 --results-dir /tmp/qc   # a logic check
 
-A Llama-shaped checkpoint with random bf16 weights is written once (``--shape``: 8b = Llama-3.1-8B's config,
-70b = Llama-3.1-70B's, 1b = Llama-3.2-1B's, tiny = the reference model's), with the reference model's tokenizer.
-Random weights are fine for timing: the work AWQ, GPTQ, FP8 and SmoothQuant do depends on shapes, not values.
-Calibration is ``--samples`` x ``--seq-len`` tokens (default 512 x 2048) of the shipped calibration text, repeated
-until long enough. quantkit tokenizes it itself; the direct run gets exactly the same token ids (built once with
-quantkit.calibration and checked against the sha256 quantkit records), as a user would pass a tokenized dataset.
+A checkpoint of ``--shape`` (bench/shapes.py: 8b = Llama-3.1-8B's config, qwen3-30b-a3b-12l = Qwen3-30B-A3B's
+width with 12 of its 48 layers, tiny = the reference model's, moe-tiny = a small Qwen3-MoE) is built once with
+random bf16 weights, with the model class its shape names (initialised on the GPU when there is one), and the
+reference model's tokenizer. Random weights are fine for timing: the work AWQ, GPTQ, FP8 and SmoothQuant do depends
+on shapes, not values. ``--prepare`` builds it (and the tokens) and stops, so that this untimed step can share the
+GPU with other work. Calibration is ``--samples`` x ``--seq-len`` tokens (default 512 x 2048) of the shipped
+calibration text, repeated until long enough. quantkit tokenizes it itself; the direct run gets exactly the same
+token ids (built once with quantkit.calibration and checked against the sha256 quantkit records), as a user would
+pass a tokenized dataset.
 
-For each method (AWQ W4A16 g128, GPTQ W4A16 g128, FP8 static, INT8 SmoothQuant + GPTQ W8A8), two processes run
-one after the other: ``quantkit METHOD SRC OUT --samples N --seq-len L --calib FILE`` (the real CLI) and a plain
-llm-compressor script (``--direct``: from_pretrained, ``oneshot`` with the modifiers a user would write from
-llm-compressor's examples, ``save_pretrained(save_compressed=True)``). Each is timed end to end (start-up, load,
-calibration, save; quantkit also hashes its output into a manifest), its peak host RSS sampled from /proc and its
-peak GPU memory sampled with nvidia-smi in a thread (memory used on the GPUs minus what was used before it
-started). Results are written after every run to bench/results/quantize_cost[_SHAPE].{json,md}, so a run cut
-short keeps what it measured.
+For each method (``--methods``: AWQ W4A16 g128, GPTQ W4A16 g128, FP8 static, INT8 SmoothQuant + GPTQ W8A8; an MoE
+shape defaults to GPTQ and FP8 static) two processes run one after the other: ``quantkit METHOD SRC OUT --samples N
+--seq-len L --calib FILE`` (the real CLI) and a plain llm-compressor script (``--direct``: from_pretrained,
+``oneshot`` with the modifiers a user would write from llm-compressor 0.14's examples,
+``save_pretrained(save_compressed=True)``). For an MoE model the direct script is written as llm-compressor 0.14's
+Qwen3-MoE examples are (examples/awq/qwen3_moe_example.py, quantization_w4a4_fp4/qwen_30b_a3b.py): the model
+loaded under ``llmcompressor.utils.load_context()`` (experts linearized into one Linear per expert projection),
+the routers kept in full precision with the examples' ``re:.*mlp.gate$`` ignore pattern, and ``oneshot(...,
+moe_calibrate_all_experts=True)``, so every expert is calibrated on every token. Each process is timed end to end
+(start-up, load, calibration, save; quantkit also hashes its output into a manifest), its peak host RSS sampled from
+/proc and its peak GPU memory sampled with nvidia-smi in a thread (memory used on the GPUs minus what was used
+before it started). Results are written after every run to bench/results/quantize_cost[_SHAPE].{json,md}, so a
+run cut short keeps what it measured.
 
 ``--repeat N`` runs each method and tool N times, alternating which goes first, and reports the median.
+``--estimate`` prints what each run should cost on one H200, from its FLOPs (bench/cost_model.py), and runs
+nothing: for qwen3-30b-a3b-12l about 4.7 min (GPTQ) and 2.2 min (FP8) per tool at 128 x 2048 tokens, 2.3 and
+1.6 min at 32 x 2048 (every expert computes every calibration token, and GPTQ's float32 Hessians cost as much as
+the forward passes).
 
 Tested with llm-compressor 0.14.0.1, compressed-tensors 0.19.0, transformers 5.17.0, torch 2.13.0 (CPU; the tiny
-shape, bench/results/quantize_cost_tiny.md). The 8b shape has not been run here: see bench/results/README.md.
+shape, bench/results/quantize_cost_tiny.md, and moe-tiny in tests/test_bench_moe.py). The 8b and
+qwen3-30b-a3b-12l shapes have not been run here: see bench/results/README.md.
 """
 
 from __future__ import annotations
@@ -40,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import cost_model  # noqa: E402
 import meta  # noqa: E402
 from shapes import SHAPES  # noqa: E402
 
@@ -51,6 +68,8 @@ METHODS = {
     "fp8-static": ("fp8", ["--scheme", "static"]),
     "int8-sq": ("int8", []),  # SmoothQuant 0.8, then GPTQ W8A8
 }
+MOE_METHODS = ["gptq", "fp8-static"]  # what issue 14 asks of the MoE shapes
+ROUTER_IGNORE = "re:.*mlp.gate$"  # llm-compressor 0.14's Qwen3-MoE examples keep the routers in full precision
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -58,27 +77,32 @@ METHODS = {
 
 
 def make_checkpoint(shape: str, path: Path) -> dict[str, Any]:
-    """A random-weight bf16 Llama checkpoint of ``shape`` (reused when one with the same config exists)."""
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-           "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
-           "attention_bias": False, "mlp_bias": False, "bos_token_id": 0,
-           "eos_token_id": 1, "torch_dtype": "bfloat16", **SHAPES[shape]}
+    """A random-weight bf16 checkpoint of ``shape``, built with the model class the shape names (reused when one
+    with the same config exists)."""
+    cfg = {**SHAPES[shape].config(), "bos_token_id": 0, "eos_token_id": 1, "torch_dtype": "bfloat16"}
     stamp = path / "bench-config.json"
     if stamp.exists() and json.loads(stamp.read_text()) == cfg:
         return cfg
     import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    import transformers
 
     shutil.rmtree(path, ignore_errors=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"  # random init of 8B parameters is minutes on a CPU
     torch.manual_seed(0)
+    config = transformers.AutoConfig.for_model(**cfg)
     with torch.device(device):
-        model = LlamaForCausalLM(LlamaConfig(**cfg)).to(torch.bfloat16)
+        model = getattr(transformers, SHAPES[shape].architecture)(config).to(torch.bfloat16)
     model.save_pretrained(str(path), max_shard_size="5GB")
-    AutoTokenizer.from_pretrained(TINY).save_pretrained(str(path))  # ids 0..8191 are valid in every shape
+    transformers.AutoTokenizer.from_pretrained(TINY).save_pretrained(str(path))  # ids 0..8191 valid in every shape
     del model
     stamp.write_text(json.dumps(cfg))
     return cfg
+
+
+def is_moe(folder: Path) -> bool:
+    """Whether a checkpoint has routed experts (its config names how many)."""
+    cfg = json.loads((Path(folder) / "config.json").read_text())
+    return any(int(cfg.get(k) or 0) > 1 for k in ("num_experts", "num_local_experts", "n_routed_experts"))
 
 
 def make_calibration(path: Path, samples: int, seq_len: int, tokenizer: Any) -> Path:
@@ -181,39 +205,72 @@ def measure(argv: list[str], log: Path, env: dict[str, str]) -> dict[str, Any]:
 # The direct llm-compressor run (a worker process)
 
 
-def direct_recipe(method: str) -> list[Any]:
-    """The modifiers a user would write for each method, following llm-compressor's own examples."""
+def direct_recipe(method: str, moe: bool = False) -> list[Any]:
+    """The modifiers a user would write for each method, following llm-compressor's own examples (for an MoE
+    model, its Qwen3-MoE examples: the routers ignored too)."""
     from llmcompressor.modifiers.gptq import GPTQModifier
     from llmcompressor.modifiers.quantization import QuantizationModifier
     from llmcompressor.modifiers.transform import AWQModifier, SmoothQuantModifier
 
+    ignore = ["lm_head", ROUTER_IGNORE] if moe else ["lm_head"]
     if method == "awq":
         return [AWQModifier(duo_scaling=True),
-                QuantizationModifier(targets=["Linear"], scheme="W4A16_ASYM", ignore=["lm_head"])]
+                QuantizationModifier(targets=["Linear"], scheme="W4A16_ASYM", ignore=ignore)]
     if method == "gptq":
-        return [GPTQModifier(targets=["Linear"], scheme="W4A16", ignore=["lm_head"], actorder="static",
+        return [GPTQModifier(targets=["Linear"], scheme="W4A16", ignore=ignore, actorder="static",
                              dampening_frac=0.01)]
     if method == "fp8-static":
-        return [QuantizationModifier(targets=["Linear"], scheme="FP8", ignore=["lm_head"])]
+        return [QuantizationModifier(targets=["Linear"], scheme="FP8", ignore=ignore)]
     if method == "int8-sq":
         return [SmoothQuantModifier(smoothing_strength=0.8),
-                GPTQModifier(targets=["Linear"], scheme="W8A8", ignore=["lm_head"])]
+                GPTQModifier(targets=["Linear"], scheme="W8A8", ignore=ignore)]
     raise SystemExit(f"unknown method {method}")
 
 
+def load_direct(src: str) -> tuple[Any, str]:
+    """The model as llm-compressor 0.14's examples load it, and how it was loaded.
+
+    An MoE model is loaded under ``load_context()``, which builds one Linear per expert projection straight from
+    the checkpoint's per-expert tensors. Entering it needs torchvision (transformers 5.17's class patching imports
+    every image processor); where that is missing (this project's CPU environment, not the H200 image) the experts
+    are linearized right after a plain load with llm-compressor's ``linearize_moe``, the step ``oneshot`` falls back
+    to itself. The same modules are calibrated either way; only the load differs, and the results say which."""
+    import importlib.util
+
+    from transformers import AutoModelForCausalLM
+
+    if not is_moe(Path(src)):
+        return AutoModelForCausalLM.from_pretrained(src, dtype="auto"), "from_pretrained"
+    if importlib.util.find_spec("torchvision") is None:
+        from llmcompressor.modeling.moe.linearize import linearize_moe
+
+        model = AutoModelForCausalLM.from_pretrained(src, dtype="auto")
+        linearize_moe(model)
+        return model, "from_pretrained + linearize_moe (no torchvision for load_context)"
+    from llmcompressor.utils import load_context
+
+    with load_context():
+        return AutoModelForCausalLM.from_pretrained(src, dtype="auto"), "load_context"
+
+
 def direct(method: str, src: str, out: str, tokens: str) -> None:
-    """Load, oneshot, save: llm-compressor with no quantkit code in the process."""
+    """Load, oneshot, save: llm-compressor with no quantkit code in the process. Prints how it loaded the model
+    (``direct-load: ...``) on stdout."""
     import torch
     from datasets import Dataset
     from llmcompressor import oneshot
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     samples = json.loads(Path(tokens).read_text())
-    model = AutoModelForCausalLM.from_pretrained(src, dtype="auto")
+    model, how = load_direct(src)
+    print(f"direct-load: {how}", flush=True)
     tokenizer = AutoTokenizer.from_pretrained(src)
     torch.manual_seed(0)
-    oneshot(model=model, recipe=direct_recipe(method), dataset=Dataset.from_dict({"input_ids": samples}),
-            num_calibration_samples=len(samples), max_seq_length=len(samples[0]), shuffle_calibration_samples=False)
+    moe = is_moe(Path(src))
+    extra = {"moe_calibrate_all_experts": True} if moe else {}
+    oneshot(model=model, recipe=direct_recipe(method, moe), dataset=Dataset.from_dict({"input_ids": samples}),
+            num_calibration_samples=len(samples), max_seq_length=len(samples[0]), shuffle_calibration_samples=False,
+            **extra)
     model.save_pretrained(out, save_compressed=True)
     tokenizer.save_pretrained(out)
 
@@ -230,13 +287,24 @@ def gib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**30:.2f} GiB"
 
 
+def moe_note(data: dict[str, Any]) -> str:
+    """How the direct script treats an MoE model (the table must say what was compared)."""
+    cfg = data.get("config") or {}
+    if not any(int(cfg.get(k) or 0) > 1 for k in ("num_experts", "num_local_experts")):
+        return ""
+    return (f" {data.get('architecture')}, {cfg.get('num_experts') or cfg.get('num_local_experts')} experts, top-"
+            f"{cfg.get('num_experts_per_tok')}. The direct script follows llm-compressor 0.14's Qwen3-MoE example: "
+            "experts linearized at load (`load_context()`; how it loaded is said below), routers ignored "
+            f"(`{ROUTER_IGNORE}`), `moe_calibrate_all_experts=True` (every expert sees every calibration token).")
+
+
 def markdown(data: dict[str, Any]) -> str:
     """The table: one row per method and tool, and quantkit's overhead over the direct run."""
     lines = [f"# Quantization cost: quantkit vs llm-compressor directly ({data['shape']} shape)", "",
              meta.md_header(data), f"Random bf16 weights, {data['parameters'] / 1e9:.2f}B parameters; calibration "
              f"{data['samples']} x {data['seq_len']} tokens (tokens sha256 {data['tokens_sha256'][:12]}, identical for "
              "both tools). Wall = the whole process (start-up, load, calibration, save; quantkit also hashes its "
-             "output). Peak GPU = nvidia-smi memory used minus the level before start.", "",
+             "output). Peak GPU = nvidia-smi memory used minus the level before start." + moe_note(data), "",
              "| method | tool | rc | wall | quantize step | peak host RSS | peak GPU | quantkit overhead |",
              "|---|---|---|---|---|---|---|---|"]
     for method, runs in data["runs"].items():
@@ -254,6 +322,9 @@ def markdown(data: dict[str, Any]) -> str:
                          f"{gib(r['peak_rss_bytes'])} | {gib(r['peak_gpu_bytes'])} | {over} |")
     lines += ["", "quantkit overhead = quantkit wall / llm-compressor wall - 1 (the issue's bound: within 2%). With "
               "--repeat, wall is the median run's and (min-max) spans all runs."]
+    loads = sorted({r["load"] for runs in data["runs"].values() for t, r in runs.items() if r.get("load")})
+    if loads:
+        lines.append(f"The direct script loaded the model with: {'; '.join(loads)}.")
     differ = [m for m, runs in data["runs"].items() if (runs.get("quantkit") or {}).get("same_tokens_as_direct") is False]
     if differ:
         lines.append(f"WARNING: quantkit calibrated on other tokens than the direct run for {', '.join(differ)}.")
@@ -284,12 +355,15 @@ def run_one(args: argparse.Namespace, tool: str, method: str, verb: str, flags: 
         r["timings"] = manifest.get("timings")
         r["calibration_tokens_sha256"] = (manifest.get("calibration") or {}).get("tokens_sha256")
         r["same_tokens_as_direct"] = r["calibration_tokens_sha256"] == sha
+    if tool == "llm-compressor":
+        r["load"] = next((line.split(":", 1)[1].strip() for line in r["stdout"].splitlines()
+                          if line.startswith("direct-load:")), None)
     r.pop("stdout")
     if r["rc"]:
         tail = [line for line in Path(r["log"]).read_text(errors="replace").splitlines() if line.strip()]
         r["error"] = tail[-1].strip() if tail else ""
     r["output_bytes"] = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) if out.exists() else 0
-    if not args.keep:
+    if args.keep not in ("all", tool):
         shutil.rmtree(out, ignore_errors=True)
     return r
 
@@ -300,7 +374,8 @@ def median_run(tries: list[dict[str, Any]]) -> dict[str, Any]:
     return {**ranked[(len(ranked) - 1) // 2], "walls_s": [r["wall_s"] for r in tries]}
 
 
-def bench(args: argparse.Namespace) -> dict[str, Any]:
+def prepare(args: argparse.Namespace) -> dict[str, Any]:
+    """The inputs every run shares: the random checkpoint, the calibration file and its exact token ids."""
     from transformers import AutoTokenizer
 
     work = args.workdir
@@ -312,10 +387,17 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     samples, sha = calibration_tokens(calib, args.samples, args.seq_len, tok)
     tokens = work / "tokens.json"
     tokens.write_text(json.dumps(samples))
-    from quantkit.source import resolve
-    from quantkit.recipe import ModelSpec
+    return {"src": src, "config": cfg, "calib": calib, "tokens": tokens, "sha": sha}
 
-    data: dict[str, Any] = {**meta.header(), "shape": args.shape, "config": cfg,
+
+def bench(args: argparse.Namespace) -> dict[str, Any]:
+    inputs = prepare(args)
+    src, calib, tokens, sha = inputs["src"], inputs["calib"], inputs["tokens"], inputs["sha"]
+    from quantkit.recipe import ModelSpec
+    from quantkit.source import resolve
+
+    data: dict[str, Any] = {**meta.header(), "shape": args.shape, "architecture": SHAPES[args.shape].architecture,
+                            "config": inputs["config"],
                             "parameters": resolve(ModelSpec(source=str(src))).num_parameters,
                             "samples": args.samples, "seq_len": args.seq_len, "tokens_sha256": sha, "runs": {}}
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
@@ -335,6 +417,17 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
     return data
 
 
+def estimates(args: argparse.Namespace) -> str:
+    """``--estimate``: the FLOP-based cost of each modelled method at the asked size (and at 128 and 32 samples
+    of 2048 tokens, the sizes a short GPU lease chooses between)."""
+    shape = SHAPES[args.shape]
+    sizes = list(dict.fromkeys([(args.samples, args.seq_len), (128, 2048), (32, 2048)]))
+    rows = [cost_model.estimate(shape, m, n, L) for m in args.methods if m in cost_model.MODELLED for n, L in sizes]
+    if not rows:
+        raise SystemExit(f"--estimate models {', '.join(cost_model.MODELLED)} only")
+    return cost_model.markdown(args.shape, shape, rows)
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--direct":
         direct(*sys.argv[2:6])
@@ -343,19 +436,31 @@ def main() -> None:
     ap.add_argument("--shape", choices=list(SHAPES), default="8b")
     ap.add_argument("--samples", type=int, default=512)
     ap.add_argument("--seq-len", type=int, default=2048)
-    ap.add_argument("--methods", type=lambda s: s.split(","), default=list(METHODS),
-                    help=f"comma-separated, from {', '.join(METHODS)}")
+    ap.add_argument("--methods", type=lambda s: s.split(","),
+                    help=f"comma-separated, from {', '.join(METHODS)} [default: all; {','.join(MOE_METHODS)} for "
+                         "an MoE shape]")
     ap.add_argument("--tools", type=lambda s: s.split(","), default=["llm-compressor", "quantkit"])
     ap.add_argument("--device", default="auto", help="quantkit's --device (llm-compressor picks the same way)")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/quantkit-bench-qcost"))
     ap.add_argument("--results-dir", type=Path, default=meta.RESULTS)
-    ap.add_argument("--keep", action="store_true", help="keep the quantized outputs")
+    ap.add_argument("--keep", nargs="?", const="all", choices=["all", "quantkit", "llm-compressor"],
+                    help="keep the quantized outputs (all, or one tool's: serve_speed.py reads quantkit's)")
     ap.add_argument("--repeat", type=int, default=1, help="runs per method and tool; the table shows the median")
+    ap.add_argument("--prepare", action="store_true", help="build the checkpoint and the tokens, time nothing")
+    ap.add_argument("--estimate", action="store_true", help="print each run's cost from its FLOPs, run nothing")
     args = ap.parse_args()
+    if args.methods is None:
+        args.methods = MOE_METHODS if SHAPES[args.shape].moe else list(METHODS)
     bad = [m for m in args.methods if m not in METHODS] + [t for t in args.tools if t not in ("quantkit", "llm-compressor")]
     if bad:
         ap.error(f"unknown method or tool: {', '.join(bad)}")
-    print(markdown(bench(args)))
+    if args.estimate:
+        print(estimates(args))
+    elif args.prepare:
+        inputs = prepare(args)
+        print(f"{inputs['src']}\n{inputs['tokens']} (sha256 {inputs['sha'][:12]})")
+    else:
+        print(markdown(bench(args)))
 
 
 if __name__ == "__main__":

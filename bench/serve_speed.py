@@ -1,12 +1,15 @@
-"""Serving speed (issue 10 item 3): time to first token and decode tokens/s at batch 1 and 16 in vLLM, for a bf16
-checkpoint and its quantized artifacts, with the kernel vLLM chose and the memory-bandwidth limit beside each.
+"""Serving speed (issue 10 item 3, issue 14 item 4): time to first token and decode tokens/s at batch 1 and 16 in
+vLLM, for a bf16 checkpoint (the "bf16" row) and its quantized artifacts, with the kernel vLLM chose and the
+memory-bandwidth limit beside each.
 
 On the GPU machine, vLLM installed as in ../shared/device/vllm/README.md (in /tmp/site), after
-``python bench/quantize_cost.py --shape 8b --keep`` has left the 8B-shaped source and its quantkit artifacts in
+``python bench/quantize_cost.py --shape SHAPE --keep quantkit`` has left the source and its quantkit artifacts in
 /tmp/quantkit-bench-qcost:
 
     python3 bench/serve_speed.py /tmp/quantkit-bench-qcost/src-8b /tmp/quantkit-bench-qcost/out-quantkit-* \\
         --vllm-site /tmp/site [--kernels]
+    python3 bench/serve_speed.py /tmp/quantkit-bench-qcost/src-qwen3-30b-a3b-12l \\
+        /tmp/quantkit-bench-qcost/out-quantkit-{gptq,fp8-static} --vllm-site /tmp/site --name serve_speed_moe
 
 Each checkpoint runs in its own child process in vLLM's Python (quantkit/serve/_vllm_speed.py through
 quantkit.serve.kernel_sweep: CUDA graphs on, prefix caching off so repeated prompts cost what new ones do), after
@@ -16,14 +19,20 @@ one warm-up generation at the largest batch:
   ``max_tokens=1`` (prefill plus the first sampled token, offline: no HTTP in the figure).
 * decode tok/s at batch B: B fresh prompts generate ``--gen`` tokens (ignore_eos); the time of the same call with
   ``max_tokens=1`` (median of 3) is subtracted, so the figure is B x (gen - 1) tokens over pure decode time.
-* limit: a decode step reads every weight once (the input embedding table only one row per sequence, unless tied to
-  ``lm_head``), so B x bandwidth / bytes-read-per-step bounds it from above (KV-cache reads ignored, which only
-  lowers the real bound). ``--bandwidth`` defaults to the H200's 4.8 TB/s.
+* limit: B x bandwidth / bytes-read-per-step bounds it from above (bench/step_bytes.py): a dense model reads every
+  weight once (the input embedding table only one row per sequence, unless tied to ``lm_head``); an MoE model
+  reads its attention, norms, routers and ``lm_head`` and, of its routed experts, top-k per layer at batch 1 and at
+  batch B the expected number of distinct experts B tokens hit under uniform routing (the table says so; the limit
+  if no two tokens shared an expert, min(E, B x top-k), is in the JSON). KV-cache reads are ignored, which only
+  lowers the real bound. ``--bandwidth`` defaults to the H200's 4.8 TB/s.
+* CUDA graphs are captured for the measured batch sizes only (``--capture-all`` for vLLM's default list): the same
+  graphs serve batch 1 and 16 either way, and capturing ~60 sizes of a 16 GB model costs start-up time a short
+  GPU lease does not have.
 * the kernel: what vLLM's log says it used. ``--kernels`` also runs every other linear (and MoE) kernel vLLM could
   use for the checkpoint (quantkit.serve.kernels) and reports the fastest configuration's ``vllm serve`` command.
 
-Writes bench/results/serve_speed.{json,md} after every checkpoint (the command, machine and versions included).
-This parent needs only the standard library and quantkit's source module.
+Writes bench/results/NAME.{json,md} (``--name``, default serve_speed) after every checkpoint (the command, machine
+and versions included). This parent needs only the standard library and quantkit's source module.
 """
 
 from __future__ import annotations
@@ -40,27 +49,9 @@ import meta  # noqa: E402
 
 sys.path.insert(0, str(meta.ROOT))
 from quantkit.serve import kernel_sweep, kernels  # noqa: E402
-from quantkit.source import safetensors_header  # noqa: E402
+from step_bytes import StepBytes, count  # noqa: E402
 
 H200_BANDWIDTH = 4.8e12  # bytes/s, HBM3e
-
-
-def bytes_per_step(folder: Path) -> tuple[int, int]:
-    """(bytes of all weights, bytes a decode step reads): the untied input embedding table is read one row at a
-    time, so it is left out of the second."""
-    cfg = json.loads((folder / "config.json").read_text())
-    tied = bool(cfg.get("tie_word_embeddings"))
-    total = read = 0
-    for f in sorted(folder.glob("*.safetensors")):
-        header, _ = safetensors_header(f)
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            n = info["data_offsets"][1] - info["data_offsets"][0]
-            total += n
-            if tied or not name.endswith("embed_tokens.weight"):
-                read += n
-    return total, read
 
 
 def describe(folder: Path) -> str:
@@ -72,13 +63,41 @@ def describe(folder: Path) -> str:
     return f"{q.get('quant_method')} {q.get('format') or ''}".strip()
 
 
+def label(folder: Path) -> str:
+    """The row's name: "bf16" (or the dtype) for an unquantized checkpoint, quantkit's method and scheme for its
+    artifacts ("gptq W4A16"), else the folder's name."""
+    cfg = json.loads((folder / "config.json").read_text())
+    if not cfg.get("quantization_config"):
+        dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "")
+        return {"bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype or folder.name)
+    try:
+        m = json.loads((folder / "quantkit.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return folder.name
+    return f"{m.get('method')} {(m.get('quantization') or {}).get('scheme') or ''}".strip()
+
+
+def limit_cell(row: dict[str, Any], b: int) -> str:
+    """The limit at batch ``b``, with the experts it assumes read per MoE layer."""
+    text = f"{row[f'limit_b{b}']:.0f}"
+    hit = row.get(f"experts_hit_b{b}")
+    if hit is None:
+        return text
+    how = "top-k" if b == 1 else "expected"
+    return f"{text} ({hit:.3g}/{row['num_experts']} experts, {how})"
+
+
 def run_one(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
     """One checkpoint: vLLM's default configuration, or (``--kernels``) every kernel configuration."""
-    total, read = bytes_per_step(folder)
-    row: dict[str, Any] = {"checkpoint": folder.name, "path": str(folder), "format": describe(folder),
-                           "weight_bytes": total, "bytes_per_step": read}
+    sb: StepBytes = count(folder)
+    row: dict[str, Any] = {"checkpoint": label(folder), "folder": folder.name, "path": str(folder),
+                           "format": describe(folder),
+                           "weight_bytes": sb.total, "bytes_per_step": sb.read(1)}
+    if sb.moe:
+        row.update(num_experts=sb.num_experts, top_k=sb.top_k, expert_bytes=sb.experts, always_bytes=sb.always)
+    engine_args = {} if args.capture_all else {"compilation_config": {"cudagraph_capture_sizes": sorted(args.batches)}}
     bench = kernel_sweep.Bench(batches=tuple(args.batches), prompt_len=args.prompt_len, gen=args.gen,
-                               max_model_len=args.max_model_len, gpu_memory_utilization=0.85)
+                               max_model_len=args.max_model_len, gpu_memory_utilization=0.85, engine_args=engine_args)
     env = {"VLLM_USE_FLASHINFER_SAMPLER": os.environ.get("VLLM_USE_FLASHINFER_SAMPLER", "0")}
     runtime = kernel_sweep.Runtime(args.python, {**env, **({"PYTHONPATH": args.vllm_site} if args.vllm_site else {})})
     if args.kernels:
@@ -95,8 +114,12 @@ def run_one(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
     else:
         row["error"] = f"{m.status}: {m.error}"[:300]
     for b in args.batches:
-        limit = b * args.bandwidth / read
+        limit = b * args.bandwidth / sb.read(b)
         row[f"limit_b{b}"] = limit
+        row[f"bytes_per_step_b{b}"] = sb.read(b)
+        if sb.moe:
+            row[f"experts_hit_b{b}"] = sb.experts_hit(b)
+            row[f"limit_b{b}_all_distinct"] = b * args.bandwidth / sb.read(b, bound=True)
         if str(b) in m.decode_tok_s:
             row[f"b{b}"] = {"decode_tok_s": m.decode_tok_s[str(b)], "share_of_limit": m.decode_tok_s[str(b)] / limit}
     return row
@@ -106,24 +129,33 @@ def markdown(data: dict[str, Any]) -> str:
     batches = data["batches"]
     lines = ["# Serving speed in vLLM", "", meta.md_header(data),
              f"Prompts of {data['prompt_len']} random token ids, {data['gen']} generated tokens, greedy, prefix "
-             f"caching off. Limit = batch x {data['bandwidth'] / 1e12:.1f} TB/s / bytes read per decode step.", "",
+             f"caching off. Limit = batch x {data['bandwidth'] / 1e12:.1f} TB/s / bytes read per decode step "
+             "(GiB read per step: at batch 1).", "",
              "| checkpoint | format | vLLM quantization | kernel | GiB read per step | TTFT | "
              + " | ".join(f"decode tok/s b{b} | limit b{b}" for b in batches) + " |",
              "|---|---|---|---|---|---|" + "---|---|" * len(batches)]
+    names = [r["checkpoint"] for r in data["rows"]]
     for r in data["rows"]:
-        if "error" in r:
-            lines.append(f"| {r['checkpoint']} | {r['format']} | failed: `{r['error']}` | | "
-                         f"{r['bytes_per_step'] / 2**30:.2f} | |" + " | |" * len(batches))
-            continue
+        name = r["checkpoint"] if names.count(r["checkpoint"]) == 1 else f"{r['checkpoint']} ({r['folder']})"
         cells = []
         for b in batches:
             m = r.get(f"b{b}") or {}
             cells.append(f"{m['decode_tok_s']:.0f} ({m['share_of_limit']:.0%})" if m else "-")
-            cells.append(f"{r[f'limit_b{b}']:.0f}")
-        lines.append(f"| {r['checkpoint']} | {r['format']} | {r.get('quantization') or 'none'} | "
+            cells.append(limit_cell(r, b))
+        if "error" in r:
+            lines.append(f"| {name} | {r['format']} | `{r['error']}` | | {r['bytes_per_step'] / 2**30:.2f} | "
+                         "- | " + " | ".join(cells) + " |")
+            continue
+        lines.append(f"| {name} | {r['format']} | {r.get('quantization') or 'none'} | "
                      f"{'; '.join(r.get('kernels') or []) or '-'} | {r['bytes_per_step'] / 2**30:.2f} | "
                      f"{r['ttft_s'] * 1000:.0f} ms | " + " | ".join(cells) + " |")
-    lines += ["", "Decode tok/s in brackets: the share of the bandwidth limit reached.", ""]
+    lines += ["", "Decode tok/s in brackets: the share of the bandwidth limit reached."]
+    if any(r.get("num_experts") for r in data["rows"]):
+        lines.append("MoE rows: a step reads attention, norms, routers and lm_head, and of the routed experts top-k "
+                     "per layer at batch 1; at larger batches the limit assumes the expected number of distinct "
+                     "experts under uniform routing, E(1-(1-k/E)^B) (random weights route near-uniformly). If no two "
+                     "tokens shared an expert, min(E, B x k) would be read: `limit_bB_all_distinct` in the JSON.")
+    lines.append("")
     for r in data["rows"]:
         sweep = r.get("sweep")
         if sweep:
@@ -148,6 +180,8 @@ def main() -> None:
     ap.add_argument("--bandwidth", type=float, default=H200_BANDWIDTH, help="bytes/s (default: H200, 4.8e12)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds per vLLM start")
     ap.add_argument("--results-dir", type=Path, default=meta.RESULTS)
+    ap.add_argument("--name", default="serve_speed", help="result file name (NAME.json, NAME.md)")
+    ap.add_argument("--capture-all", action="store_true", help="let vLLM capture its default CUDA graph sizes")
     ap.add_argument("--logs", type=Path, default=Path("/tmp/quantkit-bench-serve"))
     args = ap.parse_args()
     missing = [str(c) for c in args.checkpoints if not (c / "config.json").is_file()]
@@ -159,7 +193,7 @@ def main() -> None:
     for folder in args.checkpoints:
         print(f"== {folder.name}", flush=True)
         data["rows"].append(run_one(folder, args))
-        meta.write("serve_speed", data, markdown(data), args.results_dir)
+        meta.write(args.name, data, markdown(data), args.results_dir)
         r = data["rows"][-1]
         print(f"   {r.get('error') or {b: r.get(f'b{b}', {}).get('decode_tok_s') for b in args.batches}}", flush=True)
 

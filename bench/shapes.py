@@ -1,6 +1,18 @@
-"""Model shapes the benchmarks build with random weights (Llama 3.x configs), shared by every bench script."""
+"""Model shapes the benchmarks build with random weights, shared by every bench script and scripts/gpu_cases.py.
+
+A shape carries its architecture (the transformers class and ``model_type``) and the config fields that make it
+that shape; :meth:`Shape.config` adds the family's fixed fields (activation, norms, rope), so a script builds the
+right model class from the name alone. Token ids are left to each script: they belong to the tokenizer it ships.
+
+Llama shapes follow the Llama 3.x configs; the MoE shapes follow Qwen3-30B-A3B's published config.json
+(hidden 2048, 128 experts of intermediate 768, top-8 with renormalised weights, 32 query heads and 4 KV heads of
+128, vocabulary 151,936, rope theta 1e6 without scaling, 40,960 positions), with fewer layers.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
 
 
 def llama3_rope(factor: float) -> dict:
@@ -9,21 +21,73 @@ def llama3_rope(factor: float) -> dict:
             "original_max_position_embeddings": 8192}
 
 
-SHAPES = {
-    "tiny": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=8, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=8192, tie_word_embeddings=False, rope_scaling=llama3_rope(8.0)),
-    "small": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
-                  num_key_value_heads=4, vocab_size=32000, tie_word_embeddings=False, rope_scaling=llama3_rope(8.0)),
-    "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-               num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True,
-               rope_scaling=llama3_rope(32.0)),  # Llama-3.2-1B
-    "3b": dict(hidden_size=3072, intermediate_size=8192, num_hidden_layers=28, num_attention_heads=24,
-               num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True,
-               rope_scaling=llama3_rope(32.0)),  # Llama-3.2-3B
-    "8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-               num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
-               rope_scaling=llama3_rope(8.0)),  # Llama-3.1-8B
-    "70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
-                num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
-                rope_scaling=llama3_rope(8.0)),  # Llama-3.1-70B
+# What every checkpoint of a family has in config.json besides its shape.
+FAMILY = {
+    "llama": {"hidden_act": "silu", "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+              "attention_bias": False, "mlp_bias": False},
+    "qwen3_moe": {"hidden_act": "silu", "max_position_embeddings": 40960, "rms_norm_eps": 1e-6,
+                  "rope_theta": 1000000.0, "attention_bias": False, "norm_topk_prob": True, "decoder_sparse_step": 1,
+                  "mlp_only_layers": [], "use_sliding_window": False, "sliding_window": None,
+                  "router_aux_loss_coef": 0.001, "output_router_logits": False, "tie_word_embeddings": False},
 }
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One benchmark shape: the transformers class that builds it and the config fields that size it."""
+
+    architecture: str  # the transformers model class, e.g. "LlamaForCausalLM"
+    model_type: str  # its config's model_type, a key of FAMILY
+    fields: dict[str, Any] = field(default_factory=dict)
+    mirrors: str = ""  # the published model it copies the width of
+
+    @property
+    def moe(self) -> bool:
+        return "num_experts" in self.fields
+
+    def config(self) -> dict[str, Any]:
+        """config.json fields (without token ids): architecture, the family's fixed fields, the shape's."""
+        return {"architectures": [self.architecture], "model_type": self.model_type, **FAMILY[self.model_type],
+                **self.fields}
+
+
+def _llama(mirrors: str = "", **fields: Any) -> Shape:
+    return Shape("LlamaForCausalLM", "llama", fields, mirrors)
+
+
+def _qwen3_moe(mirrors: str = "", **fields: Any) -> Shape:
+    return Shape("Qwen3MoeForCausalLM", "qwen3_moe", fields, mirrors)
+
+
+_QWEN3_30B_A3B = dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
+                      num_experts_per_tok=8, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                      vocab_size=151936)
+
+SHAPES: dict[str, Shape] = {
+    "tiny": _llama("the reference model", hidden_size=256, intermediate_size=768, num_hidden_layers=8,
+                   num_attention_heads=4, num_key_value_heads=2, vocab_size=8192, tie_word_embeddings=False,
+                   rope_scaling=llama3_rope(8.0)),
+    "small": _llama(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
+                    num_key_value_heads=4, vocab_size=32000, tie_word_embeddings=False, rope_scaling=llama3_rope(8.0)),
+    "1b": _llama("Llama-3.2-1B", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                 num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True,
+                 rope_scaling=llama3_rope(32.0)),
+    "3b": _llama("Llama-3.2-3B", hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
+                 num_attention_heads=24, num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=True,
+                 rope_scaling=llama3_rope(32.0)),
+    "8b": _llama("Llama-3.1-8B", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                 num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
+                 rope_scaling=llama3_rope(8.0)),
+    "70b": _llama("Llama-3.1-70B", hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                  num_attention_heads=64, num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
+                  rope_scaling=llama3_rope(8.0)),
+    # Qwen3-30B-A3B's width with 12 of its 48 layers: 8.1B parameters (16.2 GB bf16), 0.99B active per token.
+    "qwen3-30b-a3b-12l": _qwen3_moe("Qwen3-30B-A3B, 12 of 48 layers", **_QWEN3_30B_A3B, num_hidden_layers=12),
+    # The same structure for CPU checks: top-2 of 8 experts, attention wider than the residual stream as in the
+    # real one, every quantized row a multiple of 128 (GPTQ groups, vLLM's Marlin MoE tiles).
+    "moe-tiny": _qwen3_moe(hidden_size=256, intermediate_size=768, moe_intermediate_size=256, num_experts=8,
+                           num_experts_per_tok=2, num_attention_heads=4, num_key_value_heads=2, head_dim=128,
+                           num_hidden_layers=2, vocab_size=8192),
+}
+
+LLAMA = {name: s for name, s in SHAPES.items() if s.model_type == "llama"}

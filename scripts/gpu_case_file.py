@@ -20,6 +20,7 @@ from shapes import SHAPES  # noqa: E402
 CASES = Path(__file__).with_name("gpu_cases.yaml")
 VERBS = ("awq", "gptq", "fp8", "int8", "rtn", "build-trt")
 NEEDS = ("trt",)
+ENGINES = ("vllm", "transformers")  # quantkit eval --engine, on the GPU
 NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
@@ -58,10 +59,14 @@ class Smoke:
 
 @dataclass
 class Eval:
+    """quantkit eval against the source model, once per engine (vLLM's figures are the case's KLD, ppl ratio and
+    top-1; a transformers run beside it says whether the two engines agree)."""
+
     max_tokens: int = 32768
     ctx: int = 2048
     dataset: str = "heldout"
     timeout: float = 420
+    engines: list[str] = field(default_factory=lambda: ["vllm"])
 
 
 @dataclass
@@ -70,11 +75,13 @@ class Expect:
     quantization: str | None = None
     kernel: str | None = None
     moe_kernel: str | None = None
+    moe_method: str | None = None
     min_tok_s: dict[int, float] = field(default_factory=dict)
     smoke: bool | None = None
     max_kld: float | None = None
     max_ppl_ratio: float | None = None
     min_top1: float | None = None
+    max_engine_ppl_diff: float | None = None
 
 
 @dataclass
@@ -93,6 +100,7 @@ class Case:
     exclusive: bool = False
     estimate_s: float = 120
     artifact: str = ""  # the artifact folder's name: the first case with the same produce command
+    pending: str | None = None  # why its model may not exist yet (the file's pending_models entry)
 
 
 SWEEP_DEFAULTS = {"prompt_len": 512, "gen": 128, "max_model_len": 2048, "enforce_eager": False, "timeout": 600}
@@ -106,10 +114,10 @@ SECTIONS: dict[str, tuple[type, dict[str, Any]]] = {
                         "enforce_eager": "bool", "engine_args": "map", "timeout": "num", "force": ("env", "backend"),
                         "only": "strs"}),
     "smoke": (Smoke, {"args": "strs", "timeout": "num"}),
-    "eval": (Eval, {"max_tokens": "int", "ctx": "int", "dataset": "str", "timeout": "num"}),
+    "eval": (Eval, {"max_tokens": "int", "ctx": "int", "dataset": "str", "timeout": "num", "engines": "engines"}),
     "expect": (Expect, {"loads": "bool", "quantization": "str", "kernel": "pattern", "moe_kernel": "pattern",
-                        "min_tok_s": "tokmap", "smoke": "bool", "max_kld": "num", "max_ppl_ratio": "num",
-                        "min_top1": "num"}),
+                        "moe_method": "pattern", "min_tok_s": "tokmap", "smoke": "bool", "max_kld": "num",
+                        "max_ppl_ratio": "num", "min_top1": "num", "max_engine_ppl_diff": "num"}),
 }
 
 
@@ -153,9 +161,12 @@ class _Reader:
               "ints": isinstance(v, list) and bool(v) and all(isinstance(x, int) and x > 0 for x in v),
               "tokmap": isinstance(v, dict) and all(isinstance(k, int) and isinstance(x, (int, float))
                                                     for k, x in v.items()),
-              "recipe": isinstance(v, (str, dict)), "pattern": isinstance(v, str)}[kind]
+              "recipe": isinstance(v, (str, dict)), "pattern": isinstance(v, str),
+              "engines": isinstance(v, list) and bool(v) and all(x in ENGINES for x in v) and len(set(v)) == len(v)
+              }[kind]
         if not ok:
             want = {"strs": "a list of strings", "ints": "a non-empty list of positive integers", "map": "a mapping",
+                    "engines": f"a list of distinct engines from {', '.join(ENGINES)}",
                     "tokmap": "a mapping of batch size to tokens/s", "recipe": "a recipe file or mapping",
                     "num": "a number", "int": "an integer", "pattern": "a substring or /regex/"}.get(kind, f"a {kind}")
             self.fail(where, f"expected {want}; got {v!r}")
@@ -183,7 +194,7 @@ class _Reader:
             self.fail(where, "needs a verb (one of " + ", ".join(VERBS) + ")")
         return cls(**values)
 
-    def case(self, i: int, raw: Any, defaults: dict[str, Any]) -> Case:
+    def case(self, i: int, raw: Any, defaults: dict[str, Any], pending: dict[str, str]) -> Case:
         where: tuple = ("cases", i)
         if not isinstance(raw, dict):
             self.fail(where, f"a case is a mapping; got {raw!r}")
@@ -208,6 +219,7 @@ class _Reader:
             else:
                 fields[key] = self.value(at, TOP[key], v)
         case = Case(**fields)
+        case.pending = pending.get(case.model)
         self.check(where, case, raw)
         return case
 
@@ -225,8 +237,9 @@ class _Reader:
             if c.model[6:] not in SHAPES:
                 self.fail(where + ("model",), f"unknown shape {c.model[6:]!r}; bench/shapes.py has "
                           + ", ".join(SHAPES))
-        elif not (REPO / c.model / "config.json").is_file():
-            self.fail(where + ("model",), f"no checkpoint (config.json) at {c.model}")
+        elif not (REPO / c.model / "config.json").is_file() and c.pending is None:
+            self.fail(where + ("model",), f"no checkpoint (config.json) at {c.model} (a model still to come goes "
+                      "under pending_models)")
         for need in c.needs:
             if need not in NEEDS:
                 self.fail(where + ("needs",), f"unknown need {need!r}; known: {', '.join(NEEDS)}")
@@ -238,8 +251,10 @@ class _Reader:
         if e.smoke is not None and c.smoke is None:
             self.fail(where + ("expect", "smoke"), "needs a smoke: section")
         for key in ("max_kld", "max_ppl_ratio", "min_top1"):
-            if getattr(e, key) is not None and c.eval is None:
-                self.fail(where + ("expect", key), "needs an eval: section")
+            if getattr(e, key) is not None and (c.eval is None or "vllm" not in c.eval.engines):
+                self.fail(where + ("expect", key), "needs an eval: section with the vllm engine")
+        if e.max_engine_ppl_diff is not None and (c.eval is None or set(c.eval.engines) != set(ENGINES)):
+            self.fail(where + ("expect", "max_engine_ppl_diff"), "needs eval: {engines: [vllm, transformers]}")
         share = c.gpu_memory_utilization
         if share is not None and not 0 < share < 1:
             self.fail(where + ("gpu_memory_utilization",), f"expected a fraction in (0, 1); got {share}")
@@ -262,15 +277,19 @@ def load_cases(path: Path) -> list[Case]:
     if not isinstance(data, dict) or not isinstance(data.get("cases"), list) or not data["cases"]:
         reader.fail((), "expected a mapping with a non-empty list under 'cases:' (and optional 'defaults:')")
     for key in data:
-        if key not in ("defaults", "cases"):
-            reader.fail((key,), "unknown key; expected defaults or cases")
+        if key not in ("defaults", "cases", "pending_models"):
+            reader.fail((key,), "unknown key; expected defaults, pending_models or cases")
+    pending = data.get("pending_models") or {}
+    if not isinstance(pending, dict) or not all(isinstance(k, str) and isinstance(v, str) and not k.startswith("shape:")
+                                                for k, v in pending.items()):
+        reader.fail(("pending_models",), "expected a mapping of model folder to why it is not there yet")
     defaults = data.get("defaults") or {}
     if not isinstance(defaults, dict) or "name" in defaults:
         reader.fail(("defaults",), "expected a mapping of case keys (without name)")
     for key in defaults:
         if key not in TOP:
             reader.fail(("defaults", key), f"unknown key; expected one of {', '.join(TOP)}")
-    cases = [reader.case(i, raw, defaults) for i, raw in enumerate(data["cases"])]
+    cases = [reader.case(i, raw, defaults, pending) for i, raw in enumerate(data["cases"])]
     seen: dict[str, int] = {}
     producers: dict[str, str] = {}
     for i, c in enumerate(cases):
@@ -305,9 +324,11 @@ def describe_expect(e: Expect) -> str:
     parts += [f"quantization={e.quantization}"] if e.quantization else []
     parts += [f"kernel~{e.kernel!r}"] if e.kernel else []
     parts += [f"moe~{e.moe_kernel!r}"] if e.moe_kernel else []
+    parts += [f"moe method~{e.moe_method!r}"] if e.moe_method else []
     parts += [f"tok/s b{b}>={v:g}" for b, v in e.min_tok_s.items()]
     parts += ["smoke passes"] if e.smoke else []
     parts += [f"KLD<={e.max_kld:g}"] if e.max_kld is not None else []
     parts += [f"ppl ratio<={e.max_ppl_ratio:g}"] if e.max_ppl_ratio is not None else []
     parts += [f"top-1>={e.min_top1:g}"] if e.min_top1 is not None else []
+    parts += [f"|ppl vLLM/transformers - 1|<={e.max_engine_ppl_diff:g}"] if e.max_engine_ppl_diff is not None else []
     return ", ".join(parts)

@@ -19,6 +19,41 @@ def matches(pattern: str, lines: list[str]) -> bool:
     return any(pattern in line for line in lines)
 
 
+# vLLM 0.26.0's log: compressed_tensors_moe.get_moe_method names the WNA16 methods ("Using
+# CompressedTensorsWNA16MarlinMoEMethod"); each fused-MoE oracle names its backend and family ("Using VLLM_CUTLASS Fp8
+# MoE backend out of ...", "Using 'MARLIN' WNA16 MoE backend.", "Using TRITON Int8 MoE backend ...").
+_MOE_METHOD = re.compile(r"\bUsing (\w+MoEMethod)\b")
+_MOE_ORACLE = re.compile(r"\bUsing '?([A-Z][A-Z0-9_]*)'? (\w+) MoE backend\b")
+# Where vLLM does not log the method: the one compressed-tensors MoE method that reaches each oracle
+# (compressed_tensors_moe.py: only CompressedTensorsW8A8Fp8MoEMethod selects an Fp8 backend, only
+# CompressedTensorsW8A8Int8MoEMethod an Int8 one; an ignored MoE layer gets UnquantizedFusedMoEMethod).
+_CT_METHOD_OF_ORACLE = {"Fp8": "CompressedTensorsW8A8Fp8MoEMethod", "Int8": "CompressedTensorsW8A8Int8MoEMethod",
+                        "Unquantized": "UnquantizedFusedMoEMethod"}
+
+
+def moe_facts(log: str, quantization: str | None) -> dict[str, Any] | None:
+    """The MoE method and backend a vLLM log records (None for a log without fused experts): ``method`` is the one
+    vLLM logged, or, for a compressed-tensors checkpoint, the one its oracle's line implies (``method_from``)."""
+    log = re.sub(r"\x1b\[[0-9;]*m", "", log)
+    methods = list(dict.fromkeys(_MOE_METHOD.findall(log)))
+    oracles = list(dict.fromkeys(f"{backend} ({family})" for backend, family in _MOE_ORACLE.findall(log)))
+    if not methods and not oracles:
+        return None
+    method, source = (methods[-1], "log") if methods else (None, None)
+    if method is None and quantization == "compressed-tensors":
+        family = _MOE_ORACLE.findall(log)[-1][1]
+        method, source = _CT_METHOD_OF_ORACLE.get(family), "oracle line"
+    return {"method": method, "method_from": source, "methods": methods, "backends": oracles}
+
+
+def moe_lines(load: dict[str, Any]) -> list[str]:
+    """The MoE method as a line for checks and the table ("CompressedTensorsW8A8Fp8MoEMethod (from oracle line)")."""
+    moe = (load or {}).get("moe") or {}
+    if not moe.get("method"):
+        return []
+    return [moe["method"] + (" (from oracle line)" if moe.get("method_from") == "oracle line" else "")]
+
+
 def _check(name: str, expected: Any, actual: Any, ok: bool | None, note: str = "") -> dict[str, Any]:
     status = "skip" if ok is None else ("pass" if ok else "fail")
     return {"check": name, "expected": expected, "actual": actual, "status": status, "note": note}
@@ -42,6 +77,9 @@ def evaluate(c: Case, o: dict[str, Any]) -> list[dict[str, Any]]:
     if e.moe_kernel:
         moe = list(facts.get("moe") or [])
         checks.append(_check("moe_kernel", e.moe_kernel, moe, matches(e.moe_kernel, moe) if loaded else None))
+    if e.moe_method:
+        got = moe_lines(load or {})
+        checks.append(_check("moe_method", e.moe_method, got, matches(e.moe_method, got) if loaded else None))
     for b, floor in e.min_tok_s.items():
         got = ((load or {}).get("decode_tok_s") or {}).get(str(b))
         checks.append(_check(f"tok/s b{b}", floor, got, (got >= floor) if got is not None else None))
@@ -61,7 +99,18 @@ def evaluate(c: Case, o: dict[str, Any]) -> list[dict[str, Any]]:
             got = ev.get(metric)
             checks.append(_check(metric, limit, got, None if got is None else (got <= limit if upper else
                                                                                got >= limit)))
+    if e.max_engine_ppl_diff is not None:
+        diff = engine_ppl_diff(o)
+        checks.append(_check("engines agree", e.max_engine_ppl_diff, diff,
+                             None if diff is None else abs(diff) <= e.max_engine_ppl_diff,
+                             "ppl vLLM / ppl transformers - 1, same tokens"))
     return checks
+
+
+def engine_ppl_diff(o: dict[str, Any]) -> float | None:
+    """vLLM's perplexity of the artifact over transformers' on the same tokens, minus 1 (None unless both ran)."""
+    v, t = (o.get("eval") or {}).get("ppl"), (o.get("eval_transformers") or {}).get("ppl")
+    return None if v is None or t is None else v / t - 1
 
 
 def verdict(o: dict[str, Any]) -> str:
@@ -92,7 +141,8 @@ def markdown(results: list[dict[str, Any]], header: dict[str, Any]) -> str:
         tok = load.get("decode_tok_s") or {}
         cells = [r["name"], (r.get("artifact") or {}).get("status", "-"),
                  {"ok": "yes", None: "-", "not run": "-"}.get(load.get("status"), "NO"),
-                 facts.get("quantization") or "-", "<br>".join(facts.get("kernels") or []) or "-",
+                 facts.get("quantization") or "-",
+                 "<br>".join([*(facts.get("kernels") or []), *moe_lines(load)]) or "-",
                  _num(tok.get("1"), ".0f"), _num(tok.get("16"), ".0f"), smoke.get("status") or "-",
                  _num(ev.get("kld"), ".4f"), _num(ev.get("ppl_ratio"), ".4f"), _num(ev.get("top1"), ".3f"),
                  f"{passed}/{len(checks)}" + (f" (failed: {', '.join(failed)})" if failed else ""),
@@ -103,6 +153,16 @@ def markdown(results: list[dict[str, Any]], header: dict[str, Any]) -> str:
         lines += ["", "## Failed checks", ""]
         lines += [f"- {n}: {ch['check']}: expected {ch['expected']!r}, got {ch['actual']!r}"
                   + (f" ({ch['note']})" if ch.get("note") else "") for n, ch in bad]
+    both = [r for r in results if (r.get("eval") or {}).get("ppl") and (r.get("eval_transformers") or {}).get("ppl")]
+    if both:
+        lines += ["", "## vLLM vs transformers (quantkit eval, the same tokens)", "",
+                  "| case | ppl vLLM | ppl transformers | difference | top-1 vLLM | top-1 transformers | "
+                  "KLD vLLM (bound) | KLD transformers |", "|---|---|---|---|---|---|---|---|"]
+        for r in both:
+            v, t = r["eval"], r["eval_transformers"]
+            lines.append(f"| {r['name']} | {v['ppl']:.3f} | {t['ppl']:.3f} | {engine_ppl_diff(r):+.2%} | "
+                         f"{_num(v.get('top1'), '.4f')} | {_num(t.get('top1'), '.4f')} | {_num(v.get('kld'), '.5f')} | "
+                         f"{_num(t.get('kld'), '.5f')} |")
     errors = [(r["name"], r["error"]) for r in results if r.get("error")]
     if errors:
         lines += ["", "## Errors", ""] + [f"- {n}: {e}" for n, e in errors]

@@ -15,17 +15,19 @@ ModelOpt environment in /tmp/site-trt (scripts/trt_env.sh):
 ``--dry-run`` prints every command a run would start, without starting any. Per case, in order:
 
 1. the source model: a folder, or ``shape:NAME`` (random weights, built once into ``--models-dir``, shared with
-   bench/quantize_cost.py);
+   bench/quantize_cost.py); a case whose folder is one of the file's ``pending_models`` and still missing is
+   skipped with the reason given there;
 2. the artifact: ``python3 -m quantkit VERB MODEL ART --force --json ...`` (or ``build-trt`` on a recipe copy whose
    model and output are set), with PYTHONPATH=REPO:``--quantkit-site``; an artifact already built by the same
    command is reused (``--rebuild`` redoes it), and cases with the same command share it;
 3. the load: quantkit/serve/_vllm_speed.py in vLLM's environment (PYTHONPATH=``--vllm-site``): vLLM's
-   quantization method, the linear and MoE kernels its log names, TTFT and decode tok/s at the case's batch sizes;
-   with ``sweep:``, one such load per kernel configuration instead (quantkit.serve.kernel_sweep);
-4. ``quantkit smoke --engine vllm`` (the real ``vllm serve``) and ``quantkit eval --engine vllm`` where the case
-   asks for them;
-5. the checks: loads, quantization, kernel, MoE kernel, tok/s floors, smoke, doctor's prediction against vLLM's
-   own verdict, KLD, perplexity ratio, top-1.
+   quantization method, the linear and MoE kernels its log names and the fused-MoE method, TTFT and decode tok/s at
+   the case's batch sizes; with ``sweep:``, one such load per kernel configuration instead
+   (quantkit.serve.kernel_sweep);
+4. ``quantkit smoke --engine vllm`` (the real ``vllm serve``) and ``quantkit eval`` (``--engine vllm``, and
+   ``--engine transformers`` on the GPU where the case lists both engines) where the case asks for them;
+5. the checks: loads, quantization, kernel, MoE kernel and method, tok/s floors, smoke, doctor's prediction against
+   vLLM's own verdict, KLD, perplexity ratio, top-1, vLLM's perplexity against transformers'.
 
 Results are rewritten after every step: OUT/results.json (everything), OUT/results.md (the table),
 OUT/progress.log, OUT/logs/CASE/ (each process's log). Cases run ``--parallel`` at once on one GPU, each vLLM with
@@ -64,7 +66,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(Path(__file__).resolve().parent)]
 from gpu_case_file import CASES, Case, CaseError, Measure, describe_expect, load_cases, select  # noqa: E402
-from gpu_case_report import eval_summary, evaluate, markdown, smoke_summary, tail, verdict  # noqa: E402
+from gpu_case_report import eval_summary, evaluate, markdown, moe_facts, smoke_summary, tail, verdict  # noqa: E402
 from quantkit.serve import kernel_sweep, kernels  # noqa: E402
 
 FINISHED = ("pass", "fail", "error", "skipped")
@@ -170,12 +172,15 @@ def smoke_argv(c: Case, p: Paths, opts: argparse.Namespace, timeout: float) -> l
             *([f"--server-arg=--kv-cache-memory-bytes={kv}"] if kv else []), *c.smoke.args]
 
 
-def eval_argv(c: Case, p: Paths) -> list[str]:
+def eval_argv(c: Case, p: Paths, engine: str = "vllm") -> list[str]:
+    """quantkit eval of the served artifact against the source model, in vLLM (its own Python) or in transformers
+    on the GPU; each engine writes its report into a folder of its own."""
     assert c.eval is not None
-    return [p.python, "-m", "quantkit", "eval", str(p.served(c)), "--engine", "vllm", "--python",
-            str(p.wrapper("vllm-python")), "--baseline", str(p.model(c)), "--dataset", c.eval.dataset, "--ctx",
-            str(c.eval.ctx), "--max-tokens", str(c.eval.max_tokens), "--report-dir", str(p.logs(c) / "eval"),
-            "--json"]
+    where = ["--python", str(p.wrapper("vllm-python"))] if engine == "vllm" else ["--device", "cuda"]
+    report = p.logs(c) / ("eval" if engine == "vllm" else f"eval-{engine}")
+    return [p.python, "-m", "quantkit", "eval", str(p.served(c)), "--engine", engine, *where, "--baseline",
+            str(p.model(c)), "--dataset", c.eval.dataset, "--ctx", str(c.eval.ctx), "--max-tokens",
+            str(c.eval.max_tokens), "--report-dir", str(report), "--json"]
 
 
 def eval_env(c: Case, p: Paths, opts: argparse.Namespace) -> dict[str, str]:
@@ -189,6 +194,8 @@ def missing_needs(c: Case, p: Paths) -> str | None:
     """Why the case cannot run on this machine (an environment it needs is absent), or None."""
     if "trt" in c.needs and not (Path(p.trt_site) / "modelopt").is_dir():
         return f"the ModelOpt environment is not installed in {p.trt_site} (scripts/trt_env.sh)"
+    if c.pending is not None and not (p.model(c) / "config.json").is_file():
+        return f"{c.model} is not there yet: {c.pending}"
     return None
 
 
@@ -247,8 +254,10 @@ def plan(cases: list[Case], p: Paths, opts: argparse.Namespace) -> str:
         if c.smoke and not opts.no_smoke:
             out.append(f"   smoke:   {sh(smoke_argv(c, p, opts, c.smoke.timeout))}")
         if c.eval and not opts.no_eval:
-            out.append(f"   eval:    QUANTKIT_VLLM_ARGS={shlex.quote(eval_env(c, p, opts)['QUANTKIT_VLLM_ARGS'])} "
-                       f"{sh(eval_argv(c, p))}")
+            for engine in c.eval.engines:
+                env = f"QUANTKIT_VLLM_ARGS={shlex.quote(eval_env(c, p, opts)['QUANTKIT_VLLM_ARGS'])} " \
+                    if engine == "vllm" else ""
+                out.append(f"   eval:    {env}{sh(eval_argv(c, p, engine))}")
         out.append(f"   expect:  {describe_expect(c.expect)}")
     return "\n".join(out) + "\n"
 
@@ -408,14 +417,18 @@ class Run:
         else:
             with self.gate.use(c.exclusive):
                 o["load"] = self.load(c, logs)
+        if o["load"]:
+            o["load"]["moe"] = load_moe(o["load"])
         self.publish(c.name, o)
         if c.smoke and not self.opts.no_smoke:
             with self.gate.use():
                 o["smoke"] = self.smoke(c, logs)
             self.publish(c.name, o)
         if c.eval and not self.opts.no_eval:
-            with self.gate.use():
-                o["eval"] = self.evaluate_step(c, logs)
+            for engine in c.eval.engines:
+                with self.gate.use():
+                    o["eval" if engine == "vllm" else f"eval_{engine}"] = self.evaluate_step(c, logs, engine)
+                self.publish(c.name, o)
 
     @contextmanager
     def once(self, key: str) -> Iterator[None]:
@@ -500,13 +513,24 @@ class Run:
                           self.p.quantkit_env(), logs / "smoke.stderr.log", timeout, out)
         return smoke_summary(_json(out), rc, logs / "smoke.stderr.log")
 
-    def evaluate_step(self, c: Case, logs: Path) -> dict[str, Any]:
+    def evaluate_step(self, c: Case, logs: Path, engine: str = "vllm") -> dict[str, Any]:
         assert c.eval is not None
         self.gate.engine_start()
-        out = logs / "eval.json"
-        rc = self.process(c, "eval", eval_argv(c, self.p), eval_env(c, self.p, self.opts), logs / "eval.stderr.log",
-                          c.eval.timeout, out)
-        return eval_summary(_json(out), rc, logs / "eval.stderr.log")
+        name = "eval" if engine == "vllm" else f"eval-{engine}"
+        out, err = logs / f"{name}.json", logs / f"{name}.stderr.log"
+        env = eval_env(c, self.p, self.opts) if engine == "vllm" else self.p.quantkit_env()
+        rc = self.process(c, name, eval_argv(c, self.p, engine), env, err, c.eval.timeout, out)
+        return eval_summary(_json(out), rc, err)
+
+
+def load_moe(load: dict[str, Any]) -> dict[str, Any] | None:
+    """The MoE method and backends the load's vLLM log records (None without fused experts or a log)."""
+    try:
+        text = Path(load["log"]).read_text(errors="replace")
+    except (KeyError, TypeError, OSError):
+        return None
+    quant = (load.get("facts") or {}).get("quantization") or (load.get("extra") or {}).get("quantization")
+    return moe_facts(text, quant)
 
 
 class StepFailed(Exception):

@@ -71,6 +71,23 @@ def test_the_old_scripts_are_covered(cases: list) -> None:
     assert c["modelopt-fp8-8b"].model == "shape:8b"
 
 
+def test_moe_cases(cases: list) -> None:
+    """One case per compressed-tensors method of the MoE reference model, each served, a few scored by both engines,
+    all waiting for the model while it is being trained."""
+    moe = cf.select(cases, ["moe"], [])
+    produced = {(c.produce.verb, tuple(c.produce.args)) for c in moe}
+    assert produced == {("rtn", ()), ("awq", ()), ("gptq", ()), ("fp8", ()), ("fp8", ("--scheme", "dynamic")),
+                        ("fp8", ("--scheme", "block")), ("int8", ())}
+    assert all(c.model == "models/quantkit-tiny-moe" and c.smoke is not None and c.expect.smoke for c in moe)
+    assert all(c.expect.moe_method and c.expect.kernel for c in moe)
+    scored = {c.name for c in moe if c.eval}
+    assert scored == {"moe-gptq-w4g128", "moe-fp8-static", "moe-int8-sq"}
+    assert all(by_name(cases)[n].eval.engines == ["vllm", "transformers"] for n in scored)
+    if not (ROOT / "models" / "quantkit-tiny-moe" / "config.json").is_file():
+        assert all(c.pending for c in moe)
+    assert by_name(cases)["rtn-w4g128"].pending is None and by_name(cases)["rtn-w4g128"].eval is None
+
+
 def test_selection(cases: list) -> None:
     assert "fp8-block-sweep" not in [c.name for c in cf.select(cases, [], [])]  # optional
     assert [c.name for c in cf.select(cases, ["8b"], ["modelopt"])] == ["rtn-w4g128-8b"]
@@ -94,7 +111,17 @@ BASE = "cases:\n  - name: a\n    produce: {verb: rtn}\n"
     ("cases:\n  - name: t\n    produce: {verb: build-trt}\n", ":3: cases[0].produce: build-trt needs a recipe"),
     ("cases:\n  - name: t\n    produce: {verb: rtn, recipe: recipes/rtn.yaml}\n", "only build-trt takes a recipe"),
     (BASE + "    expect: {min_tok_s: {4: 10}}\n", "cases[0].expect.min_tok_s: batch 4 is not measured"),
-    (BASE + "    expect: {max_kld: 0.1}\n", "cases[0].expect.max_kld: needs an eval: section"),
+    (BASE + "    expect: {max_kld: 0.1}\n", "cases[0].expect.max_kld: needs an eval: section with the vllm engine"),
+    (BASE + "    eval: {engines: [transformers]}\n    expect: {min_top1: 0.9}\n",
+     "cases[0].expect.min_top1: needs an eval: section with the vllm engine"),
+    (BASE + "    eval: {}\n    expect: {max_engine_ppl_diff: 0.01}\n",
+     ":5: cases[0].expect.max_engine_ppl_diff: needs eval: {engines: [vllm, transformers]}"),
+    (BASE + "    eval: {engines: [vllm, llamacpp]}\n",
+     ":4: cases[0].eval.engines: expected a list of distinct engines"),
+    (BASE + "    expect: {moe_method: '/Marlin(/'}\n", "cases[0].expect.moe_method: not a valid regular expression"),
+    ("pending_models: [models/x]\n" + BASE, ":1: pending_models: expected a mapping of model folder to why"),
+    ("pending_models: {models/x: soon}\n" + BASE + "    model: models/y\n",
+     "no checkpoint (config.json) at models/y (a model still to come goes under pending_models)"),
     (BASE + "    model: shape:9b\n", ":4: cases[0].model: unknown shape '9b'"),
     (BASE + "    model: models/nothing\n", "no checkpoint (config.json) at models/nothing"),
     (BASE + "    produce: {verb: quantize}\n", "cases[0].produce.verb: expected one of awq, gptq"),
@@ -143,6 +170,37 @@ def test_dry_run_prints_every_command(tmp_path: Path) -> None:
            "--checkpoint-only" in out
     assert f"output: {tmp_path}/arts/modelopt-fp8" in out and "rtn-w4g128-8b" not in out
     assert not (tmp_path / "results.json").exists()  # nothing ran
+
+
+def test_dry_run_of_the_moe_cases(tmp_path: Path) -> None:
+    """Both eval engines of a case, each with its own report folder; a model still to come is named as the reason
+    the case would be skipped."""
+    p = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(tmp_path), "--only", "moe-fp8-static"],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert f"quantkit eval {tmp_path}/arts/moe-fp8-static --engine vllm --python {tmp_path}/bin/vllm-python" in p.stdout
+    assert f"quantkit eval {tmp_path}/arts/moe-fp8-static --engine transformers --device cuda --baseline " \
+           f"{ROOT}/models/quantkit-tiny-moe --dataset heldout --ctx 2048 --max-tokens 32768 --report-dir " \
+           f"{tmp_path}/logs/moe-fp8-static/eval-transformers --json" in p.stdout
+    assert "moe method~'CompressedTensorsW8A8Fp8MoEMethod'" in p.stdout and "moe~'VLLM_CUTLASS'" in p.stdout
+    if not (ROOT / "models" / "quantkit-tiny-moe" / "config.json").is_file():
+        assert "skipped on this machine: models/quantkit-tiny-moe is not there yet: the MoE reference model" in p.stdout
+
+
+def test_a_pending_model_skips_its_cases(tmp_path: Path) -> None:
+    """Until the model is there its cases are skipped with the reason, nothing is started; once it is, they run."""
+    f = tmp_path / "cases.yaml"
+    f.write_text("pending_models: {models/later: being trained}\ncases:\n  - name: m\n    model: models/later\n"
+                 "    produce: {verb: rtn}\n    expect: {kernel: Machete}\n")
+    cases = cf.load_cases(f)
+    p = paths(tmp_path)
+    gc.Run(cases, p, opts("--out", str(tmp_path), "--budget", "600"), {}).run()
+    r = json.loads((tmp_path / "results.json").read_text())["cases"][0]
+    assert r["status"] == "skipped" and r["reason"] == "models/later is not there yet: being trained"
+    assert not (tmp_path / "logs").exists()
+    other = cf.load_cases(f)[0]
+    other.model = "models/quantkit-tiny"  # a model that is there: pending no longer applies
+    assert gc.missing_needs(other, p) is None
 
 
 def test_plan_lists_sweep_configurations_of_a_built_artifact(tmp_path: Path, cases: list) -> None:
@@ -238,6 +296,84 @@ def test_failures_are_named(cases: list) -> None:
     checks = {ch["check"]: ch for ch in cr.evaluate(c["awq-w4g128"], refused)}
     assert checks["smoke"]["status"] == "fail" and checks["doctor agrees"]["status"] == "fail"
     assert cr.verdict({"error": "produce: quantkit awq exited 1", "checks": []}) == "error"
+
+
+# vLLM 0.26.0's log lines for fused experts, as its source writes them (compressed_tensors_moe.py, fused_moe/oracle)
+MOE_LOGS = {
+    "wna16": "(EngineCore_DP0 pid=1) INFO 12-01 10:00:00 [compressed_tensors_moe.py:175] Using "
+             "CompressedTensorsWNA16MarlinMoEMethod\n(EngineCore_DP0 pid=1) INFO 12-01 10:00:00 [int_wna16.py:184] "
+             "Using 'MARLIN' WNA16 MoE backend.\n",
+    "fp8": "(EngineCore_DP0 pid=1) INFO 12-01 10:00:00 [fp8.py:405] Using VLLM_CUTLASS Fp8 MoE backend out of "
+           "potential backends: ['AITER', 'FLASHINFER_TRTLLM', 'FLASHINFER_CUTLASS', 'DEEPGEMM', 'VLLM_CUTLASS', "
+           "'TRITON', 'MARLIN'].\n",
+    "int8": "INFO 12-01 10:00:00 [int8.py:173] Using TRITON Int8 MoE backend out of potential backends: "
+            "['TRITON', 'HUMMING'].\n",
+    "dense": "INFO 12-01 10:00:00 [kernels.py:1] Using MacheteLinearKernel for CompressedTensorsWNA16\n",
+}
+
+
+def test_moe_facts_from_vllm_logs() -> None:
+    wna16 = cr.moe_facts(MOE_LOGS["wna16"], "compressed-tensors")
+    assert wna16 == {"method": "CompressedTensorsWNA16MarlinMoEMethod", "method_from": "log",
+                     "methods": ["CompressedTensorsWNA16MarlinMoEMethod"], "backends": ["MARLIN (WNA16)"]}
+    fp8 = cr.moe_facts("\x1b[1;36m" + MOE_LOGS["fp8"], "compressed-tensors")
+    assert fp8["method"] == "CompressedTensorsW8A8Fp8MoEMethod" and fp8["method_from"] == "oracle line"
+    assert fp8["backends"] == ["VLLM_CUTLASS (Fp8)"]
+    assert cr.moe_facts(MOE_LOGS["int8"], "compressed-tensors")["method"] == "CompressedTensorsW8A8Int8MoEMethod"
+    assert cr.moe_facts(MOE_LOGS["fp8"], "modelopt")["method"] is None  # another loader's method: not implied
+    assert cr.moe_facts(MOE_LOGS["dense"], "compressed-tensors") is None
+    # the same lines give kernels.log_facts' MoE backend, which moe_kernel checks
+    assert kernels.log_facts(MOE_LOGS["fp8"]).moe == ("VLLM_CUTLASS",)
+    assert kernels.log_facts(MOE_LOGS["wna16"]).moe == ("MARLIN",)
+
+
+def moe_outcome(log: str, quantization: str = "compressed-tensors") -> dict:
+    facts = kernels.log_facts(log + f"quantization={quantization}\n")
+    return {"load": {"status": "ok", "facts": facts.to_json(), "decode_tok_s": {"1": 100.0, "16": 900.0},
+                     "moe": cr.moe_facts(log, quantization)}}
+
+
+def test_moe_checks(cases: list) -> None:
+    c = by_name(cases)
+    checks = {ch["check"]: ch for ch in cr.evaluate(c["moe-fp8-static"], moe_outcome(
+        "Using CutlassFP8ScaledMMLinearKernel for CompressedTensorsW8A8Fp8\n" + MOE_LOGS["fp8"]))}
+    assert checks["moe_method"]["status"] == "pass" and checks["moe_kernel"]["status"] == "pass"
+    assert checks["moe_method"]["actual"] == ["CompressedTensorsW8A8Fp8MoEMethod (from oracle line)"]
+    assert checks["engines agree"]["status"] == "skip"  # no eval ran
+    triton = MOE_LOGS["fp8"].replace("Using VLLM_CUTLASS", "Using TRITON")
+    checks = {ch["check"]: ch for ch in cr.evaluate(c["moe-fp8-static"], moe_outcome(triton))}
+    assert checks["moe_kernel"]["status"] == "fail" and checks["moe_kernel"]["actual"] == ["TRITON"]
+    # WNA16: the method and backend recorded; AWQ must get Marlin, the others may get either WNA16 method
+    other = MOE_LOGS["wna16"].replace("WNA16MarlinMoEMethod", "WNA16MoEMethod").replace("'MARLIN'", "'X'")
+    assert {ch["check"]: ch["status"] for ch in cr.evaluate(c["moe-gptq-w4g128"], moe_outcome(
+        "Using MacheteLinearKernel for CompressedTensorsWNA16\n" + other))}["moe_method"] == "pass"
+    assert {ch["check"]: ch["status"] for ch in cr.evaluate(c["moe-awq-w4g128"], moe_outcome(
+        "Using MacheteLinearKernel for CompressedTensorsWNA16\n" + other))}["moe_method"] == "fail"
+
+
+def test_engine_agreement(cases: list) -> None:
+    case = by_name(cases)["moe-gptq-w4g128"]
+    o = moe_outcome("Using MacheteLinearKernel for CompressedTensorsWNA16\n" + MOE_LOGS["wna16"])
+    o["eval"] = {"ppl": 16.30, "kld": 0.02, "top1": 0.9, "ppl_ratio": 1.03}
+    o["eval_transformers"] = {"ppl": 16.25, "kld": 0.021, "top1": 0.905}
+    checks = {ch["check"]: ch for ch in cr.evaluate(case, o)}
+    assert checks["engines agree"]["status"] == "pass" and checks["engines agree"]["actual"] == pytest.approx(
+        16.30 / 16.25 - 1)
+    o["eval_transformers"]["ppl"] = 15.0
+    assert {ch["check"]: ch for ch in cr.evaluate(case, o)}["engines agree"]["status"] == "fail"
+    o["eval_transformers"]["ppl"] = 16.25
+    md = cr.markdown([{"name": case.name, "status": "pass", **o}], {})
+    assert "## vLLM vs transformers" in md and "| moe-gptq-w4g128 | 16.300 | 16.250 | +0.31% | 0.9000 | 0.9050 |" in md
+    row = next(line for line in md.splitlines() if line.startswith("| moe-gptq-w4g128 | - | yes |"))
+    assert "MARLIN (MoE)<br>CompressedTensorsWNA16MarlinMoEMethod" in row
+
+
+def test_the_runner_reads_moe_facts_from_the_load_log(tmp_path: Path) -> None:
+    log = tmp_path / "load.log"
+    log.write_text(MOE_LOGS["int8"])
+    load = {"log": str(log), "facts": {"quantization": None}, "extra": {"quantization": "compressed-tensors"}}
+    assert gc.load_moe(load)["method"] == "CompressedTensorsW8A8Int8MoEMethod"
+    assert gc.load_moe({"log": str(tmp_path / "missing.log")}) is None
 
 
 def test_regex_and_substring_patterns() -> None:

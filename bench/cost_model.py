@@ -1,0 +1,124 @@
+"""What a quantization run costs on one GPU, estimated from its FLOPs before any GPU time is spent on it
+(``python bench/quantize_cost.py --estimate``), so that a short GPU lease is planned, not guessed.
+
+What is counted, per decoder layer and calibration sample of L tokens, following llm-compressor 0.14.0.1:
+
+* the sequential pipeline runs every layer twice over every sample (calibration with the modifiers' hooks, then
+  propagation of the quantized layer's outputs): 2 x (2 L x in x out per Linear + 2 L^2 x heads x head_dim for
+  causal attention); with ``moe_calibrate_all_experts`` (its default) **every expert runs every token**, so an
+  MoE layer costs all of its experts, not top-k of them;
+* GPTQ adds a Hessian per quantized Linear, accumulated in float32 (``H += X^T X``: 2 L x in^2), and once per
+  module the Cholesky factorisation and the column sweep (about in^3 + out x in^2, float32);
+* the per-expert Python loop of llm-compressor's linearized experts (a ``torch.where`` that synchronises with
+  the device, then a handful of kernels) costs a fixed time per expert, layer, sample and pass.
+
+Rates are assumptions, stated in :class:`Rates`: achieved (not peak) bf16 GEMM and float32 matmul throughput of an
+H200 (TF32 is off by torch's default, so the Hessians run at float32 speed), and fixed costs for start-up, loading
+and saving. Checked against the one measured point there is (../shared/device/llmcompressor/README.md: GPTQ W4A16
+of the 8B Llama shape at 128 x 2048 tokens, 206 s): the model gives the figure ``--estimate --shape 8b`` prints.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from shapes import Shape
+
+MODELLED = ("gptq", "fp8-static")
+
+
+@dataclass(frozen=True)
+class Rates:
+    """Achieved throughput and fixed costs on one H200 (assumptions, see the module docstring)."""
+
+    bf16_flops: float = 400e12  # calibration forward GEMMs (H200 dense bf16 peak ~990e12)
+    fp32_flops: float = 50e12  # GPTQ Hessians and solves (H200 float32 peak ~67e12)
+    expert_step_s: float = 60e-6  # one expert of the linearized MoE loop: device sync + ~8 kernel launches
+    startup_s: float = 20.0  # interpreter, torch, transformers, llm-compressor imports
+    load_bytes_s: float = 0.6e9  # from_pretrained of bf16 safetensors (page cache) into CPU memory, linearize
+    save_bytes_s: float = 0.4e9  # compress (pack or cast) and write, per bf16 source byte
+
+
+def linears(shape: Shape) -> list[tuple[str, int, int, int]]:
+    """Per decoder layer: (name, in features, out features, copies) of every Linear quantization targets."""
+    f = shape.config()
+    h, heads, kv = f["hidden_size"], f["num_attention_heads"], f["num_key_value_heads"]
+    hd = f.get("head_dim") or h // heads
+    out = [("q_proj", h, heads * hd, 1), ("k_proj", h, kv * hd, 1), ("v_proj", h, kv * hd, 1),
+           ("o_proj", heads * hd, h, 1)]
+    if shape.moe:
+        m, e = f["moe_intermediate_size"], f["num_experts"]
+        return out + [("experts.gate_proj", h, m, e), ("experts.up_proj", h, m, e), ("experts.down_proj", m, h, e)]
+    i = f["intermediate_size"]
+    return out + [("gate_proj", h, i, 1), ("up_proj", h, i, 1), ("down_proj", i, h, 1)]
+
+
+def parameters(shape: Shape) -> int:
+    """Weights of the checkpoint (norms left out: they do not move the estimate)."""
+    f = shape.config()
+    per_layer = sum(i * o * n for _, i, o, n in linears(shape))
+    if shape.moe:
+        per_layer += f["hidden_size"] * f["num_experts"]  # the router
+    embed = f["vocab_size"] * f["hidden_size"]
+    return f["num_hidden_layers"] * per_layer + embed * (1 if f.get("tie_word_embeddings") else 2)
+
+
+def _batch_bytes(lin: list[tuple[str, int, int, int]], i: int, o: int, block: int = 128) -> int:
+    """GPU memory of one batched GPTQ solve: llm-compressor 0.14's ``max_batch_size`` per-module peak (float32)
+    times every module of the layer with the same weight shape (with ~130 GB free, "auto" batches them all)."""
+    count = sum(n for _, a, b, n in lin if (a, b) == (i, o))
+    per_module = max(i * i + 3 * o * i + 4 * o * block, 3 * i * i + 2 * o * i) * 4
+    return count * per_module
+
+
+def estimate(shape: Shape, method: str, samples: int, seq_len: int, rates: Rates = Rates()) -> dict[str, Any]:
+    """FLOPs and seconds of one run of ``method`` (``gptq`` or ``fp8-static``) through llm-compressor's
+    sequential pipeline, and a rough peak of GPU memory (one layer on the device at a time)."""
+    if method not in MODELLED:
+        raise ValueError(f"no cost model for {method!r}; modelled: {', '.join(MODELLED)}")
+    f = shape.config()
+    layers, L = f["num_hidden_layers"], seq_len
+    heads, hd = f["num_attention_heads"], f.get("head_dim") or f["hidden_size"] // f["num_attention_heads"]
+    lin = linears(shape)
+    forward = layers * samples * 2 * (2 * L * sum(i * o * n for _, i, o, n in lin) + 2 * L * L * heads * hd)
+    experts = f.get("num_experts", 0)
+    loop_s = layers * samples * 2 * experts * rates.expert_step_s
+    hessian = solve = 0
+    if method == "gptq":
+        hessian = layers * samples * sum(2 * L * i * i * n for _, i, _, n in lin)
+        solve = layers * sum((i ** 3 + o * i * i) * n for _, i, o, n in lin)
+    source_bytes = 2 * parameters(shape)
+    fixed = rates.startup_s + source_bytes / rates.load_bytes_s + source_bytes / rates.save_bytes_s
+    compute = forward / rates.bf16_flops + (hessian + solve) / rates.fp32_flops + loop_s
+    layer_bytes = 2 * sum(i * o * n for _, i, o, n in lin)
+    hessian_bytes = sum(4 * i * i * n for _, i, _, n in lin) if method == "gptq" else 0
+    batch_bytes = max(_batch_bytes(lin, i, o) for _, i, o, _ in lin) if method == "gptq" else 0
+    return {"method": method, "samples": samples, "seq_len": seq_len, "forward_flops": forward,
+            "hessian_flops": hessian, "solve_flops": solve, "expert_loop_s": round(loop_s, 1),
+            "compute_s": round(compute, 1), "fixed_s": round(fixed, 1), "wall_s": round(compute + fixed, 1),
+            "peak_gpu_bytes": layer_bytes + hessian_bytes + batch_bytes, "host_bytes": source_bytes,
+            "rates": rates.__dict__}
+
+
+def markdown(shape_name: str, shape: Shape, rows: list[dict[str, Any]]) -> str:
+    """The estimates as a table, with the assumptions beside it."""
+    r = rows[0]["rates"]
+    lines = [f"Estimate for `{shape_name}` ({shape.architecture}, {parameters(shape) / 1e9:.2f}B parameters) on one "
+             f"H200, per tool (quantkit's CLI and the direct script cost the same work):", "",
+             "| method | tokens | forward PFLOP (bf16) | Hessian + solve PFLOP (fp32) | expert loop | compute | "
+             "start-up + load + save | wall | peak GPU |", "|---|---|---|---|---|---|---|---|---|"]
+    for x in rows:
+        lines.append(f"| {x['method']} | {x['samples']} x {x['seq_len']} | {x['forward_flops'] / 1e15:.2f} | "
+                     f"{(x['hessian_flops'] + x['solve_flops']) / 1e15:.2f} | {x['expert_loop_s']:.0f} s | "
+                     f"{x['compute_s']:.0f} s | {x['fixed_s']:.0f} s | **{x['wall_s'] / 60:.1f} min** | "
+                     f"~{x['peak_gpu_bytes'] / 2**30:.0f} GiB |")
+    lines += ["", f"Assumed: bf16 GEMMs at {r['bf16_flops'] / 1e12:.0f} TFLOP/s, float32 at "
+              f"{r['fp32_flops'] / 1e12:.0f} TFLOP/s, {r['expert_step_s'] * 1e6:.0f} us per expert step, start-up "
+              f"{r['startup_s']:.0f} s, load {r['load_bytes_s'] / 1e9:.1f} GB/s, save {r['save_bytes_s'] / 1e9:.1f} "
+              "GB/s of bf16 source. Peak GPU: one layer's weights, its Hessians and its largest batched GPTQ solve, "
+              "a floor "
+              "(the allocator's cache and activation buffers are not counted: 4.6 GiB here for the 8B GPTQ run that "
+              "peaked at 10.4 GiB).", ""]
+    return "\n".join(lines)
