@@ -11,9 +11,11 @@
 #   bash bench/h200_moe.sh status | collect "$OUT"
 #
 # The job runs from a snapshot of the repository (/tmp/qk-moe), because each device call re-sends the working tree.
-# Order: (1) the 12-layer Qwen3-30B-A3B-wide checkpoint and its tokens (untimed); (2) quantize_cost, GPTQ and FP8,
-# quantkit and llm-compressor (timed, alone on the GPU); (3) once vLLM is assembled, serve_speed for bf16, W4A16 and
-# FP8 (timed, alone); (4) scripts/gpu_cases.py --only moe with what is left of the time (untimed, 4 cases at once).
+# Order: (0) the MoE reference model trained (models/scripts/train_moe.py, untimed; needs .train/ carried) while
+# (1) the 12-layer Qwen3-30B-A3B-wide checkpoint and its tokens are built (untimed); (2) quantize_cost, GPTQ and FP8,
+# quantkit and llm-compressor (timed, alone on the GPU); (3) once vLLM is assembled, scripts/gpu_cases.py --only moe
+# on the freshly trained model (untimed, 4 cases at once, CASES_S seconds at most); (4) serve_speed for bf16, W4A16
+# and FP8 (timed, alone) with the time left.
 set -uo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 SNAP=/tmp/qk-moe
@@ -22,6 +24,7 @@ WORK=/tmp/quantkit-bench-qcost
 SHAPE="${SHAPE:-qwen3-30b-a3b-12l}"  # SHAPE=moe-tiny SAMPLES=4 SEQ_LEN=64 tries the job on a CPU
 SAMPLES="${SAMPLES:-32}"
 SEQ_LEN="${SEQ_LEN:-2048}"
+CASES_S="${CASES_S:-420}"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0
 
 log() { echo "[$(date +%H:%M:%S)] $*" >> "$LOGS/job.log"; }
@@ -30,23 +33,27 @@ job() {  # the background job; $1 = epoch second by which it must be done
   local deadline=$1
   cd "$SNAP" || exit 1
   export PYTHONPATH="$SNAP:/tmp/site-llmc"
-  log "prepare $SHAPE, $SAMPLES x $SEQ_LEN tokens"
+  log "train the MoE reference model, and prepare $SHAPE, $SAMPLES x $SEQ_LEN tokens"
+  python3 models/scripts/train_moe.py --out "$LOGS/quantkit-tiny-moe" > "$LOGS/train.log" 2>&1 &
+  local trainer=$!
   python3 bench/quantize_cost.py --shape "$SHAPE" --samples "$SAMPLES" --seq-len "$SEQ_LEN" --prepare >> "$LOGS/quantize.log" 2>&1
+  wait "$trainer"
+  log "train_moe exited $?"
+  cp -r "$LOGS/quantkit-tiny-moe" "$SNAP/models/quantkit-tiny-moe"
   log "quantize_cost (timed)"
   python3 bench/quantize_cost.py --shape "$SHAPE" --samples "$SAMPLES" --seq-len "$SEQ_LEN" --keep quantkit \
     --results-dir "$LOGS/results" >> "$LOGS/quantize.log" 2>&1
   log "quantize_cost exited $?; waiting for vLLM"
   until [ -f /tmp/site/.assembled ] || [ "$(date +%s)" -ge "$deadline" ]; do sleep 5; done
   if [ -f /tmp/site/.assembled ]; then
-    log "serve_speed (timed)"
-    python3 bench/serve_speed.py "$WORK/src-$SHAPE" "$WORK/out-quantkit-gptq" "$WORK/out-quantkit-fp8-static" \
-      --vllm-site /tmp/site --name serve_speed_moe --results-dir "$LOGS/results" --logs "$LOGS/serve" \
-      >> "$LOGS/serve.log" 2>&1
-    log "serve_speed exited $?"
-    local left=$(( deadline - $(date +%s) ))
-    log "gpu_cases --only moe, budget $left s"
-    python3 scripts/gpu_cases.py --only moe --out /tmp/qk-gpu-moe --budget "$left" >> "$LOGS/cases.log" 2>&1
+    log "gpu_cases --only moe, budget $CASES_S s"
+    python3 scripts/gpu_cases.py --only moe --out /tmp/qk-gpu-moe --budget "$CASES_S" >> "$LOGS/cases.log" 2>&1
     log "gpu_cases exited $?"
+    log "serve_speed (timed)"
+    timeout $(( deadline - $(date +%s) )) python3 bench/serve_speed.py "$WORK/src-$SHAPE" \
+      "$WORK/out-quantkit-gptq" "$WORK/out-quantkit-fp8-static" --vllm-site /tmp/site --name serve_speed_moe \
+      --results-dir "$LOGS/results" --logs "$LOGS/serve" >> "$LOGS/serve.log" 2>&1
+    log "serve_speed exited $?"
   else
     log "vLLM was not assembled in time: serve_speed and the MoE cases not run"
   fi
@@ -74,8 +81,9 @@ case "${1:-}" in
     cat "$LOGS"/results/*.md 2>/dev/null; nvidia-smi --query-gpu=memory.used --format=csv,noheader ;;
   collect)
     mkdir -p "$2"
-    tar -C "$LOGS" -czf "$2/bench-moe.tar.gz" job.log results quantize.log serve.log \
+    tar -C "$LOGS" -czf "$2/bench-moe.tar.gz" job.log results quantize.log serve.log train.log \
       $(cd "$LOGS" && ls -d serve 2>/dev/null) 2>/dev/null
+    [ -f "$LOGS/quantkit-tiny-moe/model.safetensors" ] && tar -C "$LOGS" -cf "$2/quantkit-tiny-moe.tar" quantkit-tiny-moe
     tar -C "$WORK" -czf "$2/quantize-logs.tar.gz" $(cd "$WORK" && ls ./*.log 2>/dev/null) 2>/dev/null
     [ -d /tmp/qk-gpu-moe ] && python3 "$SNAP/scripts/gpu_cases.py" --collect "$2" --out /tmp/qk-gpu-moe
     ls -la "$2" ;;
