@@ -262,7 +262,9 @@ def write_model_card(r: OutputResult, recipe: Recipe, src: source_mod.SourceMode
              f"Quantized from `{base}` with quantkit {m.get('quantkit_version', '')} ({r.method}, "
              f"{m.get('format')}).", "", "## Quantization", ""]
     q = m.get("quantization") or {}
-    lines += ["| field | value |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in q.items()]
+    lines += ["| field | value |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in q.items() if k != "imatrix"]
+    if q.get("imatrix"):
+        lines += ["", imatrix_line(q["imatrix"])]
     cal = m.get("calibration")
     if cal:
         lines += ["", f"Calibration: `{cal['dataset']}`, {cal['samples']} samples x {cal['seq_len']} tokens, "
@@ -275,6 +277,16 @@ def write_model_card(r: OutputResult, recipe: Recipe, src: source_mod.SourceMode
     lines += ["", "## Versions", "", "| library | version |", "| --- | --- |"]
     lines += [f"| {k} | {v} |" for k, v in (m.get("versions") or {}).items()]
     artifact.write_text_atomic(r.path / "README.md", "\n".join(lines) + "\n")
+
+
+def imatrix_line(im: dict[str, Any]) -> str:
+    """The model card's sentence about a GGUF importance matrix: which file, made from what, applied by what."""
+    made = (f"computed by quantkit from the calibration tokens (sha256 `{im['calibration_tokens_sha256']}`)"
+            if im.get("source") == "calibration" else f"given as `{Path(im.get('given', '')).name}`")
+    tool = im.get("applied_by") or {}
+    build = f" b{tool['build_number']} ({tool['commit']})" if tool.get("commit") else ""
+    return (f"Importance matrix: `{im['file']}` ({im['format']}, {im['entries']} entries, sha256 `{im['sha256']}`), "
+            f"{made}; applied by llama-quantize{build} to {', '.join(im.get('types') or [])}.")
 
 
 def _library(fmt: str | None) -> str:

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from quantkit import api, recipe
-from quantkit.errors import SourceModelError, UsageError
+from quantkit.errors import SourceModelError
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -340,13 +340,6 @@ def test_unknown_pre_tokenizer_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SourceModelError, match="no pre-tokenizer for"):
         convert(model_dir, tmp_path / "out", ["Q4_K_M"])
     assert not (tmp_path / "out").exists()
-
-
-def test_imatrix_is_refused(tmp_path: Path) -> None:
-    r = recipe.load(None, {"model.source": str(TINY), "output": str(tmp_path / "out")},
-                    base={"quantize": {"method": "gguf", "types": ["Q4_K_M"], "imatrix": True}})
-    with pytest.raises(UsageError, match="imatrix"):
-        api.quantize(r)
 
 
 def test_shipped_recipe() -> None:
