@@ -291,14 +291,15 @@ def test_given_imatrix_is_applied_exactly_as_llama_quantize_does(fmt: str, llama
 def test_types_that_need_a_matrix_are_refused_without_one(t: str, tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=f"{t} needs an importance matrix") as e:
         make(tmp_path / "out", ["Q4_K_M", t])
-    assert "--imatrix" in e.value.hint and not (tmp_path / "out").exists()
+    assert "--imatrix " in e.value.hint and "--imatrix-file FILE" in e.value.hint
+    assert not (tmp_path / "out").exists()
 
 
 def test_other_refusals(tmp_path: Path, llama_imatrix: dict[str, Path], unquantized: dict[str, Path]) -> None:
     cases = [
         (dict(types_=["Q2_0"]), "gguf-py 0.19.0 cannot read Q2_0"),
         (dict(types_=["F16", "Q8_0"], imatrix_=True), "only used by types llama.cpp quantizes"),
-        (dict(types_=["Q4_K_M"], imatrix_=True, imatrix_file=llama_imatrix["gguf"]), "both"),
+        (dict(types_=["Q4_K_M"], imatrix_=True, imatrix_file=llama_imatrix["gguf"]), "were both given"),
         (dict(types_=["Q4_K_M"], imatrix_file=tmp_path / "nope.gguf"), "does not exist"),
         (dict(types_=["Q4_K_M"], imatrix_file=unquantized["F16"]), "not an importance matrix"),
         (dict(types_=["Q4_K_M"], imatrix_file=ROOT / "README.md"), "neither a GGUF importance matrix nor"),
@@ -335,7 +336,7 @@ def test_mixture_of_experts_is_refused_for_computing(tmp_path: Path) -> None:
         shutil.copy(TINY / f, model_dir / f)
     with pytest.raises(UsageError, match="mixture of experts") as e:
         make(tmp_path / "out", ["Q4_K_M"], imatrix_=True, model=model_dir)
-    assert "--imatrix FILE" in e.value.hint
+    assert "--imatrix-file FILE" in e.value.hint
 
 
 def test_missing_tool_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

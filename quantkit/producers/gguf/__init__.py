@@ -77,8 +77,9 @@ class GgufProducer:
                                  hint="choose another --type (quantkit gguf --help lists them)")
         compute, given = imatrix_request(spec)
         if compute and given:
-            raise UsageError("--imatrix was given both as 'compute from the calibration set' and as a file",
-                             hint="pass --imatrix to compute one, or --imatrix FILE to use one, not both")
+            raise UsageError(f"{imatrix.COMPUTE_FLAG} (compute an importance matrix) and {imatrix.FILE_FLAG} (use "
+                             "one) were both given", hint=f"pass {imatrix.COMPUTE_FLAG} to compute one from the "
+                                                         f"calibration set, or {imatrix.FILE_FLAG} FILE, not both")
         quantized = [t for t in wanted if t.quantized_by_llama_cpp]
         if not (compute or given):
             needy = [t.name for t in wanted if t.needs_imatrix]
@@ -86,13 +87,14 @@ class GgufProducer:
                 one = len(needy) == 1
                 raise UsageError(f"GGUF type{'' if one else 's'} {', '.join(needy)} need{'s' if one else ''} an "
                                  f"importance matrix: llama.cpp will not make {'it' if one else 'them'} without one",
-                                 hint="add --imatrix (computed from the calibration set) or --imatrix FILE (one made "
-                                      "by llama-imatrix)")
+                                 hint=f"add {imatrix.COMPUTE_FLAG} (computed from the calibration set) or "
+                                      f"{imatrix.FILE_FLAG} FILE (one made by llama-imatrix)")
             return
         if not quantized:
             raise UsageError(f"an importance matrix is only used by types llama.cpp quantizes, and "
                              f"{', '.join(t.name for t in wanted)} are written directly",
-                             hint="drop --imatrix, or add a quantized type (Q4_K_M, IQ4_XS...)")
+                             hint=f"drop {imatrix.COMPUTE_FLAG}/{imatrix.FILE_FLAG}, or add a type llama.cpp "
+                                  "quantizes (Q4_K_M, IQ4_XS...)")
         if compute:
             imatrix.refuse_experts(family)
         else:

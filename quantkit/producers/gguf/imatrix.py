@@ -41,6 +41,9 @@ from typing import Any
 from quantkit.errors import BackendError, SourceModelError, UsageError
 from quantkit.progress import Reporter
 
+# The CLI flags (defined with the recipe's GGUF fields ``imatrix`` and ``imatrix_file``), named in messages.
+COMPUTE_FLAG = "--imatrix"
+FILE_FLAG = "--imatrix-file"
 BATCH_TOKENS = 8192  # tokens per forward pass (samples of equal length are batched up to this)
 MAX_DATASET_CHARS = 127  # llama-quantize copies datasets[0] into a 127-character GGUF string
 
@@ -88,7 +91,7 @@ def refuse_experts(family: Any) -> None:
     if family.experts is not None:
         raise UsageError(f"computing an importance matrix for {family.label} (mixture of experts) is not supported "
                          "yet: it needs per-expert token counts",
-                         hint="compute one with llama.cpp's llama-imatrix and pass it with --imatrix FILE")
+                         hint=f"compute one with llama.cpp's llama-imatrix and pass it with {FILE_FLAG} FILE")
 
 
 def compute(model_dir: Path, names: dict[str, str], samples: list[list[int]], *, device: str,
@@ -116,7 +119,7 @@ def compute(model_dir: Path, names: dict[str, str], samples: list[list[int]], *,
         except Exception as e:  # transformers raises many types for checkpoints it cannot load
             raise BackendError(f"transformers could not load {model_dir} to compute the importance matrix: "
                                f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}",
-                               hint="pass an importance matrix made by llama-imatrix with --imatrix FILE") from None
+                               hint=f"pass an importance matrix made by llama-imatrix with {FILE_FLAG} FILE") from None
         finally:
             if bars:
                 hf_logging.enable_progress_bar()
@@ -145,7 +148,7 @@ def compute(model_dir: Path, names: dict[str, str], samples: list[list[int]], *,
         shown = ", ".join(missing[:4]) + (" ..." if len(missing) > 4 else "")
         raise SourceModelError(f"the importance matrix cannot cover {len(missing)} block matrices ({shown}): "
                                "transformers' model has no nn.Linear under their checkpoint names",
-                               hint="pass an importance matrix made by llama-imatrix with --imatrix FILE")
+                               hint=f"pass an importance matrix made by llama-imatrix with {FILE_FLAG} FILE")
     total = sum(len(s) for s in samples)
     try:
         with reporter.bar(f"Importance matrix on {dev} ({len(samples)} samples)", total=total, unit="tok") as bar, \
@@ -319,14 +322,14 @@ def check_fits(im: Imatrix, planned: list[Any], path: Path) -> list[str]:
     unknown = sorted(n for n in im.entries if n not in shapes)
     if unknown and len(unknown) == len(im.entries):
         raise UsageError(f"the importance matrix {path} names none of this model's tensors (it has "
-                         f"{', '.join(unknown[:3])}...)", hint="it was made for another model; compute one "
-                                                               "with --imatrix, or pass the right file")
+                         f"{', '.join(unknown[:3])}...)", hint=f"it was made for another model; compute one "
+                                                                f"with {COMPUTE_FLAG}, or pass the right file")
     wrong = [f"{n} ({e.sums.size} values, the tensor has {_cols(shapes[n])})" for n, e in im.entries.items()
              if n in shapes and e.sums.size != _cols(shapes[n])]
     if wrong:
         raise UsageError(f"the importance matrix {path} does not fit this model: {'; '.join(wrong[:3])}"
-                         f"{' ...' if len(wrong) > 3 else ''}", hint="it was made for another model or another "
-                                                                      "layout of it; compute one with --imatrix")
+                         f"{' ...' if len(wrong) > 3 else ''}", hint=f"it was made for another model or another "
+                                                                       f"layout of it; compute one with {COMPUTE_FLAG}")
     notes = []
     if unknown:
         notes.append(f"importance matrix: {len(unknown)} entries name no tensor of this model and are ignored "

@@ -54,7 +54,8 @@ def _candidates() -> list[tuple[Path, str]]:
     folders: list[tuple[Path, str]] = []
     if os.environ.get(ENV_VAR):
         folders.append((Path(os.environ[ENV_VAR]).expanduser(), "env"))
-    folders.append((Path(sys.executable).parent, "venv"))
+    if sys.prefix != sys.base_prefix:  # a virtual environment: make install links the tools into its bin
+        folders.append((Path(sys.executable).parent, "venv"))
     lib = dist_version("llama_cpp_python")
     if lib and CACHE.is_dir():
         builds = sorted(CACHE.glob(f"{lib}-*/bin"), key=lambda p: p.stat().st_mtime, reverse=True)
