@@ -11,10 +11,15 @@ from __future__ import annotations
 import gzip
 import json
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import pytest
 
 from conftest import ROOT, TINY, quantkit
@@ -101,9 +106,6 @@ def llama_imatrix(have_tools: dict[str, Path], unquantized: dict[str, Path], sam
 
 
 def test_types_module_is_light() -> None:
-    import subprocess
-    import sys
-
     code = ("import sys, quantkit.producers.gguf.types as t; "
             "print(sorted(m for m in ('gguf', 'llama_cpp', 'torch', 'transformers', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
@@ -114,7 +116,6 @@ def test_table_covers_llama_quantize(have_tools: dict[str, Path]) -> None:
     """llama-quantize --help lists every type it offers as ``<ftype>  or  <NAME> : <description>``: each is a
     row of the table with that ftype, or one of its aliases (COPY is not a type)."""
     import re
-    import subprocess
 
     proc = subprocess.run([str(have_tools["llama-quantize"]), "--help"], capture_output=True, text=True)
     offered = {m[2]: int(m[1]) for m in re.finditer(r"^\s*(\d+)\s+or\s+(\S+)\s*:", proc.stdout + proc.stderr, re.M)}
@@ -345,3 +346,39 @@ def test_missing_tool_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.Mon
         make(tmp_path / "out", ["Q4_K_M"], imatrix_=True)
     assert "make install" in e.value.hint and e.value.exit_code == 1
     assert not (tmp_path / "out").exists()
+
+
+# Quantizing with a matrix through the API in a child Python, the way the CLI runs it (signals routed by
+# quantkit.interrupts); IQ2_XS and IQ1_S keep llama-quantize busy for a few seconds each on this model.
+QUANTIZE_IN_A_CHILD = """
+import sys
+from pathlib import Path
+sys.path.insert(1, "tests")
+from gguf_spec import make
+from quantkit import interrupts
+interrupts.install()
+try:
+    make(Path(sys.argv[1]), ["IQ2_XS", "IQ1_S", "IQ2_M"], imatrix_=True)
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_signal_while_llama_quantize_runs_stops_it_and_cleans_up(have_tools: dict[str, Path], tmp_path: Path,
+                                                                  sig: signal.Signals) -> None:
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-c", QUANTIZE_IN_A_CHILD, str(out)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    quantizer = None
+    deadline = time.monotonic() + 300
+    while quantizer is None and proc.poll() is None and time.monotonic() < deadline:
+        quantizer = next((c for c in psutil.Process(proc.pid).children(recursive=True)
+                          if c.name() == "llama-quantize"), None)
+        time.sleep(0.05)
+    assert quantizer is not None, "llama-quantize never started: " + (proc.stderr.read() if proc.stderr else "")
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert not quantizer.is_running() or quantizer.status() == psutil.STATUS_ZOMBIE
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "partial output or lock left behind"

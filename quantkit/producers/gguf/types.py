@@ -6,15 +6,16 @@ intermediate), its llama.cpp file type (``LLAMA_FTYPE_*`` name and value, llama.
 llama.cpp, b11312), the ggml type of its bulk tensors (a tensor that ends up with neither that type nor F32 fell
 back because of its row size), approximate bits per weight (for the free-space estimate), and whether llama.cpp
 refuses to make it without an importance matrix. That last column is llama.cpp's own rule
-(``tensor_requires_imatrix`` in src/llama-quant.cpp): a type needs one when its mix gives some tensor
-IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S or IQ3_XXS (IQ3_XS does: its attention q/k are IQ3_XXS), or Q2_K inside
-Q2_K_S. IQ3_S/IQ3_M/IQ4_XS/IQ4_NL can be made without one (llama.cpp allows it); they are better with one. ``tests/test_gguf_imatrix.py`` checks the
-column against the built ``llama-quantize``.
+(``tensor_requires_imatrix`` in src/llama-quant.cpp): a type needs one when its mix gives some tensor IQ1_S,
+IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S or IQ3_XXS (IQ3_XS does: its attention q/k are IQ3_XXS), or Q2_K inside Q2_K_S.
+IQ3_S/IQ3_M/IQ4_XS/IQ4_NL can be made without one (llama.cpp allows it); they are better with one.
+``tests/test_gguf_imatrix.py`` checks every column against the built ``llama-quantize``.
 
 MXFP4_MOE is for mixture-of-experts models: its expert tensors are MXFP4 and every other tensor Q8_0, so a dense
-model comes out Q8_0 throughout (its bits per weight are the dense upper bound). The aliases llama-quantize accepts (Q3_K, Q4_K, Q5_K for the _M mixes) resolve to their mix. ``COPY`` is not a
-type (it copies tensors). Q2_0 is listed and refused: gguf-py 0.19.0, which quantkit reads GGUF files with
-(inspect, verify, evaluate, fallback detection), cannot read Q2_0 tensors.
+model comes out Q8_0 throughout (its bits per weight are the dense upper bound). The aliases llama-quantize accepts
+(Q3_K, Q4_K, Q5_K for the _M mixes) resolve to their mix. ``COPY`` is not a type (it copies tensors). Q2_0 is
+listed and refused: gguf-py 0.19.0, which quantkit reads GGUF files with (inspect, verify, evaluate, fallback
+detection), cannot read Q2_0 tensors.
 
 Standard library only: the recipe's validator and ``--help`` import this without loading gguf, llama_cpp or torch.
 """
