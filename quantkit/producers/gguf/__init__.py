@@ -161,7 +161,7 @@ class GgufProducer:
         return Produced(
             format="gguf",
             quantization={
-                "scheme": "GGUF " + ", ".join(wanted),
+                "scheme": "GGUF " + ", ".join(wanted) + (" + importance matrix" if im else ""),
                 "types": wanted,
                 "files": {t: paths[t].name for t in wanted},
                 "fallbacks": {t: fell_back[t] for t in wanted if fell_back[t]},
