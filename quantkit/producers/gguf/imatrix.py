@@ -183,6 +183,8 @@ def _batches(samples: list[list[int]]) -> Iterator[list[list[int]]]:
 
 
 def _np() -> Any:
+    """numpy, imported when first needed: this module is imported with the package, whose types table the
+    recipe's validator and ``--help`` load."""
     import numpy as np
 
     return np
