@@ -10,22 +10,36 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # llama-cpp-python compiles from source (~10 min on 2 cores); the wheel is built once into WHEELS and reused.
 # It is built for AVX2 without GGML_NATIVE: a native build on a CPU with AMX repacks quantized weights for AMX,
 # and llama.cpp's AMX path (0.3.36's vendored llama.cpp) crashes with SIGSEGV on the first quantized matmul.
-LLAMA_CPP := llama-cpp-python==0.3.36
+LLAMA_CPP_VERSION := 0.3.36
+LLAMA_CPP := llama-cpp-python==$(LLAMA_CPP_VERSION)
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
 WHEELS ?= $(HOME)/.cache/quantkit/wheels
+# llama.cpp's own tools (llama-imatrix, llama-quantize, llama-perplexity, llama-server) are built from the very
+# llama.cpp that llama-cpp-python vendors: the same sdist (its sha256 pinned, its CHANGELOG naming the commit below),
+# the same CPU flags, so library and tools are one commit (scripts/build_llama_tools.sh). Built once (about 15
+# minutes on 2 cores) into LLAMA_TOOLS, keyed by version and flags, and linked into the venv's bin.
+LLAMA_CPP_SDIST_SHA256 := 832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+LLAMA_CPP_COMMIT := 0c1e57098bba43ac29e6e3b677cdceebdd22334f
+LLAMA_CPP_BUILD := 11312
+LLAMA_TOOLS ?= $(HOME)/.cache/quantkit/llama-tools/$(LLAMA_CPP_VERSION)-b$(LLAMA_CPP_BUILD)-$(shell printf '%s' '$(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-8)
 
 .PHONY: install install-trt test demo bench bench-gpu clean
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml Makefile
+$(VENV)/.installed: pyproject.toml Makefile scripts/build_llama_tools.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip wheel setuptools
 	$(BIN)/python -m pip install -q $(TORCH)
-	ls $(WHEELS)/llama_cpp_python-0.3.36-*.whl >/dev/null 2>&1 || \
+	ls $(WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl >/dev/null 2>&1 || \
 	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=2 $(BIN)/python -m pip wheel -q --no-deps \
 	    --no-cache-dir --no-binary llama-cpp-python -w $(WHEELS) $(LLAMA_CPP)
 	$(BIN)/python -m pip install -q --find-links $(WHEELS) $(TORCH) $(LLAMA_CPP) -e '.[all,legacy,dev]'
+	test -f $(LLAMA_TOOLS)/BUILD.json || PYTHON=$(BIN)/python LLAMA_CPP_PYTHON=$(LLAMA_CPP_VERSION) \
+	  LLAMA_CPP_SDIST_SHA256=$(LLAMA_CPP_SDIST_SHA256) LLAMA_CPP_COMMIT=$(LLAMA_CPP_COMMIT) \
+	  LLAMA_CPP_BUILD=$(LLAMA_CPP_BUILD) LLAMA_CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" JOBS=2 \
+	  scripts/build_llama_tools.sh $(LLAMA_TOOLS)
+	ln -sf $(LLAMA_TOOLS)/bin/llama-* $(BIN)/
 	touch $@
 
 # ModelOpt (TensorRT-LLM's quantizer) pins transformers < 5.15 while llm-compressor needs >= 5.15, so the

@@ -45,6 +45,13 @@ def gguf() -> list[str]:
     return lines
 
 
+def gguf_imatrix() -> list[str]:
+    md = RESULTS / "gguf_imatrix.md"
+    if not md.exists():
+        return ["Not run yet: `python bench/run.py gguf-imatrix`.", ""]
+    return [_body(md), ""]
+
+
 def eval_agreement() -> list[str]:
     """The same artifacts scored by vLLM and by transformers on CUDA: how far apart the two engines are."""
     v, t = _read(H200 / "eval_vllm_tiny.json"), _read(H200 / "eval_transformers_cuda_tiny.json")
@@ -154,8 +161,9 @@ def h200_table(name: str, command: str) -> list[str]:
 
 def build() -> Path:
     lines = ["# Benchmark results", "",
-             "Everything here is re-runnable: `make bench` (= `python bench/run.py all`: quality and GGUF "
-             "conversion on a CPU) and `make bench-gpu` (= `python bench/quantize_cost.py --shape 8b`, an H200). Each "
+             "Everything here is re-runnable: `make bench` (= `python bench/run.py all`: quality, GGUF "
+             "conversion and GGUF importance matrices on a CPU) and `make bench-gpu` "
+             "(= `python bench/quantize_cost.py --shape 8b`, an H200). Each "
              "result's JSON file holds its command, machine, library versions and date (the H200 files under h200/ "
              "came from the scripts named below, run on the lent H200 through the device tool).", "",
              "## 1. Quantization cost: quantkit vs llm-compressor directly", "", *quantize_cost(),
@@ -170,7 +178,8 @@ def build() -> Path:
              "### vLLM vs transformers: the same artifacts scored by both engines", "", *eval_agreement(),
              "### Quantization time of the reference model on the H200", "", *quantize_tiny(),
              "## 4. GGUF conversion (CPU)", "", *gguf(),
-             "## 5. Mixture of experts: Qwen3-30B-A3B's width, 12 layers, random weights (H200)", "", *moe()]
+             "## 5. Mixture of experts: Qwen3-30B-A3B's width, 12 layers, random weights (H200)", "", *moe(),
+             "", "## 6. GGUF importance matrices (CPU)", "", *gguf_imatrix()]
     out = RESULTS / "README.md"
     out.write_text("\n".join(lines).rstrip() + "\n")
     return out

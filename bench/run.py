@@ -2,7 +2,8 @@
 
     python bench/run.py quality [--quick]   # every method on the reference model, held-out split (CPU)
     python bench/run.py gguf [--quick]      # HF -> GGUF conversion, quantkit vs llama.cpp (8B shape; quick: small)
-    python bench/run.py all [--quick]       # both
+    python bench/run.py gguf-imatrix [--quick]  # GGUF with and without an importance matrix, and its cost (CPU)
+    python bench/run.py all [--quick]       # all three
     python bench/run.py index               # only rebuild bench/results/README.md from the result files
 
 Each writes bench/results/NAME.{json,md} with the machine, library versions, date and exact command. The GPU
@@ -44,7 +45,13 @@ def gguf(quick: bool) -> None:
     path.write_text(json.dumps(results, indent=2) + "\n")
 
 
-BENCHES = {"quality": quality, "gguf": gguf}
+def gguf_imatrix(quick: bool) -> None:
+    import gguf_imatrix as gi
+
+    gi.main(["--quick"] if quick else [])
+
+
+BENCHES = {"quality": quality, "gguf": gguf, "gguf-imatrix": gguf_imatrix}
 
 
 def index() -> None:

@@ -295,6 +295,14 @@ def _gguf_checks(art: dict[str, Any], env_info: dict[str, Any]) -> list[Check]:
     return checks
 
 
+def _llama_tools_check() -> Check:
+    """llama.cpp's tools (llama-quantize for GGUF importance matrices, llama-server for smoke): which build."""
+    from quantkit.producers.gguf import tools
+
+    status, message, hint = tools.summary()
+    return Check("llama.cpp tools", status, message, hint)
+
+
 def check(path: Path | None, engine_name: str = "auto", *, python: str | None = None,
           env: dict[str, str] | None = None, include_quantkit: bool = True) -> Report:
     """Run doctor: quantkit's environment, the engine's (when an engine or artifact is given), the artifact."""
@@ -314,6 +322,8 @@ def check(path: Path | None, engine_name: str = "auto", *, python: str | None = 
     same_env = engine_python in (None, sys.executable) and not env
     if include_quantkit:
         report.quantkit = probe(**{**ask, "torch": True}) if same_env else probe(torch=True)
+    if include_quantkit or engine_name == "llama.cpp":
+        report.checks.append(_llama_tools_check())
     if engine is None:
         return report
     info = report.quantkit if same_env and report.quantkit is not None else probe(engine_python, env, **ask)

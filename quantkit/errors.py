@@ -6,7 +6,8 @@ two lines and exits with its code, with no traceback unless ``--debug`` is given
 Exit codes (documented in the README and ``quantkit --help``):
 
 * 0 - success
-* 1 - failure (a backend failed, a file is corrupt, an engine would not load the artifact)
+* 1 - failure (a backend failed, a file is corrupt, an engine would not load the artifact, a backend or tool
+  it needs is not installed)
 * 2 - usage or recipe error (bad flags or recipe, missing input, existing output without ``--force``)
 * 3 - a verification gate failed
 * 130 - interrupted (Ctrl-C or SIGTERM); temporary files were removed
@@ -73,6 +74,10 @@ class MissingBackendError(QuantkitError):
             f"{purpose} needs the Python package '{module}', which is not installed",
             hint=f"pip install 'quantkit[{extra}]'",
         )
+
+
+class MissingToolError(QuantkitError):
+    """A command-line tool (llama.cpp's llama-quantize...) is not installed: says how to get it."""
 
 
 class BackendError(QuantkitError):

@@ -293,7 +293,10 @@ def write_model_card(r: OutputResult, recipe: Recipe, src: source_mod.SourceMode
              f"# {Path(base).name} - {r.name}", "",
              f"Quantized from `{base}` with quantkit {m.quantkit_version} ({r.method}, {m.format}).", "",
              "## Quantization", ""]
-    lines += ["| field | value |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in m.quantization.items()]
+    lines += ["| field | value |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in m.quantization.items()
+                                                     if k != "imatrix"]
+    if m.quantization.get("imatrix"):
+        lines += ["", imatrix_line(m.quantization["imatrix"])]
     cal = m.calibration
     if cal:
         lines += ["", f"Calibration: `{cal.dataset}`, {cal.samples} samples x {cal.seq_len} tokens, "
@@ -307,6 +310,16 @@ def write_model_card(r: OutputResult, recipe: Recipe, src: source_mod.SourceMode
     lines += ["", "## Versions", "", "| library | version |", "| --- | --- |"]
     lines += [f"| {k} | {v} |" for k, v in m.versions.items()]
     artifact.write_text_atomic(r.path / "README.md", "\n".join(lines) + "\n")
+
+
+def imatrix_line(im: dict[str, Any]) -> str:
+    """The model card's sentence about a GGUF importance matrix: which file, made from what, applied by what."""
+    made = (f"computed by quantkit from the calibration tokens (sha256 `{im['calibration_tokens_sha256']}`)"
+            if im.get("source") == "calibration" else f"given as `{Path(im.get('given', '')).name}`")
+    tool = im.get("applied_by") or {}
+    build = f" b{tool['build_number']} ({tool['commit']})" if tool.get("commit") else ""
+    return (f"Importance matrix: `{im['file']}` ({im['format']}, {im['entries']} entries, sha256 `{im['sha256']}`), "
+            f"{made}; applied by llama-quantize{build} to {', '.join(im.get('types') or [])}.")
 
 
 def _library(fmt: str | None) -> str:

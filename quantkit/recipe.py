@@ -129,6 +129,9 @@ class Recipe(Strict):
         hashes, so a re-run reuses them.
         """
         relevant: dict[str, Any] = {"model": self.model.model_dump(mode="json"), "spec": spec.model_dump(mode="json")}
+        given = Path(getattr(spec, "imatrix_file", None) or "").expanduser()
+        if given.is_file():  # an importance matrix is an input by its bytes, not its path
+            relevant["imatrix_sha256"] = hashlib.sha256(given.read_bytes()).hexdigest()
         if formats.calibrates(spec):
             # the expert-token threshold only decides a warning, never the bytes
             relevant |= {"calibration": self.calibration.model_dump(mode="json", exclude={"min_expert_tokens"}),

@@ -17,7 +17,8 @@ For each thing to serve (the artifact folder; for GGUF, each ``.gguf`` file or t
 6. stop the server (always: success, failure, Ctrl-C, SIGTERM) and record the results in quantkit.json's
    ``smoke`` section, keyed by engine (and GGUF file).
 
-Tested with llama-cpp-python 0.3.36 (server) and transformers 5.17.0 (baseline) on CPU; written for vLLM 0.26.0.
+Tested with llama.cpp b11312's llama-server, llama-cpp-python 0.3.36 (fallback server) and transformers 5.17.0
+(baseline) on CPU; written for vLLM 0.26.0.
 
 The server log is written beside the artifact, ``PARENT/NAME.smoke-ENGINE[-FILE].log`` (or into ``--log-dir``),
 not inside it: a file added inside would break the artifact's seal until the manifest is re-hashed, which cannot
@@ -209,8 +210,9 @@ def _serve_and_ask(engine: serve.base.Engine, target: Path, python: str, serve_o
         return engine.argv(target, python, serve.base.HOST, port, serve_opts)
 
     assert r.log is not None
-    srv = ServerProcess(engine.name, argv, log_path=r.log, env=serve_opts.env, health_path=engine.health_path,
-                        port=opts.port, timeout=opts.timeout, reporter=rep)
+    srv = ServerProcess(engine.name, argv, log_path=r.log, env=serve_opts.env,
+                        health_path=engine.health_path_for(argv(0)), port=opts.port, timeout=opts.timeout,
+                        reporter=rep)
     try:
         with srv:
             r.data["port"] = srv.port

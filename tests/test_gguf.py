@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from quantkit import api, recipe
-from quantkit.errors import SourceModelError, UsageError
+from quantkit.errors import SourceModelError
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -342,13 +342,6 @@ def test_unknown_pre_tokenizer_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
-def test_imatrix_is_refused(tmp_path: Path) -> None:
-    r = recipe.load(None, {"model.source": str(TINY), "output": str(tmp_path / "out")},
-                    base={"quantize": {"method": "gguf", "types": ["Q4_K_M"], "imatrix": True}})
-    with pytest.raises(UsageError, match="imatrix"):
-        api.quantize(r)
-
-
 def test_shipped_recipe() -> None:
     r = recipe.load(recipe.find("gguf"))
     assert r.quantize.method == "gguf" and r.quantize.types == ["Q8_0", "Q4_K_M"]
@@ -357,5 +350,5 @@ def test_shipped_recipe() -> None:
 
 def test_gguf_verb_help(cli: Callable) -> None:
     proc = cli("gguf", "--help", check=True)
-    assert "--type" in proc.stdout and "--imatrix-calib" in proc.stdout
+    assert "--type" in proc.stdout and "--imatrix" in proc.stdout and "--imatrix-file" in proc.stdout
 

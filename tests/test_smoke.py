@@ -1,6 +1,7 @@
-"""``quantkit smoke`` and ``quantkit doctor``, for real: llama.cpp's server on a GGUF of the reference model,
-server processes that must be gone after success, failure, timeout, Ctrl-C and SIGTERM, and version skew
-checks on a real compressed-tensors checkpoint. The vLLM test needs a CUDA GPU and vLLM, and skips without."""
+"""``quantkit smoke`` and ``quantkit doctor``, for real: llama-server (and llama-cpp-python's server, the fallback
+where llama-server is missing) on a GGUF of the reference model, server processes that must be gone after success,
+failure, timeout, Ctrl-C and SIGTERM, and version skew checks on a real compressed-tensors checkpoint. The vLLM
+test needs a CUDA GPU and vLLM, and skips without."""
 
 from __future__ import annotations
 
@@ -60,7 +61,9 @@ def test_smoke_gguf_in_llamacpp_server(gguf_artifact: Path) -> None:
     assert run["status"] == "passed"
     assert run["models"] and run["completion"]["text"].strip() and run["chat"]["text"].strip()
     assert run["ttft_s"] > 0 and run["decode_tokens_per_s"] > 0 and run["stream_tokens"] > 1
-    assert "--chat_format chat_template.default" in run["command"]  # the GGUF's own template
+    # llama.cpp's own server, built from llama-cpp-python's llama.cpp, chatting with the GGUF's own template
+    assert Path(run["command"].split()[0]).name == "llama-server" and "--jinja" in run["command"]
+    assert run["facts"]["server"] == "llama-server b11312 (0c1e57098)"
     assert run["facts"]["file_type"] == "F16"
     b = run["baseline"]
     assert b["compared"] == 8 and 0 <= b["matched"] <= 8 and b["baseline_text"].strip()
@@ -69,11 +72,26 @@ def test_smoke_gguf_in_llamacpp_server(gguf_artifact: Path) -> None:
     # the server is gone once quantkit returns, and the run is recorded in the (still valid) manifest
     assert run["stopped"] and _gone(run["pid"]) and _port_closed(run["port"])
     log = Path(run["log"])
-    assert log.exists() and log.parent == gguf_artifact.parent and "llama_cpp.server" in log.read_text()
+    assert log.exists() and log.parent == gguf_artifact.parent and "llama-server" in log.read_text()
     manifest = json.loads((gguf_artifact / "quantkit.json").read_text())
     recorded = manifest["smoke"]["runs"][f"llama.cpp:{run['file']}"]
     assert recorded["status"] == "passed" and recorded["decode_tokens_per_s"] == run["decode_tokens_per_s"]
     assert quantkit("verify", gguf_artifact).returncode == 0
+
+
+def test_smoke_falls_back_to_llama_cpp_python_server(gguf_artifact: Path, tmp_path: Path) -> None:
+    # a tools folder without llama-server: the Python server answers instead, and the run says so
+    proc = quantkit("smoke", gguf_artifact, "--log-dir", tmp_path, "--json", timeout=600,
+                    env={"QUANTKIT_LLAMACPP_BIN": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = json.loads(proc.stdout)["runs"][0]
+    assert run["status"] == "passed" and run["completion"]["text"].strip() and run["chat"]["text"].strip()
+    assert "-m llama_cpp.server" in run["command"]
+    assert "--chat_format chat_template.default" in run["command"]  # the GGUF's own template
+    assert run["facts"]["server"].startswith("llama_cpp.server (llama-cpp-python), the fallback")
+    assert run["facts"]["chat_format"] == "the GGUF's chat template"
+    assert "llama.cpp's tools are not installed" in proc.stderr  # doctor's warning, shown before the run
+    assert run["stopped"] and _gone(run["pid"])
 
 
 def test_server_that_cannot_load_fails_clearly_and_keeps_its_log(gguf_artifact: Path, tmp_path: Path) -> None:
@@ -97,7 +115,7 @@ def test_server_that_cannot_load_fails_clearly_and_keeps_its_log(gguf_artifact: 
     assert "failed to load model" in run["error"]  # a line from the server's own log
     assert "the whole log is" in proc.stderr and "failed to load model" in proc.stderr
     log = Path(run["log"])
-    assert log == tmp_path / "broken.smoke-llama.cpp-model.log" and "Traceback" in log.read_text()
+    assert log == tmp_path / "broken.smoke-llama.cpp-model.log" and "llama-server" in log.read_text()
     assert _gone(run["pid"])
 
 
@@ -144,6 +162,11 @@ def test_doctor_lists_versions() -> None:
     assert isinstance(rep["quantkit"]["torch"]["cuda_available"], bool)
     assert rep["engine"]["name"] == "llama.cpp" and rep["engine"]["version"] == versions["llama_cpp_python"]
     assert rep["ok"] and any(c["name"] == "engine installed" and c["status"] == "ok" for c in rep["checks"])
+    # llama.cpp's tools: their build and commit, the same llama.cpp as the library's
+    tools = next(c for c in rep["checks"] if c["name"] == "llama.cpp tools")
+    assert tools["status"] == "ok", tools
+    assert "llama-server" in tools["message"] and "llama-quantize" in tools["message"]
+    assert "b11312 (0c1e57098)" in tools["message"] and "llama-cpp-python 0.3.36" in tools["message"]
 
 
 def _checks(proc: subprocess.CompletedProcess) -> dict[str, dict]:

@@ -197,14 +197,20 @@ FORMATS: tuple[Format, ...] = (
     Format("gguf", GgufSpec, "quantkit.producers.gguf", "gguf", lambda s: s.imatrix, lambda s: "gguf",
            verb="gguf",
            help="GGUF files for llama.cpp: convert once (F32/F16/BF16/Q8_0 written directly), then each --type "
-                "through llama.cpp's own quantizer.",
-           examples=("quantkit gguf models/quantkit-tiny out/gguf -t Q8_0 -t Q4_K_M",),
+                "through llama.cpp's own quantizer, with an importance matrix when asked (computed from the "
+                "calibration set, or given).",
+           examples=("quantkit gguf models/quantkit-tiny out/gguf -t Q8_0 -t Q4_K_M",
+                     "quantkit gguf models/quantkit-tiny out/gguf-imat -t IQ4_XS -t IQ2_M --imatrix --samples 64",
+                     "quantkit gguf org/model out/gguf -t Q4_K_M --imatrix-file model.imatrix.gguf"),
            flags=(_f("types", "--type -t", list, "quantize.types",
-                     "GGUF type, repeatable: F32, F16, BF16, Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q4_0, Q3_K_M, Q2_K, IQ4_XS "
-                     "... \\[default: Q4_K_M]."),
-                  _f("imatrix", "--imatrix-calib/--no-imatrix-calib", bool, "quantize.imatrix",
-                     "Compute llama.cpp's importance matrix from the calibration set for the low-bit types."),
-                  *REVISION)),
+                     "GGUF type, repeatable: F32, F16, BF16, Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q3_K_M, Q2_K, IQ4_XS, IQ3_M, "
+                     "IQ2_M, IQ1_S ... (every type llama.cpp quantizes) \\[default: Q4_K_M]."),
+                  _f("imatrix", "--imatrix/--no-imatrix", bool, "quantize.imatrix",
+                     "Compute llama.cpp's importance matrix from the calibration set and quantize with it (needed by "
+                     "IQ1_*, IQ2_*, IQ3_XXS, IQ3_XS, Q2_K_S)."),
+                  _f("imatrix_file", "--imatrix-file", str, "quantize.imatrix_file",
+                     "Quantize with this importance matrix (llama-imatrix's .gguf or legacy .dat)."),
+                  *CALIBRATION[:5], *REVISION, *DEVICE, *SEED)),
     Format("trt", TrtSpec, "quantkit.producers.trt", "tensorrt-llm",
            lambda s: s.quantization != "none" or s.kv_cache != "auto", lambda s: f"trt-{s.quantization}",
            verb="build-trt"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 GROUP_SIZES = (-1, 32, 64, 128, 256)
 
@@ -101,19 +101,24 @@ class GgufSpec(MethodBase):
 
     method: Literal["gguf"]
     types: list[str] = Field(default_factory=lambda: ["Q4_K_M"], min_length=1)
-    imatrix: bool = Field(False, description="compute an importance matrix from the calibration set")
+    imatrix: bool = Field(False, description="compute llama.cpp's importance matrix from the calibration set")
+    imatrix_file: str | None = Field(None, description="an importance matrix made elsewhere (llama-imatrix .gguf "
+                                     "or legacy .dat)")
 
     @field_validator("types")
     @classmethod
     def _types(cls, v: list[str]) -> list[str]:
-        from quantkit.producers.gguf.quantize import DIRECT, QUANTIZED
+        # imported here: the types table lives with the GGUF producer, which imports the recipe
+        from quantkit.producers.gguf.types import validate
 
-        known = [*DIRECT, *QUANTIZED]
-        out = [t.upper() for t in v]
-        bad = [t for t in out if t not in known]
-        if bad:
-            raise ValueError(f"unknown GGUF type {', '.join(bad)}; known: {', '.join(known)}")
-        return out
+        return validate(v)
+
+    @model_validator(mode="after")
+    def _one_matrix(self) -> "GgufSpec":
+        if self.imatrix and self.imatrix_file:
+            raise ValueError("imatrix (compute one from the calibration set) and imatrix_file were both given; "
+                             "choose one")
+        return self
 
 
 class TrtLimits(Strict):

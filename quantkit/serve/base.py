@@ -90,6 +90,10 @@ class Engine:
         except (OSError, json.JSONDecodeError):
             return False
 
+    def health_path_for(self, argv: list[str]) -> str:
+        """The health endpoint of the server ``argv`` starts (an engine with two servers answers per server)."""
+        return self.health_path
+
     def speed_extra(self, max_tokens: int) -> dict[str, Any]:
         """Request fields that keep the throughput request decoding to ``max_tokens`` (past an early EOS)."""
         return {"min_tokens": max_tokens}

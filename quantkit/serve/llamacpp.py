@@ -1,11 +1,19 @@
-"""GGUF files in llama.cpp's OpenAI-compatible server (``python -m llama_cpp.server``).
+"""GGUF files in llama.cpp's own OpenAI-compatible server, ``llama-server``; llama-cpp-python's as a fallback.
 
-Tested with llama-cpp-python[server] 0.3.36 (its vendored llama.cpp) and gguf 0.19.0, on CPU. One server per
-``.gguf`` file: an artifact folder holding several quantization types is smoke-tested file by file.
+``llama-server`` is what llama.cpp users deploy, so it is what the smoke test runs: the binary that ``make
+install`` builds from the llama.cpp source llama-cpp-python vendors (found by
+:func:`quantkit.producers.gguf.tools.find`: ``$QUANTKIT_LLAMACPP_BIN``, the venv, the make cache, ``PATH``). It
+answers ``/health`` (503 while loading, 200 when ready) and chats with the GGUF's own chat template (``--jinja``,
+the template stored in the file; without one llama.cpp falls back to its default, which the facts note). One
+slot (``--parallel 1``) and the context asked for: a smoke test needs no more KV cache. Its log is kept at trace
+verbosity (``--log-verbosity 4``), which names the build, the file type and the chat template it uses.
 
-The chat request uses the chat template stored in the GGUF (``--chat_format chat_template.default``), the one
-llama.cpp's own tooling reads, rather than a format guessed from the template's text; without one the server
-falls back to llama-2's format, which the smoke result notes.
+Where the binary is missing, the server is llama-cpp-python's (``python -m llama_cpp.server``, which has no
+``/health``: it binds its port only once the model is loaded, so ``/v1/models`` is its health check), and the
+run's facts say it was the fallback. A ``--server-cmd`` running ``llama_cpp.server`` is checked the same way.
+
+Tested with llama.cpp b11312 (0c1e57098) and llama-cpp-python[server] 0.3.36 on CPU. One server per ``.gguf``
+file: an artifact folder holding several quantization types is smoke-tested file by file.
 """
 
 from __future__ import annotations
@@ -15,7 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.errors import UsageError
+from quantkit.producers.gguf import tools
 from quantkit.serve.base import Engine, ServeOptions
+
+DEFAULT_CTX = 2048
+PYTHON_SERVER = "llama_cpp.server"
+FALLBACK = f"{PYTHON_SERVER} (llama-cpp-python), the fallback: llama-server is not installed"
 
 
 def gguf_chat_template(path: Path) -> str | None:
@@ -29,11 +42,15 @@ def gguf_chat_template(path: Path) -> str | None:
         return None
 
 
+def _is_python_server(argv: list[str]) -> bool:
+    return any(PYTHON_SERVER in a for a in argv)
+
+
 class LlamaCppEngine(Engine):
     name = "llama.cpp"
     dist = "llama_cpp_python"
     module = "llama_cpp"
-    health_path = "/v1/models"  # llama_cpp.server has no /health; it binds its port only once the model is loaded
+    health_path = "/health"
 
     def targets(self, artifact: Path, file: str | None) -> list[Path]:
         if artifact.is_file():
@@ -50,17 +67,31 @@ class LlamaCppEngine(Engine):
         return files
 
     def has_chat_template(self, target: Path) -> bool:
-        return True  # the GGUF's template, else llama.cpp's llama-2 fallback (noted in the run's facts)
+        return True  # the GGUF's template, else llama.cpp's default (noted in the run's facts)
 
     def command(self, target: Path, python: str, host: str, port: int, opts: ServeOptions) -> list[str]:
-        argv = [python, "-m", "llama_cpp.server", "--model", str(target), "--host", host, "--port", str(port),
-                "--n_ctx", str(opts.max_model_len or 2048)]
+        ctx = str(opts.max_model_len or DEFAULT_CTX)
+        server = tools.find("llama-server")
+        if server is not None:
+            return [str(server.path), "--model", str(target), "--host", host, "--port", str(port), "--ctx-size", ctx,
+                    "--parallel", "1", "--jinja", "--log-verbosity", "4"]
+        argv = [python, "-m", PYTHON_SERVER, "--model", str(target), "--host", host, "--port", str(port),
+                "--n_ctx", ctx]
         if gguf_chat_template(target):
             argv += ["--chat_format", "chat_template.default"]
         return argv
 
+    def health_path_for(self, argv: list[str]) -> str:
+        return "/v1/models" if _is_python_server(argv) else self.health_path
+
     def log_facts(self, log_text: str) -> dict[str, Any]:
         facts: dict[str, Any] = {}
+        first = log_text.split("\n", 1)[0]
+        python_server = _is_python_server(first.split())
+        if python_server:
+            facts["server"] = FALLBACK
+        elif m := re.search(r"build (\d+) \(([0-9a-f]+)\)", log_text):
+            facts["server"] = f"llama-server b{m.group(1)} ({m.group(2)})"
         if m := re.search(r"file type\s*=\s*(.+)", log_text):
             facts["file_type"] = m.group(1).strip()
         if m := re.search(r"load_tensors:\s+(AMX|CPU_REPACK) model buffer size", log_text):
@@ -69,6 +100,10 @@ class LlamaCppEngine(Engine):
             facts["chat_format"] = f"{m.group(1)} (fallback: the GGUF has no chat template)"
         elif "Available chat formats from metadata: chat_template.default" in log_text:
             facts["chat_format"] = "the GGUF's chat template"
+        elif not python_server and "chat template, example_format" in log_text:
+            has = re.search(r"kv\s+\d+:\s+tokenizer\.chat_template\s", log_text)
+            facts["chat_format"] = "the GGUF's chat template" if has else \
+                "llama.cpp's default template (the GGUF has no chat template)"
         return facts
 
 

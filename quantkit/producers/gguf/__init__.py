@@ -1,26 +1,38 @@
 """GGUF for llama.cpp: convert a Hugging Face checkpoint once, then quantize it into each requested type.
 
-The artifact folder holds one ``<model>-<TYPE>.gguf`` per requested type. F32/F16/BF16/Q8_0 are written directly
-by the converter (:mod:`.convert`); every other type is made by llama.cpp's own quantizer (:mod:`.quantize`)
-from one unquantized intermediate: a requested F32/BF16/F16 file when there is one, otherwise a lossless file of
-the checkpoint's own precision, deleted once the quantized files exist.
+The artifact folder holds one ``<model>-<TYPE>.gguf`` per requested type. Which types exist and how each is made
+is :mod:`.types`'s table: F32/F16/BF16/Q8_0 are written directly by the converter (:mod:`.convert`); every other
+type is made by llama.cpp's own quantizer (:mod:`.quantize`) from one unquantized intermediate: a requested
+F32/BF16/F16 file when there is one, otherwise a lossless file of the checkpoint's own precision, deleted once the
+quantized files exist.
 
-Tested with gguf 0.19.0, llama-cpp-python 0.3.36, transformers 5.17.0, torch 2.13.
+With an importance matrix (``spec.imatrix``: computed from the recipe's calibration set, see :mod:`.imatrix`; or
+``spec.imatrix_file``: one made elsewhere, GGUF or legacy ``.dat``), every type llama.cpp quantizes is made with
+it by ``llama-quantize --imatrix``, and the matrix is shipped in the artifact as ``imatrix/<model>.imatrix.gguf``
+(or ``.dat``; in a subfolder so nothing takes it for a model file) with its sha256, the calibration tokens' sha256
+and the tool's version in the manifest. Types llama.cpp cannot make without one (IQ1/IQ2, IQ3_XXS, Q2_K_S) are
+refused without one, before any work.
+
+Tested with gguf 0.19.0, llama-cpp-python 0.3.36 and its llama.cpp's tools (b11312), transformers 5.17.0,
+torch 2.13.
 """
 
 from __future__ import annotations
 
 import re
+import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from quantkit.errors import SourceModelError, UsageError
 from quantkit.producers.base import ProduceContext, Produced
-from quantkit.producers.gguf import convert, families, metadata, quantize, tokenizer
+from quantkit.producers.gguf import convert, families, imatrix, metadata, quantize, tensors, tokenizer, tools, types
 from quantkit.source import SourceModel
 
 # Preferred intermediate among requested unquantized types: the most precise one.
 _INTERMEDIATE_ORDER = ("F32", "BF16", "F16")
+IMATRIX_DIR = "imatrix"
 
 
 def model_name(source: SourceModel) -> str:
@@ -29,8 +41,19 @@ def model_name(source: SourceModel) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", raw).strip("-.") or "model"
 
 
-def _ordered(types: list[str]) -> list[str]:
-    return list(dict.fromkeys(types))
+def _ordered(spec: Any) -> list[str]:
+    """The requested types in table spelling, first occurrence kept."""
+    try:
+        return list(dict.fromkeys(types.validate(list(spec.types))))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def imatrix_request(spec: Any) -> tuple[bool, Path | None]:
+    """(compute one from the calibration set, a file to use). ``imatrix_file`` is read with a default until the
+    recipe's GGUF spec has the field (the formats registry adds it)."""
+    given = getattr(spec, "imatrix_file", None)
+    return bool(spec.imatrix), Path(given).expanduser() if given else None
 
 
 class GgufProducer:
@@ -38,12 +61,6 @@ class GgufProducer:
 
     def check(self, spec: Any, source: SourceModel) -> None:
         """Refuse, before any weight is read, everything the conversion would otherwise fail on half-way."""
-        if spec.imatrix:
-            raise UsageError(
-                "--imatrix-calib is not available for GGUF: llama-cpp-python 0.3.36 can apply an importance "
-                "matrix but has no maintained way to compute one",
-                hint="compute one with llama.cpp's llama-imatrix tool and quantize with llama-quantize, or drop "
-                     "--imatrix-calib")
         if spec.ignore:
             raise UsageError("--ignore is not supported for GGUF: llama.cpp's type mixes decide per tensor",
                              hint="pick a higher-precision --type (Q6_K, Q8_0) instead")
@@ -51,81 +68,174 @@ class GgufProducer:
             raise SourceModelError(f"{source.path} holds pickle weights; GGUF conversion reads safetensors only",
                                    hint="convert the checkpoint to safetensors first")
         family = families.resolve(source.config)
-        metadata.from_config(metadata.load_config(source.path), family)
+        hp = metadata.from_config(metadata.load_config(source.path), family)
         tokenizer.inspect(source.path)
-        for t in spec.types:
-            if t not in quantize.DIRECT and t not in quantize.QUANTIZED:
-                raise UsageError(f"GGUF type {t} is not supported",
-                                 hint=f"choose from {', '.join([*quantize.DIRECT, *quantize.QUANTIZED])}")
+        wanted = [types.get(t) for t in _ordered(spec)]
+        for t in wanted:
+            if t.refused:
+                raise UsageError(f"GGUF type {t.name} is not offered: {t.refused}",
+                                 hint="choose another --type (quantkit gguf --help lists them)")
+        compute, given = imatrix_request(spec)
+        if compute and given:
+            raise UsageError(f"{imatrix.COMPUTE_FLAG} (compute an importance matrix) and {imatrix.FILE_FLAG} (use "
+                             "one) were both given", hint=f"pass {imatrix.COMPUTE_FLAG} to compute one from the "
+                                                         f"calibration set, or {imatrix.FILE_FLAG} FILE, not both")
+        quantized = [t for t in wanted if t.quantized_by_llama_cpp]
+        if not (compute or given):
+            needy = [t.name for t in wanted if t.needs_imatrix]
+            if needy:
+                one = len(needy) == 1
+                raise UsageError(f"GGUF type{'' if one else 's'} {', '.join(needy)} need{'s' if one else ''} an "
+                                 f"importance matrix: llama.cpp will not make {'it' if one else 'them'} without one",
+                                 hint=f"add {imatrix.COMPUTE_FLAG} (computed from the calibration set) or "
+                                      f"{imatrix.FILE_FLAG} FILE (one made by llama-imatrix)")
+            return
+        if not quantized:
+            raise UsageError(f"an importance matrix is only used by types llama.cpp quantizes, and "
+                             f"{', '.join(t.name for t in wanted)} are written directly",
+                             hint=f"drop {imatrix.COMPUTE_FLAG}/{imatrix.FILE_FLAG}, or add a type llama.cpp "
+                                  "quantizes (Q4_K_M, IQ4_XS...)")
+        if compute:
+            imatrix.refuse_experts(family)
+        else:
+            assert given is not None
+            if not given.is_file():
+                raise UsageError(f"importance matrix {given} does not exist")
+            planned = tensors.plan(source.weight_files, family, hp, quantize.ggml_type("F16"))
+            imatrix.check_fits(imatrix.read(given), planned, given)
+        tools.require("llama-quantize", "quantizing with an importance matrix")
 
     def estimate_bytes(self, spec: Any, source: SourceModel) -> int:
         """Every requested file, plus the intermediate that sits beside them until the quantizer is done."""
-        types = _ordered(spec.types)
-        bits = sum(quantize.BITS_PER_WEIGHT[t] for t in types)
-        if any(t in quantize.QUANTIZED for t in types) and not any(t in _INTERMEDIATE_ORDER for t in types):
+        wanted = [types.get(t) for t in _ordered(spec)]
+        bits = sum(t.bits for t in wanted)
+        if any(t.quantized_by_llama_cpp for t in wanted) and not any(t.name in _INTERMEDIATE_ORDER for t in wanted):
             bits += 16.0  # the intermediate lives in the folder until the quantized files exist
         return int(source.num_parameters * bits / 8) + (64 << 20)
 
     def produce(self, ctx: ProduceContext) -> Produced:
-        """Convert each directly written type (and the intermediate), then quantize the others from it."""
+        """Make the importance matrix (if asked), convert each directly written type (and the intermediate), then
+        quantize the others from it."""
         spec, source, rep = ctx.spec, ctx.source, ctx.reporter
         family = families.resolve(source.config)
         hp = metadata.from_config(metadata.load_config(source.path), family)
         name = model_name(source)
-        types = _ordered(spec.types)
-        direct = [t for t in types if t in quantize.DIRECT]
-        to_quantize = [t for t in types if t in quantize.QUANTIZED]
+        wanted = _ordered(spec)
+        direct = [t for t in wanted if not types.get(t).quantized_by_llama_cpp]
+        to_quantize = [t for t in wanted if types.get(t).quantized_by_llama_cpp]
+        im = _importance_matrix(ctx, family, hp, name) if to_quantize else None
         intermediate = None
         if to_quantize:
             intermediate = next((t for t in _INTERMEDIATE_ORDER if t in direct),
                                 convert.source_type(source.weight_files))
-        paths = {t: ctx.workdir / f"{name}-{t}.gguf" for t in types}
+        paths = {t: ctx.workdir / f"{name}-{t}.gguf" for t in wanted}
         if intermediate and intermediate not in paths:
             paths[intermediate] = ctx.workdir / f".{name}-{intermediate}.intermediate.gguf"
 
         fell_back: dict[str, dict[str, str]] = {}
         vocab: tokenizer.Vocab | None = None
-        for t in _ordered(([intermediate] if intermediate else []) + direct):
+        for t in _ordered_unique(([intermediate] if intermediate else []) + direct):
             with rep.timed(f"convert_{t}"):
                 done = convert.convert(source.path, source.weight_files, family, hp, paths[t], t, name=name,
                                        reporter=rep)
             vocab, fell_back[t] = done.vocab, done.fallbacks
         for t in to_quantize:
-            with rep.step(f"quantize_{t}", f"Quantizing {t} with llama.cpp (from {intermediate})"):
-                quantize.quantize(paths[intermediate], paths[t], t)
+            assert intermediate is not None
+            how = "with llama-quantize and the importance matrix" if im else "with llama.cpp"
+            with rep.step(f"quantize_{t}", f"Quantizing {t} {how} (from {intermediate})"):
+                if im:
+                    quantize.quantize_with_imatrix(paths[intermediate], paths[t], t, ctx.workdir / im.record["file"])
+                else:
+                    quantize.quantize(paths[intermediate], paths[t], t)
             with rep.timed(f"fallbacks_{t}"):
                 fell_back[t] = quantize.fallbacks(paths[t], t)
-        if intermediate and intermediate not in types:
+        if intermediate and intermediate not in wanted:
             paths[intermediate].unlink()
 
         assert vocab is not None  # at least one file was converted
-        notes = list(hp.notes) + list(vocab.notes)
-        for t in types:
+        notes = list(hp.notes) + list(vocab.notes) + (im.notes if im else [])
+        for t in wanted:
             if fell_back[t]:
                 notes.append(_fallback_note(t, fell_back[t]))
                 rep.warn(notes[-1])
         return Produced(
             quantization={
-                "scheme": "GGUF " + ", ".join(types),
-                "types": types,
-                "files": {t: paths[t].name for t in types},
-                "fallbacks": {t: fell_back[t] for t in types if fell_back[t]},
+                "scheme": "GGUF " + ", ".join(wanted) + (" + importance matrix" if im else ""),
+                "types": wanted,
+                "files": {t: paths[t].name for t in wanted},
+                "fallbacks": {t: fell_back[t] for t in wanted if fell_back[t]},
                 "pre_tokenizer": vocab.pre,
                 "tokenizer": vocab.model,
                 "architecture": family.gguf_arch.lower(),
                 "family": family.key,
                 "intermediate": intermediate,
-                "imatrix": False,
+                "imatrix": {**im.record, "types": to_quantize} if im else None,
             },
+            calibration=im.calibration if im else None,
             notes=notes,
         )
 
 
-def _fallback_note(type_name: str, tensors: dict[str, str]) -> str:
-    shown = ", ".join(f"{n} -> {t}" for n, t in list(tensors.items())[:8])
-    more = f" and {len(tensors) - 8} more" if len(tensors) > 8 else ""
-    return (f"{type_name}: {len(tensors)} tensor(s) could not take {type_name} because of their row size and fell "
-            f"back, as llama.cpp does: {shown}{more}")
+@dataclass
+class _Made:
+    """The importance matrix of one run: its manifest record, the calibration set it came from, notes."""
+
+    record: dict[str, Any]
+    calibration: Any = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _importance_matrix(ctx: ProduceContext, family: families.Family, hp: metadata.HParams, name: str) -> _Made | None:
+    """Compute the matrix from the calibration set, or copy the given file, into ``imatrix/`` of the artifact."""
+    compute, given = imatrix_request(ctx.spec)
+    if not (compute or given):
+        return None
+    rep = ctx.reporter
+    folder = ctx.workdir / IMATRIX_DIR
+    folder.mkdir()
+    quantizer = tools.describe_one("llama-quantize")
+    if given is not None:
+        planned = tensors.plan(ctx.source.weight_files, family, hp, quantize.ggml_type("F16"))
+        im = imatrix.read(given)
+        notes = imatrix.check_fits(im, planned, given)
+        dest = folder / f"{name}.imatrix.{'gguf' if im.format == 'gguf' else 'dat'}"
+        shutil.copyfile(given, dest)
+        record = {"source": "file", "given": str(given), "datasets": im.datasets, "chunks": im.chunk_count,
+                  "chunk_size": im.chunk_size}
+        return _Made(_record(ctx, dest, im, record, quantizer), notes=notes)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(ctx.source.path), trust_remote_code=False)
+    calib = ctx.calibration_set(tok)
+    planned = tensors.plan(ctx.source.weight_files, family, hp, quantize.ggml_type("F16"))
+    with rep.step("imatrix", f"Computing the importance matrix ({calib.num_tokens:,} calibration tokens)"):
+        im, how = imatrix.compute(ctx.source.path, imatrix.block_names(planned), calib.samples,
+                                  device=ctx.runtime.device, reporter=rep)
+    im.datasets = imatrix.dataset_label(calib)
+    im.chunk_count, im.chunk_size = len(calib.samples), calib.spec.seq_len
+    dest = folder / f"{name}.imatrix.gguf"
+    imatrix.write_gguf(im, dest, arch=family.gguf_arch.lower())
+    record = {"source": "calibration", "calibration_tokens_sha256": calib.tokens_sha256,
+              "calibration_tokens": calib.num_tokens, "computed_with": how, "datasets": im.datasets,
+              "chunks": im.chunk_count, "chunk_size": im.chunk_size}
+    return _Made(_record(ctx, dest, im, record, quantizer), calibration=calib)
+
+
+def _record(ctx: ProduceContext, dest: Path, im: imatrix.Imatrix, record: dict[str, Any],
+            quantizer: dict[str, Any]) -> dict[str, Any]:
+    return {"file": dest.relative_to(ctx.workdir).as_posix(), "sha256": imatrix.sha256(dest), "format": im.format,
+            "entries": len(im.entries), **record, "applied_by": quantizer}
+
+
+def _ordered_unique(names: list[str]) -> list[str]:
+    return list(dict.fromkeys(names))
+
+
+def _fallback_note(type_name: str, tensors_fell: dict[str, str]) -> str:
+    shown = ", ".join(f"{n} -> {t}" for n, t in list(tensors_fell.items())[:8])
+    more = f" and {len(tensors_fell) - 8} more" if len(tensors_fell) > 8 else ""
+    return (f"{type_name}: {len(tensors_fell)} tensor(s) could not take {type_name} because of their row size and "
+            f"fell back, as llama.cpp does: {shown}{more}")
 
 
 PRODUCER = GgufProducer()

@@ -1,19 +1,25 @@
-"""GGUF types: which are written directly, which go through llama.cpp's own quantizer, and what fell back.
+"""llama.cpp's quantizer: make a type of :mod:`.types` from an unquantized intermediate GGUF, and find fallbacks.
 
-F32, F16, BF16 and Q8_0 are plain per-row encodings that gguf-py writes directly while converting. Every
-other type (the K-quant mixes, IQ4, the legacy Q4_0...) is made by ``llama_model_quantize`` from
-llama-cpp-python's low-level bindings, from an unquantized intermediate GGUF, exactly as llama.cpp's
-``llama-quantize`` tool does: same mixes, same per-tensor choices, same code.
+Every type that :mod:`.types` says llama.cpp makes (the K-quant mixes, the I-quants, Q4_0...) is made by
+``llama_model_quantize``, exactly as the ``llama-quantize`` tool does: same mixes, same per-tensor choices, same
+code. Two ways in, one library:
+
+* without an importance matrix, in-process through llama-cpp-python's bindings (no tool needed: a plain
+  ``pip install 'quantkit[gguf]'`` makes every type that needs no matrix);
+* with one, by running the ``llama-quantize`` binary that ``make install`` builds from the same llama.cpp
+  source (:mod:`.tools`). The bindings could pass the matrix (``llama_model_quantize_params.imatrix`` is a plain
+  array of name/values structs in 0.3.36), but the tool is llama.cpp's reference for reading both matrix formats
+  (its normalisation of sums by counts, legacy ``.dat`` rescaling) and for recording ``quantize.imatrix.*`` in the
+  quantized file, so files made with a matrix are the ones llama.cpp users get from ``llama-quantize
+  --imatrix``. It also runs in its own process: the I-quant code aborts the process on some inputs
+  (``GGML_ABORT``), which must not take quantkit and its cleanup with it. ``tests/test_gguf_imatrix.py`` checks
+  that both ways write identical tensors when no matrix is given.
 
 A tensor whose rows are not whole blocks of a type cannot take it: llama.cpp silently gives it another type.
 :func:`fallbacks` reads the written file back with :class:`gguf.GGUFReader` and names those tensors, so the
 summary can say which ones did.
 
-Importance matrices: llama-cpp-python 0.3.36 binds ``llama_model_quantize_params.imatrix`` (applying one) but
-nothing that computes one (that is the ``llama-imatrix`` tool, which is not part of the library), so
-quantkit does not offer ``--imatrix-calib`` for GGUF.
-
-Tested with llama-cpp-python 0.3.36 and gguf 0.19.0.
+Tested with llama-cpp-python 0.3.36, its llama.cpp (b11312) tools, and gguf 0.19.0.
 """
 
 from __future__ import annotations
@@ -25,46 +31,24 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from quantkit.errors import BackendError
+from quantkit.producers.gguf import tools, types
 
-# type -> llama.cpp file type (gguf.LlamaFileType member) for the types written directly
-DIRECT = {"F32": "ALL_F32", "F16": "MOSTLY_F16", "BF16": "MOSTLY_BF16", "Q8_0": "MOSTLY_Q8_0"}
-# type -> (llama_cpp ftype constant, the ggml type of its bulk tensors, whose block size decides fallbacks)
-QUANTIZED = {
-    "Q6_K": ("LLAMA_FTYPE_MOSTLY_Q6_K", "Q6_K"),
-    "Q5_K_M": ("LLAMA_FTYPE_MOSTLY_Q5_K_M", "Q5_K"),
-    "Q5_K_S": ("LLAMA_FTYPE_MOSTLY_Q5_K_S", "Q5_K"),
-    "Q5_0": ("LLAMA_FTYPE_MOSTLY_Q5_0", "Q5_0"),
-    "Q5_1": ("LLAMA_FTYPE_MOSTLY_Q5_1", "Q5_1"),
-    "Q4_K_M": ("LLAMA_FTYPE_MOSTLY_Q4_K_M", "Q4_K"),
-    "Q4_K_S": ("LLAMA_FTYPE_MOSTLY_Q4_K_S", "Q4_K"),
-    "Q4_0": ("LLAMA_FTYPE_MOSTLY_Q4_0", "Q4_0"),
-    "Q4_1": ("LLAMA_FTYPE_MOSTLY_Q4_1", "Q4_1"),
-    "Q3_K_L": ("LLAMA_FTYPE_MOSTLY_Q3_K_L", "Q3_K"),
-    "Q3_K_M": ("LLAMA_FTYPE_MOSTLY_Q3_K_M", "Q3_K"),
-    "Q3_K_S": ("LLAMA_FTYPE_MOSTLY_Q3_K_S", "Q3_K"),
-    "Q2_K": ("LLAMA_FTYPE_MOSTLY_Q2_K", "Q2_K"),
-    "IQ4_XS": ("LLAMA_FTYPE_MOSTLY_IQ4_XS", "IQ4_XS"),
-    "IQ4_NL": ("LLAMA_FTYPE_MOSTLY_IQ4_NL", "IQ4_NL"),
-}
-# Approximate bits per weight of each type (llama.cpp's published sizes), for the free-space estimate.
-BITS_PER_WEIGHT = {
-    "F32": 32.0, "F16": 16.0, "BF16": 16.0, "Q8_0": 8.5, "Q6_K": 6.6, "Q5_K_M": 5.7, "Q5_K_S": 5.5,
-    "Q5_0": 5.5, "Q5_1": 6.0, "Q4_K_M": 4.9, "Q4_K_S": 4.6, "Q4_0": 4.5, "Q4_1": 5.0, "Q3_K_L": 4.3,
-    "Q3_K_M": 3.9, "Q3_K_S": 3.5, "Q2_K": 3.4, "IQ4_XS": 4.3, "IQ4_NL": 4.5,
-}
 
 
 def file_type(type_name: str) -> int:
-    """The ``general.file_type`` value of a directly written type."""
-    import gguf
-
-    return int(getattr(gguf.LlamaFileType, DIRECT[type_name]))
+    """The ``general.file_type`` value of a type (llama.cpp's ftype)."""
+    return types.get(type_name).ftype_id
 
 
 def ggml_type(type_name: str):  # noqa: ANN201 - gguf.GGMLQuantizationType
+    """The ggml type of a type's bulk tensors."""
     import gguf
 
-    return gguf.GGMLQuantizationType[type_name]
+    return gguf.GGMLQuantizationType[types.get(type_name).bulk]
+
+
+def threads() -> int:
+    return len(os.sched_getaffinity(0))
 
 
 @contextmanager
@@ -88,20 +72,32 @@ def _captured_llama_log() -> Iterator[list[str]]:
 
 
 def quantize(src: Path, dst: Path, type_name: str, nthread: int | None = None) -> None:
-    """Quantize an unquantized GGUF into ``type_name`` with llama.cpp's quantizer (its default mix)."""
+    """Quantize an unquantized GGUF into ``type_name`` in-process (llama.cpp's default mix, no matrix)."""
     import llama_cpp
 
-    ftype_const, _ = QUANTIZED[type_name]
+    t = types.get(type_name)
     llama_cpp.llama_backend_init()
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = getattr(llama_cpp, ftype_const)
-    params.nthread = nthread or len(os.sched_getaffinity(0))
+    params.ftype = t.ftype_id
+    params.nthread = nthread or threads()
     with _captured_llama_log() as log:
         rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
     if rc != 0 or not dst.exists():
         tail = "".join(log).strip().splitlines()[-5:]
         raise BackendError(f"llama.cpp could not quantize {src.name} to {type_name} (status {rc}): "
                            + (" | ".join(tail) or "no message"))
+
+
+def quantize_with_imatrix(src: Path, dst: Path, type_name: str, imatrix: Path, nthread: int | None = None) -> str:
+    """Quantize with ``llama-quantize --imatrix``; returns the tool's output (its log of every tensor)."""
+    t = types.get(type_name)
+    proc = tools.run("llama-quantize", ["--imatrix", str(imatrix), str(src), str(dst), t.name,
+                                        str(nthread or threads())],
+                     purpose=f"quantizing {type_name} with an importance matrix")
+    if not dst.exists():
+        raise BackendError(f"llama-quantize exited without writing {dst.name}: "
+                           f"{tools.tail(proc.stdout + proc.stderr, 5)}")
+    return proc.stdout + proc.stderr
 
 
 def fallbacks(path: Path, type_name: str) -> dict[str, str]:
@@ -113,7 +109,7 @@ def fallbacks(path: Path, type_name: str) -> dict[str, str]:
     """
     import gguf
 
-    base = ggml_type(QUANTIZED[type_name][1] if type_name in QUANTIZED else type_name)
+    base = ggml_type(type_name)
     block = gguf.GGML_QUANT_SIZES[base][0]
     reader = gguf.GGUFReader(path)
     out: dict[str, str] = {}
