@@ -1,12 +1,13 @@
-"""Quality benchmark (issue 10 item 2): every method on the reference model, scored on its held-out split.
+"""Quality benchmark (issue 10 item 2, issue 14 item 5): every method on a reference model, on its held-out split.
 
-    python bench/quality.py            # the full recipe, bench/recipes/quality.yaml
-    python bench/quality.py --quick    # 8 x 256 calibration tokens, 8192 scored tokens, three GGUF types
+    python bench/quality.py                # the full recipe, bench/recipes/quality.yaml (models/quantkit-tiny)
+    python bench/quality.py --model moe    # bench/recipes/quality-moe.yaml (models/quantkit-tiny-moe)
+    python bench/quality.py --quick        # 8 x 256 calibration tokens, 8192 scored tokens, three GGUF types
 
 Runs the real CLI, ``quantkit run RECIPE --json``, in a subprocess (as a user would), then tabulates its report:
 perplexity, perplexity ratio, KL divergence and top-1 agreement against the bf16 source, size and bits per weight,
-and for AWQ and GPTQ the share of RTN's gap they close. Writes bench/results/quality.{json,md} and copies the
-size-vs-perplexity plot to bench/results/quality.png (``--quick`` writes under bench/results/quick/).
+and for AWQ and GPTQ the share of RTN's gap they close. Writes bench/results/quality.{json,md} (``--model moe``:
+quality_moe) and copies the size-vs-perplexity plot beside it (``--quick`` writes under bench/results/quick/).
 
 torch's OpenMP threads spin-wait on busy cores, which on a shared 2-core machine slows the run ten-fold, so
 the subprocess runs with OMP_NUM_THREADS=1 unless the caller set it. Tested with quantkit's spine on torch 2.13,
@@ -29,7 +30,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import meta  # noqa: E402
 
-RECIPE = meta.ROOT / "bench" / "recipes" / "quality.yaml"
+RECIPES = {"dense": meta.ROOT / "bench" / "recipes" / "quality.yaml",
+           "moe": meta.ROOT / "bench" / "recipes" / "quality-moe.yaml"}
+NAMES = {"dense": "quality", "moe": "quality_moe"}
 QUICK = {"calibration": {"samples": 8, "seq_len": 256}, "verify": {"max_tokens": 8192},
          "gguf_types": ["F16", "Q8_0", "Q4_K_M"], "output": "out/bench-quality-quick"}
 PLOT = "size-vs-ppl.png"
@@ -38,11 +41,11 @@ AWQ_PAPER = ("AWQ paper (Lin et al., 2024, Table 4): on Llama-2-7B, INT4 g128 Wi
              "GPTQ 15% (38% with reordering; quantkit's GPTQ uses llm-compressor's static activation order).")
 
 
-def quick_recipe(folder: Path) -> Path:
+def quick_recipe(recipe: Path, folder: Path) -> Path:
     """The bench recipe shrunk for a fast check, written to a temporary file (same methods, fewer tokens)."""
     import yaml
 
-    data = yaml.safe_load(RECIPE.read_text())
+    data = yaml.safe_load(recipe.read_text())
     data["output"] = QUICK["output"]
     data["calibration"].update(QUICK["calibration"])
     data["verify"].update(QUICK["verify"])
@@ -85,12 +88,12 @@ def rows(report: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def source_size() -> dict[str, Any]:
+def source_size(model: str) -> dict[str, Any]:
     """The bf16 source's bytes and bits per weight, counted the way the evaluation counts an artifact's."""
     from quantkit.recipe import ModelSpec
     from quantkit.source import resolve
 
-    src = resolve(ModelSpec(source=str(meta.ROOT / "models" / "quantkit-tiny")))
+    src = resolve(ModelSpec(source=str(meta.ROOT / model)))
     return {"size_bytes": src.size_bytes, "bits_per_weight": src.size_bytes * 8 / src.num_parameters}
 
 
@@ -117,7 +120,7 @@ def _f(v: Any, fmt: str) -> str:
 def markdown(h: dict[str, Any], data: dict[str, Any]) -> str:
     """The results table, the gap-closed table and how they were made."""
     p = data["protocol"]
-    lines = ["# Quality on the reference model (models/quantkit-tiny, held-out split)", "",
+    lines = [f"# Quality on the reference model ({data['model']}, held-out split)", "",
              meta.md_header(h),
              f"Recipe: `{data['recipe']}`. Calibration: {data['calibration']}. Evaluation: {p.get('dataset')} split, "
              f"ctx {p.get('ctx')}, {p.get('windowing')} windows, {p.get('tokens_scored')} tokens scored of "
@@ -149,22 +152,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a fast check: fewer tokens and GGUF types")
     ap.add_argument("--force", action="store_true", help="rebuild every output instead of reusing complete ones")
+    ap.add_argument("--model", choices=sorted(RECIPES), default="dense",
+                    help="dense: models/quantkit-tiny; moe: models/quantkit-tiny-moe")
     args = ap.parse_args(argv)
     h = meta.header()
     folder = meta.RESULTS / "quick" if args.quick else meta.RESULTS
     import yaml
 
+    full = RECIPES[args.model]
     with tempfile.TemporaryDirectory() as tmp:
-        recipe = quick_recipe(Path(tmp)) if args.quick else RECIPE
-        cal = yaml.safe_load(recipe.read_text())["calibration"]
+        recipe = quick_recipe(full, Path(tmp)) if args.quick else full
+        spec = yaml.safe_load(recipe.read_text())
+        cal = spec["calibration"]
         report, qk_argv, secs = run_quantkit(recipe, args.force)
     table = rows(report)
     if table and table[0]["method"] == "baseline":
-        table[0].update(source_size())
+        table[0].update(source_size(spec["model"]["source"]))
     ev = next((o["evaluation"] for o in report["outputs"] if o.get("evaluation")), {})
-    data = {"recipe": str(RECIPE.relative_to(meta.ROOT)) + (" (--quick: shrunk)" if args.quick else ""),
+    data = {"model": spec["model"]["source"],
+            "recipe": str(full.relative_to(meta.ROOT)) + (" (--quick: shrunk)" if args.quick else ""),
             "quantkit_command": "OMP_NUM_THREADS=1 quantkit run " + (
-                "(the shrunk recipe)" if args.quick else str(RECIPE.relative_to(meta.ROOT))) + " --json",
+                "(the shrunk recipe)" if args.quick else str(full.relative_to(meta.ROOT))) + " --json",
             "calibration": f"{cal.get('dataset', 'mixed')}, {cal.get('samples')} x {cal.get('seq_len')} tokens",
             "protocol": ev.get("protocol") or {}, "kld_method": next((r["kld_method"] for r in table if r.get("kld_method")),
                                                                 "exact: full distributions on both sides"),
@@ -173,9 +181,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     src = meta.ROOT / report["release"] / PLOT
     if src.exists():
         folder.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, folder / "quality.png")
-        data["plot"] = "quality.png"
-    meta.write("quality", {**h, **data}, markdown(h, data), folder)
+        shutil.copyfile(src, folder / f"{NAMES[args.model]}.png")
+        data["plot"] = f"{NAMES[args.model]}.png"
+    meta.write(NAMES[args.model], {**h, **data}, markdown(h, data), folder)
     print(markdown(h, data))
     return data
 

@@ -10,6 +10,7 @@ import ast
 import importlib
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -136,3 +137,35 @@ def test_tune_refuses_clearly_without_vllm_or_for_gguf(cli, tmp_path: Path) -> N
     (gguf / "m-Q8_0.gguf").write_bytes(b"")
     proc = cli("tune", gguf)
     assert proc.returncode == 2 and "vLLM does not serve" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_every_hint_names_a_flag_that_exists() -> None:
+    """A hint that tells a user to pass a flag must name one of quantkit's flags (or the llama.cpp/vLLM/TensorRT-LLM
+    tool flag it quotes), so following the hint never ends in "No such option"."""
+    import click
+    import typer.main
+
+    from quantkit.cli.main import app
+
+    known: set[str] = set()
+
+    def walk(cmd: click.Command) -> None:
+        for p in cmd.params:
+            known.update(o for o in [*p.opts, *p.secondary_opts] if o.startswith("--"))
+        for sub in getattr(cmd, "commands", {}).values():
+            walk(sub)
+
+    walk(typer.main.get_command(app))
+    # --help, and flags of the tools a hint quotes (pip, llama-quantize, llama-imatrix, vllm serve)
+    foreign = {"--help", "--target", "--imatrix", "--output-format", "--kl-divergence", "--quantization",
+               "--enforce-eager", "--linear-backend", "--moe-backend", "--host", "--port"}
+    missing: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "quantkit").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.keyword) and node.arg == "hint":
+                text = " ".join(c.value for c in ast.walk(node.value)
+                                if isinstance(c, ast.Constant) and isinstance(c.value, str))
+                for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", text):
+                    if flag not in known and flag not in foreign:
+                        missing.setdefault(flag, set()).add(path.name)
+    assert not missing, f"hints name flags no verb has: {missing}"
