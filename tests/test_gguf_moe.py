@@ -60,7 +60,7 @@ def converted(checkpoints: dict, tmp_path_factory: pytest.TempPathFactory) -> di
     for (family, layout), model_dir in checkpoints.items():
         types = ["F16", "F32", "Q4_K_M"] if layout == "split" else ["F16"]
         res = convert(model_dir, out / f"{family}-{layout}", types)
-        results[family, layout] = {t: res.path / f for t, f in res.manifest["quantization"]["files"].items()}
+        results[family, layout] = {t: res.path / f for t, f in res.manifest.quantization["files"].items()}
         results[family, layout]["manifest"] = res.manifest
     return results
 
@@ -83,7 +83,7 @@ def test_fused_layout_really_is_fused(checkpoints: dict) -> None:
 def test_moe_matches_transformers(family: str, layout: str, converted: dict, reference: dict, ids: list[int],
                                   checkpoints: dict) -> None:
     files, ref = converted[family, layout], reference[family]
-    q = files["manifest"]["quantization"]
+    q = files["manifest"].quantization
     assert q["family"] == family and q["architecture"] == families.resolve(
         json.loads((checkpoints[family, layout] / "config.json").read_text())).gguf_arch.lower()
     if layout == "fused":
@@ -109,7 +109,7 @@ def test_deepseek_yarn_matches_transformers(tmp_path: Path, ids: list[int]) -> N
     model_dir = make_moe("deepseek3", tmp_path / "yarn", rope_parameters=YARN)
     res = convert(model_dir, tmp_path / "out", ["F32"])
     ref = hf_logits(model_dir, ids)
-    f32 = llama_logits(res.path / res.manifest["quantization"]["files"]["F32"], ids)
+    f32 = llama_logits(res.path / res.manifest.quantization["files"]["F32"], ids)
     assert top1(ref, f32) >= 0.999 and np.median(np.abs(ref - f32).max(-1)) < 1e-3
 
 
@@ -162,7 +162,7 @@ def test_moe_k_quant_loads(family: str, converted: dict, reference: dict, ids: l
     types = tensor_types(files["Q4_K_M"])
     assert types["blk.1.ffn_gate_exps.weight"] == "Q4_K" and types["blk.1.ffn_gate_inp.weight"] == "F32"
     assert {"Q4_K", "Q6_K"} <= set(types.values())
-    fell = files["manifest"]["quantization"]["fallbacks"].get("Q4_K_M", {})
+    fell = files["manifest"].quantization["fallbacks"].get("Q4_K_M", {})
     # only MLA's per-head k_b (64-value rows) cannot hold 256-value K-quant blocks
     assert set(fell) == ({"blk.0.attn_k_b.weight", "blk.1.attn_k_b.weight"} if family == "deepseek3" else set())
     q4 = llama_logits(files["Q4_K_M"], ids[:256])
@@ -270,9 +270,9 @@ def test_multi_token_prediction_layers_are_left_out(tmp_path: Path) -> None:
     extra["model.layers.2.eh_proj.weight"] = weights["model.layers.1.self_attn.o_proj.weight"].clone()
     save_file({**weights, **extra}, model_dir / "model.safetensors", metadata={"format": "pt"})
     res = convert(model_dir, tmp_path / "out", ["F16"])
-    names = {t.name for t in gguf.GGUFReader(res.path / res.manifest["quantization"]["files"]["F16"]).tensors}
+    names = {t.name for t in gguf.GGUFReader(res.path / res.manifest.quantization["files"]["F16"]).tensors}
     assert "blk.1.ffn_down_exps.weight" in names and not any(n.startswith("blk.2.") for n in names)
-    assert any(f"{len(extra)} tensor(s) of layers past the model's 2" in n for n in res.manifest["notes"])
+    assert any(f"{len(extra)} tensor(s) of layers past the model's 2" in n for n in res.manifest.notes)
 
 
 def test_refusal_through_the_cli(tmp_path: Path, cli: Callable) -> None:
