@@ -85,38 +85,28 @@ class Reporter:
     @contextmanager
     def step(self, key: str, description: str) -> Iterator[None]:
         """An opaque step (a library call we cannot see inside): a spinner with elapsed time; timed as ``key``."""
-        start = time.perf_counter()
         if self.quiet:
-            try:
+            with self.timed(key):
                 yield
-            finally:
-                self.timings[key] = round(self.timings.get(key, 0.0) + time.perf_counter() - start, 3)
             return
-        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                      console=self.console, transient=True) as p:
+        with self.timed(key), Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                                       console=self.console, transient=True) as p:
             p.add_task(description, total=None)
-            try:
-                yield
-            finally:
-                self.timings[key] = round(self.timings.get(key, 0.0) + time.perf_counter() - start, 3)
-        interrupts.check()  # a library call may have swallowed a Ctrl-C: do not report the step as done
-        self.console.print(f"[green]✓[/] {description} [dim]({self.timings[key]:.1f}s)[/]")
+            yield
+        self._done(key, description)
 
     @contextmanager
     def layers(self, key: str, description: str) -> Iterator[None]:
         """A library call that works layer by layer (llm-compressor's sequential pipeline): a bar of layers with
         the time left, fed by the library's own per-layer tqdm bars (see :func:`silence_library_bars`); a
         spinner until the first layer starts, and for calls that report no layers. Timed as ``key``."""
-        start = time.perf_counter()
         if self.quiet:
-            try:
+            with self.timed(key):
                 yield
-            finally:
-                self.timings[key] = round(self.timings.get(key, 0.0) + time.perf_counter() - start, 3)
             return
         cols = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                 TextColumn("layers"), TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn()]
-        with Progress(*cols, console=self.console, transient=True) as p:
+        with self.timed(key), Progress(*cols, console=self.console, transient=True) as p:
             tid = p.add_task(description, total=None)
 
             def on_layer(index: int, total: int, stage: str) -> None:
@@ -128,8 +118,10 @@ class Reporter:
                 yield
             finally:
                 _layer_sink.remove(on_layer)
-                self.timings[key] = round(self.timings.get(key, 0.0) + time.perf_counter() - start, 3)
-        interrupts.check()
+        self._done(key, description)
+
+    def _done(self, key: str, description: str) -> None:
+        interrupts.check()  # a library call may have swallowed a Ctrl-C: do not report the step as done
         self.console.print(f"[green]✓[/] {description} [dim]({self.timings[key]:.1f}s)[/]")
 
     @contextmanager
