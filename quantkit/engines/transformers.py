@@ -8,6 +8,9 @@ quantization scheme, so activation quantization is simulated as the checkpoint a
 float32 (bfloat16 weights upcast exactly; CPU bfloat16 matmuls are slow and less precise); on a GPU it runs
 in the checkpoint's own dtype, as a serving engine would.
 
+A mixture-of-experts checkpoint with asymmetric int4 experts, which transformers 5.17 cannot reload, is scored
+through a dense copy (:mod:`.dense_copy`), said in the engine's info.
+
 ModelOpt exports (``hf_quant_config.json``) are refused: transformers ignores that file and would load the
 quantized tensors as if they were plain weights, giving numbers that look valid and are not.
 """
@@ -15,10 +18,13 @@ quantized tensors as if they were plain weights, giving numbers that look valid 
 from __future__ import annotations
 
 import gc
+import shutil
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from quantkit.engines import dense_copy
 from quantkit.engines.base import EngineOptions, LogProbs, Window, check_compatible
 from quantkit.errors import BackendError, UsageError
 from quantkit.versions import require
@@ -46,6 +52,9 @@ class TransformersEngine:
         transformers = require("transformers", "eval", "evaluating with transformers")
         check_compatible(self.name, path)  # a ModelOpt export would load silently wrong
         self.path = path
+        self._dense: Path | None = None
+        if dense_copy.needed(path):
+            self._dense = dense_copy.write(path, Path(tempfile.mkdtemp(prefix="quantkit-dense-")))
         self.device = resolve_device(options.device)
         self.dtype = torch.float32 if self.device == "cpu" else "auto"
         hf_logging = transformers.utils.logging
@@ -53,7 +62,7 @@ class TransformersEngine:
         hf_logging.disable_progress_bar()  # quantkit draws its own progress; transformers' would interleave
         try:
             self.model = transformers.AutoModelForCausalLM.from_pretrained(
-                str(path), dtype=self.dtype, device_map=None if self.device == "cpu" else self.device,
+                str(self._dense or path), dtype=self.dtype, device_map=None if self.device == "cpu" else self.device,
                 trust_remote_code=False)
         except Exception as e:  # transformers raises many types for unreadable or unsupported checkpoints
             raise BackendError(f"transformers could not load {path}: {type(e).__name__}: {_first_line(e)}",
@@ -71,7 +80,9 @@ class TransformersEngine:
         if dtype == "auto":
             dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
         return {"engine": self.name, "version": self._versions["transformers"], "torch": self._versions["torch"],
-                "device": self.device, "dtype": dtype, "model": str(self.path)}
+                "device": self.device, "dtype": dtype, "model": str(self.path),
+                **({"loaded": "a dense copy decompressed by compressed-tensors (transformers 5.17 cannot reload "
+                              "asymmetric compressed experts)"} if self._dense else {})}
 
     def logits(self, windows: Sequence[Window]) -> Iterator[LogProbs]:
         torch = self._torch
@@ -88,6 +99,8 @@ class TransformersEngine:
     def close(self) -> None:
         del self.model
         gc.collect()
+        if self._dense is not None:
+            shutil.rmtree(self._dense, ignore_errors=True)
         if self.device.startswith("cuda"):
             self._torch.cuda.empty_cache()
 
