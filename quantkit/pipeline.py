@@ -19,7 +19,7 @@ from typing import Any
 
 from quantkit import artifact, formats, source as source_mod, tune as tune_mod, versions
 from quantkit.artifact import Manifest
-from quantkit.errors import GateFailedError, OutputExistsError, QuantkitError
+from quantkit.errors import GateFailedError, OutputExistsError, QuantkitError, UsageError
 from quantkit.progress import Reporter
 from quantkit.recipe import Recipe
 
@@ -191,12 +191,26 @@ def _recall(r: OutputResult, checks: str) -> bool:
 
 
 def _evaluate(recipe: Recipe, src: source_mod.SourceModel, done: list[OutputResult], rep: Reporter) -> None:
-    """All artifacts in one evaluation run: the baseline's logits are computed once and reused for each."""
+    """All artifacts in one evaluation run: the baseline's logits are computed once and reused for each. An
+    artifact its engine refuses before loading (vLLM missing, a layout transformers cannot reload) is recorded as
+    skipped with why, and the others are still scored."""
     from quantkit import api
+    from quantkit.engines import base as engines
     from quantkit.verify.evaluate import EvalOptions
 
     options = EvalOptions.from_verify(recipe.verify, report_dir=Path(recipe.output), python=recipe.smoke.python)
-    report = api.evaluate([r.path for r in done], str(src.path), options, rep)
+    scored = []
+    for r in done:
+        try:
+            engines.check_compatible(engines.detect(r.path) if options.engine == "auto" else options.engine, r.path)
+        except UsageError as e:
+            r.evaluation = {"status": "skipped", "summary": e.message + (f" ({e.hint})" if e.hint else "")}
+            rep.log(f"[yellow]-[/] evaluation of {r.name}: skipped ({e.message})")
+            continue
+        scored.append(r)
+    if not scored:
+        return
+    report = api.evaluate([r.path for r in scored], str(src.path), options, rep)
     for r in done:
         mine = [x for x in report.results if x.target.manifest_dir and x.target.manifest_dir.resolve() == r.path.resolve()]
         if not mine:

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from quantkit.errors import UsageError
+from quantkit.engines import dense_copy
 from quantkit.formats import kinds
 
 KINDS = ("transformers", "llama.cpp", "vllm")
@@ -140,6 +141,8 @@ def check_compatible(kind: str, path: Path) -> None:
                          hint="use --engine transformers (or auto) for Hugging Face checkpoints")
     if kind in ("transformers", "vllm") and found.name == "gguf":
         raise UsageError(f"{path} is GGUF; evaluate it with --engine llama.cpp (or auto)")
+    if kind == "transformers" and (why := dense_copy.refusal(path)):
+        raise UsageError(why, hint="evaluate it with --engine vllm (on a GPU)")
     if kind == "transformers" and found.name == "modelopt":
         raise UsageError(f"{path} is a ModelOpt export (hf_quant_config.json): transformers ignores that file and "
                          "would load the quantized weights as plain ones, so its numbers would be wrong without any "

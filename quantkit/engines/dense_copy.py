@@ -7,7 +7,9 @@ parameters, decompressing compressed-tensors experts on the way; that conversion
 
 For a weight-only scheme transformers itself runs the decompressed weights in dense matmuls, so scoring a dense copy
 made by compressed-tensors' own decompressor gives the same figures by construction. Schemes that quantize
-activations are never copied: their activations must stay quantized, and transformers loads them anyway.
+activations are never copied: their activations must stay quantized. transformers reloads FP8 experts, but not
+int-quantized (INT8 W8A8) ones (its expert conversion finds no tensors to concatenate): :func:`refusal` says so
+before anything loads, and vLLM scores them.
 
 Tested with compressed-tensors 0.19.0 and transformers 5.17.0.
 """
@@ -38,6 +40,22 @@ def needed(path: Path) -> bool:
         return False
     weight_only = all(not g.get("input_activations") for g in groups)
     return weight_only and any((g.get("weights") or {}).get("symmetric") is False for g in groups)
+
+
+def refusal(path: Path) -> str | None:
+    """Why transformers cannot score ``path`` at all (None when it can, maybe through a dense copy)."""
+    from quantkit.producers import moe
+
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    qc = cfg.get("quantization_config") or {}
+    formats = {qc.get("format"), *((g or {}).get("format") for g in (qc.get("config_groups") or {}).values())}
+    if qc.get("quant_method") == "compressed-tensors" and "int-quantized" in formats and moe.family(cfg):
+        return (f"{path} has int-quantized (INT8) mixture-of-experts weights, which transformers 5.17 cannot reload "
+                "(its expert conversion finds none of them)")
+    return None
 
 
 def write(path: Path, dest: Path) -> Path:
