@@ -6,12 +6,13 @@ type is made by llama.cpp's own quantizer (:mod:`.quantize`) from one unquantize
 F32/BF16/F16 file when there is one, otherwise a lossless file of the checkpoint's own precision, deleted once the
 quantized files exist.
 
-With an importance matrix (``spec.imatrix``: computed from the recipe's calibration set, see :mod:`.imatrix`; or
-``spec.imatrix_file``: one made elsewhere, GGUF or legacy ``.dat``), every type llama.cpp quantizes is made with
-it by ``llama-quantize --imatrix``, and the matrix is shipped in the artifact as ``imatrix/<model>.imatrix.gguf``
-(or ``.dat``; in a subfolder so nothing takes it for a model file) with its sha256, the calibration tokens' sha256
-and the tool's version in the manifest. Types llama.cpp cannot make without one (IQ1/IQ2, IQ3_XXS, Q2_K_S) are
-refused without one, before any work.
+With an importance matrix (``spec.imatrix``: computed from the recipe's calibration set, see :mod:`.collect`, per
+expert for mixture-of-experts models; or ``spec.imatrix_file``: one made elsewhere, GGUF or legacy ``.dat``, see
+:mod:`.imatrix`), every type llama.cpp quantizes is made with it by ``llama-quantize --imatrix``, and the matrix is
+shipped in the artifact as ``imatrix/<model>.imatrix.gguf`` (or ``.dat``; in a subfolder so nothing takes it for a
+model file) with its sha256, the calibration tokens' sha256 and the tool's version in the manifest (and, for an
+MoE model, the calibration tokens each expert got). Types llama.cpp cannot make without one (IQ1/IQ2, IQ3_XXS,
+Q2_K_S) are refused without one, before any work.
 
 Tested with gguf 0.19.0, llama-cpp-python 0.3.36 and its llama.cpp's tools (b11312), transformers 5.17.0,
 torch 2.13.
