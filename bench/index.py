@@ -46,10 +46,13 @@ def gguf() -> list[str]:
 
 
 def gguf_imatrix() -> list[str]:
-    md = RESULTS / "gguf_imatrix.md"
-    if not md.exists():
-        return ["Not run yet: `python bench/run.py gguf-imatrix`.", ""]
-    return [_body(md), ""]
+    """The dense reference model's table, then the MoE reference model's (per-expert matrices)."""
+    lines: list[str] = []
+    for name, bench, title in (("gguf_imatrix", "gguf-imatrix", "The reference model"),
+                               ("gguf_imatrix_moe", "gguf-imatrix-moe", "The MoE reference model")):
+        md = RESULTS / f"{name}.md"
+        lines += [f"### {title}", "", _body(md) if md.exists() else f"Not run yet: `python bench/run.py {bench}`.", ""]
+    return lines
 
 
 def eval_agreement() -> list[str]:
@@ -162,7 +165,7 @@ def h200_table(name: str, command: str) -> list[str]:
 def build() -> Path:
     lines = ["# Benchmark results", "",
              "Everything here is re-runnable: `make bench` (= `python bench/run.py all`: quality, GGUF "
-             "conversion and GGUF importance matrices on a CPU) and `make bench-gpu` "
+             "conversion and GGUF importance matrices of both reference models on a CPU) and `make bench-gpu` "
              "(= `python bench/quantize_cost.py --shape 8b`, an H200). Each "
              "result's JSON file holds its command, machine, library versions and date (the H200 files under h200/ "
              "came from the scripts named below, run on the lent H200 through the device tool).", "",

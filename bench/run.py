@@ -3,7 +3,8 @@
     python bench/run.py quality [--quick]   # every method on the reference model, held-out split (CPU)
     python bench/run.py gguf [--quick]      # HF -> GGUF conversion, quantkit vs llama.cpp (8B shape; quick: small)
     python bench/run.py gguf-imatrix [--quick]  # GGUF with and without an importance matrix, and its cost (CPU)
-    python bench/run.py all [--quick]       # all three
+    python bench/run.py gguf-imatrix-moe [--quick]  # the same on the MoE reference model (per-expert matrices)
+    python bench/run.py all [--quick]       # all four
     python bench/run.py index               # only rebuild bench/results/README.md from the result files
 
 Each writes bench/results/NAME.{json,md} with the machine, library versions, date and exact command. The GPU
@@ -51,7 +52,13 @@ def gguf_imatrix(quick: bool) -> None:
     gi.main(["--quick"] if quick else [])
 
 
-BENCHES = {"quality": quality, "gguf": gguf, "gguf-imatrix": gguf_imatrix}
+def gguf_imatrix_moe(quick: bool) -> None:
+    import gguf_imatrix as gi
+
+    gi.main(["--model", "moe"] + (["--quick"] if quick else []))
+
+
+BENCHES = {"quality": quality, "gguf": gguf, "gguf-imatrix": gguf_imatrix, "gguf-imatrix-moe": gguf_imatrix_moe}
 
 
 def index() -> None:

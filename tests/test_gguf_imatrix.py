@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from conftest import ROOT, TINY, quantkit
 from gguf_spec import make
 from quantkit import api, pipeline, recipe
 from quantkit.errors import MissingToolError, UsageError
-from quantkit.producers.gguf import imatrix, quantize, tools, types
+from quantkit.producers.gguf import collect, imatrix, quantize, tools, types
 
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
@@ -170,7 +169,7 @@ def test_imatrix_matches_llama_imatrix_on_the_same_tokens(llama_imatrix: dict[st
     family = families.resolve(src.config)
     hp = metadata.from_config(metadata.load_config(src.path), family)
     planned = tensors.plan(src.weight_files, family, hp, quantize.ggml_type("F16"))
-    ours, how = imatrix.compute(TINY, imatrix.block_names(planned), same_tokens["chunks"], device="cpu",
+    ours, how = collect.compute(TINY, planned, family, hp, same_tokens["chunks"], device="cpu",
                                 reporter=Reporter(quiet=True))
     assert how["device"] == "cpu" and how["dtype"] == "float32"
     theirs = imatrix.read(llama_imatrix["gguf"])
@@ -323,21 +322,6 @@ def test_a_matrix_for_another_model_is_refused(tmp_path: Path, llama_imatrix: di
     imatrix.write_gguf(im, path, arch="llama")
     with pytest.raises(UsageError, match="names none of this model's tensors"):
         make(tmp_path / "out", ["Q4_K_M"], imatrix_file=path)
-
-
-def test_mixture_of_experts_is_refused_for_computing(tmp_path: Path) -> None:
-    torch = pytest.importorskip("torch")
-    torch.manual_seed(0)
-    cfg = transformers.MixtralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                                     num_attention_heads=4, num_key_value_heads=2, vocab_size=8192,
-                                     num_local_experts=4, num_experts_per_tok=2, bos_token_id=0, eos_token_id=1)
-    model_dir = tmp_path / "mixtral"
-    transformers.MixtralForCausalLM(cfg).to(torch.bfloat16).save_pretrained(model_dir)
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(TINY / f, model_dir / f)
-    with pytest.raises(UsageError, match="mixture of experts") as e:
-        make(tmp_path / "out", ["Q4_K_M"], imatrix_=True, model=model_dir)
-    assert "--imatrix-file FILE" in e.value.hint
 
 
 def test_missing_tool_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

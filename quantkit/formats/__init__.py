@@ -210,7 +210,7 @@ FORMATS: tuple[Format, ...] = (
                      "IQ1_*, IQ2_*, IQ3_XXS, IQ3_XS, Q2_K_S)."),
                   _f("imatrix_file", "--imatrix-file", str, "quantize.imatrix_file",
                      "Quantize with this importance matrix (llama-imatrix's .gguf or legacy .dat)."),
-                  *CALIBRATION[:5], *REVISION, *DEVICE, *SEED)),
+                  *CALIBRATION, *REVISION, *DEVICE, *SEED)),
     Format("trt", TrtSpec, "quantkit.producers.trt", "tensorrt-llm",
            lambda s: s.quantization != "none" or s.kv_cache != "auto", lambda s: f"trt-{s.quantization}",
            verb="build-trt"),

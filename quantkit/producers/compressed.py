@@ -240,7 +240,8 @@ class CompressedProducer:
                 _save(model, tokenizer, ctx.workdir, job["config"], p.save_format)
             del model
         tokens = (info.get("moe") or {}).get("expert_tokens")
-        warning = moe.low_token_warning(tokens) if tokens else None
+        warning = moe.low_token_warning(tokens, "llm-compressor calibrated them on tokens routed elsewhere, so their "
+                                                "scales may not fit what they see in use") if tokens else None
         if warning:
             rep.warn(warning)
             info["notes"].append(warning)

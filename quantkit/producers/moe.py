@@ -237,8 +237,12 @@ class RouterTokens:
                 "complete": all(s == self.tokens for s in self.seen.values())}
 
 
-def low_token_warning(stats: dict[str, Any]) -> str | None:
-    """One line for the reporter about experts the router rarely chose, or None when there are none."""
+def low_token_warning(stats: dict[str, Any], consequence: str) -> str | None:
+    """One line for the reporter about experts the router rarely chose, or None when there are none.
+
+    ``stats`` is :meth:`RouterTokens.summary`'s shape (``per_layer``, ``threshold``, ``below_threshold``), which the
+    GGUF importance matrix's per-expert counts also take; ``consequence`` says what few tokens mean for the method.
+    """
     below = stats["below_threshold"]
     if not below:
         return None
@@ -249,5 +253,4 @@ def low_token_warning(stats: dict[str, Any]) -> str | None:
                       for layer, experts in list(below.items())[:4])
     more = f"; and {len(below) - 4} more layers" if len(below) > 4 else ""
     return (f"{n} expert(s) got fewer than {stats['threshold']} calibration tokens from the router ({where}{more}); "
-            "llm-compressor calibrated them on tokens routed elsewhere, so their scales may not fit what they see "
-            "in use: more or broader calibration data (--samples, --calib) would exercise them")
+            f"{consequence}: more or broader calibration data (--samples, --calib) would exercise them")

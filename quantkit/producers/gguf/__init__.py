@@ -6,12 +6,13 @@ type is made by llama.cpp's own quantizer (:mod:`.quantize`) from one unquantize
 F32/BF16/F16 file when there is one, otherwise a lossless file of the checkpoint's own precision, deleted once the
 quantized files exist.
 
-With an importance matrix (``spec.imatrix``: computed from the recipe's calibration set, see :mod:`.imatrix`; or
-``spec.imatrix_file``: one made elsewhere, GGUF or legacy ``.dat``), every type llama.cpp quantizes is made with
-it by ``llama-quantize --imatrix``, and the matrix is shipped in the artifact as ``imatrix/<model>.imatrix.gguf``
-(or ``.dat``; in a subfolder so nothing takes it for a model file) with its sha256, the calibration tokens' sha256
-and the tool's version in the manifest. Types llama.cpp cannot make without one (IQ1/IQ2, IQ3_XXS, Q2_K_S) are
-refused without one, before any work.
+With an importance matrix (``spec.imatrix``: computed from the recipe's calibration set, see :mod:`.collect`, per
+expert for mixture-of-experts models; or ``spec.imatrix_file``: one made elsewhere, GGUF or legacy ``.dat``, see
+:mod:`.imatrix`), every type llama.cpp quantizes is made with it by ``llama-quantize --imatrix``, and the matrix is
+shipped in the artifact as ``imatrix/<model>.imatrix.gguf`` (or ``.dat``; in a subfolder so nothing takes it for a
+model file) with its sha256, the calibration tokens' sha256 and the tool's version in the manifest (and, for an
+MoE model, the calibration tokens each expert got). Types llama.cpp cannot make without one (IQ1/IQ2, IQ3_XXS,
+Q2_K_S) are refused without one, before any work.
 
 Tested with gguf 0.19.0, llama-cpp-python 0.3.36 and its llama.cpp's tools (b11312), transformers 5.17.0,
 torch 2.13.
@@ -26,8 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.errors import SourceModelError, UsageError
+from quantkit.producers import moe
 from quantkit.producers.base import ProduceContext, Produced
-from quantkit.producers.gguf import convert, families, imatrix, metadata, quantize, tensors, tokenizer, tools, types
+from quantkit.producers.gguf import (collect, convert, families, imatrix, metadata, quantize, tensors, tokenizer,
+                                     tools, types)
 from quantkit.source import SourceModel
 
 # Preferred intermediate among requested unquantized types: the most precise one.
@@ -96,7 +99,7 @@ class GgufProducer:
                              hint=f"drop {imatrix.COMPUTE_FLAG}/{imatrix.FILE_FLAG}, or add a type llama.cpp "
                                   "quantizes (Q4_K_M, IQ4_XS...)")
         if compute:
-            imatrix.refuse_experts(family)
+            collect.refuse_uncovered(family, wanted)
         else:
             assert given is not None
             if not given.is_file():
@@ -209,16 +212,25 @@ def _importance_matrix(ctx: ProduceContext, family: families.Family, hp: metadat
     calib = ctx.calibration_set(tok)
     planned = tensors.plan(ctx.source.weight_files, family, hp, quantize.ggml_type("F16"))
     with rep.step("imatrix", f"Computing the importance matrix ({calib.num_tokens:,} calibration tokens)"):
-        im, how = imatrix.compute(ctx.source.path, imatrix.block_names(planned), calib.samples,
-                                  device=ctx.runtime.device, reporter=rep)
+        im, how = collect.compute(ctx.source.path, planned, family, hp, calib.samples, device=ctx.runtime.device,
+                                  reporter=rep)
     im.datasets = imatrix.dataset_label(calib)
     im.chunk_count, im.chunk_size = len(calib.samples), calib.spec.seq_len
     dest = folder / f"{name}.imatrix.gguf"
     imatrix.write_gguf(im, dest, arch=family.gguf_arch.lower())
+    notes = imatrix.check_fits(im, planned, dest)  # what it leaves uncovered (MLA's attn_k_b/attn_v_b)
     record = {"source": "calibration", "calibration_tokens_sha256": calib.tokens_sha256,
               "calibration_tokens": calib.num_tokens, "computed_with": how, "datasets": im.datasets,
               "chunks": im.chunk_count, "chunk_size": im.chunk_size}
-    return _Made(_record(ctx, dest, im, record, quantizer), calibration=calib)
+    tokens = imatrix.expert_tokens(im, ctx.calibration.min_expert_tokens)
+    if tokens is not None:
+        record["expert_tokens"] = tokens
+        warning = moe.low_token_warning(tokens, "llama-quantize weighs their columns by those few tokens (evenly "
+                                                "where there are none)")
+        if warning:
+            rep.warn(warning)
+            notes.append(warning)
+    return _Made(_record(ctx, dest, im, record, quantizer), calibration=calib, notes=notes)
 
 
 def _record(ctx: ProduceContext, dest: Path, im: imatrix.Imatrix, record: dict[str, Any],

@@ -9,16 +9,14 @@ Why quantkit computes it itself instead of running ``llama-imatrix``: every quan
 recipe's token samples, recorded by their sha256 in the manifest. ``llama-imatrix`` takes text, tokenizes it with
 its own tokenizer, and cuts that stream into chunks whose first token it replaces by BOS, so the tokens it used
 could only be reconstructed, never recorded, and a packed sample that starts mid-document cannot be given to it
-at all. Computing in transformers with a forward pre-hook on each block's ``nn.Linear`` sums exactly the
-recorded token ids, on any device torch has (a GPU for large models, where ``llama-imatrix`` would run the GGUF
-on the CPU here). The sums are the same quantity: ``tests/test_gguf_imatrix.py`` runs ``llama-imatrix`` on
-the tokens of a text and this module on the same tokens, and compares every entry.
+at all. :mod:`.collect` computes it in transformers with forward pre-hooks, summing exactly the recorded token
+ids on any device torch has (a GPU for large models, where ``llama-imatrix`` would run the GGUF on the CPU
+here), per expert for mixture-of-experts models. This module is the matrix itself: its entries, its files, and
+what a matrix says about a model's experts.
 
-Names are llama.cpp's: the HF -> GGUF name mapping is :func:`quantkit.producers.gguf.tensors.plan`'s, so an
-entry is named like the tensor it weighs (``blk.0.attn_q.weight``). As ``llama-imatrix`` does by default, only
-the block matrices are covered (not ``output.weight``; token embeddings are a lookup, not a product). Mixture-of-
-experts models need per-expert counts and are not computed here yet: they are refused, with the hint to pass a
-file from ``llama-imatrix``.
+Names are llama.cpp's (:func:`quantkit.producers.gguf.tensors.targets`), so an entry is named like the tensor
+it weighs (``blk.0.attn_q.weight``, ``blk.0.ffn_up_exps.weight``). A stacked expert tensor's entry holds one row
+of sums and one count per expert.
 
 Files are written in llama.cpp's GGUF imatrix format (``general.type = imatrix``, ``imatrix.datasets``,
 ``imatrix.chunk_count``, ``imatrix.chunk_size``, and per entry ``<name>.in_sum2`` [n_mat x n_cols] and
@@ -33,18 +31,15 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantkit.errors import BackendError, SourceModelError, UsageError
-from quantkit.progress import Reporter
+from quantkit.errors import UsageError
 
 # The CLI flags (defined with the recipe's GGUF fields ``imatrix`` and ``imatrix_file``), named in messages.
 COMPUTE_FLAG = "--imatrix"
 FILE_FLAG = "--imatrix-file"
-BATCH_TOKENS = 8192  # tokens per forward pass (samples of equal length are batched up to this)
 MAX_DATASET_CHARS = 127  # llama-quantize copies datasets[0] into a 127-character GGUF string
 
 
@@ -76,113 +71,6 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# computing
-
-
-def block_names(planned: list[Any]) -> dict[str, str]:
-    """HF weight key -> GGUF tensor name for every block matrix an importance matrix covers."""
-    return {p.pieces[0].part.key: p.name for p in planned
-            if p.name.startswith("blk.") and len(p.shape) == 2 and len(p.pieces) == 1
-            and p.pieces[0].half is None and p.pieces[0].split is None}
-
-
-def refuse_experts(family: Any) -> None:
-    """Mixture-of-experts models are not computed here (per-expert routing counts are not collected yet)."""
-    if family.experts is not None:
-        raise UsageError(f"computing an importance matrix for {family.label} (mixture of experts) is not supported "
-                         "yet: it needs per-expert token counts",
-                         hint=f"compute one with llama.cpp's llama-imatrix and pass it with {FILE_FLAG} FILE")
-
-
-def compute(model_dir: Path, names: dict[str, str], samples: list[list[int]], *, device: str,
-            reporter: Reporter) -> tuple[Imatrix, dict[str, Any]]:
-    """Sum the squared inputs of every block matrix over ``samples`` (token ids) in transformers.
-
-    Returns the matrix and how it was computed (device, dtype, versions) for the manifest. On CPU the model runs
-    in float32 (the checkpoint's bf16/f16 weights upcast exactly, like llama.cpp's F32 activations); on a GPU in
-    the checkpoint's own dtype. Sums are accumulated in float64.
-    """
-    from quantkit.engines.transformers import resolve_device
-    from quantkit.versions import require
-
-    torch = require("torch", "gguf", "computing an importance matrix")
-    transformers = require("transformers", "gguf", "computing an importance matrix")
-    dev = resolve_device(device)
-    dtype = torch.float32 if dev == "cpu" else "auto"
-    hf_logging = transformers.utils.logging
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # quantkit draws its own progress; transformers' would interleave
-    with reporter.step("imatrix_load", f"Loading {model_dir.name} in transformers on {dev}"):
-        try:
-            model = transformers.AutoModelForCausalLM.from_pretrained(
-                str(model_dir), dtype=dtype, device_map=None if dev == "cpu" else dev, trust_remote_code=False)
-        except Exception as e:  # transformers raises many types for checkpoints it cannot load
-            raise BackendError(f"transformers could not load {model_dir} to compute the importance matrix: "
-                               f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}",
-                               hint=f"pass an importance matrix made by llama-imatrix with {FILE_FLAG} FILE") from None
-        finally:
-            if bars:
-                hf_logging.enable_progress_bar()
-    model.eval()
-    sums: dict[str, Any] = {}
-    counts: dict[str, int] = {}
-
-    def collector(gguf_name: str):  # noqa: ANN202 - a torch hook
-        def hook(module: Any, args: tuple[Any, ...]) -> None:
-            x = args[0].detach().reshape(-1, args[0].shape[-1]).float()
-            part = (x * x).sum(dim=0, dtype=torch.float64)
-            sums[gguf_name] = part if gguf_name not in sums else sums[gguf_name] + part
-            counts[gguf_name] = counts.get(gguf_name, 0) + x.shape[0]
-        return hook
-
-    handles, hooked = [], set()
-    for module_name, module in model.named_modules():
-        gguf_name = names.get(f"{module_name}.weight")
-        if gguf_name is not None and isinstance(module, torch.nn.Linear):
-            handles.append(module.register_forward_pre_hook(collector(gguf_name)))
-            hooked.add(gguf_name)
-    missing = sorted(set(names.values()) - hooked)
-    if missing:
-        for h in handles:
-            h.remove()
-        shown = ", ".join(missing[:4]) + (" ..." if len(missing) > 4 else "")
-        raise SourceModelError(f"the importance matrix cannot cover {len(missing)} block matrices ({shown}): "
-                               "transformers' model has no nn.Linear under their checkpoint names",
-                               hint=f"pass an importance matrix made by llama-imatrix with {FILE_FLAG} FILE")
-    total = sum(len(s) for s in samples)
-    try:
-        with reporter.bar(f"Importance matrix on {dev} ({len(samples)} samples)", total=total, unit="tok") as bar, \
-                torch.inference_mode():
-            for batch in _batches(samples):
-                ids = torch.tensor(batch, dtype=torch.long, device=dev)
-                model(input_ids=ids, use_cache=False, logits_to_keep=1)
-                bar.advance(ids.numel())
-    finally:
-        for h in handles:
-            h.remove()
-    entries = {name: Entry(sums[name].float().cpu().numpy().reshape(1, -1),
-                           _np().asarray([counts[name]], dtype="float32"))
-               for name in sorted(sums)}
-    how = {"engine": "transformers", "transformers": transformers.__version__, "torch": torch.__version__,
-           "device": dev, "dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
-    del model
-    if dev.startswith("cuda"):
-        torch.cuda.empty_cache()
-    return Imatrix(entries), how
-
-
-def _batches(samples: list[list[int]]) -> Iterator[list[list[int]]]:
-    """Samples of equal length, grouped into batches of at most ``BATCH_TOKENS`` tokens (no padding needed)."""
-    by_len: dict[int, list[list[int]]] = {}
-    for s in samples:
-        by_len.setdefault(len(s), []).append(s)
-    for n, group in by_len.items():
-        per = max(1, BATCH_TOKENS // n)
-        for i in range(0, len(group), per):
-            yield group[i:i + per]
-
-
 def _np() -> Any:
     """numpy, imported when first needed: this module is imported with the package, whose types table the
     recipe's validator and ``--help`` load."""
@@ -201,6 +89,21 @@ def dataset_label(calibration: Any) -> list[str]:
     m = calibration.manifest()
     return [f"quantkit tokens sha256:{m.tokens_sha256}"[:MAX_DATASET_CHARS],
             f"{m.dataset} ({m.samples} x {m.seq_len} tokens, seed {m.seed})"]
+
+
+def expert_tokens(im: Imatrix, threshold: int) -> dict[str, Any] | None:
+    """How many tokens the router sent to each expert, per block (the counts of the block's stacked expert
+    entries), in the shape of :meth:`quantkit.producers.moe.RouterTokens.summary`; None for a dense model."""
+    per_layer: dict[str, list[int]] = {}
+    for name, e in im.entries.items():
+        if len(e.counts) > 1:
+            per_layer.setdefault(name.split(".")[1], [int(c) for c in e.counts])
+    if not per_layer:
+        return None
+    per_layer = dict(sorted(per_layer.items(), key=lambda kv: int(kv[0])))
+    below = {k: [i for i, c in enumerate(v) if c < threshold] for k, v in per_layer.items()}
+    return {"per_layer": per_layer, "min": min(min(v) for v in per_layer.values()), "threshold": threshold,
+            "below_threshold": {k: v for k, v in below.items() if v}}
 
 
 def write_gguf(im: Imatrix, path: Path, arch: str) -> None:
