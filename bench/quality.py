@@ -97,6 +97,23 @@ def source_size(model: str) -> dict[str, Any]:
     return {"size_bytes": src.size_bytes, "bits_per_weight": src.size_bytes * 8 / src.num_parameters}
 
 
+def outside_blocks(model: str) -> float:
+    """Share of the source's parameters outside its decoder blocks (embeddings, an untied lm_head, the final norm),
+    read from the safetensors headers."""
+    from quantkit.recipe import ModelSpec
+    from quantkit.source import resolve, safetensors_header
+
+    src = resolve(ModelSpec(source=str(meta.ROOT / model)))
+    outside = 0
+    for f in src.weight_files:
+        header, _ = safetensors_header(f)
+        for name, info in header.items():
+            if name != "__metadata__" and ".layers." not in name:
+                start, stop = info["data_offsets"]
+                outside += (stop - start) // 2
+    return outside / src.num_parameters
+
+
 def gap_closed(table: list[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
     """Share of RTN's gap that AWQ and GPTQ close, on KLD and on perplexity (1 = as good as the source)."""
     by = {r["method"]: r for r in table if r["method"] in ("baseline", "rtn", "awq", "gptq")}
@@ -132,9 +149,14 @@ def markdown(h: dict[str, Any], data: dict[str, Any]) -> str:
         lines.append(f"| {r['name']} | {_f(r['ppl'], '.3f')} | {_f(r['ppl_ratio'], '.4f')} | {_f(r['kld'], '.5f')} | "
                      f"{_f(r.get('kld_p99'), '.4f')} | {_f(r['top1'], '.4f')} | {size} | "
                      f"{_f(r.get('bits_per_weight'), '.2f')} |")
-    lines += ["", "Bits per weight = artifact bytes x 8 / source parameters (embeddings and the unquantized lm_head "
-              "included: they are 40% of this small model's parameters, which is why its W4 artifacts sit far above 4). "
-              "GGUF types quantize the embeddings and output matrix too, so they are smaller at the same weight bits.",
+    for name, why in data.get("skipped", {}).items():
+        lines.append(f"| {name} | - | - | - | - | - | - | - |")
+    if data.get("skipped"):
+        lines += [""] + [f"{name}: evaluation skipped: {why}" for name, why in data["skipped"].items()]
+    lines += ["", "Bits per weight = artifact bytes x 8 / source parameters (embeddings and an unquantized lm_head "
+              f"included: {data['outside_blocks']:.0%} of this small model's parameters, which is why its W4 artifacts "
+              "sit far above 4). GGUF types quantize the embeddings and output matrix too, so they are smaller at the "
+              "same weight bits.",
               "",
               "## Share of RTN's gap closed (W4 g128)", "",
               "gap closed = (RTN - method) / (RTN - source), on KLD (source = 0) and on perplexity.", "",
@@ -177,7 +199,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "protocol": ev.get("protocol") or {}, "kld_method": next((r["kld_method"] for r in table if r.get("kld_method")),
                                                                 "exact: full distributions on both sides"),
             "seconds": round(secs, 1), "rows": table, "gap_closed": gap_closed(table),
-            "reused": [o["name"] for o in report["outputs"] if o["status"] == "reused"], "plot": None}
+            "reused": [o["name"] for o in report["outputs"] if o["status"] == "reused"], "plot": None,
+            "skipped": {o["name"]: (o.get("evaluation") or {}).get("summary") for o in report["outputs"]
+                        if (o.get("evaluation") or {}).get("status") == "skipped"},
+            "outside_blocks": outside_blocks(spec["model"]["source"])}
     src = meta.ROOT / report["release"] / PLOT
     if src.exists():
         folder.mkdir(parents=True, exist_ok=True)
