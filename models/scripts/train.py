@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 
 import torch
-from tokenizers import Tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM
 
 import training
@@ -30,10 +29,7 @@ def main() -> None:
 
     torch.manual_seed(args.seed)
     device = args.device
-    tok = Tokenizer.from_file(str(args.tokenizer / "tokenizer.json"))
-    train = training.windows(training.token_stream(args.train, tok), args.seq_len)
-    held = training.windows(training.token_stream(args.heldout, tok), args.seq_len).to(device)
-    print(f"train windows {tuple(train.shape)} ({train.numel()} tokens), heldout {tuple(held.shape)}", flush=True)
+    tok, train, held = training.data(args)
 
     config = LlamaConfig(
         vocab_size=tok.get_vocab_size(), hidden_size=256, intermediate_size=768, num_hidden_layers=8,

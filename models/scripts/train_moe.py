@@ -59,10 +59,7 @@ def main() -> None:
     training.deterministic()
     torch.manual_seed(args.seed)
     device = args.device
-    tok = Tokenizer.from_file(str(args.tokenizer / "tokenizer.json"))
-    train = training.windows(training.token_stream(args.train, tok), args.seq_len)
-    held = training.windows(training.token_stream(args.heldout, tok), args.seq_len).to(device)
-    print(f"train windows {tuple(train.shape)} ({train.numel()} tokens), heldout {tuple(held.shape)}", flush=True)
+    tok, train, held = training.data(args)
 
     model = build(tok, args.seq_len).to(device)
     run = training.fit(model, args, train, held)

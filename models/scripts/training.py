@@ -60,6 +60,15 @@ def arg_parser(doc: str | None, **defaults: Any) -> argparse.ArgumentParser:
     return ap
 
 
+def data(args: argparse.Namespace) -> tuple[Tokenizer, torch.Tensor, torch.Tensor]:
+    """The tokenizer and the training and held-out windows (the held-out ones on ``args.device``)."""
+    tok = Tokenizer.from_file(str(args.tokenizer / "tokenizer.json"))
+    train = windows(token_stream(args.train, tok), args.seq_len)
+    held = windows(token_stream(args.heldout, tok), args.seq_len).to(args.device)
+    print(f"train windows {tuple(train.shape)} ({train.numel()} tokens), heldout {tuple(held.shape)}", flush=True)
+    return tok, train, held
+
+
 def special_ids(tok: Tokenizer) -> dict[str, int]:
     """The config's BOS/EOS/pad ids (pad is EOS: batches are full windows, never padded)."""
     bos, eos = tok.token_to_id("<|begin_of_text|>"), tok.token_to_id("<|end_of_text|>")
