@@ -25,6 +25,18 @@ def has_cuda() -> bool:
 requires_gpu = pytest.mark.skipif(not has_cuda(), reason="needs a CUDA GPU")
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """torch single-threaded for a module's in-process quantization: on a shared 2-core machine OpenMP threads
+    spin-waiting on busy cores make llm-compressor's many small ops an order of magnitude slower."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def tiny() -> Path:
     """The reference model shipped in models/quantkit-tiny."""

@@ -64,13 +64,7 @@ CHECKPOINTS = {"qwen3moe": ("qwen3moe", False), "qwen3moe-fused": ("qwen3moe", T
                "mixtral-fused": ("mixtral", True), "deepseek3": ("deepseek3", False)}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Single-threaded torch, as in test_compressed.py (OpenMP spin-waiting on a shared CPU)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
