@@ -16,10 +16,10 @@ hash, the progress and the manifest; every algorithm is llm-compressor's.
   data-parallel calibration, weight-parallel GPTQ), see :func:`_distributed`.
 * ``--format autoawq`` / ``--format gptq`` are their own registry rows, made by :mod:`quantkit.producers.legacy`
   on top of this producer's checkpoint.
-* Mixture-of-experts models use llm-compressor's own MoE support: its ``linearize_moe`` turns transformers 5's fused
-  3-D experts into one Linear per expert projection right after loading, and ``moe_calibrate_all_experts`` runs
-  every expert on every calibration token. Routers and shared-expert gates are never quantized; the real router's
-  choices are counted per expert, and :mod:`quantkit.producers.moe` knows each family (see there).
+* Mixture-of-experts models use llm-compressor's own MoE support: its linear experts replace transformers 5's fused
+  3-D experts (one Linear per expert projection) right after loading, one block at a time, and
+  ``moe_calibrate_all_experts`` runs every expert on every calibration token. Routers and shared-expert gates are
+  never quantized; the real router's choices are counted per expert, and :mod:`quantkit.producers.moe` knows each family (see there).
 * After quantizing, :mod:`quantkit.producers.coverage` checks that every module that should be quantized was (for
   an MoE, every expert projection of every layer) with finite, positive scales; otherwise the run fails (exit 1)
   and nothing is published.
@@ -336,12 +336,12 @@ def _load_model(job: dict[str, Any], distributed: bool = False) -> Any:
     checkpoints straight into per-expert Linears by renaming per-expert tensors, so a checkpoint that stores
     fused 3-D experts leaves every expert randomly initialised, with only transformers' load report to say so; and
     in transformers 5.17 its class patching imports every image processor (which fails without torchvision). Its
-    ``linearize_moe`` after an ordinary load takes both layouts; oneshot would call it anyway. A weight the
-    checkpoint lacks is an error here, never a random initialisation.
+    linearization after an ordinary load takes both layouts (:func:`quantkit.producers.moe.linearize`, one block at a
+    time so the experts are never held twice). A weight the checkpoint lacks is an error here, never a random
+    initialisation.
     """
     _quiet_llmcompressor_log()
     import torch
-    from llmcompressor.modeling.moe.linearize import linearize_moe
     from transformers import AutoModelForCausalLM
 
     dtype = job["dtype"]
@@ -366,7 +366,7 @@ def _load_model(job: dict[str, Any], distributed: bool = False) -> Any:
         raise SourceModelError(
             f"transformers cannot load {job['source']}: {str(e).splitlines()[0][:300]}",
             hint="check that the checkpoint is a complete causal LM (config.json + weights)") from None
-    return linearize_moe(model)
+    return moe.linearize(model)
 
 
 @contextlib.contextmanager
