@@ -28,6 +28,7 @@ import platform as _platform
 import shutil
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,7 @@ MANIFEST = "quantkit.json"
 SCHEMA_VERSION = 2  # 1: quantkit 0.1.0 before the typed manifest (key "schema"; source path as typed)
 WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".engine")
 _CHUNK = 1 << 22
+_HASH_THREADS = min(8, os.cpu_count() or 1)
 
 
 def sha256_file(path: Path) -> str:
@@ -52,14 +54,30 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def _hash_many(paths: list[Path]) -> Iterator[tuple[Path, str]]:
+    """(path, sha256) for each file, as each finishes, several files at once and the largest first.
+
+    hashlib releases the GIL while it hashes, so a checkpoint in several shards is hashed at the speed of the disk
+    or of several cores, not of one."""
+    order = sorted(paths, key=lambda p: p.stat().st_size, reverse=True)
+    if len(order) <= 1:
+        yield from ((p, sha256_file(p)) for p in order)
+        return
+    with ThreadPoolExecutor(min(_HASH_THREADS, len(order))) as pool:
+        futures = {pool.submit(sha256_file, p): p for p in order}
+        for done in as_completed(futures):
+            yield futures[done], done.result()
+
+
+def _artifact_files(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST and not p.name.endswith(".lock")]
+
+
 def hash_tree(root: Path) -> dict[str, "FileInfo"]:
     """sha256 and size of every regular file under ``root`` except the manifest itself, sorted by path."""
-    out: dict[str, FileInfo] = {}
-    for p in sorted(root.rglob("*")):
-        if p.is_file() and p.name != MANIFEST and not p.name.endswith(".lock"):
-            rel = p.relative_to(root).as_posix()
-            out[rel] = FileInfo(sha256=sha256_file(p), size=p.stat().st_size)
-    return out
+    found = {p.relative_to(root).as_posix(): FileInfo(sha256=digest, size=p.stat().st_size)
+             for p, digest in _hash_many(_artifact_files(root))}
+    return dict(sorted(found.items()))
 
 
 def now_iso() -> str:
@@ -315,19 +333,19 @@ def verify(root: Path, progress: Any = None) -> VerifyResult:
     """Re-hash every file against the manifest (the artifact's seal)."""
     files = read_manifest(root).files
     res = VerifyResult(root=root)
-    on_disk = {p.relative_to(root).as_posix() for p in root.rglob("*")
-               if p.is_file() and p.name != MANIFEST and not p.name.endswith(".lock")}
+    on_disk = {p.relative_to(root).as_posix() for p in _artifact_files(root)}
     task = progress.add_task("verifying sha256", total=sum(f.size for f in files.values())) if progress else None
-    for rel, info in files.items():
-        p = root / rel
-        if not p.exists():
-            res.missing.append(rel)
-            continue
-        if p.stat().st_size != info.size or sha256_file(p) != info.sha256:
+    res.missing = [rel for rel in files if not (root / rel).is_file()]
+    res.changed = [rel for rel in files if rel not in res.missing and (root / rel).stat().st_size != files[rel].size]
+    to_hash = [root / rel for rel in files if rel not in res.missing and rel not in res.changed]
+    for p, digest in _hash_many(to_hash):
+        rel = p.relative_to(root).as_posix()
+        if digest != files[rel].sha256:
             res.changed.append(rel)
-        res.checked += 1
         if progress:
-            progress.advance(task, info.size)
+            progress.advance(task, files[rel].size)
+    res.checked = len(files) - len(res.missing)
+    res.changed.sort()
     res.extra = sorted(on_disk - set(files))
     return res
 
@@ -429,11 +447,15 @@ class ArtifactWriter:
         Refuses if a stop was asked for, even one a library swallowed: a run told to stop never publishes.
         """
         interrupts.check()
-        data = manifest.model_copy(update={"files": hash_tree(self.path), "created": now_iso()})
         try:
+            with ThreadPoolExecutor(1) as pool:  # the disk writes back while the files are hashed from the cache
+                synced = pool.submit(_fsync_tree, self.path)
+                files = hash_tree(self.path)
+                synced.result()
+            data = manifest.model_copy(update={"files": files, "created": now_iso()})
             _write_manifest(self.path, data)
             _share(self.path)
-            _fsync_tree(self.path)
+            _fsync(self.path / MANIFEST)
             if self.final.exists():
                 old = self.final.parent / f".{self.final.name}.old-{os.getpid()}"
                 os.replace(self.final, old)
@@ -476,11 +498,17 @@ def _share(root: Path) -> None:
             p.chmod(0o666 & ~mask)
 
 
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _fsync_tree(root: Path) -> None:
+    """Every file on disk before the folder is renamed into place: a crash never leaves a published artifact whose
+    files are still only in the page cache."""
     for p in root.rglob("*"):
         if p.is_file():
-            fd = os.open(p, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _fsync(p)
