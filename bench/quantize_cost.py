@@ -164,19 +164,27 @@ class GpuSampler(threading.Thread):
         return self.peak_used - self.start_used
 
 
-def _rss(pid: int) -> int:
-    """Resident memory of ``pid`` and its descendants (bytes), from /proc; 0 once they are gone."""
-    total, todo = 0, [pid]
+def _rss(pid: int) -> tuple[int, int]:
+    """Resident memory of ``pid`` and its descendants (bytes), from /proc, all of it and its anonymous part; 0 once
+    they are gone.
+
+    The anonymous part is what the process allocated itself and cannot give back under pressure. The rest is mostly
+    the source checkpoint, which transformers maps from disk and keeps mapped: clean page-cache pages the kernel can
+    drop, counted in RSS for as long as the mapping lives (a checkpoint loaded without conversion is almost all of
+    this kind)."""
+    total, anon, todo = 0, 0, [pid]
     while todo:
         p = todo.pop()
         try:
             with open(f"/proc/{p}/status") as f:
-                total += next((int(x.split()[1]) * 1024 for x in f if x.startswith("VmRSS:")), 0)
+                fields = {k: int(v.split()[0]) * 1024 for k, v in (x.split(":", 1) for x in f)
+                          if k in ("VmRSS", "RssAnon")}
+            total, anon = total + fields.get("VmRSS", 0), anon + fields.get("RssAnon", 0)
             with open(f"/proc/{p}/task/{p}/children") as f:
                 todo += [int(c) for c in f.read().split()]
         except OSError:
             continue
-    return total
+    return total, anon
 
 
 def measure(argv: list[str], log: Path, env: dict[str, str]) -> dict[str, Any]:
@@ -186,19 +194,21 @@ def measure(argv: list[str], log: Path, env: dict[str, str]) -> dict[str, Any]:
     t0 = time.perf_counter()
     with open(log, "w") as err:
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, text=True, cwd=meta.ROOT, env=env)
-        peak_rss = 0
+        peak_rss = peak_anon = 0
         out_chunks: list[str] = []
         reader = threading.Thread(target=lambda: out_chunks.append(proc.stdout.read()), daemon=True)
         reader.start()
         while proc.poll() is None:
-            peak_rss = max(peak_rss, _rss(proc.pid))
+            rss, anon = _rss(proc.pid)
+            peak_rss, peak_anon = max(peak_rss, rss), max(peak_anon, anon)
             time.sleep(0.2)
         reader.join()
     wall = time.perf_counter() - t0
     gpu.stop.set()
     gpu.join()
     return {"rc": proc.returncode, "wall_s": round(wall, 2), "peak_rss_bytes": peak_rss,
-            "peak_gpu_bytes": gpu.peak(), "gpu_samples": gpu.samples, "stdout": "".join(out_chunks), "log": str(log)}
+            "peak_anon_rss_bytes": peak_anon, "peak_gpu_bytes": gpu.peak(), "gpu_samples": gpu.samples,
+            "stdout": "".join(out_chunks), "log": str(log)}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -304,8 +314,10 @@ def markdown(data: dict[str, Any]) -> str:
              meta.md_header(data), f"Random bf16 weights, {data['parameters'] / 1e9:.2f}B parameters; calibration "
              f"{data['samples']} x {data['seq_len']} tokens (tokens sha256 {data['tokens_sha256'][:12]}, identical for "
              "both tools). Wall = the whole process (start-up, load, calibration, save; quantkit also hashes its "
-             "output). Peak GPU = nvidia-smi memory used minus the level before start." + moe_note(data), "",
-             "| method | tool | rc | wall | quantize step | peak host RSS | peak GPU | quantkit overhead |",
+             "output). Peak host RSS: all resident memory, and (in brackets) its anonymous part, what the process "
+             "allocated and cannot give back; the rest is mostly the checkpoint mapped from disk. Peak GPU = "
+             "nvidia-smi memory used minus the level before start." + moe_note(data), "",
+             "| method | tool | rc | wall | quantize step | peak host RSS (anon) | peak GPU | quantkit overhead |",
              "|---|---|---|---|---|---|---|---|"]
     for method, runs in data["runs"].items():
         q, d = runs.get("quantkit"), runs.get("llm-compressor")
@@ -318,8 +330,9 @@ def markdown(data: dict[str, Any]) -> str:
             step = f"{r['quantize_s']:.1f}s" if r.get("quantize_s") is not None else "-"
             walls = r.get("walls_s") or [r["wall_s"]]
             spread = f" ({min(walls):.1f}-{max(walls):.1f})" if len(walls) > 1 else ""
+            anon = f" ({gib(r['peak_anon_rss_bytes'])})" if r.get("peak_anon_rss_bytes") else ""
             lines.append(f"| {method} | {tool} | {r['rc']} | {r['wall_s']:.1f}s{spread} | {step} | "
-                         f"{gib(r['peak_rss_bytes'])} | {gib(r['peak_gpu_bytes'])} | {over} |")
+                         f"{gib(r['peak_rss_bytes'])}{anon} | {gib(r['peak_gpu_bytes'])} | {over} |")
     lines += ["", "quantkit overhead = quantkit wall / llm-compressor wall - 1 (the issue's bound: within 2%). With "
               "--repeat, wall is the median run's and (min-max) spans all runs."]
     loads = sorted({r["load"] for runs in data["runs"].values() for t, r in runs.items() if r.get("load")})

@@ -83,6 +83,9 @@ SHAPES: dict[str, Shape] = {
                   rope_scaling=llama3_rope(8.0)),
     # Qwen3-30B-A3B's width with 12 of its 48 layers: 8.1B parameters (16.2 GB bf16), 0.99B active per token.
     "qwen3-30b-a3b-12l": _qwen3_moe("Qwen3-30B-A3B, 12 of 48 layers", **_QWEN3_30B_A3B, num_hidden_layers=12),
+    # Its width with 2 layers (1.9B parameters, 3.8 GB bf16): the load, linearization and save path of the real
+    # width on a CPU machine.
+    "qwen3-30b-a3b-2l": _qwen3_moe("Qwen3-30B-A3B, 2 of 48 layers", **_QWEN3_30B_A3B, num_hidden_layers=2),
     # The same structure for CPU checks: top-2 of 8 experts, attention wider than the residual stream as in the
     # real one, every quantized row a multiple of 128 (GPTQ groups, vLLM's Marlin MoE tiles).
     "moe-tiny": _qwen3_moe(hidden_size=256, intermediate_size=768, moe_intermediate_size=256, num_experts=8,
