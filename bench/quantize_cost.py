@@ -134,34 +134,42 @@ def calibration_tokens(calib: Path, samples: int, seq_len: int, tokenizer: Any) 
 
 
 class GpuSampler(threading.Thread):
-    """Polls nvidia-smi for memory used on every GPU; peak() is the largest rise over the level at start."""
+    """Polls nvidia-smi for memory used on every GPU. peak() is the largest rise of the sum over all GPUs above
+    its level at start; per_gpu() the largest rise of each GPU on its own (a distributed run's per-rank cost)."""
 
     def __init__(self, interval: float = 0.2) -> None:
         super().__init__(daemon=True)
         self.interval, self.stop, self.samples = interval, threading.Event(), 0
         self.available = shutil.which("nvidia-smi") is not None
         self.start_used = self._used() if self.available else None
-        self.peak_used = self.start_used
+        self.peak_used = list(self.start_used) if self.start_used else None
 
-    def _used(self) -> int | None:
+    def _used(self) -> list[int] | None:
         out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True)
         if out.returncode != 0:
             return None
-        return sum(int(x) for x in out.stdout.split()) * 2**20  # MiB -> bytes, summed over GPUs
+        return [int(x) * 2**20 for x in out.stdout.split()]  # MiB -> bytes, one per GPU
 
     def run(self) -> None:
+        self.peak_sum = sum(self.start_used or [])
         while self.available and not self.stop.is_set():
             used = self._used()
-            if used is not None:
-                self.peak_used = max(self.peak_used or 0, used)
+            if used is not None and self.peak_used is not None and len(used) == len(self.peak_used):
+                self.peak_used = [max(a, b) for a, b in zip(self.peak_used, used)]
+                self.peak_sum = max(self.peak_sum, sum(used))
                 self.samples += 1
             self.stop.wait(self.interval)
 
     def peak(self) -> int | None:
-        if self.start_used is None or self.peak_used is None:
+        if not self.start_used or self.peak_used is None:
             return None
-        return self.peak_used - self.start_used
+        return self.peak_sum - sum(self.start_used)
+
+    def per_gpu(self) -> list[int] | None:
+        if not self.start_used or self.peak_used is None:
+            return None
+        return [p - s for p, s in zip(self.peak_used, self.start_used)]
 
 
 def _rss(pid: int) -> tuple[int, int]:
@@ -207,7 +215,8 @@ def measure(argv: list[str], log: Path, env: dict[str, str]) -> dict[str, Any]:
     gpu.stop.set()
     gpu.join()
     return {"rc": proc.returncode, "wall_s": round(wall, 2), "peak_rss_bytes": peak_rss,
-            "peak_anon_rss_bytes": peak_anon, "peak_gpu_bytes": gpu.peak(), "gpu_samples": gpu.samples,
+            "peak_anon_rss_bytes": peak_anon, "peak_gpu_bytes": gpu.peak(),
+            "peak_gpu_bytes_per_gpu": gpu.per_gpu(), "gpu_samples": gpu.samples,
             "stdout": "".join(out_chunks), "log": str(log)}
 
 
@@ -263,17 +272,45 @@ def load_direct(src: str) -> tuple[Any, str]:
         return AutoModelForCausalLM.from_pretrained(src, dtype="auto"), "load_context"
 
 
+def load_distributed(src: str) -> tuple[Any, str]:
+    """One torchrun rank's model, as llm-compressor 0.14's DDP example loads it (examples/quantization_w4a16/
+    llama3_ddp_example.py): ``init_dist()``, then ``from_pretrained(device_map="auto_offload")`` under
+    ``load_offloaded_model()`` (rank 0 reads the checkpoint, the other ranks share it)."""
+    from compressed_tensors.offload import init_dist, load_offloaded_model
+    from transformers import AutoModelForCausalLM
+
+    if is_moe(Path(src)):
+        raise SystemExit("the direct DDP script follows llm-compressor's dense example: no MoE shape")
+    init_dist()
+    with load_offloaded_model():
+        model = AutoModelForCausalLM.from_pretrained(src, dtype="auto", device_map="auto_offload")
+    return model, "load_offloaded_model + device_map=auto_offload (DDP example)"
+
+
 def direct(method: str, src: str, out: str, tokens: str) -> None:
     """Load, oneshot, save: llm-compressor with no quantkit code in the process. Prints how it loaded the model
-    (``direct-load: ...``) on stdout."""
+    (``direct-load: ...``) on stdout.
+
+    Under torchrun (``WORLD_SIZE`` > 1) it is llm-compressor's DDP example: each rank takes its own slice of the
+    samples (the example's ``get_rank_partition``), calibrates on it, and every rank calls ``save_pretrained``."""
     import torch
     from datasets import Dataset
     from llmcompressor import oneshot
     from transformers import AutoTokenizer
 
     samples = json.loads(Path(tokens).read_text())
-    model, how = load_direct(src)
-    print(f"direct-load: {how}", flush=True)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        import torch.distributed as dist
+
+        model, how = load_distributed(src)
+        rank = dist.get_rank()
+        samples = samples[len(samples) * rank // world:len(samples) * (rank + 1) // world]
+    else:
+        model, how = load_direct(src)
+        rank = 0
+    if rank == 0:
+        print(f"direct-load: {how}", flush=True)
     tokenizer = AutoTokenizer.from_pretrained(src)
     torch.manual_seed(0)
     moe = is_moe(Path(src))
@@ -282,7 +319,10 @@ def direct(method: str, src: str, out: str, tokens: str) -> None:
             num_calibration_samples=len(samples), max_seq_length=len(samples[0]), shuffle_calibration_samples=False,
             **extra)
     model.save_pretrained(out, save_compressed=True)
-    tokenizer.save_pretrained(out)
+    if rank == 0:
+        tokenizer.save_pretrained(out)
+    if world > 1:
+        torch.distributed.destroy_process_group()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -293,8 +333,33 @@ def results_name(shape: str) -> str:
     return "quantize_cost" if shape == "8b" else f"quantize_cost_{shape}"
 
 
+def parse_tool(spec: str) -> tuple[str, int]:
+    """``quantkit``, ``llm-compressor`` or either with ``@N`` GPUs (``quantkit@2``: quantkit's ``--num-gpus 2``;
+    ``llm-compressor@2``: its DDP example under torchrun)."""
+    name, _, n = spec.partition("@")
+    return name, int(n or 1)
+
+
+def tool_label(name: str, gpus: int) -> str:
+    return name if gpus == 1 else f"{name} x{gpus}"
+
+
+def split_label(label: str) -> tuple[str, int]:
+    name, _, n = label.partition(" x")
+    return name, int(n or 1)
+
+
 def gib(n: int | None) -> str:
     return "-" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def gpu_cell(r: dict[str, Any]) -> str:
+    """Peak GPU memory: the sum over GPUs, and each GPU's own peak where the run used more than one."""
+    per = r.get("peak_gpu_bytes_per_gpu") or []
+    used = [x for x in per if x > 256 * 2**20]
+    if len(used) > 1:
+        return f"{gib(r['peak_gpu_bytes'])} ({' + '.join(f'{x / 2**30:.2f}' for x in per)})"
+    return gib(r["peak_gpu_bytes"])
 
 
 def moe_note(data: dict[str, Any]) -> str:
@@ -317,24 +382,33 @@ def markdown(data: dict[str, Any]) -> str:
              "output). Peak host RSS: all resident memory, and (in brackets) its anonymous part, what the process "
              "allocated and cannot give back; the rest is mostly the checkpoint mapped from disk. Peak GPU = "
              "nvidia-smi memory used minus the level before start." + moe_note(data), "",
-             "| method | tool | rc | wall | quantize step | peak host RSS (anon) | peak GPU | quantkit overhead |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| method | tool | rc | wall | quantize step | peak host RSS (anon) | peak GPU (per GPU) | "
+             "quantkit overhead | speed-up over 1 GPU |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    ok = lambda r: bool(r) and r["rc"] == 0  # noqa: E731
     for method, runs in data["runs"].items():
-        q, d = runs.get("quantkit"), runs.get("llm-compressor")
-        for tool, r in (("quantkit", q), ("llm-compressor", d)):
-            if not r:
-                continue
-            over = ""
-            if tool == "quantkit" and d and q and q["rc"] == 0 and d["rc"] == 0:
-                over = f"{(q['wall_s'] / d['wall_s'] - 1):+.1%}"
+        order = sorted(runs, key=lambda lab: (split_label(lab)[1], split_label(lab)[0] != "quantkit"))
+        for label in order:
+            r = runs[label]
+            name, gpus = split_label(label)
+            over = speedup = ""
+            d = runs.get(tool_label("llm-compressor", gpus))
+            if name == "quantkit" and ok(r) and ok(d):
+                over = f"{(r['wall_s'] / d['wall_s'] - 1):+.1%}"
+            one = runs.get(name)
+            if gpus > 1 and ok(r) and ok(one):
+                speedup = f"{one['wall_s'] / r['wall_s']:.2f}x"
             step = f"{r['quantize_s']:.1f}s" if r.get("quantize_s") is not None else "-"
             walls = r.get("walls_s") or [r["wall_s"]]
             spread = f" ({min(walls):.1f}-{max(walls):.1f})" if len(walls) > 1 else ""
             anon = f" ({gib(r['peak_anon_rss_bytes'])})" if r.get("peak_anon_rss_bytes") else ""
-            lines.append(f"| {method} | {tool} | {r['rc']} | {r['wall_s']:.1f}s{spread} | {step} | "
-                         f"{gib(r['peak_rss_bytes'])}{anon} | {gib(r['peak_gpu_bytes'])} | {over} |")
-    lines += ["", "quantkit overhead = quantkit wall / llm-compressor wall - 1 (the issue's bound: within 2%). With "
-              "--repeat, wall is the median run's and (min-max) spans all runs."]
+            lines.append(f"| {method} | {label} | {r['rc']} | {r['wall_s']:.1f}s{spread} | {step} | "
+                         f"{gib(r['peak_rss_bytes'])}{anon} | {gpu_cell(r)} | {over} | {speedup} |")
+    lines += ["", "quantkit overhead = quantkit wall / llm-compressor wall - 1 on the same number of GPUs (the issue's "
+              "bound: within 2%); \"x2\" = `--num-gpus 2` for quantkit, llm-compressor's DDP example "
+              "(examples/quantization_w4a16/llama3_ddp_example.py) under torchrun for llm-compressor. Speed-up = "
+              "the same tool's wall on 1 GPU over its wall on N. With --repeat, wall is the median run's and "
+              "(min-max) spans all runs."]
     loads = sorted({r["load"] for runs in data["runs"].values() for t, r in runs.items() if r.get("load")})
     if loads:
         lines.append(f"The direct script loaded the model with: {'; '.join(loads)}.")
@@ -349,18 +423,25 @@ def markdown(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run_one(args: argparse.Namespace, tool: str, method: str, verb: str, flags: list[str], src: Path, calib: Path,
+def run_one(args: argparse.Namespace, spec: str, method: str, verb: str, flags: list[str], src: Path, calib: Path,
             tokens: Path, sha: str, env: dict[str, str]) -> dict[str, Any]:
-    """One timed process: quantkit's CLI or the direct llm-compressor script, on the same tokens."""
-    out = args.workdir / f"out-{tool}-{method}"
+    """One timed process: quantkit's CLI or the direct llm-compressor script (``tool@N``: on N GPUs), on the same
+    tokens."""
+    tool, gpus = parse_tool(spec)
+    suffix = "" if gpus == 1 else f"-x{gpus}"
+    out = args.workdir / f"out-{tool}-{method}{suffix}"
     shutil.rmtree(out, ignore_errors=True)
     if tool == "quantkit":
         argv = [sys.executable, "-m", "quantkit", verb, str(src), str(out), *flags, "--calib", str(calib),
                 "--samples", str(args.samples), "--seq-len", str(args.seq_len), "--device", args.device, "--json"]
+        if gpus > 1:
+            argv += ["--num-gpus", str(gpus)]
     else:
         argv = [sys.executable, str(Path(__file__).resolve()), "--direct", method, str(src), str(out), str(tokens)]
-    print(f"== {method} / {tool}", flush=True)
-    r = measure(argv, args.workdir / f"{tool}-{method}.log", env)
+        if gpus > 1:
+            argv[1:1] = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}"]
+    print(f"== {method} / {tool_label(tool, gpus)}", flush=True)
+    r = measure(argv, args.workdir / f"{tool}-{method}{suffix}.log", env)
     r["command"] = " ".join(argv)
     if tool == "quantkit" and r["rc"] == 0:
         manifest = json.loads(r["stdout"])[0]  # the CLI prints one entry per output
@@ -413,19 +494,27 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
                             "config": inputs["config"],
                             "parameters": resolve(ModelSpec(source=str(src))).num_parameters,
                             "samples": args.samples, "seq_len": args.seq_len, "tokens_sha256": sha, "runs": {}}
+    name = args.name or results_name(args.shape)
+    if args.append and (old_file := args.results_dir / f"{name}.json").exists():
+        old = json.loads(old_file.read_text())
+        if (old.get("shape"), old.get("tokens_sha256")) != (args.shape, sha):
+            raise SystemExit(f"--append: {old_file} measured other inputs (shape {old.get('shape')}, tokens "
+                             f"{str(old.get('tokens_sha256'))[:12]})")
+        data["runs"] = old["runs"]
+        data["commands"] = [*old.get("commands", [old.get("command")]), data["command"]]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
            "LLM_COMPRESSOR_LOG_LEVEL": os.environ.get("LLM_COMPRESSOR_LOG_LEVEL", "ERROR")}
     for method in args.methods:
         verb, flags = METHODS[method]
         runs = data["runs"].setdefault(method, {})
-        tries: dict[str, list[dict[str, Any]]] = {tool: [] for tool in args.tools}
+        tries: dict[str, list[dict[str, Any]]] = {spec: [] for spec in args.tools}
         for rep in range(args.repeat):
             # Alternate which tool goes first, so neither always meets a warm page cache or a cooler CPU.
-            for tool in (args.tools if rep % 2 == 0 else args.tools[::-1]):
-                r = run_one(args, tool, method, verb, flags, src, calib, tokens, sha, env)
-                tries[tool].append(r)
-                runs[tool] = median_run(tries[tool])
-                meta.write(results_name(args.shape), data, markdown(data), args.results_dir)  # after every run
+            for spec in (args.tools if rep % 2 == 0 else args.tools[::-1]):
+                r = run_one(args, spec, method, verb, flags, src, calib, tokens, sha, env)
+                tries[spec].append(r)
+                runs[tool_label(*parse_tool(spec))] = median_run(tries[spec])
+                meta.write(name, data, markdown(data), args.results_dir)
                 print(f"   rc {r['rc']}, {r['wall_s']}s, peak GPU {gib(r['peak_gpu_bytes'])}", flush=True)
     return data
 
@@ -452,7 +541,11 @@ def main() -> None:
     ap.add_argument("--methods", type=lambda s: s.split(","),
                     help=f"comma-separated, from {', '.join(METHODS)} [default: all; {','.join(MOE_METHODS)} for "
                          "an MoE shape]")
-    ap.add_argument("--tools", type=lambda s: s.split(","), default=["llm-compressor", "quantkit"])
+    ap.add_argument("--tools", type=lambda s: s.split(","), default=["llm-compressor", "quantkit"],
+                    help="comma-separated, each quantkit or llm-compressor, with @N to run it on N GPUs "
+                         "(quantkit@1,quantkit@2,llm-compressor@2)")
+    ap.add_argument("--name", help="result file name (NAME.json, NAME.md) [default: quantize_cost[_SHAPE]]")
+    ap.add_argument("--append", action="store_true", help="add to the runs already in NAME.json (same inputs)")
     ap.add_argument("--device", default="auto", help="quantkit's --device (llm-compressor picks the same way)")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/quantkit-bench-qcost"))
     ap.add_argument("--results-dir", type=Path, default=meta.RESULTS)
@@ -464,7 +557,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.methods is None:
         args.methods = MOE_METHODS if SHAPES[args.shape].moe else list(METHODS)
-    bad = [m for m in args.methods if m not in METHODS] + [t for t in args.tools if t not in ("quantkit", "llm-compressor")]
+    bad = [m for m in args.methods if m not in METHODS] + [
+        t for t in args.tools if parse_tool(t)[0] not in ("quantkit", "llm-compressor")]
     if bad:
         ap.error(f"unknown method or tool: {', '.join(bad)}")
     if args.estimate:

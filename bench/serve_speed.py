@@ -25,6 +25,8 @@ one warm-up generation at the largest batch:
   batch B the expected number of distinct experts B tokens hit under uniform routing (the table says so; the limit
   if no two tokens shared an expert, min(E, B x top-k), is in the JSON). KV-cache reads are ignored, which only
   lowers the real bound. ``--bandwidth`` defaults to the H200's 4.8 TB/s.
+* ``--tp 1,2`` measures each checkpoint with vLLM's tensor parallelism over 1 and 2 GPUs (a table of the
+  ratios follows the main one).
 * CUDA graphs are captured for the measured batch sizes only (``--capture-all`` for vLLM's default list): the same
   graphs serve batch 1 and 16 either way, and capturing ~60 sizes of a 16 GB model costs start-up time a short
   GPU lease does not have.
@@ -87,26 +89,36 @@ def limit_cell(row: dict[str, Any], b: int) -> str:
     return f"{text} ({hit:.3g}/{row['num_experts']} experts, {how})"
 
 
-def run_one(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """One checkpoint: vLLM's default configuration, or (``--kernels``) every kernel configuration."""
+def log_stem(folder: Path, tp: int) -> str:
+    return folder.name if tp == 1 else f"{folder.name}-tp{tp}"
+
+
+def run_one(folder: Path, args: argparse.Namespace, tp: int = 1) -> dict[str, Any]:
+    """One checkpoint on ``tp`` GPUs: vLLM's default configuration, or (``--kernels``) every kernel configuration.
+
+    With tensor parallelism each GPU reads its 1/tp share of the weights per step, so the limit is tp times one
+    GPU's bandwidth over the same bytes."""
     sb: StepBytes = count(folder)
     row: dict[str, Any] = {"checkpoint": label(folder), "folder": folder.name, "path": str(folder),
-                           "format": describe(folder),
+                           "format": describe(folder), "tp": tp,
                            "weight_bytes": sb.total, "bytes_per_step": sb.read(1)}
     if sb.moe:
         row.update(num_experts=sb.num_experts, top_k=sb.top_k, expert_bytes=sb.experts, always_bytes=sb.always)
-    engine_args = {} if args.capture_all else {"compilation_config": {"cudagraph_capture_sizes": sorted(args.batches)}}
+    engine_args: dict[str, Any] = {} if args.capture_all else {
+        "compilation_config": {"cudagraph_capture_sizes": sorted(args.batches)}}
+    if tp > 1:
+        engine_args["tensor_parallel_size"] = tp
     bench = kernel_sweep.Bench(batches=tuple(args.batches), prompt_len=args.prompt_len, gen=args.gen,
                                max_model_len=args.max_model_len, gpu_memory_utilization=0.85, engine_args=engine_args)
     env = {"VLLM_USE_FLASHINFER_SAMPLER": os.environ.get("VLLM_USE_FLASHINFER_SAMPLER", "0")}
     runtime = kernel_sweep.Runtime(args.python, {**env, **({"PYTHONPATH": args.vllm_site} if args.vllm_site else {})})
     if args.kernels:
-        sweep = kernel_sweep.sweep(folder, bench, runtime, args.logs / folder.name, timeout=args.timeout)
+        sweep = kernel_sweep.sweep(folder, bench, runtime, args.logs / log_stem(folder, tp), timeout=args.timeout)
         row["sweep"] = sweep.to_json()
         m = next(x for x in sweep.measurements if x.configuration.kind == "default")
     else:
         config = kernels.configurations(kernels.read_quantization(folder))[0]
-        m = kernel_sweep.run_configuration(folder, config, bench, runtime, args.logs / f"{folder.name}.log",
+        m = kernel_sweep.run_configuration(folder, config, bench, runtime, args.logs / f"{log_stem(folder, tp)}.log",
                                            args.timeout)
     row.update(seconds=m.seconds, log=m.log, kernels=m.facts.kernels(), **m.extra)
     if m.status == "ok":
@@ -114,12 +126,12 @@ def run_one(folder: Path, args: argparse.Namespace) -> dict[str, Any]:
     else:
         row["error"] = f"{m.status}: {m.error}"[:300]
     for b in args.batches:
-        limit = b * args.bandwidth / sb.read(b)
+        limit = b * tp * args.bandwidth / sb.read(b)
         row[f"limit_b{b}"] = limit
         row[f"bytes_per_step_b{b}"] = sb.read(b)
         if sb.moe:
             row[f"experts_hit_b{b}"] = sb.experts_hit(b)
-            row[f"limit_b{b}_all_distinct"] = b * args.bandwidth / sb.read(b, bound=True)
+            row[f"limit_b{b}_all_distinct"] = b * tp * args.bandwidth / sb.read(b, bound=True)
         if str(b) in m.decode_tok_s:
             row[f"b{b}"] = {"decode_tok_s": m.decode_tok_s[str(b)], "share_of_limit": m.decode_tok_s[str(b)] / limit}
     return row
@@ -131,25 +143,32 @@ def markdown(data: dict[str, Any]) -> str:
              f"Prompts of {data['prompt_len']} random token ids, {data['gen']} generated tokens, greedy, prefix "
              f"caching off. Limit = batch x {data['bandwidth'] / 1e12:.1f} TB/s / bytes read per decode step "
              "(GiB read per step: at batch 1).", "",
-             "| checkpoint | format | vLLM quantization | kernel | GiB read per step | TTFT | "
+             "| checkpoint | format | tp | vLLM quantization | kernel | GiB read per step | TTFT | "
              + " | ".join(f"decode tok/s b{b} | limit b{b}" for b in batches) + " |",
-             "|---|---|---|---|---|---|" + "---|---|" * len(batches)]
-    names = [r["checkpoint"] for r in data["rows"]]
+             "|---|---|---|---|---|---|---|" + "---|---|" * len(batches)]
+    names = [(r["checkpoint"], r.get("tp", 1)) for r in data["rows"]]
     for r in data["rows"]:
-        name = r["checkpoint"] if names.count(r["checkpoint"]) == 1 else f"{r['checkpoint']} ({r['folder']})"
+        unique = names.count((r["checkpoint"], r.get("tp", 1))) == 1
+        name = r["checkpoint"] if unique else f"{r['checkpoint']} ({r['folder']})"
         cells = []
         for b in batches:
             m = r.get(f"b{b}") or {}
             cells.append(f"{m['decode_tok_s']:.0f} ({m['share_of_limit']:.0%})" if m else "-")
             cells.append(limit_cell(r, b))
         if "error" in r:
-            lines.append(f"| {name} | {r['format']} | `{r['error']}` | | {r['bytes_per_step'] / 2**30:.2f} | "
+            lines.append(f"| {name} | {r['format']} | {r.get('tp', 1)} | `{r['error']}` | | "
+                         f"{r['bytes_per_step'] / 2**30:.2f} | "
                          "- | " + " | ".join(cells) + " |")
             continue
-        lines.append(f"| {name} | {r['format']} | {r.get('quantization') or 'none'} | "
+        lines.append(f"| {name} | {r['format']} | {r.get('tp', 1)} | {r.get('quantization') or 'none'} | "
                      f"{'; '.join(r.get('kernels') or []) or '-'} | {r['bytes_per_step'] / 2**30:.2f} | "
                      f"{r['ttft_s'] * 1000:.0f} ms | " + " | ".join(cells) + " |")
-    lines += ["", "Decode tok/s in brackets: the share of the bandwidth limit reached."]
+    lines += ["", "Decode tok/s in brackets: the share of the bandwidth limit reached. With tensor parallelism (tp > 1) "
+              "the limit is tp GPUs' bandwidth over the same bytes."]
+    speedups = tp_speedups(data["rows"], batches)
+    if speedups:
+        lines += ["", "| checkpoint | " + " | ".join(f"tp=N / tp=1 at b{b}" for b in batches) + " |",
+                  "|---|" + "---|" * len(batches)] + speedups
     if any(r.get("num_experts") for r in data["rows"]):
         lines.append("MoE rows: a step reads attention, norms, routers and lm_head, and of the routed experts top-k "
                      "per layer at batch 1; at larger batches the limit assumes the expected number of distinct "
@@ -165,6 +184,20 @@ def markdown(data: dict[str, Any]) -> str:
             if sweep.get("command"):
                 lines += [f"Serve with: `{sweep['command']['shell']}`", ""]
     return "\n".join(lines)
+
+
+def tp_speedups(rows: list[dict[str, Any]], batches: list[int]) -> list[str]:
+    """Decode tok/s on more GPUs over the same checkpoint on one, for every checkpoint measured both ways."""
+    one = {r["folder"]: r for r in rows if r.get("tp", 1) == 1}
+    out = []
+    for r in rows:
+        base = one.get(r["folder"])
+        if r.get("tp", 1) == 1 or not base:
+            continue
+        cells = [f"{r[f'b{b}']['decode_tok_s'] / base[f'b{b}']['decode_tok_s']:.2f}x"
+                 if r.get(f"b{b}") and base.get(f"b{b}") else "-" for b in batches]
+        out.append(f"| {r['checkpoint']} (tp={r['tp']}) | " + " | ".join(cells) + " |")
+    return out
 
 
 def main() -> None:
@@ -183,6 +216,8 @@ def main() -> None:
     ap.add_argument("--name", default="serve_speed", help="result file name (NAME.json, NAME.md)")
     ap.add_argument("--capture-all", action="store_true", help="let vLLM capture its default CUDA graph sizes")
     ap.add_argument("--logs", type=Path, default=Path("/tmp/quantkit-bench-serve"))
+    ap.add_argument("--tp", type=lambda s: [int(x) for x in s.split(",")], default=[1],
+                    help="tensor-parallel sizes, each checkpoint measured at each (e.g. 1,2)")
     args = ap.parse_args()
     missing = [str(c) for c in args.checkpoints if not (c / "config.json").is_file()]
     if missing:
@@ -190,9 +225,9 @@ def main() -> None:
     args.logs.mkdir(parents=True, exist_ok=True)
     data: dict[str, Any] = {**meta.header(), "prompt_len": args.prompt_len, "gen": args.gen,
                             "batches": args.batches, "bandwidth": args.bandwidth, "rows": []}
-    for folder in args.checkpoints:
-        print(f"== {folder.name}", flush=True)
-        data["rows"].append(run_one(folder, args))
+    for folder, tp in ((f, tp) for f in args.checkpoints for tp in args.tp):
+        print(f"== {folder.name} tp={tp}", flush=True)
+        data["rows"].append(run_one(folder, args, tp))
         meta.write(args.name, data, markdown(data), args.results_dir)
         r = data["rows"][-1]
         print(f"   {r.get('error') or {b: r.get(f'b{b}', {}).get('decode_tok_s') for b in args.batches}}", flush=True)

@@ -262,7 +262,7 @@ def _smoke(recipe: Recipe, r: OutputResult, rep: Reporter) -> None:
         rep.log(f"[yellow]-[/] smoke {r.name}: skipped ({why})")
         return
     res = api.smoke(r.path, reporter=rep, engine=engine, python=recipe.smoke.python, timeout=recipe.smoke.timeout,
-                    log_dir=Path(recipe.output) / "logs")
+                    tp=recipe.smoke.tp if engine != "llama.cpp" else 1, log_dir=Path(recipe.output) / "logs")
     data = res.to_json()
     errors = [run.get("error") for run in data["runs"] if run.get("error")]
     r.smoke = {"status": "passed" if res.ok else "failed", "engine": engine, "runs": data["runs"],

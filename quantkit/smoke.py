@@ -36,7 +36,7 @@ from typing import Any
 from quantkit import artifact, doctor, serve
 from quantkit.errors import BackendError, GateFailedError, Interrupted, QuantkitError, UsageError
 from quantkit.progress import Reporter
-from quantkit.serve import client
+from quantkit.serve import client, parallel
 from quantkit.serve.base import ServeOptions, ServerProcess
 
 DEFAULT_PROMPT = "The capital of France is"
@@ -54,6 +54,7 @@ class SmokeOptions:
     extra_args: list[str] = field(default_factory=list)
     max_model_len: int | None = None
     gpu_memory_utilization: float | None = None
+    tp: int = 1
     port: int = 0
     timeout: float = 600.0
     prompt: str = DEFAULT_PROMPT
@@ -69,7 +70,7 @@ class SmokeOptions:
     def serve_options(self) -> ServeOptions:
         return ServeOptions(python=self.python, server_cmd=self.server_cmd, env=dict(self.env),
                             extra_args=list(self.extra_args), max_model_len=self.max_model_len,
-                            gpu_memory_utilization=self.gpu_memory_utilization)
+                            gpu_memory_utilization=self.gpu_memory_utilization, tp=self.tp)
 
 
 @dataclass
@@ -155,6 +156,7 @@ def run(path: Path, opts: SmokeOptions, reporter: Reporter | None = None) -> Smo
     engine_name = serve.detect(path) if opts.engine == "auto" else opts.engine
     engine = serve.get(engine_name)
     targets = engine.targets(path, opts.file)
+    parallel.check(path, engine.name, opts.tp)
     result = SmokeResult(path=path, engine=engine.name, runs=[])
     serve_opts = opts.serve_options()
     python = engine.python(opts.python)
@@ -184,6 +186,7 @@ def run(path: Path, opts: SmokeOptions, reporter: Reporter | None = None) -> Smo
         r = SmokeRun(target, engine.name, log_path(path, engine.name, target, opts.log_dir))
         result.runs.append(r)
         r.data["python"] = python
+        r.data["tp"] = opts.tp
         r.data["engine_version"] = (result.doctor or {}).get("engine_version")
         try:
             _serve_and_ask(engine, target, python, serve_opts, opts, r, result, rep)

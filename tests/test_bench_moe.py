@@ -175,9 +175,13 @@ def test_serve_speed_rows_without_vllm(workdir: Path, tmp_path: Path) -> None:
     src = workdir / "src-moe-tiny"
     p = subprocess.run([sys.executable, str(BENCH / "serve_speed.py"), str(src), "--vllm-site", str(tmp_path / "none"),
                         "--results-dir", str(tmp_path), "--logs", str(tmp_path / "logs"), "--name", "moe",
-                        "--timeout", "120"], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=300)
+                        "--timeout", "120", "--tp", "1,2"], capture_output=True, text=True, env=ENV, cwd=ROOT,
+                       timeout=300)
     assert p.returncode == 0, p.stderr
-    row = json.loads((tmp_path / "moe.json").read_text())["rows"][0]
+    row, row2 = json.loads((tmp_path / "moe.json").read_text())["rows"]
+    assert (row["tp"], row2["tp"]) == (1, 2) and row2["limit_b1"] == pytest.approx(2 * row["limit_b1"])
+    request2 = json.loads((tmp_path / "logs" / "src-moe-tiny-tp2.request.json").read_text())
+    assert request2["engine_args"]["tensor_parallel_size"] == 2
     sb = step_bytes.count(src)
     assert row["checkpoint"] == "bf16" and "vllm" in row["error"] and row["num_experts"] == 8
     assert row["limit_b1"] == pytest.approx(4.8e12 / sb.read(1))

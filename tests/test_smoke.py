@@ -237,3 +237,38 @@ def test_vllm_serves_compressed_tensors(ct_artifact: Path, tmp_path: Path) -> No
     run = json.loads(proc.stdout)["runs"][0]
     assert run["status"] == "passed" and run["completion"]["text"].strip() and run["decode_tokens_per_s"] > 0
     assert run["facts"]["quantization"] == "compressed-tensors" and _gone(run["pid"])
+
+
+def test_tp_that_cuts_a_quantization_group_is_refused_before_any_server(ct_artifact: Path, tmp_path: Path) -> None:
+    """The reference model's intermediate size 768 over 4 GPUs is 192 columns: not a whole number of 128-wide
+    groups, which vLLM would report only after loading. quantkit refuses it (exit 2) and names what fits."""
+    from quantkit.serve import parallel
+
+    assert parallel.problems(ct_artifact, 2) == []
+    assert parallel.largest_tp(ct_artifact) == 2
+    proc = quantkit("smoke", ct_artifact, "--engine", "vllm", "--tp", "4", "--log-dir", tmp_path,
+                    env={"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+    if "GPU(s) visible" in proc.stderr:
+        pytest.skip("this machine shows fewer than 4 GPUs to nvidia-smi; the shape check comes after that one")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "intermediate_size / 4 = 192 is not a multiple of the quantization group 128" in proc.stderr
+    assert "largest tensor-parallel size it allows is 2" in proc.stderr and "Traceback" not in proc.stderr
+    assert not list(tmp_path.iterdir())  # no server started, no log written
+    heads = quantkit("smoke", TINY, "--engine", "vllm", "--tp", "3", env={"CUDA_VISIBLE_DEVICES": "0,1,2"})
+    if "GPU(s) visible" not in heads.stderr:
+        assert heads.returncode == 2 and "4 attention heads are not divisible by 3" in heads.stderr
+
+
+def test_tp_reaches_the_server_command_and_llamacpp_refuses_it(gguf_artifact: Path) -> None:
+    from quantkit.serve import llamacpp, trtllm, vllm
+    from quantkit.serve.base import ServeOptions
+
+    argv = vllm.ENGINE.command(TINY, "python", "127.0.0.1", 8000, ServeOptions(tp=2))
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
+    assert "--tensor-parallel-size" not in vllm.ENGINE.command(TINY, "python", "127.0.0.1", 8000, ServeOptions())
+    argv = trtllm.ENGINE.command(TINY, "python", "127.0.0.1", 8000, ServeOptions(tp=2))
+    assert argv[argv.index("--tp_size") + 1] == "2"
+    assert llamacpp.ENGINE.name == "llama.cpp"
+    proc = quantkit("smoke", gguf_artifact, "--tp", "2")
+    assert proc.returncode == 2 and "llama.cpp's server has no tensor parallelism" in proc.stderr
+    assert "split-mode option (row) through --server-arg" in proc.stderr

@@ -70,6 +70,9 @@ def smoke_cmd(
     gpu_memory_utilization: Optional[float] = typer.Option(
         None, "--gpu-memory-utilization", help="vLLM's GPU memory share (TensorRT-LLM: KV-cache share) "
         "\\[default: 0.4]."),
+    tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel size: GPUs one server spans (vLLM "
+                           "--tensor-parallel-size, trtllm-serve --tp_size). Checked first against the GPUs visible and "
+                           "the artifact's heads, intermediate sizes and quantization groups."),
     skip_doctor: bool = typer.Option(False, "--skip-doctor", help="Start the server even when doctor predicts it "
                                      "cannot load the artifact (to see the engine's own error)."),
     json: bool = JSON_OPT,
@@ -77,13 +80,21 @@ def smoke_cmd(
     """Serve ARTIFACT in its real engine's OpenAI-compatible server (vLLM, llama.cpp, TensorRT-LLM) on a free
     loopback port, check /v1/models, a greedy completion and a chat answer, time the first token and decoding,
     then stop the server (always, also on Ctrl-C). Results go into quantkit.json; the server log is kept beside
-    the artifact. Exits 1 if the server does not start or answers badly, 3 on a --require-match mismatch."""
+    the artifact. Exits 1 if the server does not start or answers badly, 3 on a --require-match mismatch.
+
+    [bold]Examples[/]
+
+      [bold]$[/] quantkit smoke out/gptq --env PYTHONPATH=/opt/vllm-site --baseline source
+
+      [bold]$[/] quantkit smoke out/fp8 --tp 2    [dim]# one vLLM server over two GPUs[/]
+
+      [bold]$[/] quantkit smoke out/gguf --file model-Q4_K_M.gguf"""
     result = api.smoke(
         artifact, reporter=reporter(json), engine=_engine(engine), python=python, server_cmd=server_cmd,
         env=_env(env), extra_args=list(server_arg or []), port=port, timeout=timeout,
         max_tokens=max_tokens, speed_tokens=speed_tokens, baseline=baseline,
         match_tokens=match_tokens, require_match=require_match, file=file, log_dir=log_dir,
-        max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization, check_versions=not skip_doctor,
+        max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization, tp=tp, check_versions=not skip_doctor,
         **({"prompt": prompt} if prompt else {}))
     if json:
         emit_json(result.to_json())

@@ -50,6 +50,7 @@ class ServeOptions:
     extra_args: list[str] = field(default_factory=list)  # appended to the engine's command
     max_model_len: int | None = None
     gpu_memory_utilization: float | None = None
+    tp: int = 1  # tensor-parallel size (GPUs one server spans); checked by quantkit.serve.parallel
 
 
 class Engine:

@@ -59,6 +59,8 @@ class TrtllmEngine(Engine):
             argv += ["--tokenizer", str(tok)]
         if opts.max_model_len:
             argv += ["--max_seq_len", str(opts.max_model_len)]
+        if opts.tp > 1:
+            argv += ["--tp_size", str(opts.tp)]
         return argv
 
     def log_facts(self, log_text: str) -> dict[str, Any]:

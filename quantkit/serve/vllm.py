@@ -56,7 +56,8 @@ class VllmEngine(Engine):
         return [python, "-m", "vllm.entrypoints.cli.main", "serve", str(target), "--host", host, "--port", str(port),
                 "--max-model-len", str(max_model_len(target, opts.max_model_len)),
                 "--gpu-memory-utilization", str(opts.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION),
-                "--enforce-eager", "--generation-config", "vllm", "--seed", "0"]
+                "--enforce-eager", "--generation-config", "vllm", "--seed", "0",
+                *(["--tensor-parallel-size", str(opts.tp)] if opts.tp > 1 else [])]
 
     def speed_extra(self, max_tokens: int) -> dict[str, Any]:
         return {"min_tokens": max_tokens, "ignore_eos": True}

@@ -1,0 +1,117 @@
+"""Tensor parallelism for serving: whether an artifact can be split over ``tp`` GPUs, checked before a server starts.
+
+vLLM splits each attention block by heads and each MLP by its intermediate size (column-parallel gate/up, row-
+parallel down), so every split must fall on a whole head and on a whole quantization group or block: a W4A16
+artifact with group 128 cannot be served with tp=2 when ``intermediate_size / 2`` is not a multiple of 128, and vLLM
+says so only after a minute of loading, in a stack trace. These checks say it in one line, before any process
+starts, and name the largest tp that works. Key-value heads may be fewer than tp (vLLM replicates them), but tp
+must then be a multiple of their number.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from quantkit.errors import UsageError
+
+
+def visible_gpus() -> int | None:
+    """CUDA GPUs this process may use (``CUDA_VISIBLE_DEVICES`` honoured), from ``nvidia-smi -L``; None when no
+    driver tool is there to ask (then the engine finds out itself)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return 0
+    count = sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        count = min(count, len([d for d in visible.split(",") if d.strip()]))
+    return count
+
+
+def _config(folder: Path) -> dict[str, Any]:
+    try:
+        cfg = json.loads((folder / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return cfg.get("text_config", cfg)
+
+
+def _granules(cfg: dict[str, Any]) -> list[tuple[str, int]]:
+    """The units a weight split must not cut: quantization groups (along the input dimension) and FP8 blocks."""
+    q = cfg.get("quantization_config") or {}
+    out: list[tuple[str, int]] = []
+    for group in (q.get("config_groups") or {}).values():
+        w = (group or {}).get("weights") or {}
+        if w.get("group_size"):
+            out.append((f"quantization group {w['group_size']}", int(w["group_size"])))
+        for n in w.get("block_structure") or []:
+            out.append((f"weight block {n}", int(n)))
+    if q.get("group_size") and int(q["group_size"]) > 0:  # AutoAWQ / GPTQ layouts
+        out.append((f"quantization group {q['group_size']}", int(q["group_size"])))
+    for n in q.get("weight_block_size") or []:
+        out.append((f"weight block {n}", int(n)))
+    return list(dict.fromkeys(out))
+
+
+def problems(folder: Path, tp: int) -> list[str]:
+    """Why ``folder`` cannot be split over ``tp`` GPUs (empty when it can, or when its config says too little)."""
+    if tp == 1:
+        return []
+    cfg = _config(folder)
+    bad: list[str] = []
+    heads = int(cfg.get("num_attention_heads") or 0)
+    kv = int(cfg.get("num_key_value_heads") or heads)
+    if heads and heads % tp:
+        bad.append(f"{heads} attention heads are not divisible by {tp}")
+    if kv and kv % tp and tp % kv:
+        bad.append(f"{kv} key-value heads: {tp} is neither a divisor nor a multiple of it")
+    sizes = [(k, int(cfg[k])) for k in ("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size")
+             if cfg.get(k)]
+    for name, size in sizes:
+        if size % tp:
+            bad.append(f"{name} {size} is not divisible by {tp}")
+            continue
+        for what, n in _granules(cfg):
+            if (size // tp) % n:
+                bad.append(f"{name} / {tp} = {size // tp} is not a multiple of the {what}")
+    return bad
+
+
+def largest_tp(folder: Path, limit: int = 8) -> int:
+    """The largest power of two up to ``limit`` that ``folder`` can be split over."""
+    tp = 1
+    while tp * 2 <= limit and not problems(folder, tp * 2):
+        tp *= 2
+    return tp
+
+
+def check(folder: Path, engine: str, tp: int) -> None:
+    """Refuse (exit 2) a tensor-parallel size that the engine, the GPUs or the artifact's shapes cannot honour."""
+    if tp < 1:
+        raise UsageError(f"--tp {tp}: must be 1 or more")
+    if tp == 1:
+        return
+    if engine == "llama.cpp":
+        raise UsageError(f"--tp {tp}: llama.cpp's server has no tensor parallelism of this kind",
+                         hint="it spreads layers over every visible GPU by itself; to split rows instead, give "
+                              "llama-server its own split-mode option (row) through --server-arg")
+    gpus = visible_gpus()
+    if gpus is not None and gpus < tp:
+        raise UsageError(f"--tp {tp}: only {gpus} GPU(s) visible here",
+                         hint="set CUDA_VISIBLE_DEVICES to at least that many GPUs, or lower --tp")
+    target = folder if folder.is_dir() else folder.parent
+    bad = problems(target, tp)
+    if bad:
+        raise UsageError(f"--tp {tp}: {target} cannot be split over {tp} GPUs: " + "; ".join(bad),
+                         hint=f"the largest tensor-parallel size it allows is {largest_tp(target, tp)}")
