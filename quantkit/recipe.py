@@ -40,7 +40,8 @@ class CalibrationSpec(Strict):
     dataset: str = Field("mixed", description="shipped set (prose, code, mixed, heldout), a file, or a hub name")
     samples: int = Field(128, ge=1, le=65536)
     seq_len: int = Field(512, ge=16, le=131072)
-    seed: int = 0
+    seed: int = Field(0, description="order in which documents are drawn; in a recipe it follows runtime.seed "
+                      "(--seed) unless set here")
     field: str = Field("text", description="JSON/parquet field holding the text")
     chat_template: bool = Field(False, description="wrap each sample in the model's chat template")
     min_expert_tokens: int = Field(16, ge=0, description="warn when the router sends an MoE expert fewer "
@@ -103,6 +104,14 @@ class Recipe(Strict):
     verify: VerifySpec = Field(default_factory=VerifySpec)
     smoke: SmokeSpec = Field(default_factory=SmokeSpec)
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+
+    @model_validator(mode="after")
+    def _one_seed(self) -> "Recipe":
+        """``--seed`` (runtime.seed) also draws the calibration samples: one seed, as its help says. A recipe that
+        sets calibration.seed itself keeps it."""
+        if "seed" not in self.calibration.model_fields_set:
+            self.calibration.seed = self.runtime.seed
+        return self
 
     @model_validator(mode="after")
     def _one_shape(self) -> "Recipe":
