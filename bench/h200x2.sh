@@ -12,11 +12,14 @@
 #   A  untimed, side by side: bench/ddp_agreement.py (GPTQ and AWQ of the reference model on 1 and 2 GPUs, scored
 #      on the held-out text) while the 8B shape is built (bench/quantize_cost.py --prepare); then the 8B FP8-dynamic
 #      artifact (quantkit fp8, for serving) on GPU 1 beside build-trt FP8 with tp=2 (bench/recipes/
-#      trt-fp8-8b-tp2.yaml, ModelOpt from /tmp/site-trt) on GPU 0.
-#   B  timed, alone: bench/quantize_cost.py on the 8B shape, GPTQ with quantkit on 1 and 2 GPUs and llm-compressor's
-#      DDP example on 2, then AWQ with quantkit on 1 and 2 GPUs.
+#      trt-fp8-8b-tp2.yaml, ModelOpt from /tmp/site-trt) on GPU 0; then, once vLLM is there, quantkit smoke --tp 2
+#      of the FP8 and ModelOpt (hf/) 8B artifacts (random weights: the server loads and answers, with empty text).
+#   B  timed, alone: bench/quantize_cost.py on the 8B shape, GPTQ with quantkit on 2 and 1 GPUs and llm-compressor's
+#      DDP example on 2; with AWQ8B=1 also AWQ with quantkit on 2 and 1 GPUs (about 5 more minutes).
 #   C  timed, alone: bench/serve_speed.py, the 2-GPU GPTQ artifact and the FP8 artifact at tp=1 and tp=2.
-#   D  untimed, side by side: quantkit smoke --tp 2 of the GPTQ, FP8 and ModelOpt (hf/) artifacts in vLLM.
+#   D  untimed: quantkit smoke --tp 2 --baseline source of the reference model's GPTQ artifact made on 2 GPUs (real
+#      text, compared with transformers), beside the 8B GPTQ artifact made on 2 GPUs.
+# bench/results/h200x2/README.md says what one 30-minute lease of this gave.
 set -uo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 SNAP=/tmp/qk-x2
@@ -24,6 +27,7 @@ LOGS=/tmp/qk-x2-logs
 WORK=/tmp/quantkit-bench-qcost
 SAMPLES="${SAMPLES:-32}"
 SEQ_LEN="${SEQ_LEN:-2048}"
+AWQ8B="${AWQ8B:-0}"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0
 
 log() { echo "[$(date +%H:%M:%S)] $*" >> "$LOGS/job.log"; }
@@ -32,7 +36,7 @@ left() { echo $(( $1 - $(date +%s) )); }
 smoke() {  # smoke NAME FOLDER [extra quantkit smoke flags]: vLLM from /tmp/site, tp=2, a quarter of each GPU
   local name=$1 folder=$2; shift 2
   python3 -m quantkit smoke "$folder" --engine vllm --tp 2 --python "$SNAP/bench/.vllm-python" \
-    --gpu-memory-utilization 0.25 --max-model-len 2048 --log-dir "$LOGS/smoke" --json "$@" \
+    --gpu-memory-utilization 0.25 --log-dir "$LOGS/smoke" --json "$@" \
     > "$LOGS/results/smoke_$name.json" 2> "$LOGS/smoke_$name.err"
   log "smoke $name exited $?"
 }
@@ -68,20 +72,28 @@ job() {  # $1 = epoch second after which no step starts
     log "ModelOpt did not arrive in time: build-trt not run"
   fi
   wait "$fp8"; log "fp8 dynamic exited $?"
-  wait "$agree"; log "ddp_agreement exited $?"
+  until [ -f /tmp/site/.assembled ] || [ "$(left "$deadline")" -le 900 ]; do sleep 5; done
+  if [ -f /tmp/site/.assembled ]; then
+    smoke fp8 "$WORK/out-quantkit-fp8-dynamic" --max-model-len 2048 &
+    sleep 5
+    [ -d "$WORK/out-trt-fp8-tp2/hf" ] && smoke modelopt "$WORK/out-trt-fp8-tp2/hf" --max-model-len 2048 \
+      --server-arg=--quantization=modelopt &
+  fi
+  wait  # the agreement runs and the early smokes: nothing untimed is left on the GPUs when B starts
+  log "ddp_agreement and the early smokes done"
 
   log "B: quantization cost on 1 and 2 GPUs (timed, alone)"
   python3 bench/quantize_cost.py --shape 8b --samples "$SAMPLES" --seq-len "$SEQ_LEN" --methods gptq \
     --tools quantkit@2,llm-compressor@2,quantkit@1 --keep quantkit --name quantize_cost_8b_x2 \
     --results-dir "$LOGS/results" >> "$LOGS/quantize.log" 2>&1
   log "quantize_cost gptq exited $?"
-  if [ "$(left "$deadline")" -gt 600 ]; then
+  if [ "$AWQ8B" = 1 ] && [ "$(left "$deadline")" -gt 600 ]; then
     python3 bench/quantize_cost.py --shape 8b --samples "$SAMPLES" --seq-len "$SEQ_LEN" --methods awq \
       --tools quantkit@2,quantkit@1 --name quantize_cost_8b_x2 --append --results-dir "$LOGS/results" \
       >> "$LOGS/quantize.log" 2>&1
     log "quantize_cost awq exited $?"
   else
-    log "AWQ not run: $(left "$deadline") s left"
+    log "AWQ on the 8B shape not run (AWQ8B=$AWQ8B, $(left "$deadline") s left)"
   fi
 
   until [ -f /tmp/site/.assembled ] || [ "$(left "$deadline")" -le 0 ]; do sleep 5; done
@@ -97,11 +109,8 @@ job() {  # $1 = epoch second after which no step starts
 
   if [ "$(left "$deadline")" -le -120 ]; then log "deadline passed: smoke not run"; log "done"; return; fi
   log "D: quantkit smoke --tp 2"
-  smoke gptq "$WORK/out-quantkit-gptq-x2" &
-  sleep 10; smoke fp8 "$WORK/out-quantkit-fp8-dynamic" &
-  if [ -d "$WORK/out-trt-fp8-tp2/hf" ]; then
-    sleep 10; smoke modelopt "$WORK/out-trt-fp8-tp2/hf" --server-arg=--quantization=modelopt &
-  fi
+  smoke tiny_gptq_tp2 /tmp/quantkit-bench-ddp/gptq-x2-s0 --baseline source &
+  sleep 5; smoke gptq "$WORK/out-quantkit-gptq-x2" --max-model-len 2048 &
   wait
   log "done"
 }
@@ -129,9 +138,9 @@ case "${1:-}" in
   status)
     cat "$LOGS/job.log" 2>/dev/null; tail -n 2 "$LOGS"/{agreement,quantize,serve}.log 2>/dev/null
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader ;;
-  collect)
+  collect)  # few files: $OUT takes a limited number
     mkdir -p "$2"
-    cp -r "$LOGS/results" "$2/" 2>/dev/null
+    tar -C "$LOGS" -czf "$2/results.tar.gz" results
     tar -C "$LOGS" -czf "$2/logs.tar.gz" --exclude='*.safetensors' . 2>/dev/null
     tar -C "$WORK" -czf "$2/quantize-logs.tar.gz" $(cd "$WORK" && ls ./*.log 2>/dev/null) 2>/dev/null
     for a in out-quantkit-gptq out-quantkit-gptq-x2 out-quantkit-fp8-dynamic out-trt-fp8-tp2; do

@@ -143,6 +143,18 @@ def moe() -> list[str]:
     return lines
 
 
+def two_gpus() -> list[str]:
+    """Issue 18's runs on two H200s (bench/h200x2.sh): agreement, quantization cost, tensor-parallel serving."""
+    folder = RESULTS / "h200x2"
+    lines = ["Files and the lease's account: h200x2/README.md.", ""]
+    for name, what in (("ddp_agreement", "Distributed calibration gives the same artifact"),
+                       ("quantize_cost_8b_x2", "Quantization cost on 1 and 2 GPUs"),
+                       ("serve_speed_8b_tp", "Serving with tensor parallelism")):
+        md = folder / f"{name}.md"
+        lines += [f"### {what}", "", _body(md) if md.exists() else f"**Not run yet** (h200x2/{name}.md).", ""]
+    return lines
+
+
 def serve_speed() -> list[str]:
     md = RESULTS / "serve_speed.md"
     if md.exists():
@@ -182,7 +194,8 @@ def build() -> Path:
              "### Quantization time of the reference model on the H200", "", *quantize_tiny(),
              "## 4. GGUF conversion (CPU)", "", *gguf(),
              "## 5. Mixture of experts: Qwen3-30B-A3B's width, 12 layers, random weights (H200)", "", *moe(),
-             "", "## 6. GGUF importance matrices (CPU)", "", *gguf_imatrix()]
+             "", "## 6. GGUF importance matrices (CPU)", "", *gguf_imatrix(),
+             "", "## 7. Two H200s: distributed calibration and tensor-parallel serving", "", *two_gpus()]
     out = RESULTS / "README.md"
     out.write_text("\n".join(lines).rstrip() + "\n")
     return out

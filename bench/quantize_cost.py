@@ -404,6 +404,9 @@ def markdown(data: dict[str, Any]) -> str:
             anon = f" ({gib(r['peak_anon_rss_bytes'])})" if r.get("peak_anon_rss_bytes") else ""
             lines.append(f"| {method} | {label} | {r['rc']} | {r['wall_s']:.1f}s{spread} | {step} | "
                          f"{gib(r['peak_rss_bytes'])}{anon} | {gpu_cell(r)} | {over} | {speedup} |")
+    if len(data.get("commands") or []) > 1:
+        lines[3:3] = ["Runs merged with --append, from these commands in order: "
+                      + "; ".join(f"`{c}`" for c in data["commands"]) + ".", ""]
     lines += ["", "quantkit overhead = quantkit wall / llm-compressor wall - 1 on the same number of GPUs (the issue's "
               "bound: within 2%); \"x2\" = `--num-gpus 2` for quantkit, llm-compressor's DDP example "
               "(examples/quantization_w4a16/llama3_ddp_example.py) under torchrun for llm-compressor. Speed-up = "
