@@ -27,6 +27,7 @@ import os
 import platform as _platform
 import shutil
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
@@ -448,11 +449,14 @@ class ArtifactWriter:
         """
         interrupts.check()
         try:
+            t0 = time.perf_counter()
             with ThreadPoolExecutor(1) as pool:  # the disk writes back while the files are hashed from the cache
                 synced = pool.submit(_fsync_tree, self.path)
                 files = hash_tree(self.path)
                 synced.result()
-            data = manifest.model_copy(update={"files": files, "created": now_iso()})
+            # quantkit's own cost after "total" (which ends when the producer does), so the manifest accounts for it
+            timings = {**manifest.timings, "hash_and_sync": round(time.perf_counter() - t0, 3)}
+            data = manifest.model_copy(update={"files": files, "created": now_iso(), "timings": timings})
             _write_manifest(self.path, data)
             _share(self.path)
             _fsync(self.path / MANIFEST)
