@@ -217,10 +217,11 @@ class CompressedProducer:
         spec, rep = ctx.spec, ctx.reporter
         p = plan(spec)
         job = _job(ctx)
-        device = _pin_device(ctx.runtime.device, ctx.runtime.num_gpus)
-        from transformers import AutoTokenizer
+        with rep.timed("setup"):  # importing torch and transformers, starting CUDA, the tokenizer
+            device = _pin_device(ctx.runtime.device, ctx.runtime.num_gpus)
+            from transformers import AutoTokenizer
 
-        tokenizer = AutoTokenizer.from_pretrained(ctx.source.path, trust_remote_code=job["trust_remote_code"])
+            tokenizer = AutoTokenizer.from_pretrained(ctx.source.path, trust_remote_code=job["trust_remote_code"])
         calib = ctx.calibration_set(tokenizer) if p.calibrate else None
         job["samples"] = calib.samples if calib else None
         description = f"Quantizing {spec.method} ({p.scheme}) with llm-compressor on {device}"
