@@ -19,7 +19,7 @@ from shapes import SHAPES  # noqa: E402
 
 CASES = Path(__file__).with_name("gpu_cases.yaml")
 VERBS = ("awq", "gptq", "fp8", "int8", "rtn", "build-trt")
-NEEDS = ("trt",)
+NEEDS = ("trt", "gpus2")  # the ModelOpt environment; two visible GPUs
 ENGINES = ("vllm", "transformers")  # quantkit eval --engine, on the GPU
 NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 

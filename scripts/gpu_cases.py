@@ -194,6 +194,8 @@ def missing_needs(c: Case, p: Paths) -> str | None:
     """Why the case cannot run on this machine (an environment it needs is absent), or None."""
     if "trt" in c.needs and not (Path(p.trt_site) / "modelopt").is_dir():
         return f"the ModelOpt environment is not installed in {p.trt_site} (scripts/trt_env.sh)"
+    if "gpus2" in c.needs and len(gpus()) < 2:
+        return f"it needs two GPUs; nvidia-smi lists {len(gpus())}"
     if c.pending is not None and not (p.model(c) / "config.json").is_file():
         return f"{c.model} is not there yet: {c.pending}"
     return None
