@@ -55,6 +55,18 @@ def test_shipped_cases_load(cases: list) -> None:
     assert c["fp8-block-sweep"].artifact == "fp8-block"  # the same command: one artifact
 
 
+def test_two_gpu_case_needs_two_gpus(cases: list, tmp_path: Path) -> None:
+    """The tensor-parallel case is data like the others: on a machine with fewer than two GPUs it is skipped with
+    its reason, never run on one GPU and never silently dropped."""
+    c = by_name(cases)["gptq-w4g128-x2"]
+    assert c.needs == ["gpus2"] and c.load.engine_args == {"tensor_parallel_size": 2}
+    assert c.produce.args == ["--num-gpus", "2"] and c.smoke.args[:2] == ["--tp", "2"]
+    reason = gc.missing_needs(c, paths(tmp_path))
+    assert (reason is None) == (len(gc.gpus()) >= 2)
+    if reason:
+        assert "needs two GPUs" in reason
+
+
 def test_the_old_scripts_are_covered(cases: list) -> None:
     """Every artifact gpu_quantize_all.sh made, gpu_smoke.py's served artifacts, gpu_trt.sh's ModelOpt stages."""
     produced = {(c.model, c.produce.verb, tuple(c.produce.args)) for c in cases}
