@@ -129,6 +129,10 @@ def moe() -> list[str]:
     for name, what in (("quantize_cost_qwen3-30b-a3b-12l", "quantization cost"), ("serve_speed_moe", "serving speed")):
         md = RESULTS / f"{name}.md"
         lines += [f"### MoE {what}", "", _body(md) if md.exists() else f"**Not run yet** ({name}.md).", ""]
+    cpu = RESULTS / "quantize_cost_qwen3-30b-a3b-2l.md"
+    if cpu.exists():
+        lines += ["### MoE host memory, 2 of 48 layers on the CPU (experts linearized block by block)", "",
+                  _body(cpu), ""]
     if not (RESULTS / "quantize_cost_qwen3-30b-a3b-12l.md").exists():
         lines += ["Written and checked on this CPU with the tiny MoE shape (tests/test_bench_moe.py): "
                   "`python bench/quantize_cost.py --shape qwen3-30b-a3b-12l --samples 32 --seq-len 2048 "
