@@ -31,7 +31,9 @@ class Kind:
     test: Callable[[Path], bool]
 
 
-def _config(path: Path, name: str = "config.json") -> dict[str, Any]:
+def read_config(path: Path, name: str = "config.json") -> dict[str, Any]:
+    """A checkpoint folder's JSON config as a dict; ``{}`` when it is missing or unreadable (recognising a folder,
+    or checking one before an engine reads it, must not fail on a folder that is something else)."""
     try:
         data = json.loads((path / name).read_text())
     except (OSError, ValueError):
@@ -40,7 +42,7 @@ def _config(path: Path, name: str = "config.json") -> dict[str, Any]:
 
 
 def _quant_method(path: Path) -> str | None:
-    q = _config(path).get("quantization_config")
+    q = read_config(path).get("quantization_config")
     return q.get("quant_method") if isinstance(q, dict) else None
 
 
@@ -52,7 +54,7 @@ def gguf_files(path: Path) -> list[Path]:
 
 
 def _is_trtllm_checkpoint(path: Path) -> bool:
-    cfg = _config(path)
+    cfg = read_config(path)
     return "quantization" in cfg and "architecture" in cfg
 
 

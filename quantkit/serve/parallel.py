@@ -10,7 +10,6 @@ must then be a multiple of their number.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.errors import UsageError
+from quantkit.formats.kinds import read_config
 
 
 def visible_gpus() -> int | None:
@@ -37,14 +37,6 @@ def visible_gpus() -> int | None:
     if visible is not None:
         count = min(count, len([d for d in visible.split(",") if d.strip()]))
     return count
-
-
-def _config(folder: Path) -> dict[str, Any]:
-    try:
-        cfg = json.loads((folder / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-    return cfg.get("text_config", cfg)
 
 
 def _granules(cfg: dict[str, Any]) -> list[tuple[str, int]]:
@@ -68,7 +60,8 @@ def problems(folder: Path, tp: int) -> list[str]:
     """Why ``folder`` cannot be split over ``tp`` GPUs (empty when it can, or when its config says too little)."""
     if tp == 1:
         return []
-    cfg = _config(folder)
+    top = read_config(folder)
+    cfg = top.get("text_config") or top  # the language model's shapes; quantization_config stays at the top
     bad: list[str] = []
     heads = int(cfg.get("num_attention_heads") or 0)
     kv = int(cfg.get("num_key_value_heads") or heads)
@@ -82,7 +75,7 @@ def problems(folder: Path, tp: int) -> list[str]:
         if size % tp:
             bad.append(f"{name} {size} is not divisible by {tp}")
             continue
-        for what, n in _granules(cfg):
+        for what, n in _granules(top):
             if (size // tp) % n:
                 bad.append(f"{name} / {tp} = {size // tp} is not a multiple of the {what}")
     return bad

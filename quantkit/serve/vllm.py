@@ -14,11 +14,11 @@ change the greedy answer compared against the baseline.
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
+from quantkit.formats.kinds import read_config
 from quantkit.serve.base import Engine, ServeOptions
 
 DEFAULT_MAX_MODEL_LEN = 4096
@@ -37,11 +37,8 @@ def max_model_len(artifact: Path, asked: int | None) -> int:
     """``asked``, or the model's own context capped at 4096 (a smoke test needs no 128k KV cache)."""
     if asked:
         return asked
-    try:
-        cfg = json.loads((artifact / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return DEFAULT_MAX_MODEL_LEN
-    cfg = cfg.get("text_config", cfg)
+    cfg = read_config(artifact)
+    cfg = cfg.get("text_config") or cfg
     return min(DEFAULT_MAX_MODEL_LEN, int(cfg.get("max_position_embeddings") or DEFAULT_MAX_MODEL_LEN))
 
 
