@@ -22,6 +22,19 @@ EXIT_GATE = 3
 EXIT_INTERRUPTED = 130
 
 
+def exit_text(rc: int) -> str:
+    """How a child process ended, for a message: ``exited with code 1`` or ``was killed by SIGSEGV`` (a native
+    crash in a tool or an engine says more than its negative return code)."""
+    if rc < 0:
+        import signal
+
+        try:
+            return f"was killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"was killed by signal {-rc}"
+    return f"exited with code {rc}"
+
+
 class QuantkitError(Exception):
     """Base class: a message for the user, an optional hint on what to do, and an exit code."""
 

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from quantkit import formats
+from quantkit import artifact, formats
 from quantkit.errors import RecipeError
 from quantkit.formats.specs import Strict
 
@@ -141,7 +141,7 @@ class Recipe(Strict):
         relevant: dict[str, Any] = {"model": self.model.model_dump(mode="json"), "spec": spec.model_dump(mode="json")}
         given = Path(getattr(spec, "imatrix_file", None) or "").expanduser()
         if given.is_file():  # an importance matrix is an input by its bytes, not its path
-            relevant["imatrix_sha256"] = hashlib.sha256(given.read_bytes()).hexdigest()
+            relevant["imatrix_sha256"] = artifact.sha256_file(given)
         if formats.calibrates(spec):
             # the expert-token threshold only decides a warning, never the bytes
             relevant |= {"calibration": self.calibration.model_dump(mode="json", exclude={"min_expert_tokens"}),

@@ -31,7 +31,7 @@ from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from quantkit import envs
-from quantkit.errors import BackendError, QuantkitError, UsageError
+from quantkit.errors import BackendError, QuantkitError, UsageError, exit_text
 from quantkit.progress import Reporter
 from quantkit.serve import client
 
@@ -247,7 +247,7 @@ class ServerProcess:
             while True:
                 rc = self.proc.poll()
                 if rc is not None:
-                    raise ServerDied(self._failure(f"the {self.engine} server {_exit_text(rc)} "
+                    raise ServerDied(self._failure(f"the {self.engine} server {exit_text(rc)} "
                                                    f"{self._elapsed():.0f}s after it started, before it was ready"),
                                      hint=f"the whole log is {self.log_path}")
                 if client.status(self.url + self.health_path, timeout=2.0) == 200 and self.proc.poll() is None:
@@ -278,7 +278,7 @@ class ServerProcess:
             rc = self.proc.wait(timeout=wait)
         except subprocess.TimeoutExpired:
             return None
-        return ServerDied(self._failure(f"the {self.engine} server {_exit_text(rc)} while answering {during}"),
+        return ServerDied(self._failure(f"the {self.engine} server {exit_text(rc)} while answering {during}"),
                           hint=f"the whole log is {self.log_path}")
 
     def running(self) -> bool:
@@ -320,14 +320,6 @@ class ServerProcess:
             time.sleep(0.05)
 
 
-def _exit_text(rc: int) -> str:
-    """``exited with code 1`` or ``was killed by SIGSEGV`` (a native crash in the engine)."""
-    if rc < 0:
-        try:
-            return f"was killed by {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"was killed by signal {-rc}"
-    return f"exited with code {rc}"
 
 
 def _signal_group(pgid: int, sig: int) -> None:

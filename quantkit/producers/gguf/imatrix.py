@@ -29,12 +29,12 @@ Tested with transformers 5.17.0, torch 2.13, gguf 0.19.0 and llama.cpp b11312 (l
 
 from __future__ import annotations
 
-import hashlib
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quantkit.artifact import sha256_file as sha256  # the manifest's own file hash
 from quantkit.errors import UsageError
 
 # The CLI flags (defined with the recipe's GGUF fields ``imatrix`` and ``imatrix_file``), named in messages.
@@ -61,14 +61,6 @@ class Imatrix:
     chunk_count: int = 0
     chunk_size: int = 0
     format: str = "gguf"  # or "dat" (legacy)
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _np() -> Any:

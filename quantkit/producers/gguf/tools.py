@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quantkit.errors import BackendError, MissingToolError
+from quantkit.errors import BackendError, MissingToolError, exit_text
 from quantkit.versions import version as dist_version
 
 ENV_VAR = "QUANTKIT_LLAMACPP_BIN"
@@ -179,7 +179,7 @@ def run(tool: str, args: list[str], *, purpose: str, timeout: float | None = Non
         raise BackendError(f"could not run {exe}: {e}",
                            hint=f"rebuild the tools with `make install`, or point {ENV_VAR} at working ones") from None
     if proc.returncode != 0:
-        raise BackendError(f"{tool} failed ({purpose}): {_exit_text(proc.returncode)}; last lines:\n"
+        raise BackendError(f"{tool} failed ({purpose}): it {exit_text(proc.returncode)}; last lines:\n"
                            f"{tail(proc.stdout + proc.stderr)}", hint=f"the command was: {' '.join(argv)}")
     return proc
 
@@ -188,14 +188,3 @@ def tail(text: str, lines: int = TAIL_LINES) -> str:
     """The last non-empty lines of a tool's output."""
     kept = [ln for ln in text.replace("\r", "\n").splitlines() if ln.strip()]
     return "\n".join(kept[-lines:])
-
-
-def _exit_text(rc: int) -> str:
-    if rc < 0:
-        import signal
-
-        try:
-            return f"killed by {signal.Signals(-rc).name}"
-        except ValueError:
-            return f"killed by signal {-rc}"
-    return f"exit code {rc}"
