@@ -18,6 +18,7 @@
 # and FP8 (timed, alone) with the time left.
 set -uo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
+. "$REPO/bench/device.sh"
 SNAP=/tmp/qk-moe
 LOGS=/tmp/qk-moe-logs
 WORK=/tmp/quantkit-bench-qcost
@@ -62,20 +63,19 @@ job() {  # the background job; $1 = epoch second by which it must be done
 
 case "${1:-}" in
   llmc)
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-llmc "$REPO"/.whl-llmc/*.whl ;;
+    install_llmc ;;
   start)
     rm -rf "$SNAP" "$LOGS" && mkdir -p "$SNAP" "$LOGS/results"
-    tar -C "$REPO" --exclude='./.vw*' --exclude='./.whl*' --exclude=./.git -cf - . | tar -C "$SNAP" -xf -
+    snapshot "$SNAP"
     deadline=$(( $(date +%s) + 60 * ${2:-26} ))
     setsid nohup bash "$SNAP/bench/h200_moe.sh" job "$deadline" > "$LOGS/nohup.log" 2>&1 < /dev/null &
     echo "started; deadline $(date -d @"$deadline" +%H:%M:%S)" ;;
   job)
     job "$2" ;;
   part)
-    mkdir -p /tmp/vwp && mv "$REPO"/.vw[0-9]*/p[0-9]* /tmp/vwp/ && ls /tmp/vwp ;;
+    take_vllm_parts ;;
   vllm)
-    mkdir -p /tmp/vw && cat /tmp/vwp/p* | tar xf - -C /tmp/vw && bash /tmp/vw/wheelhouse/assemble.sh \
-      && touch /tmp/site/.assembled && echo "vLLM assembled" ;;
+    assemble_vllm ;;
   status)
     cat "$LOGS/job.log" 2>/dev/null; tail -n 3 "$LOGS"/{quantize,serve,cases}.log 2>/dev/null
     cat "$LOGS"/results/*.md 2>/dev/null; nvidia-smi --query-gpu=memory.used --format=csv,noheader ;;

@@ -22,6 +22,7 @@
 # bench/results/h200x2/README.md says what one 30-minute lease of this gave.
 set -uo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
+. "$REPO/bench/device.sh"
 SNAP=/tmp/qk-x2
 LOGS=/tmp/qk-x2-logs
 WORK=/tmp/quantkit-bench-qcost
@@ -117,11 +118,10 @@ job() {  # $1 = epoch second after which no step starts
 
 case "${1:-}" in
   llmc)
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-llmc "$REPO"/.whl-llmc/*.whl ;;
+    install_llmc ;;
   start)
     rm -rf "$SNAP" "$LOGS" && mkdir -p "$SNAP" "$LOGS/results" "$LOGS/smoke"
-    tar -C "$REPO" --exclude='./.vw*' --exclude='./.tw*' --exclude='./.whl*' --exclude=./.git -cf - . \
-      | tar -C "$SNAP" -xf -
+    snapshot "$SNAP"
     deadline=$(( $(date +%s) + 60 * ${2:-26} ))
     setsid nohup bash "$SNAP/bench/h200x2.sh" job "$deadline" > "$LOGS/nohup.log" 2>&1 < /dev/null &
     echo "started; deadline $(date -d @"$deadline" +%H:%M:%S)" ;;
@@ -129,12 +129,9 @@ case "${1:-}" in
     job "$2" ;;
   part)
     if ls -d "$REPO"/.tw[0-9]* > /dev/null 2>&1; then bash "$REPO/scripts/trt_env.sh" part; fi
-    if ls "$REPO"/.vw[0-9]*/p[0-9]* > /dev/null 2>&1; then
-      mkdir -p /tmp/vwp && mv "$REPO"/.vw[0-9]*/p[0-9]* /tmp/vwp/ && ls /tmp/vwp | tr '\n' ' '
-    fi ;;
+    take_vllm_parts ;;
   vllm)
-    mkdir -p /tmp/vw && cat /tmp/vwp/p* | tar xf - -C /tmp/vw && bash /tmp/vw/wheelhouse/assemble.sh \
-      && touch /tmp/site/.assembled && echo "vLLM assembled" ;;
+    assemble_vllm ;;
   status)
     cat "$LOGS/job.log" 2>/dev/null; tail -n 2 "$LOGS"/{agreement,quantize,serve}.log 2>/dev/null
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader ;;
