@@ -251,9 +251,7 @@ def engine_unavailable(name: str, python: str | None) -> str | None:
 
 def _smoke(recipe: Recipe, r: OutputResult, rep: Reporter) -> None:
     """Smoke-test one artifact where its engine can run; otherwise record the step as skipped, with why."""
-    from quantkit import api
-
-    from quantkit import serve
+    from quantkit import api, serve
 
     engine = serve.detect(r.path)
     why = engine_unavailable(engine, recipe.smoke.python)
@@ -262,7 +260,8 @@ def _smoke(recipe: Recipe, r: OutputResult, rep: Reporter) -> None:
         rep.log(f"[yellow]-[/] smoke {r.name}: skipped ({why})")
         return
     res = api.smoke(r.path, reporter=rep, engine=engine, python=recipe.smoke.python, timeout=recipe.smoke.timeout,
-                    tp=recipe.smoke.tp if engine != "llama.cpp" else 1, log_dir=Path(recipe.output) / "logs")
+                    tp=1 if serve.get(engine).no_tensor_parallel else recipe.smoke.tp,
+                    log_dir=Path(recipe.output) / "logs")
     data = res.to_json()
     errors = [run.get("error") for run in data["runs"] if run.get("error")]
     r.smoke = {"status": "passed" if res.ok else "failed", "engine": engine, "runs": data["runs"],

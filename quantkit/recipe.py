@@ -75,7 +75,8 @@ class SmokeSpec(Strict):
     engine: Literal["auto", "vllm", "llama.cpp", "trtllm"] = "auto"
     timeout: float = Field(600.0, gt=0)
     python: str | None = Field(None, description="the engine's own Python (vLLM/TensorRT-LLM environments)")
-    tp: int = Field(1, ge=1, description="tensor-parallel size: GPUs each smoke server spans (vLLM, TensorRT-LLM)")
+    tp: int = Field(1, ge=1, description="tensor-parallel size: GPUs each smoke server spans (vLLM, TensorRT-LLM; "
+                    "GGUF outputs are served on one, llama.cpp spreads layers itself)")
     tune_kernels: bool = Field(False, description="also measure every vLLM kernel for each output served by vLLM "
                                "and record the fastest `vllm serve` command (quantkit tune; needs a GPU)")
 

@@ -156,7 +156,7 @@ def run(path: Path, opts: SmokeOptions, reporter: Reporter | None = None) -> Smo
     engine_name = serve.detect(path) if opts.engine == "auto" else opts.engine
     engine = serve.get(engine_name)
     targets = engine.targets(path, opts.file)
-    parallel.check(path, engine.name, opts.tp)
+    parallel.check(path, engine, opts.tp)
     result = SmokeResult(path=path, engine=engine.name, runs=[])
     serve_opts = opts.serve_options()
     python = engine.python(opts.python)

@@ -64,6 +64,7 @@ class Engine:
     module: str = ""  # import name, to check the engine is installed in its Python
     health_path: str = "/health"
     reads_compressed_tensors: bool = False
+    no_tensor_parallel: str | None = None  # set when the server cannot take --tp: what to do instead
 
     def python(self, explicit: str | None) -> str:
         """The engine's Python (:func:`quantkit.envs.find`)."""

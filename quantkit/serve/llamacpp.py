@@ -51,6 +51,8 @@ class LlamaCppEngine(Engine):
     dist = "llama_cpp_python"
     module = "llama_cpp"
     health_path = "/health"
+    no_tensor_parallel = ("it spreads layers over every visible GPU by itself; to split rows instead, give "
+                          "llama-server its own split-mode option (row) through --server-arg")
 
     def targets(self, artifact: Path, file: str | None) -> list[Path]:
         if artifact.is_file():

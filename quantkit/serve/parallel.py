@@ -18,6 +18,7 @@ from typing import Any
 
 from quantkit.errors import UsageError
 from quantkit.formats.kinds import read_config
+from quantkit.serve.base import Engine
 
 
 def visible_gpus() -> int | None:
@@ -89,16 +90,15 @@ def largest_tp(folder: Path, limit: int = 8) -> int:
     return tp
 
 
-def check(folder: Path, engine: str, tp: int) -> None:
+def check(folder: Path, engine: Engine, tp: int) -> None:
     """Refuse (exit 2) a tensor-parallel size that the engine, the GPUs or the artifact's shapes cannot honour."""
     if tp < 1:
         raise UsageError(f"--tp {tp}: must be 1 or more")
     if tp == 1:
         return
-    if engine == "llama.cpp":
-        raise UsageError(f"--tp {tp}: llama.cpp's server has no tensor parallelism of this kind",
-                         hint="it spreads layers over every visible GPU by itself; to split rows instead, give "
-                              "llama-server its own split-mode option (row) through --server-arg")
+    if engine.no_tensor_parallel:
+        raise UsageError(f"--tp {tp}: {engine.name}'s server has no tensor parallelism of this kind",
+                         hint=engine.no_tensor_parallel)
     gpus = visible_gpus()
     if gpus is not None and gpus < tp:
         raise UsageError(f"--tp {tp}: only {gpus} GPU(s) visible here",
