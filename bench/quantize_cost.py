@@ -143,6 +143,7 @@ class GpuSampler(threading.Thread):
         self.available = shutil.which("nvidia-smi") is not None
         self.start_used = self._used() if self.available else None
         self.peak_used = list(self.start_used) if self.start_used else None
+        self.peak_sum = sum(self.start_used or [])
 
     def _used(self) -> list[int] | None:
         out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
@@ -152,7 +153,6 @@ class GpuSampler(threading.Thread):
         return [int(x) * 2**20 for x in out.stdout.split()]  # MiB -> bytes, one per GPU
 
     def run(self) -> None:
-        self.peak_sum = sum(self.start_used or [])
         while self.available and not self.stop.is_set():
             used = self._used()
             if used is not None and self.peak_used is not None and len(used) == len(self.peak_used):
