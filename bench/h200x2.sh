@@ -2,6 +2,8 @@
 # Issue 18 on a lent nvidia-h200-x2 (two H200s of one host): distributed calibration and tensor-parallel serving,
 # one background job started by the first device call while later calls bring the ModelOpt and vLLM wheel parts.
 #
+#   here first: PART_MIB=25 bash ../shared/device/vllm/build.sh; PART_MIB=25 bash scripts/trt_env.sh wheels
+#   (part + the 33 MiB tracked tree must stay under 60 MiB), and .whl-llmc as in bench/h200_moe_plan.md
 #   bash bench/h200x2.sh llmc                 # install .whl-llmc into /tmp/site-llmc (first call)
 #   bash bench/h200x2.sh start [MINUTES]      # start the job; nothing starts after MINUTES (default 26)
 #   bash bench/h200x2.sh part                 # move the carried .tw*/p* and .vw*/p* parts to /tmp (one call each)

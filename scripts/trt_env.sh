@@ -5,7 +5,8 @@
 # PYTHONPATH=/tmp/site-trt (its --trt-site).
 #
 #   here:  bash scripts/trt_env.sh wheels     # ModelOpt + transformers 5.14.1 wheels for Python 3.12, cut into
-#                                             # .tw00/p00, .tw01/p01, ... (git-ignored, 32 MiB each)
+#                                             # .tw00/p00, .tw01/p01, ... (git-ignored, PART_MIB each:
+#                                             # 25 by default; part + tracked tree (33 MiB) <= 60)
 #   GPU:   bash scripts/trt_env.sh part       # once per part, carrying that one folder (carry: [".tw00"]);
 #                                             # the call that brings the last part installs into /tmp/site-trt
 #
@@ -35,7 +36,7 @@ wheels)
     --platform manylinux1_x86_64 --platform linux_x86_64 --platform any "${WHEELS[@]}"
   (cd "$WH/wheelhouse" && sha256sum ./*.whl > SHA256SUMS)
   rm -rf "$REPO"/.tw[0-9]*
-  tar cf - -C "$WH" wheelhouse | split -b "${PART_MIB:-32}M" -d -a 2 - "$WH/p"
+  tar cf - -C "$WH" wheelhouse | split -b "${PART_MIB:-25}M" -d -a 2 - "$WH/p"
   for p in "$WH"/p[0-9][0-9]; do i="${p##*/p}"; mkdir -p "$REPO/.tw$i" && mv "$p" "$REPO/.tw$i/"; done
   grep -qx '/.tw*/' "$REPO/.git/info/exclude" 2>/dev/null || echo '/.tw*/' >> "$REPO/.git/info/exclude"
   ls -d "$REPO"/.tw[0-9]* | xargs -n1 basename
