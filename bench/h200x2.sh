@@ -147,5 +147,5 @@ case "${1:-}" in
     done
     ls -la "$2" ;;
   *)
-    sed -n '2,20p' "$0"; exit 2 ;;
+    sed -n '2,24p' "$0"; exit 2 ;;
 esac
