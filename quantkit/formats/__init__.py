@@ -232,11 +232,6 @@ def by_method(method: str) -> Format:
     return next(f for f in FORMATS if f.method == method and f.layout is None)
 
 
-def by_verb(verb: str) -> Format:
-    """The row a CLI verb makes (its method's default layout)."""
-    return next(f for f in FORMATS if f.verb == verb)
-
-
 def verbs() -> tuple[Format, ...]:
     """The rows with a standard ``quantkit VERB MODEL OUTPUT`` command, in table order."""
     return tuple(f for f in FORMATS if f.verb and f.method != "trt")
