@@ -104,12 +104,12 @@ def run_one(folder: Path, args: argparse.Namespace, tp: int = 1) -> dict[str, An
                            "weight_bytes": sb.total, "bytes_per_step": sb.read(1)}
     if sb.moe:
         row.update(num_experts=sb.num_experts, top_k=sb.top_k, expert_bytes=sb.experts, always_bytes=sb.always)
-    engine_args: dict[str, Any] = {} if args.capture_all else {
-        "compilation_config": {"cudagraph_capture_sizes": sorted(args.batches)}}
+    engine_args: dict[str, Any] = {}
     if tp > 1:
         engine_args["tensor_parallel_size"] = tp
     bench = kernel_sweep.Bench(batches=tuple(args.batches), prompt_len=args.prompt_len, gen=args.gen,
-                               max_model_len=args.max_model_len, gpu_memory_utilization=0.85, engine_args=engine_args)
+                               max_model_len=args.max_model_len, gpu_memory_utilization=0.85, engine_args=engine_args,
+                               capture_measured_only=not args.capture_all)
     env = {"VLLM_USE_FLASHINFER_SAMPLER": os.environ.get("VLLM_USE_FLASHINFER_SAMPLER", "0")}
     runtime = kernel_sweep.Runtime(args.python, {**env, **({"PYTHONPATH": args.vllm_site} if args.vllm_site else {})})
     if args.kernels:

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Issue 16 on one lent H200: kernel-aware serving, W4A8 and quantkit's own overhead on the 8B shape, one background
+# job started by the first device call while later calls bring vLLM's wheel parts.
+#
+#   here first: PART_MIB=25 bash ../shared/device/vllm/build.sh (part + the 35 MiB tracked tree stay under 60 MiB),
+#   and .whl-llmc as in bench/h200_moe_plan.md
+#   bash bench/h200_hopper.sh llmc               # install .whl-llmc into /tmp/site-llmc (first call)
+#   bash bench/h200_hopper.sh start [MINUTES]    # start the job; nothing starts after MINUTES (default 25)
+#   bash bench/h200_hopper.sh part               # move the carried .vw*/p* part to /tmp (one call each)
+#   bash bench/h200_hopper.sh vllm               # assemble vLLM into /tmp/site once every part is there
+#   bash bench/h200_hopper.sh status | collect "$OUT"
+#
+# The job, from a snapshot of the repository (/tmp/qk-hop; each device call re-sends the working tree):
+#   A  untimed: the 8B shape and its 32 x 2048 calibration tokens (bench/quantize_cost.py --prepare), then side by
+#      side the two artifacts only served here: quantkit gptq (W4A16) and quantkit w4a8 (W4AFP8), calibrated on the
+#      shipped set (random weights: what is measured is their speed, not their quality).
+#   B  timed, alone: bench/quantize_cost.py, FP8 static through llm-compressor directly and through quantkit, two
+#      runs each (order alternated), quantkit's artifact kept for serving.
+#   C  timed, alone, once vLLM is assembled: bench/serve_speed.py of bf16, W4A8 and FP8 static at batch 1, 16 and
+#      64; then `quantkit tune` of the W4A16 artifact (every linear kernel vLLM 0.26 can use for it on Hopper, same
+#      batches), which records the table and the fastest `vllm serve` command in its manifest.
+#   D  timed, alone, if time is left: AWQ through both tools (one run each), then INT8 SmoothQuant.
+set -uo pipefail
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+. "$REPO/bench/device.sh"
+SNAP=/tmp/qk-hop
+LOGS=/tmp/qk-hop-logs
+WORK=/tmp/quantkit-bench-qcost
+SAMPLES="${SAMPLES:-32}"
+SEQ_LEN="${SEQ_LEN:-2048}"
+BATCHES=1,16,64
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0
+
+log() { echo "[$(date +%H:%M:%S)] $*" >> "$LOGS/job.log"; }
+left() { echo $(( $1 - $(date +%s) )); }
+
+cost() {  # cost NAME METHODS TOOLS REPEAT [--keep quantkit] [--append]: one quantize_cost run into results/NAME
+  python3 bench/quantize_cost.py --shape 8b --samples "$SAMPLES" --seq-len "$SEQ_LEN" --methods "$2" --tools "$3" \
+    --repeat "$4" --name "$1" --results-dir "$LOGS/results" "${@:5}" >> "$LOGS/quantize.log" 2>&1
+  log "quantize_cost $2 exited $?"
+}
+
+job() {  # $1 = epoch second after which no step starts
+  local deadline=$1
+  cd "$SNAP" || exit 1
+  export PYTHONPATH="$SNAP:/tmp/site-llmc"
+  printf '#!/bin/sh\nexport PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1\nexec python3 "$@"\n' \
+    > bench/.vllm-python
+  chmod +x bench/.vllm-python
+  nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv > "$LOGS/gpus.csv" 2>&1
+
+  log "A: the 8B shape ($SAMPLES x $SEQ_LEN tokens), then the W4A16 and W4A8 artifacts to serve"
+  python3 bench/quantize_cost.py --shape 8b --samples "$SAMPLES" --seq-len "$SEQ_LEN" --prepare > "$LOGS/prepare.log" 2>&1
+  log "prepare exited $?"
+  python3 -m quantkit gptq "$WORK/src-8b" "$WORK/serve-gptq" --samples 32 --seq-len 512 --force --json \
+    > "$LOGS/results/make_gptq.json" 2> "$LOGS/make_gptq.err" &
+  python3 -m quantkit w4a8 "$WORK/src-8b" "$WORK/serve-w4a8" --samples 32 --seq-len 512 --force --json \
+    > "$LOGS/results/make_w4a8.json" 2> "$LOGS/make_w4a8.err" &
+  wait
+  log "gptq and w4a8 made: $(ls "$WORK" | tr '\n' ' ')"
+
+  log "B: FP8 static, both tools, two runs each (timed, alone)"
+  cost quantize_cost_8b fp8-static llm-compressor,quantkit 2 --keep quantkit
+
+  until [ -f /tmp/site/.assembled ] || [ "$(left "$deadline")" -le 300 ]; do sleep 5; done
+  if [ -f /tmp/site/.assembled ] && [ "$(left "$deadline")" -gt 120 ]; then
+    log "C: serve_speed bf16, W4A8, FP8 static at $BATCHES (timed, alone)"
+    timeout $(( $(left "$deadline") + 60 )) python3 bench/serve_speed.py "$WORK/src-8b" "$WORK/serve-w4a8" \
+      "$WORK/out-quantkit-fp8-static" --batches "$BATCHES" --python "$SNAP/bench/.vllm-python" \
+      --name serve_speed_8b --results-dir "$LOGS/results" --logs "$LOGS/serve" >> "$LOGS/serve.log" 2>&1
+    log "serve_speed exited $?"
+    if [ "$(left "$deadline")" -gt 120 ]; then
+      log "C: quantkit tune of the W4A16 artifact"
+      python3 -m quantkit tune "$WORK/serve-gptq" --python "$SNAP/bench/.vllm-python" --batch 1 --batch 16 \
+        --batch 64 --budget "$(( $(left "$deadline") + 60 ))" --json > "$LOGS/results/tune_gptq_8b.json" \
+        2> "$LOGS/tune.err"
+      log "tune exited $?"
+    fi
+  else
+    log "vLLM not assembled in time or no time left: serving not run"
+  fi
+
+  if [ "$(left "$deadline")" -gt 420 ]; then
+    log "D: AWQ, both tools (timed, alone)"
+    cost quantize_cost_8b awq llm-compressor,quantkit 1 --append
+  fi
+  if [ "$(left "$deadline")" -gt 300 ]; then
+    log "D: INT8 SmoothQuant, both tools (timed, alone)"
+    cost quantize_cost_8b int8-sq llm-compressor,quantkit 1 --append
+  fi
+  log "done"
+}
+
+case "${1:-}" in
+  llmc)
+    install_llmc ;;
+  start)
+    rm -rf "$SNAP" "$LOGS" && mkdir -p "$SNAP" "$LOGS/results" "$LOGS/serve"
+    snapshot "$SNAP"
+    deadline=$(( $(date +%s) + 60 * ${2:-25} ))
+    setsid nohup bash "$SNAP/bench/h200_hopper.sh" job "$deadline" > "$LOGS/nohup.log" 2>&1 < /dev/null &
+    echo "started; deadline $(date -d @"$deadline" +%H:%M:%S)" ;;
+  job)
+    job "$2" ;;
+  part)
+    take_vllm_parts ;;
+  vllm)
+    assemble_vllm ;;
+  status)
+    cat "$LOGS/job.log" 2>/dev/null; tail -n 3 "$LOGS"/{quantize,serve}.log "$LOGS/tune.err" 2>/dev/null
+    nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader ;;
+  collect)  # few files: $OUT takes a limited number
+    mkdir -p "$2"
+    tar -C "$LOGS" -czf "$2/results.tar.gz" results
+    tar -C "$LOGS" -czf "$2/logs.tar.gz" --exclude='*.safetensors' . 2>/dev/null
+    tar -C "$WORK" -czf "$2/quantize-logs.tar.gz" $(cd "$WORK" && ls ./*.log 2>/dev/null) 2>/dev/null
+    for a in serve-gptq serve-w4a8 out-quantkit-fp8-static; do
+      [ -f "$WORK/$a/quantkit.json" ] && cp "$WORK/$a/quantkit.json" "$2/$a.quantkit.json"
+      [ -f "$WORK/$a/README.md" ] && cp "$WORK/$a/README.md" "$2/$a.README.md"
+    done
+    ls -la "$2" ;;
+  *)
+    sed -n '2,22p' "$0"; exit 2 ;;
+esac
