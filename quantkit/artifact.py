@@ -29,7 +29,6 @@ import shutil
 import sys
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,47 +36,28 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from quantkit import __version__, interrupts
+from quantkit import __version__, interrupts, seal
 from quantkit.errors import DiskSpaceError, IntegrityError, LockedError, OutputExistsError, UsageError
 
 MANIFEST = "quantkit.json"
 SCHEMA_VERSION = 2  # 1: quantkit 0.1.0 before the typed manifest (key "schema"; source path as typed)
 WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".engine")
-_CHUNK = 1 << 22
-_HASH_THREADS = min(8, os.cpu_count() or 1)
+sha256_file = seal.sha256_file
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _hash_many(paths: list[Path]) -> Iterator[tuple[Path, str]]:
-    """(path, sha256) for each file, as each finishes, several files at once and the largest first.
-
-    hashlib releases the GIL while it hashes, so a checkpoint in several shards is hashed at the speed of the disk
-    or of several cores, not of one."""
-    order = sorted(paths, key=lambda p: p.stat().st_size, reverse=True)
-    if len(order) <= 1:
-        yield from ((p, sha256_file(p)) for p in order)
-        return
-    with ThreadPoolExecutor(min(_HASH_THREADS, len(order))) as pool:
-        futures = {pool.submit(sha256_file, p): p for p in order}
-        for done in as_completed(futures):
-            yield futures[done], done.result()
+def _counts(p: Path) -> bool:
+    """Whether a file is one of the artifact's (what the manifest lists): all but the manifest and lock files."""
+    return p.name != MANIFEST and not p.name.endswith(".lock")
 
 
 def _artifact_files(root: Path) -> list[Path]:
-    return [p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST and not p.name.endswith(".lock")]
+    return [p for p in root.rglob("*") if p.is_file() and _counts(p)]
 
 
 def hash_tree(root: Path) -> dict[str, "FileInfo"]:
     """sha256 and size of every regular file under ``root`` except the manifest itself, sorted by path."""
     found = {p.relative_to(root).as_posix(): FileInfo(sha256=digest, size=p.stat().st_size)
-             for p, digest in _hash_many(_artifact_files(root))}
+             for p, digest in seal.hash_many(_artifact_files(root))}
     return dict(sorted(found.items()))
 
 
@@ -339,7 +319,7 @@ def verify(root: Path, progress: Any = None) -> VerifyResult:
     res.missing = [rel for rel in files if not (root / rel).is_file()]
     res.changed = [rel for rel in files if rel not in res.missing and (root / rel).stat().st_size != files[rel].size]
     to_hash = [root / rel for rel in files if rel not in res.missing and rel not in res.changed]
-    for p, digest in _hash_many(to_hash):
+    for p, digest in seal.hash_many(to_hash):
         rel = p.relative_to(root).as_posix()
         if digest != files[rel].sha256:
             res.changed.append(rel)
@@ -439,6 +419,7 @@ class ArtifactWriter:
         except BaseException:
             self._lock.__exit__(None, None, None)
             raise
+        self._sealer = seal.Sealer(self.path, _counts).start()
         return self
 
     def commit(self, manifest: Manifest) -> Manifest:
@@ -450,16 +431,15 @@ class ArtifactWriter:
         interrupts.check()
         try:
             t0 = time.perf_counter()
-            with ThreadPoolExecutor(1) as pool:  # the disk writes back while the files are hashed from the cache
-                synced = pool.submit(_fsync_tree, self.path)
-                files = hash_tree(self.path)
-                synced.result()
+            digests = self._sealer.finish()  # what was not sealed while it was written is hashed and fsynced now
+            files = dict(sorted((p.relative_to(self.path).as_posix(), FileInfo(sha256=d, size=p.stat().st_size))
+                                for p, d in digests.items()))
             # quantkit's own cost after "total" (which ends when the producer does), so the manifest accounts for it
             timings = {**manifest.timings, "hash_and_sync": round(time.perf_counter() - t0, 3)}
             data = manifest.model_copy(update={"files": files, "created": now_iso(), "timings": timings})
             _write_manifest(self.path, data)
             _share(self.path)
-            _fsync(self.path / MANIFEST)
+            seal.fsync_file(self.path / MANIFEST)
             if self.final.exists():
                 old = self.final.parent / f".{self.final.name}.old-{os.getpid()}"
                 os.replace(self.final, old)
@@ -473,6 +453,7 @@ class ArtifactWriter:
         return data
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self._sealer.stop()
         try:
             if not self.committed:
                 shutil.rmtree(self.path, ignore_errors=True)
@@ -501,18 +482,3 @@ def _share(root: Path) -> None:
         elif p.is_file():
             p.chmod(0o666 & ~mask)
 
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(root: Path) -> None:
-    """Every file on disk before the folder is renamed into place: a crash never leaves a published artifact whose
-    files are still only in the page cache."""
-    for p in root.rglob("*"):
-        if p.is_file():
-            _fsync(p)

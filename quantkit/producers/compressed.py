@@ -55,6 +55,10 @@ _MODIFIERS = {
 }
 # Modifiers that quantize (and so take the recipe's targets and ignore list); the others transform weights.
 _QUANTIZERS = ("GPTQModifier", "QuantizationModifier")
+# Weights in files of at most 4 GB (transformers 5 writes one file up to 50 GB): what the hub's own checkpoints
+# ship (Llama 3.1, Qwen3: 4-5 GB shards), each file resumable on its own, and a shard finished while the next is
+# written is hashed and fsynced meanwhile (quantkit.seal) instead of all 9 GB of an 8B FP8 artifact at the end.
+SHARD_SIZE = "4GB"
 _FP8_PRESETS = {"static": "FP8", "dynamic": "FP8_DYNAMIC", "block": "FP8_BLOCK"}
 _FP8_KV_CACHE = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
 
@@ -473,7 +477,8 @@ def _save(model: Any, tokenizer: Any, out: Path, config: dict[str, Any], save_fo
         moe.save_as_checkpoint(model, fam)
     with warnings.catch_warnings():  # transformers warns about 50 GB shards whenever llm-compressor offloaded modules
         warnings.filterwarnings("ignore", message="Attempting to save a model with offloaded modules")
-        model.save_pretrained(str(out), save_compressed=True, quantization_format=save_format)
+        model.save_pretrained(str(out), save_compressed=True, quantization_format=save_format,
+                              max_shard_size=SHARD_SIZE)
     tokenizer.save_pretrained(str(out))
 
 
@@ -541,7 +546,8 @@ def _worker(job_path: str) -> None:
     fam = moe.family(job["config"])
     if fam:
         moe.save_as_checkpoint(model, fam)
-    model.save_pretrained(job["out"], save_compressed=True, quantization_format=p.save_format)  # rank 0 writes
+    model.save_pretrained(job["out"], save_compressed=True, quantization_format=p.save_format,  # rank 0 writes
+                          max_shard_size=SHARD_SIZE)
     if dist.get_rank() == 0:
         AutoTokenizer.from_pretrained(job["source"], trust_remote_code=job["trust_remote_code"]).save_pretrained(
             job["out"])

@@ -1,0 +1,77 @@
+"""The Sealer hashes an artifact's files while they are written; what it hands back must equal hashing at the end."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from pathlib import Path
+
+from quantkit import seal
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def quick(root: Path) -> seal.Sealer:
+    s = seal.Sealer(root, lambda p: p.name != "quantkit.json")
+    s.quiet_s, s.poll_s = 0.05, 0.01
+    return s.start()
+
+
+def wait_sealed(s: seal.Sealer, p: Path, timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while p not in s._sealed:
+        assert time.monotonic() < end, f"{p.name} was never sealed early"
+        time.sleep(0.01)
+
+
+def test_a_finished_file_is_sealed_early_and_kept(tmp_path: Path) -> None:
+    s = quick(tmp_path)
+    shard = tmp_path / "model-00001-of-00002.safetensors"
+    shard.write_bytes(b"a" * 100_000)
+    wait_sealed(s, shard)
+    (tmp_path / "config.json").write_text("{}")  # written last: hashed by finish
+    (tmp_path / "quantkit.json").write_text("{}")  # never counted
+    digests = s.finish()
+    assert digests == {tmp_path / "config.json": sha(b"{}"), shard: sha(b"a" * 100_000)}
+    assert s.early >= 1
+
+
+def test_a_file_rewritten_after_its_early_hash_is_hashed_again(tmp_path: Path) -> None:
+    s = quick(tmp_path)
+    f = tmp_path / "config.json"
+    f.write_bytes(b'{"a": 1}')
+    wait_sealed(s, f)
+    s.stop()  # so that the rewrite below is seen only by finish, not re-sealed by the thread
+    time.sleep(0.02)
+    f.write_bytes(b'{"a": 2}')  # same size, new contents: only the signature tells
+    assert s.finish() == {f: sha(b'{"a": 2}')}
+    assert s.early == 0
+
+
+def test_a_library_temporary_renamed_into_place(tmp_path: Path) -> None:
+    """safetensors 0.8 writes ``.tmpXXXX`` beside the target and renames it when complete."""
+    s = quick(tmp_path)
+    tmp = tmp_path / ".tmpab12cd"
+    with open(tmp, "wb") as f:
+        for _ in range(20):
+            f.write(os.urandom(4096))
+            f.flush()
+            time.sleep(0.01)  # longer than quiet_s in total: a temporary is never sealed, however quiet
+    data = tmp.read_bytes()
+    assert tmp not in s._sealed
+    tmp.rename(tmp_path / "model.safetensors")
+    assert s.finish() == {tmp_path / "model.safetensors": sha(data)}
+
+
+def test_a_file_still_growing_is_not_sealed_before_it_is_done(tmp_path: Path) -> None:
+    s = quick(tmp_path)
+    f = tmp_path / "model.safetensors"
+    with open(f, "wb") as out:
+        out.write(b"x" * 1000)
+        out.flush()
+        wait_sealed(s, f)  # quiet for quiet_s: sealed as it stood
+        out.write(b"y" * 1000)  # and then the writer went on
+    assert s.finish() == {f: sha(b"x" * 1000 + b"y" * 1000)}
