@@ -20,6 +20,11 @@
 #      64; then `quantkit tune` of the W4A16 artifact (every linear kernel vLLM 0.26 can use for it on Hopper, same
 #      batches), which records the table and the fastest `vllm serve` command in its manifest.
 #   D  timed, alone, if time is left: AWQ through both tools (one run each), then INT8 SmoothQuant.
+#
+#   bash bench/h200_hopper.sh start-cost [MINUTES]   # the quantization-cost job alone: no vLLM, no part calls
+#   E  timed, alone: FP8 static through both tools, two runs each (quantkit sealing its output while it is written);
+#      then (WIDE=1) the 70B width with 4 and 8 of its 80 layers, GPTQ and AWQ through quantkit, and bench/project.py's
+#      70B and 405B projection; then GPTQ through both tools, two runs each, and INT8 SmoothQuant, one run each.
 set -uo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 . "$REPO/bench/device.sh"
@@ -28,6 +33,8 @@ LOGS=/tmp/qk-hop-logs
 WORK=/tmp/quantkit-bench-qcost
 SAMPLES="${SAMPLES:-32}"
 SEQ_LEN="${SEQ_LEN:-2048}"
+SHAPE="${SHAPE:-8b}"  # start-cost's shape (tiny: a dry run of the script on a CPU)
+WIDE="${WIDE:-1}"  # start-cost: also the 70B width with 4 and 8 layers (bench/project.py), about 10 minutes
 BATCHES=1,16,64
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0
 
@@ -35,7 +42,7 @@ log() { echo "[$(date +%H:%M:%S)] $*" >> "$LOGS/job.log"; }
 left() { echo $(( $1 - $(date +%s) )); }
 
 cost() {  # cost NAME METHODS TOOLS REPEAT [--keep quantkit] [--append]: one quantize_cost run into results/NAME
-  python3 bench/quantize_cost.py --shape 8b --samples "$SAMPLES" --seq-len "$SEQ_LEN" --methods "$2" --tools "$3" \
+  python3 bench/quantize_cost.py --shape "$SHAPE" --samples "$SAMPLES" --seq-len "$SEQ_LEN" --methods "$2" --tools "$3" \
     --repeat "$4" --name "$1" --results-dir "$LOGS/results" "${@:5}" >> "$LOGS/quantize.log" 2>&1
   log "quantize_cost $2 exited $?"
 }
@@ -91,17 +98,58 @@ job() {  # $1 = epoch second after which no step starts
   log "done"
 }
 
+cost_job() {  # $1 = epoch second after which no step starts. Quantization cost only: no vLLM, so no part calls.
+  local deadline=$1
+  cd "$SNAP" || exit 1
+  export PYTHONPATH="$SNAP:/tmp/site-llmc"
+  nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv > "$LOGS/gpus.csv" 2>&1
+  python3 bench/quantize_cost.py --shape "$SHAPE" --samples "$SAMPLES" --seq-len "$SEQ_LEN" --prepare \
+    > "$LOGS/prepare.log" 2>&1
+  log "prepare $SHAPE exited $?"
+  log "E: FP8 static, both tools, two runs each, output sealed while written (timed, alone)"
+  cost "quantize_cost_${SHAPE}_sealed" fp8-static llm-compressor,quantkit 2
+  if [ "$WIDE" = 1 ] && [ "$(left "$deadline")" -gt 720 ]; then
+    rm -rf "$WORK/src-$SHAPE"  # the disk holds the 8B source or the 70B layer shapes, not all of them
+    for s in 70b-4l 70b-8l; do
+      python3 bench/quantize_cost.py --shape "$s" --samples "$SAMPLES" --seq-len "$SEQ_LEN" --prepare \
+        > "$LOGS/prepare_$s.log" 2>&1
+      log "prepare $s exited $?"
+      python3 bench/quantize_cost.py --shape "$s" --samples "$SAMPLES" --seq-len "$SEQ_LEN" --methods gptq,awq \
+        --tools quantkit --results-dir "$LOGS/results" >> "$LOGS/quantize.log" 2>&1
+      log "quantize_cost $s exited $?"
+      rm -rf "$WORK/src-$s"
+    done
+    python3 bench/project.py --short "$LOGS/results/quantize_cost_70b-4l.json" \
+      --long "$LOGS/results/quantize_cost_70b-8l.json" --results-dir "$LOGS/results" >> "$LOGS/quantize.log" 2>&1
+    log "project exited $?"
+    python3 bench/quantize_cost.py --shape "$SHAPE" --samples "$SAMPLES" --seq-len "$SEQ_LEN" --prepare \
+      >> "$LOGS/prepare.log" 2>&1
+  fi
+  if [ "$(left "$deadline")" -gt 480 ]; then
+    log "E: GPTQ, both tools, two runs each (timed, alone)"
+    cost "quantize_cost_${SHAPE}_sealed" gptq llm-compressor,quantkit 2 --append
+  fi
+  if [ "$(left "$deadline")" -gt 300 ]; then
+    log "E: INT8 SmoothQuant, both tools (timed, alone)"
+    cost "quantize_cost_${SHAPE}_sealed" int8-sq llm-compressor,quantkit 1 --append
+  fi
+  log "done"
+}
+
 case "${1:-}" in
   llmc)
     install_llmc ;;
-  start)
+  start|start-cost)
     rm -rf "$SNAP" "$LOGS" && mkdir -p "$SNAP" "$LOGS/results" "$LOGS/serve"
     snapshot "$SNAP"
     deadline=$(( $(date +%s) + 60 * ${2:-25} ))
-    setsid nohup bash "$SNAP/bench/h200_hopper.sh" job "$deadline" > "$LOGS/nohup.log" 2>&1 < /dev/null &
-    echo "started; deadline $(date -d @"$deadline" +%H:%M:%S)" ;;
+    what=job; [ "$1" = start-cost ] && what=cost-job
+    setsid nohup bash "$SNAP/bench/h200_hopper.sh" "$what" "$deadline" > "$LOGS/nohup.log" 2>&1 < /dev/null &
+    echo "started $what; deadline $(date -d @"$deadline" +%H:%M:%S)" ;;
   job)
     job "$2" ;;
+  cost-job)
+    cost_job "$2" ;;
   part)
     take_vllm_parts ;;
   vllm)
@@ -120,5 +168,5 @@ case "${1:-}" in
     done
     ls -la "$2" ;;
   *)
-    sed -n '2,22p' "$0"; exit 2 ;;
+    sed -n '2,27p' "$0"; exit 2 ;;
 esac

@@ -81,6 +81,18 @@ SHAPES: dict[str, Shape] = {
     "70b": _llama("Llama-3.1-70B", hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
                   num_attention_heads=64, num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
                   rope_scaling=llama3_rope(8.0)),
+    # Llama-3.1-70B's width with 4 and 8 of its 80 layers: what grows per layer and what does not, measured on a
+    # device whose 64 GiB disk cannot hold the 141 GB checkpoint (bench/project.py projects 70B and 405B from them).
+    "70b-4l": _llama("Llama-3.1-70B, 4 of 80 layers", hidden_size=8192, intermediate_size=28672, num_hidden_layers=4,
+                     num_attention_heads=64, num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
+                     rope_scaling=llama3_rope(8.0)),
+    "70b-8l": _llama("Llama-3.1-70B, 8 of 80 layers", hidden_size=8192, intermediate_size=28672, num_hidden_layers=8,
+                     num_attention_heads=64, num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
+                     rope_scaling=llama3_rope(8.0)),
+    # Projected only (bench/project.py), never built: 406B parameters.
+    "405b": _llama("Llama-3.1-405B", hidden_size=16384, intermediate_size=53248, num_hidden_layers=126,
+                   num_attention_heads=128, num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
+                   rope_scaling=llama3_rope(8.0)),
     # Qwen3-30B-A3B's width with 12 of its 48 layers: 8.1B parameters (16.2 GB bf16), 0.99B active per token.
     "qwen3-30b-a3b-12l": _qwen3_moe("Qwen3-30B-A3B, 12 of 48 layers", **_QWEN3_30B_A3B, num_hidden_layers=12),
     # Its width with 2 layers (1.9B parameters, 3.8 GB bf16): the load, linearization and save path of the real
