@@ -105,8 +105,12 @@ def quantize_tiny() -> list[str]:
 def quantize_cost() -> list[str]:
     lines: list[str] = []
     md = RESULTS / "quantize_cost.md"
+    h200 = H200 / "8b" / "quantize_cost_8b.md"
     if md.exists():
         lines += [_body(md), ""]
+    elif h200.exists():
+        lines += ["### The 8B shape on one H200 (issue 16; files and the lease's account: h200/8b/README.md)", "",
+                  _body(h200), ""]
     else:
         lines += ["**Not run on the H200.** `bench/quantize_cost.py` (`make bench-gpu`: 8B-shaped Llama-3.1-8B config "
                   "with random bf16 weights, 512 x 2048 calibration tokens, AWQ / GPTQ / FP8 static / INT8-SQ through "
@@ -163,6 +167,11 @@ def serve_speed() -> list[str]:
     md = RESULTS / "serve_speed.md"
     if md.exists():
         return [_body(md), "", "### The reference model's artifacts", ""]
+    h200 = [H200 / "8b" / f"{name}.md" for name in ("serve_speed_8b", "tune_gptq_8b")]
+    if all(f.exists() for f in h200):
+        return ["### The 8B shape: bf16, W4A8 and FP8 (h200/8b/README.md)", "", _body(h200[0]), "",
+                "### The 8B shape's W4A16 artifact under every linear kernel (`quantkit tune`)", "", _body(h200[1]), "",
+                "### The reference model's artifacts", ""]
     return ["**The 8B-shaped serving benchmark has not been run.** `bench/serve_speed.py` (TTFT and decode tok/s at "
             "batch 1 and 16 in vLLM for the bf16 source and each artifact, the kernel vLLM chose, and the "
             "memory-bandwidth limit: batch x 4.8 TB/s / bytes read per decode step) is written; its parent was run "
