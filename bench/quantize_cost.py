@@ -58,7 +58,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import cost_model  # noqa: E402
 import meta  # noqa: E402
-from shapes import SHAPES  # noqa: E402
+from shapes import BUILDABLE, SHAPES  # noqa: E402
 
 TINY = meta.ROOT / "models" / "quantkit-tiny"
 # What each method is, for quantkit's CLI (verb + flags) and for llm-compressor directly (built in direct()).
@@ -538,7 +538,7 @@ def main() -> None:
         direct(*sys.argv[2:6])
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--shape", choices=list(SHAPES), default="8b")
+    ap.add_argument("--shape", choices=list(BUILDABLE), default="8b")
     ap.add_argument("--samples", type=int, default=512)
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--methods", type=lambda s: s.split(","),

@@ -40,6 +40,7 @@ class Shape:
     model_type: str  # its config's model_type, a key of FAMILY
     fields: dict[str, Any] = field(default_factory=dict)
     mirrors: str = ""  # the published model it copies the width of
+    projected: bool = False  # only projected from measured shapes (bench/project.py), never built
 
     @property
     def moe(self) -> bool:
@@ -51,8 +52,8 @@ class Shape:
                 **self.fields}
 
 
-def _llama(mirrors: str = "", **fields: Any) -> Shape:
-    return Shape("LlamaForCausalLM", "llama", fields, mirrors)
+def _llama(mirrors: str = "", projected: bool = False, **fields: Any) -> Shape:
+    return Shape("LlamaForCausalLM", "llama", fields, mirrors, projected)
 
 
 def _qwen3_moe(mirrors: str = "", **fields: Any) -> Shape:
@@ -90,7 +91,7 @@ SHAPES: dict[str, Shape] = {
                      num_attention_heads=64, num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
                      rope_scaling=llama3_rope(8.0)),
     # Projected only (bench/project.py), never built: 406B parameters.
-    "405b": _llama("Llama-3.1-405B", hidden_size=16384, intermediate_size=53248, num_hidden_layers=126,
+    "405b": _llama("Llama-3.1-405B", projected=True, hidden_size=16384, intermediate_size=53248, num_hidden_layers=126,
                    num_attention_heads=128, num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
                    rope_scaling=llama3_rope(8.0)),
     # Qwen3-30B-A3B's width with 12 of its 48 layers: 8.1B parameters (16.2 GB bf16), 0.99B active per token.
@@ -105,4 +106,5 @@ SHAPES: dict[str, Shape] = {
                            num_hidden_layers=2, vocab_size=8192),
 }
 
-LLAMA = {name: s for name, s in SHAPES.items() if s.model_type == "llama"}
+BUILDABLE = {name: s for name, s in SHAPES.items() if not s.projected}
+LLAMA = {name: s for name, s in BUILDABLE.items() if s.model_type == "llama"}

@@ -49,7 +49,9 @@ def test_shapes_carry_their_architecture() -> None:
         "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "num_hidden_layers": 12,
         "vocab_size": 151936, "rope_theta": 1000000.0, "max_position_embeddings": 40960, "norm_topk_prob": True}
     assert not SHAPES["8b"].moe and SHAPES["8b"].config()["architectures"] == ["LlamaForCausalLM"]
-    assert set(LLAMA) == {"tiny", "small", "1b", "3b", "8b", "70b"}  # what gguf_convert.py offers
+    # what gguf_convert.py offers
+    assert set(LLAMA) == {"tiny", "small", "1b", "3b", "8b", "70b", "70b-4l", "70b-8l"}
+    assert SHAPES["405b"].projected and "405b" not in LLAMA  # bench/project.py's target, never built
 
 
 def test_moe_tiny_builds_and_loads_in_transformers(workdir: Path) -> None:
