@@ -97,7 +97,8 @@ def markdown(rows: list[dict[str, Any]], fits: dict[str, dict[str, Any]], cmd: s
         p, x = f["per_layer"], f["fixed"]
         lines.append(f"| {method} | {p.get('wall_s', 0):.1f} s | {p.get('quantize_s', 0):.1f} s | "
                      f"{gb(p.get('peak_rss_bytes', 0))} ({gb(p.get('peak_anon_rss_bytes', 0))}) | "
-                     f"{gb(p.get('output_bytes', 0))} | {x.get('wall_s', 0):.0f} s | {f['peak_gpu_bytes'] / 2**30:.1f} GiB |")
+                     f"{gb(p.get('output_bytes', 0))} | {x.get('wall_s', 0):.0f} s | "
+                     f"{f['peak_gpu_bytes'] / 2**30:.1f} GiB |")
     lines += ["", "Projected (70B: measured per-layer figures x 80; 405B: scaled by a layer's FLOPs for time and its "
               "parameters for memory, an assumption):", "",
               "| model | method | wall | host RSS (anonymous) | peak GPU | disk (source + output) |",
