@@ -51,8 +51,8 @@ class Bench:
     max_model_len: int = 2048
     gpu_memory_utilization: float = 0.85
     enforce_eager: bool = False  # True: no CUDA graphs (starts in half the time; decode at batch 1 is slower)
-    # CUDA graphs for the measured batch sizes only: a measured batch runs the same graph either way, and vLLM's
-    # default list (~60 sizes) costs each configuration's start a minute on an 8B model. False: vLLM's default.
+    # CUDA graphs for the measured batch sizes only: a measured batch runs the same graph either way, and capturing
+    # vLLM's default list (~60 sizes) lengthens every configuration's start. False: vLLM's default.
     capture_measured_only: bool = True
     # A fixed KV cache skips vLLM's memory profiling, which asserts when another process on the GPU frees memory
     # meanwhile: set it when several vLLM instances share one GPU.
