@@ -1,7 +1,33 @@
-# Shared steps of the device jobs (bench/h200_moe.sh, bench/h200x2.sh), sourced by them; REPO must be set.
+# Shared steps of the device jobs (bench/h200_moe.sh, bench/h200x2.sh, bench/h200_hopper.sh), sourced by them after
+# they set REPO, SNAP (the snapshot the job runs from) and LOGS (its log folder).
 # The device machine has no network and takes at most 64 MiB per call: wheels travel as git-ignored part folders
 # (.vwNN: vLLM, ../shared/device/vllm; .twNN: ModelOpt, scripts/trt_env.sh; .whl-llmc: llm-compressor), and a job
 # runs from a snapshot of the repository because every call re-sends the working tree.
+
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0
+
+log() { echo "[$(date +%H:%M:%S)] $*" >> "$LOGS/job.log"; }
+left() { echo $(( $1 - $(date +%s) )); }  # seconds until epoch second $1
+
+# start_job SCRIPT VERB MINUTES [SUBFOLDER...]: snapshot the repository, run "SCRIPT VERB DEADLINE" in the background
+# from the snapshot (nothing starts after MINUTES), SUBFOLDERs made under LOGS
+start_job() {
+  local script=$1 verb=$2 minutes=$3 deadline; shift 3
+  rm -rf "$SNAP" "$LOGS" && mkdir -p "$SNAP" "$LOGS/results" && for d in "$@"; do mkdir -p "$LOGS/$d"; done
+  snapshot "$SNAP"
+  deadline=$(( $(date +%s) + 60 * minutes ))
+  setsid nohup bash "$SNAP/bench/$script" "$verb" "$deadline" > "$LOGS/nohup.log" 2>&1 < /dev/null &
+  echo "started $verb; deadline $(date -d @"$deadline" +%H:%M:%S)"
+}
+
+enter_snapshot() {  # the job's working directory and Python paths; bench/.vllm-python runs vLLM's /tmp/site
+  cd "$SNAP" || exit 1
+  export PYTHONPATH="$SNAP:/tmp/site-llmc"
+  printf '#!/bin/sh\nexport PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1\nexec python3 "$@"\n' \
+    > bench/.vllm-python
+  chmod +x bench/.vllm-python
+  nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv > "$LOGS/gpus.csv" 2>&1
+}
 
 install_llmc() {  # llm-compressor and its pins into /tmp/site-llmc, apart from vLLM's compressed-tensors
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-llmc "$REPO"/.whl-llmc/*.whl

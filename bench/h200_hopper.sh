@@ -2,8 +2,8 @@
 # Issue 16 on one lent H200: kernel-aware serving, W4A8 and quantkit's own overhead on the 8B shape, one background
 # job started by the first device call while later calls bring vLLM's wheel parts.
 #
-#   here first: PART_MIB=25 bash ../shared/device/vllm/build.sh (part + the 35 MiB tracked tree stay under 60 MiB),
-#   and .whl-llmc as in bench/h200_moe_plan.md
+#   here first: PART_MIB=25 bash ../shared/device/vllm/build.sh (26 at most: part + the 34 MiB tracked tree stay
+#   under 60 MiB), and .whl-llmc as in bench/h200_moe_plan.md
 #   bash bench/h200_hopper.sh llmc               # install .whl-llmc into /tmp/site-llmc (first call)
 #   bash bench/h200_hopper.sh start [MINUTES]    # start the job; nothing starts after MINUTES (default 25)
 #   bash bench/h200_hopper.sh part               # move the carried .vw*/p* part to /tmp (one call each)
@@ -36,10 +36,6 @@ SEQ_LEN="${SEQ_LEN:-2048}"
 SHAPE="${SHAPE:-8b}"  # start-cost's shape (tiny: a dry run of the script on a CPU)
 WIDE="${WIDE:-1}"  # start-cost: also the 70B width with 4 and 8 layers (bench/project.py), about 10 minutes
 BATCHES=1,16,64
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0
-
-log() { echo "[$(date +%H:%M:%S)] $*" >> "$LOGS/job.log"; }
-left() { echo $(( $1 - $(date +%s) )); }
 
 cost() {  # cost NAME METHODS TOOLS REPEAT [--keep quantkit] [--append]: one quantize_cost run into results/NAME
   python3 bench/quantize_cost.py --shape "$SHAPE" --samples "$SAMPLES" --seq-len "$SEQ_LEN" --methods "$2" --tools "$3" \
@@ -49,12 +45,7 @@ cost() {  # cost NAME METHODS TOOLS REPEAT [--keep quantkit] [--append]: one qua
 
 job() {  # $1 = epoch second after which no step starts
   local deadline=$1
-  cd "$SNAP" || exit 1
-  export PYTHONPATH="$SNAP:/tmp/site-llmc"
-  printf '#!/bin/sh\nexport PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1\nexec python3 "$@"\n' \
-    > bench/.vllm-python
-  chmod +x bench/.vllm-python
-  nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv > "$LOGS/gpus.csv" 2>&1
+  enter_snapshot
 
   log "A: the 8B shape ($SAMPLES x $SEQ_LEN tokens), then the W4A16 and W4A8 artifacts to serve"
   python3 bench/quantize_cost.py --shape 8b --samples "$SAMPLES" --seq-len "$SEQ_LEN" --prepare > "$LOGS/prepare.log" 2>&1
@@ -100,9 +91,7 @@ job() {  # $1 = epoch second after which no step starts
 
 cost_job() {  # $1 = epoch second after which no step starts. Quantization cost only: no vLLM, so no part calls.
   local deadline=$1
-  cd "$SNAP" || exit 1
-  export PYTHONPATH="$SNAP:/tmp/site-llmc"
-  nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv > "$LOGS/gpus.csv" 2>&1
+  enter_snapshot
   python3 bench/quantize_cost.py --shape "$SHAPE" --samples "$SAMPLES" --seq-len "$SEQ_LEN" --prepare \
     > "$LOGS/prepare.log" 2>&1
   log "prepare $SHAPE exited $?"
@@ -139,13 +128,10 @@ cost_job() {  # $1 = epoch second after which no step starts. Quantization cost 
 case "${1:-}" in
   llmc)
     install_llmc ;;
-  start|start-cost)
-    rm -rf "$SNAP" "$LOGS" && mkdir -p "$SNAP" "$LOGS/results" "$LOGS/serve"
-    snapshot "$SNAP"
-    deadline=$(( $(date +%s) + 60 * ${2:-25} ))
-    what=job; [ "$1" = start-cost ] && what=cost-job
-    setsid nohup bash "$SNAP/bench/h200_hopper.sh" "$what" "$deadline" > "$LOGS/nohup.log" 2>&1 < /dev/null &
-    echo "started $what; deadline $(date -d @"$deadline" +%H:%M:%S)" ;;
+  start)
+    start_job h200_hopper.sh job "${2:-25}" serve ;;
+  start-cost)
+    start_job h200_hopper.sh cost-job "${2:-25}" ;;
   job)
     job "$2" ;;
   cost-job)

@@ -26,9 +26,6 @@ SHAPE="${SHAPE:-qwen3-30b-a3b-12l}"  # SHAPE=moe-tiny SAMPLES=4 SEQ_LEN=64 tries
 SAMPLES="${SAMPLES:-32}"
 SEQ_LEN="${SEQ_LEN:-2048}"
 CASES_S="${CASES_S:-420}"
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0
-
-log() { echo "[$(date +%H:%M:%S)] $*" >> "$LOGS/job.log"; }
 
 job() {  # the background job; $1 = epoch second by which it must be done
   local deadline=$1
@@ -65,11 +62,7 @@ case "${1:-}" in
   llmc)
     install_llmc ;;
   start)
-    rm -rf "$SNAP" "$LOGS" && mkdir -p "$SNAP" "$LOGS/results"
-    snapshot "$SNAP"
-    deadline=$(( $(date +%s) + 60 * ${2:-26} ))
-    setsid nohup bash "$SNAP/bench/h200_moe.sh" job "$deadline" > "$LOGS/nohup.log" 2>&1 < /dev/null &
-    echo "started; deadline $(date -d @"$deadline" +%H:%M:%S)" ;;
+    start_job h200_moe.sh job "${2:-26}" ;;
   job)
     job "$2" ;;
   part)

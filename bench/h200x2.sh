@@ -3,7 +3,7 @@
 # one background job started by the first device call while later calls bring the ModelOpt and vLLM wheel parts.
 #
 #   here first: PART_MIB=25 bash ../shared/device/vllm/build.sh; PART_MIB=25 bash scripts/trt_env.sh wheels
-#   (part + the 33 MiB tracked tree must stay under 60 MiB), and .whl-llmc as in bench/h200_moe_plan.md
+#   (at most 26 MiB: part + the 34 MiB tracked tree must stay under 60 MiB), and .whl-llmc as in bench/h200_moe_plan.md
 #   bash bench/h200x2.sh llmc                 # install .whl-llmc into /tmp/site-llmc (first call)
 #   bash bench/h200x2.sh start [MINUTES]      # start the job; nothing starts after MINUTES (default 26)
 #   bash bench/h200x2.sh part                 # move the carried .tw*/p* and .vw*/p* parts to /tmp (one call each)
@@ -31,10 +31,6 @@ WORK=/tmp/quantkit-bench-qcost
 SAMPLES="${SAMPLES:-32}"
 SEQ_LEN="${SEQ_LEN:-2048}"
 AWQ8B="${AWQ8B:-0}"
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHINFER_SAMPLER=0
-
-log() { echo "[$(date +%H:%M:%S)] $*" >> "$LOGS/job.log"; }
-left() { echo $(( $1 - $(date +%s) )); }
 
 smoke() {  # smoke NAME FOLDER [extra quantkit smoke flags]: vLLM from /tmp/site, tp=2, a quarter of each GPU
   local name=$1 folder=$2; shift 2
@@ -46,13 +42,9 @@ smoke() {  # smoke NAME FOLDER [extra quantkit smoke flags]: vLLM from /tmp/site
 
 job() {  # $1 = epoch second after which no step starts
   local deadline=$1
-  cd "$SNAP" || exit 1
-  export PYTHONPATH="$SNAP:/tmp/site-llmc"
-  printf '#!/bin/sh\nexport PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1\nexec python3 "$@"\n' \
-    > bench/.vllm-python
+  enter_snapshot
   printf '#!/bin/sh\nexport PYTHONPATH=/tmp/site-trt\nexec python3 "$@"\n' > bench/.trt-python
-  chmod +x bench/.vllm-python bench/.trt-python
-  nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv > "$LOGS/gpus.csv" 2>&1
+  chmod +x bench/.trt-python
 
   log "A: ddp_agreement beside the 8B shape's preparation ($SAMPLES x $SEQ_LEN tokens)"
   python3 bench/ddp_agreement.py --results-dir "$LOGS/results" > "$LOGS/agreement.log" 2>&1 &
@@ -122,11 +114,7 @@ case "${1:-}" in
   llmc)
     install_llmc ;;
   start)
-    rm -rf "$SNAP" "$LOGS" && mkdir -p "$SNAP" "$LOGS/results" "$LOGS/smoke"
-    snapshot "$SNAP"
-    deadline=$(( $(date +%s) + 60 * ${2:-26} ))
-    setsid nohup bash "$SNAP/bench/h200x2.sh" job "$deadline" > "$LOGS/nohup.log" 2>&1 < /dev/null &
-    echo "started; deadline $(date -d @"$deadline" +%H:%M:%S)" ;;
+    start_job h200x2.sh job "${2:-26}" smoke ;;
   job)
     job "$2" ;;
   part)
