@@ -60,6 +60,8 @@ def _qwen3_moe(mirrors: str = "", **fields: Any) -> Shape:
     return Shape("Qwen3MoeForCausalLM", "qwen3_moe", fields, mirrors)
 
 
+_LLAMA_70B = dict(hidden_size=8192, intermediate_size=28672, num_attention_heads=64, num_key_value_heads=8,
+                  vocab_size=128256, tie_word_embeddings=False, rope_scaling=llama3_rope(8.0))
 _QWEN3_30B_A3B = dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
                       num_experts_per_tok=8, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
                       vocab_size=151936)
@@ -79,17 +81,11 @@ SHAPES: dict[str, Shape] = {
     "8b": _llama("Llama-3.1-8B", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                  num_attention_heads=32, num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
                  rope_scaling=llama3_rope(8.0)),
-    "70b": _llama("Llama-3.1-70B", hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
-                  num_attention_heads=64, num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
-                  rope_scaling=llama3_rope(8.0)),
+    "70b": _llama("Llama-3.1-70B", **_LLAMA_70B, num_hidden_layers=80),
     # Llama-3.1-70B's width with 4 and 8 of its 80 layers: what grows per layer and what does not, measured on a
     # device whose 64 GiB disk cannot hold the 141 GB checkpoint (bench/project.py projects 70B and 405B from them).
-    "70b-4l": _llama("Llama-3.1-70B, 4 of 80 layers", hidden_size=8192, intermediate_size=28672, num_hidden_layers=4,
-                     num_attention_heads=64, num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
-                     rope_scaling=llama3_rope(8.0)),
-    "70b-8l": _llama("Llama-3.1-70B, 8 of 80 layers", hidden_size=8192, intermediate_size=28672, num_hidden_layers=8,
-                     num_attention_heads=64, num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
-                     rope_scaling=llama3_rope(8.0)),
+    "70b-4l": _llama("Llama-3.1-70B, 4 of 80 layers", **_LLAMA_70B, num_hidden_layers=4),
+    "70b-8l": _llama("Llama-3.1-70B, 8 of 80 layers", **_LLAMA_70B, num_hidden_layers=8),
     # Projected only (bench/project.py), never built: 406B parameters.
     "405b": _llama("Llama-3.1-405B", projected=True, hidden_size=16384, intermediate_size=53248, num_hidden_layers=126,
                    num_attention_heads=128, num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
