@@ -6,7 +6,7 @@
 #
 #   here:  bash scripts/trt_env.sh wheels     # ModelOpt + transformers 5.14.1 wheels for Python 3.12, cut into
 #                                             # .tw00/p00, .tw01/p01, ... (git-ignored, PART_MIB each:
-#                                             # 25 by default; part + tracked tree (33 MiB) <= 60)
+#                                             # 25 by default, 26 at most: part + tracked tree (34 MiB) <= 60)
 #   GPU:   bash scripts/trt_env.sh part       # once per part, carrying that one folder (carry: [".tw00"]);
 #                                             # the call that brings the last part installs into /tmp/site-trt
 #
