@@ -22,9 +22,11 @@
 #   D  timed, alone, if time is left: AWQ through both tools (one run each), then INT8 SmoothQuant.
 #
 #   bash bench/h200_hopper.sh start-cost [MINUTES]   # the quantization-cost job alone: no vLLM, no part calls
-#   E  timed, alone: FP8 static through both tools, two runs each (quantkit sealing its output while it is written);
-#      then (WIDE=1) the 70B width with 4 and 8 of its 80 layers, GPTQ and AWQ through quantkit, and bench/project.py's
-#      70B and 405B projection; then GPTQ through both tools, two runs each, and INT8 SmoothQuant, one run each.
+#   E  untimed: the shape and, beside it, the AWQ GPU tests (AWQ's cached inputs offloaded to the host give the
+#      same weights bit for bit as kept on the GPU). Timed, alone: FP8 static through both tools, two runs each
+#      (quantkit sealing its output while it is written); AWQ through both, once; then (WIDE=1) the 70B width with 4
+#      and 8 of its 80 layers, GPTQ and AWQ through quantkit, and bench/project.py's 70B and 405B projection; then,
+#      as time allows, INT8 SmoothQuant and GPTQ through both tools, once each.
 set -uo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 . "$REPO/bench/device.sh"
@@ -93,11 +95,16 @@ cost_job() {  # $1 = epoch second after which no step starts. Quantization cost 
   local deadline=$1
   enter_snapshot
   python3 bench/quantize_cost.py --shape "$SHAPE" --samples "$SAMPLES" --seq-len "$SEQ_LEN" --prepare \
-    > "$LOGS/prepare.log" 2>&1
-  log "prepare $SHAPE exited $?"
+    > "$LOGS/prepare.log" 2>&1 &
+  python3 -m pytest -q -p no:cacheprovider tests/test_compressed.py -k "awq_on_gpu or awq_offload" \
+    > "$LOGS/results/pytest_awq_gpu.log" 2>&1 &
+  wait
+  log "prepare $SHAPE and the AWQ GPU tests (offloaded = on-GPU weights): $(tail -n 1 "$LOGS/results/pytest_awq_gpu.log")"
   log "E: FP8 static, both tools, two runs each, output sealed while written (timed, alone)"
   cost "quantize_cost_${SHAPE}_sealed" fp8-static llm-compressor,quantkit 2
-  if [ "$WIDE" = 1 ] && [ "$(left "$deadline")" -gt 720 ]; then
+  log "E: AWQ, both tools (timed, alone): quantkit offloads AWQ's cached inputs by default, llm-compressor does not"
+  cost "quantize_cost_${SHAPE}_sealed" awq llm-compressor,quantkit 1 --append
+  if [ "$WIDE" = 1 ] && [ "$(left "$deadline")" -gt 600 ]; then
     rm -rf "$WORK/src-$SHAPE"  # the disk holds the 8B source or the 70B layer shapes, not all of them
     for s in 70b-4l 70b-8l; do
       python3 bench/quantize_cost.py --shape "$s" --samples "$SAMPLES" --seq-len "$SEQ_LEN" --prepare \
@@ -111,16 +118,16 @@ cost_job() {  # $1 = epoch second after which no step starts. Quantization cost 
     python3 bench/project.py --short "$LOGS/results/quantize_cost_70b-4l.json" \
       --long "$LOGS/results/quantize_cost_70b-8l.json" --results-dir "$LOGS/results" >> "$LOGS/quantize.log" 2>&1
     log "project exited $?"
-    python3 bench/quantize_cost.py --shape "$SHAPE" --samples "$SAMPLES" --seq-len "$SEQ_LEN" --prepare \
-      >> "$LOGS/prepare.log" 2>&1
   fi
-  if [ "$(left "$deadline")" -gt 480 ]; then
-    log "E: GPTQ, both tools, two runs each (timed, alone)"
-    cost "quantize_cost_${SHAPE}_sealed" gptq llm-compressor,quantkit 2 --append
-  fi
-  if [ "$(left "$deadline")" -gt 300 ]; then
+  if [ "$(left "$deadline")" -gt 360 ]; then
+    [ -d "$WORK/src-$SHAPE" ] || python3 bench/quantize_cost.py --shape "$SHAPE" --samples "$SAMPLES" \
+      --seq-len "$SEQ_LEN" --prepare >> "$LOGS/prepare.log" 2>&1
     log "E: INT8 SmoothQuant, both tools (timed, alone)"
     cost "quantize_cost_${SHAPE}_sealed" int8-sq llm-compressor,quantkit 1 --append
+  fi
+  if [ "$(left "$deadline")" -gt 300 ]; then
+    log "E: GPTQ, both tools (timed, alone)"
+    cost "quantize_cost_${SHAPE}_sealed" gptq llm-compressor,quantkit 1 --append
   fi
   log "done"
 }
@@ -142,6 +149,7 @@ case "${1:-}" in
     assemble_vllm ;;
   status)
     cat "$LOGS/job.log" 2>/dev/null; tail -n 3 "$LOGS"/{quantize,serve}.log "$LOGS/tune.err" 2>/dev/null
+    tail -n 2 "$WORK"/*.log 2>/dev/null | cut -c1-200
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader ;;
   collect)  # few files: $OUT takes a limited number
     mkdir -p "$2"

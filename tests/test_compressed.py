@@ -474,7 +474,10 @@ def test_shipped_recipes_are_the_verbs_defaults():
 def test_plan_table():
     from quantkit.formats.specs import AwqSpec, Fp8Spec, GptqSpec, Int8Spec, RtnSpec
 
-    assert [n for n, _ in compressed.plan(AwqSpec(method="awq")).modifiers] == ["AWQModifier", "QuantizationModifier"]
+    awq = compressed.plan(AwqSpec(method="awq")).modifiers
+    assert [n for n, _ in awq] == ["AWQModifier", "QuantizationModifier"] and awq[0][1]["offload_device"] == "cpu"
+    on_gpu = compressed.plan(AwqSpec(method="awq", offload_activations=False)).build(["lm_head"])[0]
+    assert on_gpu.offload_device is None
     gptq = compressed.plan(GptqSpec(method="gptq", act_order=False, damp=0.05))
     assert gptq.modifiers[0][1]["actorder"] is None and gptq.modifiers[0][1]["dampening_frac"] == 0.05
     assert compressed.plan(GptqSpec(method="gptq", bits=8, group_size=-1)).scheme == "W8A16"
@@ -497,6 +500,24 @@ def test_awq_on_gpu(tmp_path):
     assert res.exit_code == 0, res.output
     assert qconfig(out)["format"] == "pack-quantized"
     assert not any("pinning skipped" in n for n in json.loads((out / "quantkit.json").read_text())["notes"])
+
+
+@requires_gpu
+def test_awq_offload_keeps_scales_on_gpu(tmp_path):
+    """AWQ's cached inputs kept in host memory (the default) give bit for bit the weights and scales of the run that
+    keeps them on the GPU, so the memory it saves costs no quality."""
+    outs = {}
+    for flag in ("--offload-activations", "--no-offload-activations"):
+        outs[flag] = tmp_path / flag.strip("-")
+        res = CliRunner().invoke(app, ["awq", str(TINY), str(outs[flag]), "--samples", "8", "--seq-len", "128",
+                                       "--device", "cuda", flag, "--json"])
+        assert res.exit_code == 0, res.output
+        summary = json.loads((outs[flag] / "quantkit.json").read_text())["quantization"]
+        assert summary["offload_activations"] is (flag == "--offload-activations")
+    on, off = (safe_open(str(o / "model.safetensors"), "pt") for o in outs.values())
+    assert set(on.keys()) == set(off.keys())
+    for key in on.keys():
+        assert torch.equal(on.get_tensor(key), off.get_tensor(key)), key
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")

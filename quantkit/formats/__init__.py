@@ -129,6 +129,10 @@ FORMATS: tuple[Format, ...] = (
                      "Symmetric quantization \\[default: asymmetric]."),
                   _f("format", "--format", str, "quantize.format",
                      "compressed-tensors, or autoawq to also write the legacy AutoAWQ GEMM layout."),
+                  _f("offload_activations", "--offload-activations/--no-offload-activations", bool,
+                     "quantize.offload_activations",
+                     "Keep AWQ's cached layer inputs in host memory between grid-search passes: identical "
+                     "scales, much less GPU memory \[default: on]."),
                   *LLMCOMPRESSOR)),
     Format("awq", AwqSpec, "quantkit.producers.legacy", "compressed-tensors", lambda s: True, _int_folder,
            layout="autoawq"),

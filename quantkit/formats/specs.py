@@ -45,6 +45,9 @@ class AwqSpec(MethodBase):
     symmetric: bool = False
     format: Literal["compressed-tensors", "autoawq"] = "compressed-tensors"
     duo_scaling: bool = True
+    offload_activations: bool = Field(True, description="keep AWQ's cached layer inputs in pinned host memory "
+                                      "between the grid search's passes instead of on the GPU (llm-compressor's "
+                                      "offload_device='cpu'): the same scales, a fraction of the GPU memory")
     _g = field_validator("group_size")(_check_group_size)
 
 

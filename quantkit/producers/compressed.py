@@ -114,9 +114,14 @@ def _int_summary(spec: Any) -> dict[str, Any]:
 
 
 def _plan_awq(spec: Any) -> Plan:
+    # llm-compressor keeps AWQ's cached inputs of every smoothed parent on the GPU unless told otherwise (it offloads
+    # by default only for MoE models); offloading moves the same tensors, so the scales do not change.
+    offload = "cpu" if spec.offload_activations else None
     return Plan(_int_scheme(spec.bits, spec.symmetric),
-                (("AWQModifier", {"duo_scaling": spec.duo_scaling}), ("QuantizationModifier", _weight_only(spec))),
-                calibrate=True, summary={**_int_summary(spec), "algorithm": "awq", "duo_scaling": spec.duo_scaling})
+                (("AWQModifier", {"duo_scaling": spec.duo_scaling, "offload_device": offload}),
+                 ("QuantizationModifier", _weight_only(spec))),
+                calibrate=True, summary={**_int_summary(spec), "algorithm": "awq", "duo_scaling": spec.duo_scaling,
+                                         "offload_activations": spec.offload_activations})
 
 
 def _plan_gptq(spec: Any) -> Plan:
