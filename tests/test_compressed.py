@@ -475,9 +475,9 @@ def test_plan_table():
     from quantkit.formats.specs import AwqSpec, Fp8Spec, GptqSpec, Int8Spec, RtnSpec
 
     awq = compressed.plan(AwqSpec(method="awq")).modifiers
-    assert [n for n, _ in awq] == ["AWQModifier", "QuantizationModifier"] and awq[0][1]["offload_device"] == "cpu"
-    on_gpu = compressed.plan(AwqSpec(method="awq", offload_activations=False)).build(["lm_head"])[0]
-    assert on_gpu.offload_device is None
+    assert [n for n, _ in awq] == ["AWQModifier", "QuantizationModifier"] and awq[0][1]["offload_device"] is None
+    offloaded = compressed.plan(AwqSpec(method="awq", offload_activations=True)).build(["lm_head"])[0]
+    assert offloaded.offload_device == "cpu"
     gptq = compressed.plan(GptqSpec(method="gptq", act_order=False, damp=0.05))
     assert gptq.modifiers[0][1]["actorder"] is None and gptq.modifiers[0][1]["dampening_frac"] == 0.05
     assert compressed.plan(GptqSpec(method="gptq", bits=8, group_size=-1)).scheme == "W8A16"
@@ -504,8 +504,8 @@ def test_awq_on_gpu(tmp_path):
 
 @requires_gpu
 def test_awq_offload_keeps_scales_on_gpu(tmp_path):
-    """AWQ's cached inputs kept in host memory (the default) give bit for bit the weights and scales of the run that
-    keeps them on the GPU, so the memory it saves costs no quality."""
+    """AWQ's cached inputs kept in host memory (--offload-activations) give bit for bit the weights and scales of the
+    run that keeps them on the GPU (the default), so the memory it saves costs no quality."""
     outs = {}
     for flag in ("--offload-activations", "--no-offload-activations"):
         outs[flag] = tmp_path / flag.strip("-")

@@ -131,8 +131,9 @@ FORMATS: tuple[Format, ...] = (
                      "compressed-tensors, or autoawq to also write the legacy AutoAWQ GEMM layout."),
                   _f("offload_activations", "--offload-activations/--no-offload-activations", bool,
                      "quantize.offload_activations",
-                     "Keep AWQ's cached layer inputs in host memory between grid-search passes: identical "
-                     "scales, much less GPU memory \[default: on]."),
+                     "Keep AWQ's cached layer inputs in host memory between grid-search passes: identical scales, "
+                     "less GPU memory, much slower (8B on an H200: -16% GPU memory, +66% time); for a GPU that "
+                     "runs out of memory \\[default: off]."),
                   *LLMCOMPRESSOR)),
     Format("awq", AwqSpec, "quantkit.producers.legacy", "compressed-tensors", lambda s: True, _int_folder,
            layout="autoawq"),
