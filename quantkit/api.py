@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quantkit import artifact, calibration, formats, producers, recipe as recipe_mod, source as source_mod, versions
+from quantkit import artifact, calibration, formats, plan as plan_mod, producers, recipe as recipe_mod, \
+    source as source_mod, versions
 from quantkit.artifact import MANIFEST, Manifest, fmt_bytes, fmt_num, size_bytes
 from quantkit.errors import RecipeError
 from quantkit.producers.base import ProduceContext
@@ -93,6 +94,7 @@ def quantize_one(recipe: Recipe, spec: Any, out: Path, *, force: bool = False, r
     producer.check(spec, source)
     if row.calibrates(spec):
         calibration.check_fits(recipe.calibration, source.config, source.spec)
+    plan_mod.check_host_memory(recipe, spec, source)
     with artifact.ArtifactWriter(out, force=force, expected_bytes=producer.estimate_bytes(spec, source)) as w:
         ctx = ProduceContext(spec=spec, source=source, model=recipe.model, workdir=w.path,
                              calibration=recipe.calibration, runtime=recipe.runtime, reporter=rep)
@@ -149,8 +151,6 @@ def plan(recipe: Recipe, *, force: bool = False, pipeline: bool = False, evaluat
     """What making a recipe's outputs would do, checked and estimated without loading a weight (``--dry-run``;
     :mod:`quantkit.plan`). ``pipeline``: as ``quantkit run`` would (reuse, evaluation, smoke test); ``method``:
     only the outputs of that method (``build-trt``)."""
-    from quantkit import plan as plan_mod
-
     return plan_mod.make(recipe, force=force, pipeline=pipeline, evaluate=evaluate, smoke=smoke, method=method)
 
 

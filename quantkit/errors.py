@@ -79,6 +79,11 @@ class DiskSpaceError(QuantkitError):
     """Not enough free space for the artifact (checked before writing, and on ENOSPC while writing)."""
 
 
+class HostMemoryError(QuantkitError):
+    """The model cannot fit in this machine's memory (RAM and swap, or the container's limit): refused before
+    loading, instead of the kernel killing the run minutes later."""
+
+
 class MissingBackendError(QuantkitError):
     """A heavy optional backend is not installed: names the extra to install."""
 

@@ -7,7 +7,10 @@ producer's estimate, the same one the free-space check uses), the expected peak 
 evaluated and smoke-tested here, or why those steps would be skipped.
 
 Peak memory is a rule of thumb per producer family, from the checkpoint's safetensors headers (see
-:func:`_memory`), meant to tell a 40 GiB job from a 400 GiB one before it starts, not to the gigabyte.
+:func:`_memory`), meant to tell a 40 GiB job from a 400 GiB one before it starts, not to the gigabyte. It is a
+floor (measured peaks are higher), so :func:`check_host_memory` refuses a job whose floor exceeds what the machine
+can hold: a 70B bf16 model needs about 145 GB of host memory, and on a 126 GiB host it would be killed after minutes
+of loading (``bench/results/h200/70b/``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from quantkit import calibration, formats, producers, source as source_mod
+from quantkit.artifact import fmt_bytes
+from quantkit.errors import HostMemoryError
 from quantkit.recipe import Recipe
 from quantkit.source import SourceModel, safetensors_header
 
@@ -158,9 +163,45 @@ def _memory(row: formats.Format, spec: Any, recipe: Recipe, src: SourceModel, la
     acts = c.samples * c.seq_len * hidden * 2 * 2 if row.calibrates(spec) else 0
     hessians = 4 * width * width * 4 if spec.method in ("gptq", "int8") else 0
     gpu = layer + acts // max(c.samples, 1) * 8 + hessians
-    if not on_gpu:
-        return model + acts + gpu, 0
+    if not on_gpu:  # the layer being worked on is the model's own copy, already counted
+        return model + acts + gpu - layer, 0
     return model + acts, gpu
+
+
+def memory(recipe: Recipe, spec: Any, src: SourceModel) -> tuple[int, int]:
+    """(host, GPU) peak bytes of one output, the floor that ``--dry-run`` shows."""
+    return _memory(formats.for_spec(spec), spec, recipe, src, _largest_layer_bytes(src))
+
+
+def host_limit() -> tuple[int, str] | None:
+    """How much memory this process can have, and where that limit comes from: RAM plus swap, or the cgroup v2
+    limit of the container it runs in when that is lower; None where neither can be read (not Linux)."""
+    try:
+        info = {k: int(v.split()[0]) * 1024 for k, v in
+                (ln.split(":", 1) for ln in open("/proc/meminfo", encoding="ascii") if ":" in ln)}
+    except (OSError, ValueError):
+        return None
+    limit = (info.get("MemTotal", 0) + info.get("SwapTotal", 0), "RAM and swap")
+    try:
+        cg = open("/sys/fs/cgroup/memory.max", encoding="ascii").read().strip()
+    except OSError:
+        cg = "max"
+    if cg.isdigit() and int(cg) < limit[0]:
+        limit = (int(cg), "the container's memory limit")
+    return limit if limit[0] > 0 else None
+
+
+def check_host_memory(recipe: Recipe, spec: Any, src: SourceModel) -> None:
+    """Refuse, before any weight is loaded, an output whose host-memory floor exceeds what this machine holds."""
+    limit = host_limit()
+    if limit is None:
+        return
+    host, _ = memory(recipe, spec, src)
+    if host > limit[0]:
+        raise HostMemoryError(
+            f"{src.spec} needs at least {fmt_bytes(host)} of host memory for {spec.method} (the whole model is held "
+            f"there while one layer at a time is quantized), and {limit[1]} allow {fmt_bytes(limit[0])}",
+            hint="run on a machine with more memory, or add swap; `--dry-run` shows the estimate")
 
 
 def _cuda() -> bool:
