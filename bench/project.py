@@ -84,12 +84,28 @@ def runs(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def gb(x: float) -> str:
-    return f"{x / 1e9:,.0f} GB"
+    return f"{x / 1e9:,.{1 if abs(x) < 10e9 else 0}f} GB"
 
 
-def markdown(rows: list[dict[str, Any]], fits: dict[str, dict[str, Any]], cmd: str, samples: int, seq_len: int) -> str:
+def host_fit(row: dict[str, Any], machine: dict[str, Any]) -> str:
+    """Whether the host that measured the runs could make this model: its RAM against the peak host RSS (the
+    whole model is held in host memory while one layer at a time is on the GPU)."""
+    ram = machine.get("memory_bytes")
+    if not ram:
+        return "-"
+    need = row.get("peak_rss_bytes", 0)
+    return "yes" if need <= ram else f"no: {gb(need)} of RAM needed, {ram / 2**30:.0f} GiB there"
+
+
+def markdown(rows: list[dict[str, Any]], fits: dict[str, dict[str, Any]], measured: dict[str, Any], cmd: str,
+             note: str | None) -> str:
+    m = measured["machine"]
     lines = ["# 70B and 405B on one H200, projected from the 70B width with 4 and 8 layers", "",
-             f"- command: `{cmd}`", f"- calibration: {samples} x {seq_len} tokens; quantkit's defaults", "",
+             f"- command: `{cmd}`",
+             f"- measured: {measured['date']} on {m.get('cpu', '-')}, {m.get('cores', '-')} cores, "
+             f"{m.get('memory_bytes', 0) / 2**30:.0f} GiB RAM; GPUs: {', '.join(m.get('gpus') or ['-'])}",
+             f"- calibration: {measured['samples']} x {measured['seq_len']} tokens; quantkit's defaults",
+             *([f"- note: {note}"] if note else []), "",
              "Measured, per layer of the 70B width (from the 8-layer run minus the 4-layer run, over 4):", "",
              "| method | wall per layer | quantize step per layer | host RSS per layer (anonymous) | output per layer "
              "| fixed wall | peak GPU |", "|---|---|---|---|---|---|---|"]
@@ -101,12 +117,13 @@ def markdown(rows: list[dict[str, Any]], fits: dict[str, dict[str, Any]], cmd: s
                      f"{f['peak_gpu_bytes'] / 2**30:.1f} GiB |")
     lines += ["", "Projected (70B: measured per-layer figures x 80; 405B: scaled by a layer's FLOPs for time and its "
               "parameters for memory, an assumption):", "",
-              "| model | method | wall | host RSS (anonymous) | peak GPU | disk (source + output) |",
-              "|---|---|---|---|---|---|"]
+              "| model | method | wall | host RSS (anonymous) | peak GPU | disk (source + output) | fits the "
+              "measuring host's RAM |",
+              "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['target']} | {r['method']} | {r['wall_s'] / 60:.0f} min | {gb(r.get('peak_rss_bytes', 0))} "
                      f"({gb(r.get('peak_anon_rss_bytes', 0))}) | {r['peak_gpu_bytes'] / 2**30:.0f} GiB | "
-                     f"{gb(r['disk_bytes'])} |")
+                     f"{gb(r['disk_bytes'])} | {host_fit(r, m)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -116,6 +133,7 @@ def main() -> None:
     ap.add_argument("--long", type=Path, default=meta.RESULTS / "quantize_cost_70b-8l.json")
     ap.add_argument("--results-dir", type=Path, default=meta.RESULTS)
     ap.add_argument("--name", default="project_70b")
+    ap.add_argument("--note", help="a line for the table's header (how the runs differed from the defaults)")
     args = ap.parse_args()
     short, long = runs(args.short), runs(args.long)
     meta_short = json.loads(args.short.read_text())
@@ -125,11 +143,15 @@ def main() -> None:
         sys.exit(f"no method with a successful quantkit run in both {args.short} and {args.long}")
     rows = [project(f, t, m, samples, seq_len) for m, f in fits.items() for t in TARGETS]
     cmd = " ".join(["python3", *sys.argv])
+    # where and when the runs were measured, not where this arithmetic runs
+    measured = {"date": meta_short.get("date", "-"), "machine": meta_short.get("machine", {}),
+                "versions": meta_short.get("versions", {}), "samples": samples, "seq_len": seq_len}
     args.results_dir.mkdir(parents=True, exist_ok=True)
-    out = {**meta.header(), "samples": samples, "seq_len": seq_len, "fits": fits, "projections": rows}
+    out = {"command": cmd, "measured": measured, "note": args.note, "fits": fits, "projections": rows}
+    md = markdown(rows, fits, measured, cmd, args.note)
     (args.results_dir / f"{args.name}.json").write_text(json.dumps(out, indent=1) + "\n")
-    (args.results_dir / f"{args.name}.md").write_text(markdown(rows, fits, cmd, samples, seq_len))
-    print(markdown(rows, fits, cmd, samples, seq_len))
+    (args.results_dir / f"{args.name}.md").write_text(md)
+    print(md)
 
 
 if __name__ == "__main__":

@@ -38,10 +38,12 @@ def test_70b_is_the_measured_width_times_80_and_405b_scales_up() -> None:
 def test_cli_writes_the_tables(tmp_path: Path) -> None:
     for name, layers in (("short", 4), ("long", 8)):
         (tmp_path / f"{name}.json").write_text(json.dumps(
-            {"samples": 32, "seq_len": 2048, "runs": {"gptq": {"quantkit": run(layers)},
+            {"samples": 32, "seq_len": 2048, "machine": {"cpu": "x", "cores": 16, "memory_bytes": 126 * 2**30},
+             "runs": {"gptq": {"quantkit": run(layers)},
                                                       "awq": {"quantkit": {"rc": 1}}}}))
     subprocess.run([sys.executable, str(ROOT / "bench" / "project.py"), "--short", str(tmp_path / "short.json"),
                     "--long", str(tmp_path / "long.json"), "--results-dir", str(tmp_path)], check=True,
                    capture_output=True)
     md = (tmp_path / "project_70b.md").read_text()
     assert "| 70b | gptq | 15 min |" in md and "awq" not in md  # a failed run is never projected
+    assert "190 GB of RAM needed, 126 GiB there" in md  # 30 GB + 80 x 2 GB against the measuring host's RAM
