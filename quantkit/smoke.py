@@ -36,7 +36,7 @@ from typing import Any
 from quantkit import artifact, doctor, serve
 from quantkit.errors import BackendError, GateFailedError, Interrupted, QuantkitError, UsageError
 from quantkit.progress import Reporter
-from quantkit.serve import client, parallel
+from quantkit.serve import client, kernels, parallel
 from quantkit.serve.base import ServeOptions, ServerProcess
 
 DEFAULT_PROMPT = "The capital of France is"
@@ -157,6 +157,8 @@ def run(path: Path, opts: SmokeOptions, reporter: Reporter | None = None) -> Smo
     engine = serve.get(engine_name)
     targets = engine.targets(path, opts.file)
     parallel.check(path, engine, opts.tp)
+    if engine.name == "vllm" and (why := kernels.vllm_refusal(path)):
+        raise UsageError(why, hint="smoke-test its TensorRT-LLM engine: quantkit smoke ARTIFACT --engine trtllm")
     result = SmokeResult(path=path, engine=engine.name, runs=[])
     serve_opts = opts.serve_options()
     python = engine.python(opts.python)

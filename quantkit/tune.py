@@ -25,6 +25,7 @@ from quantkit import artifact, envs
 from quantkit.errors import BackendError, UsageError
 from quantkit.formats import kinds
 from quantkit.progress import Reporter
+from quantkit.serve import kernels
 
 
 @dataclass
@@ -56,6 +57,8 @@ def run(path: Path, opts: TuneOptions, reporter: Reporter | None = None) -> Any:
         raise UsageError(f"quantkit tune measures vLLM's kernels; {path} holds {kind.label}, which vLLM does not "
                          "serve here",
                          hint="for GGUF, llama.cpp has one kernel per type: compare types with quantkit eval")
+    if why := kernels.vllm_refusal(path):
+        raise UsageError(why, hint="TensorRT-LLM picks its own kernels when it builds the engine")
     choice = envs.find("vllm", opts.python)
     if choice.fallback and not envs.importable_here("vllm"):
         raise UsageError("quantkit tune needs vLLM, which is not installed in this environment",

@@ -243,6 +243,14 @@ def test_refusals_before_any_model_loads(gguf_artifact, tmp_path):
     (modelopt / "hf_quant_config.json").write_text('{"quantization": {"quant_algo": "FP8"}}')
     proc = quantkit("eval", modelopt, "--baseline", TINY, "--engine", "transformers")
     assert proc.returncode == 2 and "ModelOpt export" in proc.stderr and "--engine vllm" in proc.stderr
+    # ModelOpt's INT4-AWQ is a TensorRT-LLM format: vLLM 0.26 has no method for it, so neither eval nor smoke
+    # starts a vLLM that would die loading it
+    (modelopt / "hf_quant_config.json").write_text('{"quantization": {"quant_algo": "W4A16_AWQ"}}')
+    for argv in (("eval", modelopt, "--baseline", TINY), ("smoke", modelopt, "--engine", "vllm")):
+        proc = quantkit(*argv)
+        assert proc.returncode == 2 and "ModelOpt W4A16_AWQ export, which vLLM 0.26.0 does not load" in proc.stderr, \
+            proc.stderr
+        assert "Traceback" not in proc.stderr
 
     tampered = tmp_path / "tampered"
     shutil.copytree(gguf_artifact, tampered)

@@ -26,6 +26,7 @@ from safetensors.torch import load_file
 from quantkit import api, artifact, recipe
 from quantkit.errors import QuantkitError
 from quantkit.producers.trt import pyenv
+from quantkit.serve import kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "models" / "quantkit-tiny"
@@ -316,6 +317,8 @@ def test_unified_hf_checkpoint(build, source, quantization: str) -> None:
         assert any("model-dtype KV cache" in n for n in artifact.read_manifest(art).notes)
     q = json.loads((hf / "hf_quant_config.json").read_text())["quantization"]
     assert q["quant_algo"] == algo and q["kv_cache_quant_algo"] == kv_algo
+    # vLLM 0.26 loads ModelOpt's FP8 export only; the others are refused before a server starts
+    assert (kernels.vllm_refusal(hf) is None) == (quantization == "fp8")
     assert json.loads((hf / "config.json").read_text())["quantization_config"]["quant_method"] == "modelopt"
     weight_dtype = {"fp8": torch.float8_e4m3fn, "int8_sq": torch.int8}.get(quantization, torch.uint8)
     for lin in linears:

@@ -24,6 +24,7 @@ import numpy as np
 from quantkit.errors import UsageError
 from quantkit.engines import dense_copy
 from quantkit.formats import kinds
+from quantkit.serve import kernels
 
 KINDS = ("transformers", "llama.cpp", "vllm")
 _MODULES = {"transformers": "quantkit.engines.transformers", "llama.cpp": "quantkit.engines.llamacpp",
@@ -143,6 +144,9 @@ def check_compatible(kind: str, path: Path) -> None:
         raise UsageError(f"{path} is GGUF; evaluate it with --engine llama.cpp (or auto)")
     if kind == "transformers" and (why := dense_copy.refusal(path)):
         raise UsageError(why, hint="evaluate it with --engine vllm (on a GPU)")
+    if kind == "vllm" and (why := kernels.vllm_refusal(path)):
+        raise UsageError(why, hint="build its TensorRT-LLM engine (quantkit build-trt) and smoke-test that, or "
+                         "export FP8 for vLLM")
     if kind == "transformers" and found.name == "modelopt":
         raise UsageError(f"{path} is a ModelOpt export (hf_quant_config.json): transformers ignores that file and "
                          "would load the quantized weights as plain ones, so its numbers would be wrong without any "

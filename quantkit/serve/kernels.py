@@ -88,6 +88,28 @@ _MODELOPT_FP8 = {
 }
 
 
+# Every quant_algo vLLM 0.26.0 has a ModelOpt config class for (model_executor/layers/quantization/modelopt.py:
+# ModelOptFp8Config, ModelOptNvFp4Config, ModelOptMxFp8Config); anything else, such as ModelOpt's INT4_AWQ,
+# W4A8_AWQ or W8A8_SQ_PER_CHANNEL, is a TensorRT-LLM format that vLLM refuses to load.
+VLLM_MODELOPT_ALGOS = (*_MODELOPT_FP8, "NVFP4", "W4A16_NVFP4", "MXFP8")
+
+
+def vllm_refusal(artifact: Path) -> str | None:
+    """Why vLLM cannot load ``artifact`` at all (None when it can): a ModelOpt export whose quant_algo vLLM has no
+    method for. Checked before vLLM starts, so eval, smoke and tune say so instead of a server dying mid-load."""
+    hf_quant = artifact / "hf_quant_config.json"
+    if not hf_quant.is_file():
+        return None
+    try:
+        algo = (json.loads(hf_quant.read_text()).get("quantization") or {}).get("quant_algo")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None  # vLLM reports an unreadable file itself
+    if algo is None or str(algo).upper() in VLLM_MODELOPT_ALGOS:
+        return None
+    return (f"{artifact} is a ModelOpt {algo} export, which vLLM {VLLM_VERSION} does not load (it serves ModelOpt "
+            f"{', '.join(VLLM_MODELOPT_ALGOS)}); TensorRT-LLM serves it")
+
+
 def read_quantization(artifact: Path) -> Quantization:
     """The quantization of a checkpoint folder, from ``config.json`` (and ModelOpt's ``hf_quant_config.json``)."""
     artifact = Path(artifact)
