@@ -105,13 +105,22 @@ def quantize_tiny() -> list[str]:
 def quantize_cost() -> list[str]:
     lines: list[str] = []
     md = RESULTS / "quantize_cost.md"
-    h200 = H200 / "8b" / "quantize_cost_8b.md"
+    sealed, h200 = H200 / "8b" / "quantize_cost_8b_sealed.md", H200 / "8b" / "quantize_cost_8b.md"
     if md.exists():
         lines += [_body(md), ""]
-    elif h200.exists():
-        lines += ["### The 8B shape on one H200 (issue 16; files and the lease's account: h200/8b/README.md)", "",
+    if sealed.exists():
+        lines += ["### The 8B shape on one H200, quantkit sealing its output while it is written (issue 16; "
+                  "h200/8b/README.md)", "",
+                  "quantkit's AWQ run here offloaded its cached activations to host memory (then its default, "
+                  "since off); llm-compressor's did not.", "", _body(sealed), ""]
+    if h200.exists():
+        lines += ["### The 8B shape on one H200, the lease before (quantkit hashing its output after the save)", "",
                   _body(h200), ""]
-    else:
+    project = H200 / "70b" / "project_70b.md"
+    if project.exists():
+        lines += ["### 70B and 405B, projected from the 70B width with 4 and 8 layers (h200/70b/README.md)", "",
+                  _body(project), ""]
+    if not (md.exists() or h200.exists()):
         lines += ["**Not run on the H200.** `bench/quantize_cost.py` (`make bench-gpu`: 8B-shaped Llama-3.1-8B config "
                   "with random bf16 weights, 512 x 2048 calibration tokens, AWQ / GPTQ / FP8 static / INT8-SQ through "
                   "quantkit's CLI next to the same recipe written directly against llm-compressor, wall time and "
