@@ -453,7 +453,7 @@ class ArtifactWriter:
         return data
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self._sealer.stop()
+        self._sealer.close()
         try:
             if not self.committed:
                 shutil.rmtree(self.path, ignore_errors=True)

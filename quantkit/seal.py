@@ -2,8 +2,10 @@
 
 Sealing after the fact cost the 8B FP8 artifact 9.4 s on an H200 host (hashing 9 GB and waiting for the disk to
 take it), a sixth of llm-compressor's whole run. A :class:`Sealer` runs beside the producer instead: it starts
-the disk's writeback of every file as it grows, and hashes and fsyncs each file once it has been left alone for
-:attr:`Sealer.quiet_s` (a finished shard, while the library writes the next). At :meth:`Sealer.finish`, a file
+the disk's writeback of every file as it grows, and has each file hashed and fsynced, by a pool of threads, once it
+has been left alone for :attr:`Sealer.quiet_s` (a finished shard, while the library writes the next). With one
+file hashed at a time, the three shards of that artifact still cost 4.5 s after the save (the first was being
+hashed when the last landed); in parallel, the last shard is all that is left. At :meth:`Sealer.finish`, a file
 whose inode, size and modification time are still what they were when it was hashed keeps that hash; anything
 else (a file written after it was hashed, or never hashed) is hashed and fsynced then. The result is therefore
 what hashing everything at the end gives: the early work is kept only when the file provably did not change.
@@ -22,7 +24,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 _CHUNK = 1 << 22
@@ -83,17 +85,22 @@ def _signature(path: Path) -> Signature:
 
 
 class Sealer:
-    """Hash and fsync the files under ``root`` while they are written (a daemon thread); :meth:`finish` gives the
-    sha256 of every file, each on disk. ``include`` says which files count (the manifest itself does not)."""
+    """Hash and fsync the files under ``root`` while they are written (a watcher thread hands each file that has
+    been left alone to a pool of hashing threads); :meth:`finish` gives the sha256 of every file, each on disk.
+    ``include`` says which files count (the manifest itself does not)."""
 
-    quiet_s = 1.0  # a file untouched this long is hashed now (a later write changes its signature: hashed again)
-    poll_s = 0.2
+    # A file untouched this long is hashed now. Safe at any value well above the file system's timestamp tick
+    # (a later write changes the signature, and the file is hashed again); short, because the shards of a
+    # checkpoint appear complete (renamed into place) and the last of them is what the artifact waits for.
+    quiet_s = 0.25
+    poll_s = 0.1
 
     def __init__(self, root: Path, include: Callable[[Path], bool]) -> None:
         self.root = root
         self._include = include
-        self._sealed: dict[Path, tuple[Signature, str]] = {}
+        self._jobs: dict[Path, tuple[Signature, Future[str | None]]] = {}
         self._writeback: dict[Path, int] = {}  # size at the last writeback started
+        self._pool = ThreadPoolExecutor(_HASH_THREADS, thread_name_prefix="quantkit-seal")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="quantkit-sealer", daemon=True)
         self.early = 0  # files whose early hash was kept, for the record
@@ -103,9 +110,16 @@ class Sealer:
         return self
 
     def stop(self) -> None:
+        """Stop watching (hashes already started run on; :meth:`finish` collects them)."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
+
+    def close(self) -> None:
+        """Stop watching and drop the hashes not started (an artifact abandoned half-written: it is deleted now,
+        and a hash in progress ends on its own)."""
+        self.stop()
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll_s):
@@ -121,7 +135,7 @@ class Sealer:
         if not p.is_file():
             return
         sig = _signature(p)
-        if self._sealed.get(p, (None,))[0] == sig:
+        if self._jobs.get(p, (None,))[0] == sig:
             return
         if p.name.startswith(".") or time.time_ns() - sig[2] < self.quiet_s * 1e9:
             # a visible file, or a library's temporary that becomes one; not an intermediate that will be deleted
@@ -134,28 +148,43 @@ class Sealer:
                     os.close(fd)
                 self._writeback[p] = sig[1]
             return
-        if not self._include(p):
-            return
-        digest = sha256_file(p)
-        fsync_file(p)
-        if _signature(p) == sig:
-            self._sealed[p] = (sig, digest)
+        if self._include(p):
+            self._jobs[p] = (sig, self._pool.submit(_seal_one, p, sig))
 
     def finish(self) -> dict[Path, str]:
-        """Stop watching; the sha256 of every file (early hashes kept only for files that did not change since),
-        every file fsynced."""
+        """Stop watching; the sha256 of every file, every file fsynced. A hash made while the artifact was written
+        is kept only for a file whose signature is still the one it was hashed with; the rest are hashed now, in
+        parallel with those still in flight."""
         self.stop()
-        digests: dict[Path, str] = {}
-        todo = []
+        jobs: dict[Path, Future[str | None]] = {}
+        early: set[Path] = set()
         for p in sorted(p for p in self.root.rglob("*") if p.is_file() and self._include(p)):
-            kept = self._sealed.get(p)
-            if kept and kept[0] == _signature(p):
-                digests[p] = kept[1]
+            sig = _signature(p)
+            job = self._jobs.get(p)
+            if job and job[0] == sig:
+                jobs[p] = job[1]
+                early.add(p)
             else:
-                todo.append(p)
-        self.early = len(digests)
-        with ThreadPoolExecutor(1) as pool:  # the disk writes back while the files are hashed from the cache
-            synced = pool.submit(lambda: [fsync_file(p) for p in todo])
-            digests.update(hash_many(todo))
-            synced.result()
+                jobs[p] = self._pool.submit(_seal_one, p, sig)
+        digests: dict[Path, str] = {}
+        for p, job in jobs.items():
+            digest = job.result()
+            if digest is None:  # changed or unreadable while it was hashed: once more, now that writing is over
+                early.discard(p)
+                digest = sha256_file(p)
+                fsync_file(p)
+            digests[p] = digest
+        self._pool.shutdown()
+        self.early = len(early)
         return digests
+
+
+def _seal_one(p: Path, sig: Signature) -> str | None:
+    """sha256 of ``p`` and its fsync, or None when the file no longer has signature ``sig`` afterwards (it was
+    written meanwhile, so the digest may mix old and new bytes) or could not be read."""
+    try:
+        digest = sha256_file(p)
+        fsync_file(p)
+        return digest if _signature(p) == sig else None
+    except OSError:
+        return None

@@ -21,8 +21,9 @@ def quick(root: Path) -> seal.Sealer:
 
 
 def wait_sealed(s: seal.Sealer, p: Path, timeout: float = 10.0) -> None:
+    """Until a hashing thread has sealed ``p`` as it stands."""
     end = time.monotonic() + timeout
-    while p not in s._sealed:
+    while not (p in s._jobs and s._jobs[p][1].done() and s._jobs[p][1].result() is not None):
         assert time.monotonic() < end, f"{p.name} was never sealed early"
         time.sleep(0.01)
 
@@ -61,7 +62,7 @@ def test_a_library_temporary_renamed_into_place(tmp_path: Path) -> None:
             f.flush()
             time.sleep(0.01)  # longer than quiet_s in total: a temporary is never sealed, however quiet
     data = tmp.read_bytes()
-    assert tmp not in s._sealed
+    assert tmp not in s._jobs
     tmp.rename(tmp_path / "model.safetensors")
     assert s.finish() == {tmp_path / "model.safetensors": sha(data)}
 
@@ -75,3 +76,23 @@ def test_a_file_still_growing_is_not_sealed_before_it_is_done(tmp_path: Path) ->
         wait_sealed(s, f)  # quiet for quiet_s: sealed as it stood
         out.write(b"y" * 1000)  # and then the writer went on
     assert s.finish() == {f: sha(b"x" * 1000 + b"y" * 1000)}
+
+
+def test_shards_are_hashed_side_by_side_and_a_torn_hash_is_redone(tmp_path: Path) -> None:
+    """Finished shards are sealed in parallel while the next is written; a hash whose file changed under it (its
+    job returns None) is never kept: finish hashes that file again."""
+    from concurrent.futures import Future
+
+    s = quick(tmp_path)
+    shards = [tmp_path / f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
+    for i, p in enumerate(shards):
+        p.write_bytes(bytes([i]) * 200_000)
+    for p in shards:
+        wait_sealed(s, p)
+    s.stop()
+    torn: Future = Future()
+    torn.set_result(None)
+    s._jobs[shards[0]] = (s._jobs[shards[0]][0], torn)
+    assert seal._seal_one(shards[1], (0, 0, 0)) is None  # hashed, but not the file it was asked about
+    assert s.finish() == {p: sha(bytes([i]) * 200_000) for i, p in enumerate(shards)}
+    assert s.early == 2
