@@ -60,14 +60,21 @@ class Choice:
         return self.origin == FALLBACK
 
 
+def _command(name: str) -> str:
+    """A Python given by the user, as a path that works from any directory: engines and workers run in other
+    working directories (a relative ``--python .venv-trt/bin/python`` passed the check and then was not found by
+    the worker). Symbolic links are kept: a virtual environment's python must be called through its own."""
+    found = shutil.which(name) or name
+    return os.path.abspath(os.path.expanduser(found)) if "/" in found or found.startswith("~") else found
+
+
 def find(engine: str, explicit: str | None = None) -> Choice:
     """The Python that runs ``engine`` (see the module docstring for the order)."""
     env = ENVS[engine]
     if explicit:
-        return Choice(shutil.which(explicit) or explicit, "--python")
+        return Choice(_command(explicit), "--python")
     if os.environ.get(env.env_var):
-        chosen = os.environ[env.env_var]
-        return Choice(shutil.which(chosen) or chosen, env.env_var)
+        return Choice(_command(os.environ[env.env_var]), env.env_var)
     if env.venv and (REPO / env.venv / "bin" / "python").exists():
         return Choice(str(REPO / env.venv / "bin" / "python"), f"{env.venv}/ in the repository")
     if env.executable and (exe := shutil.which(env.executable)):

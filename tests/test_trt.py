@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -352,11 +353,14 @@ def _recipe(tmp_path: Path, **quantize: object) -> Path:
 @needs_modelopt
 @pytest.mark.slow
 def test_cli_build_trt_checkpoint_only_json(cli, tmp_path: Path) -> None:
+    # --python relative to where the user is (the repository, as `--python .venv-trt/bin/python`): the ModelOpt
+    # worker runs in another directory and must still find it
+    python = os.path.relpath(ENV.python, ROOT)
     proc = cli("build-trt", _recipe(tmp_path, quantization="fp8", kv_cache="fp8"), "--checkpoint-only", "--json",
-               cwd=tmp_path)
+               "--python", python, "-o", str(tmp_path / "art"), cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (res,) = json.loads(proc.stdout)
-    assert res["path"] == "art" and res["format"] == "tensorrt-llm"
+    assert res["path"] == str(tmp_path / "art") and res["format"] == "tensorrt-llm"
     assert res["quantization"]["quant_algo"] == "FP8" and res["quantization"]["kv_cache_quant_algo"] == "FP8"
     assert res["calibration"]["samples"] == CALIBRATION["samples"]
     assert res["quantization"]["engine"]["status"] == "skipped"
