@@ -29,15 +29,21 @@ import meta  # noqa: E402
 from quantkit import seal  # noqa: E402
 
 
-def write_shards(folder: Path, sizes: list[int]) -> float:
-    """Write one safetensors file per size (bytes) back to back; seconds taken."""
+def make_tensors(sizes: list[int]) -> list[Any]:
+    """One uint8 tensor per shard, made once: what they hold changes neither hashing nor writing speed (no
+    compression anywhere), and random fill of 9 GB alone took minutes of a lease."""
     import torch
+
+    return [torch.full((size,), 7, dtype=torch.uint8) for size in sizes]
+
+
+def write_shards(folder: Path, tensors: list[Any]) -> float:
+    """Write one safetensors file per tensor back to back; seconds taken."""
     from safetensors.torch import save_file
 
-    tensors = [torch.randint(0, 255, (size,), dtype=torch.uint8) for size in sizes]  # made before the clock starts
     t0 = time.perf_counter()
     for i, t in enumerate(tensors):
-        save_file({"weight": t}, str(folder / f"model-{i + 1:05d}-of-{len(sizes):05d}.safetensors"))
+        save_file({"weight": t}, str(folder / f"model-{i + 1:05d}-of-{len(tensors):05d}.safetensors"))
     return time.perf_counter() - t0
 
 
@@ -49,12 +55,12 @@ def drop_caches() -> None:
         pass
 
 
-def one(mode: str, sizes: list[int], workdir: Path) -> dict[str, float]:
+def one(mode: str, tensors: list[Any], workdir: Path) -> dict[str, float]:
     with tempfile.TemporaryDirectory(dir=workdir) as d:
         folder = Path(d)
         drop_caches()
         sealer = seal.Sealer(folder, lambda p: True).start() if mode == "sealer" else None
-        written = write_shards(folder, sizes)
+        written = write_shards(folder, tensors)
         t0 = time.perf_counter()
         if sealer is not None:
             sealer.finish()
@@ -75,24 +81,32 @@ def main() -> None:
     ap.add_argument("--name", default="seal_speed")
     ap.add_argument("--results-dir", type=Path, default=meta.RESULTS)
     args = ap.parse_args()
-    sizes = [int(float(x) * 1e9) for x in args.shards.split(",")]
+    tensors = make_tensors([int(float(x) * 1e9) for x in args.shards.split(",")])
     runs: dict[str, list[dict[str, float]]] = {m: [] for m in ("write", "after", "sealer")}
-    for _ in range(args.repeat):
+    for i in range(args.repeat):
         for mode in runs:  # interleaved, so drift on a shared machine hits every mode alike
-            runs[mode].append(one(mode, sizes, args.workdir))
+            runs[mode].append(one(mode, tensors, args.workdir))
+            print(f"run {i + 1} {mode}: {runs[mode][-1]}", flush=True)
+        md = report(args, runs)  # after every round: a run cut short still leaves its rounds behind
+    print(md)
+
+
+def report(args: argparse.Namespace, runs: dict[str, list[dict[str, float]]]) -> str:
+    """Write NAME.json and NAME.md from the runs so far; the table."""
     summary: dict[str, Any] = {m: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for m, rs in runs.items()}
-    data = {**meta.header(), "shards_gb": args.shards, "repeat": args.repeat, "runs": runs, "median": summary}
+    n = len(runs["write"])
+    data = {**meta.header(), "shards_gb": args.shards, "repeat": n, "runs": runs, "median": summary}
     base = summary["write"]["total_s"]
     rows = [f"| {m} | {s['write_s']:.2f} s | {s['seal_s']:.2f} s | {s['total_s']:.2f} s | "
             f"{(s['total_s'] / base - 1) * 100:+.0f}% |" for m, s in summary.items()]
     md = "\n".join([
         "# Sealing an artifact's files: after the save, or while it is written", "", meta.md_header(data).rstrip(),
-        "", f"Shards of {args.shards} GB written by safetensors back to back; medians of {args.repeat} runs, modes "
+        "", f"Shards of {args.shards} GB written by safetensors back to back; medians of {n} runs, modes "
         "interleaved. `write`: the shards only; `after`: then sha256 + fsync of every file; `sealer`: "
         "quantkit.seal.Sealer watching while they are written, then `finish()`.", "",
         "| mode | write | seal (after the last shard) | total | over write |", "|---|---|---|---|---|", *rows, ""])
     meta.write(args.name, data, md, args.results_dir)
-    print(md)
+    return md
 
 
 if __name__ == "__main__":
