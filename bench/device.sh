@@ -20,12 +20,14 @@ start_job() {
   echo "started $verb; deadline $(date -d @"$deadline" +%H:%M:%S)"
 }
 
-enter_snapshot() {  # the job's working directory and Python paths; bench/.vllm-python runs vLLM's /tmp/site
+enter_snapshot() {  # the job's working directory and Python paths; bench/.vllm-python runs vLLM's /tmp/site,
+  # bench/.trt-python ModelOpt's /tmp/site-trt (scripts/trt_env.sh)
   cd "$SNAP" || exit 1
   export PYTHONPATH="$SNAP:/tmp/site-llmc"
   printf '#!/bin/sh\nexport PYTHONPATH=/tmp/site VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1\nexec python3 "$@"\n' \
     > bench/.vllm-python
-  chmod +x bench/.vllm-python
+  printf '#!/bin/sh\nexport PYTHONPATH=/tmp/site-trt\nexec python3 "$@"\n' > bench/.trt-python
+  chmod +x bench/.vllm-python bench/.trt-python
   nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv > "$LOGS/gpus.csv" 2>&1
 }
 

@@ -143,8 +143,6 @@ cost_job() {  # $1 = epoch second after which no step starts. Quantization cost 
 rest_job() {  # $1 = epoch second after which no step starts. What the two leases of 2026-12-01 left unrun.
   local deadline=$1
   enter_snapshot
-  printf '#!/bin/sh\nexport PYTHONPATH=/tmp/site-trt\nexec python3 "$@"\n' > bench/.trt-python
-  chmod +x bench/.trt-python
   python3 bench/quantize_cost.py --shape 8b --samples "$SAMPLES" --seq-len "$SEQ_LEN" --prepare > "$LOGS/prepare.log" 2>&1
   log "prepare 8b exited $?"
   log "F: sealing after the save vs while writing, shards of 4, 4 and 1 GB on this host's disk (timed, alone)"

@@ -43,8 +43,6 @@ smoke() {  # smoke NAME FOLDER [extra quantkit smoke flags]: vLLM from /tmp/site
 job() {  # $1 = epoch second after which no step starts
   local deadline=$1
   enter_snapshot
-  printf '#!/bin/sh\nexport PYTHONPATH=/tmp/site-trt\nexec python3 "$@"\n' > bench/.trt-python
-  chmod +x bench/.trt-python
 
   log "A: ddp_agreement beside the 8B shape's preparation ($SAMPLES x $SEQ_LEN tokens)"
   python3 bench/ddp_agreement.py --results-dir "$LOGS/results" > "$LOGS/agreement.log" 2>&1 &
