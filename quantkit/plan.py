@@ -16,6 +16,7 @@ of loading (``bench/results/h200/70b/``).
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -178,12 +179,12 @@ def host_limit() -> tuple[int, str] | None:
     limit of the container it runs in when that is lower; None where neither can be read (not Linux)."""
     try:
         info = {k: int(v.split()[0]) * 1024 for k, v in
-                (ln.split(":", 1) for ln in open("/proc/meminfo", encoding="ascii") if ":" in ln)}
-    except (OSError, ValueError):
+                (ln.split(":", 1) for ln in Path("/proc/meminfo").read_text().splitlines() if ":" in ln)}
+    except (OSError, ValueError, IndexError):
         return None
     limit = (info.get("MemTotal", 0) + info.get("SwapTotal", 0), "RAM and swap")
     try:
-        cg = open("/sys/fs/cgroup/memory.max", encoding="ascii").read().strip()
+        cg = Path("/sys/fs/cgroup/memory.max").read_text().strip()
     except OSError:
         cg = "max"
     if cg.isdigit() and int(cg) < limit[0]:
