@@ -225,5 +225,5 @@ case "${1:-}" in
     done
     ls -la "$2" ;;
   *)
-    sed -n '2,27p' "$0"; exit 2 ;;
+    sed -n '2,37p' "$0"; exit 2 ;;
 esac
