@@ -110,7 +110,7 @@ cost_job() {  # $1 = epoch second after which no step starts. Quantization cost 
   log "prepare $SHAPE and the AWQ GPU tests (offloaded = on-GPU weights): $(tail -n 1 "$LOGS/results/pytest_awq_gpu.log")"
   log "E: FP8 static, both tools, two runs each, output sealed while written (timed, alone)"
   cost "quantize_cost_${SHAPE}_sealed" fp8-static llm-compressor,quantkit 2
-  log "E: AWQ, both tools (timed, alone): quantkit offloads AWQ's cached inputs by default, llm-compressor does not"
+  log "E: AWQ, both tools (timed, alone)"
   cost "quantize_cost_${SHAPE}_sealed" awq llm-compressor,quantkit 1 --append
   if [ "$WIDE" = 1 ] && [ "$(left "$deadline")" -gt 600 ]; then
     rm -rf "$WORK/src-$SHAPE"  # the disk holds the 8B source or the 70B layer shapes, not all of them
