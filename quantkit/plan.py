@@ -140,15 +140,27 @@ def _largest_layer_bytes(src: SourceModel) -> int:
     return max(per_layer.values(), default=src.size_bytes)
 
 
+# GPU memory of llm-compressor's sequential pipeline, fitted to nvidia-smi peaks of the 8B shape and the 70B width on
+# an H200 (bench/results/h200/: FP8 static, GPTQ, AWQ with and without offload, 32 and 128 x 2048 tokens; each within
+# 8% of what was measured): a fixed part (CUDA context, allocator, embeddings) and about five copies of the layer in
+# work; GPTQ adds one float32 Hessian per input width; AWQ keeps every calibration token's layer inputs and outputs
+# on the GPU for its grid search, about 46 bytes per token per hidden unit, 79% of that when offloaded.
+_GPU_FIXED = 2_500_000_000
+_GPU_LAYER_COPIES = 5
+_AWQ_BYTES_PER_TOKEN_AND_HIDDEN = 46
+_AWQ_OFFLOADED_SHARE = 0.79
+
+
 def _memory(row: formats.Format, spec: Any, recipe: Recipe, src: SourceModel, layer: int) -> tuple[int, int]:
     """(host, GPU) peak bytes, by producer family.
 
     * llm-compressor: the whole model sits on the host in its load dtype, plus the calibration activations between
-      layers (samples x seq_len x hidden, bf16, twice); the GPU holds one layer at a time, its activations, and
-      for GPTQ one float32 Hessian per input width of the layer (in_features^2 x 4 bytes, about 4 per layer).
-      No GPU: the same work on the host.
+      layers (samples x seq_len x hidden, bf16, twice): a floor. The GPU holds one layer at a time: the fit above.
+      No GPU: the layer's work (activations of a few samples, GPTQ's Hessians) on the host instead.
     * GGUF: streams one tensor chunk at a time; llama.cpp's quantizer holds one tensor in float32 and its output.
     * ModelOpt: the whole model on the device it runs on.
+
+    A job for a GPU can be planned on a machine without one: ``--device cuda`` gives the GPU estimate anyway.
     """
     cfg = src.config.get("text_config", src.config)
     hidden = int(cfg.get("hidden_size") or 0)
@@ -157,16 +169,20 @@ def _memory(row: formats.Format, spec: Any, recipe: Recipe, src: SourceModel, la
         4 if recipe.model.dtype == "float32" else 2)
     if row.producer.startswith("quantkit.producers.gguf"):
         return (64 << 20) + layer * 2, 0
-    on_gpu = recipe.runtime.device != "cpu" and _cuda()
+    device = recipe.runtime.device
+    on_gpu = device.startswith("cuda") or (device == "auto" and _cuda())
     if row.producer.startswith("quantkit.producers.trt"):
         return model, model if on_gpu else 0
     c = recipe.calibration
-    acts = c.samples * c.seq_len * hidden * 2 * 2 if row.calibrates(spec) else 0
-    hessians = 4 * width * width * 4 if spec.method in ("gptq", "int8") else 0
-    gpu = layer + acts // max(c.samples, 1) * 8 + hessians
-    if not on_gpu:  # the layer being worked on is the model's own copy, already counted
-        return model + acts + gpu - layer, 0
-    return model + acts, gpu
+    tokens = c.samples * c.seq_len if row.calibrates(spec) else 0
+    acts = tokens * hidden * 2 * 2
+    hessians = 4 * width * width * 4 if spec.method == "gptq" or getattr(spec, "weights", None) == "gptq" else 0
+    if not on_gpu:
+        return model + acts + acts // max(c.samples, 1) * 8 + hessians, 0
+    awq = tokens * hidden * _AWQ_BYTES_PER_TOKEN_AND_HIDDEN if spec.method == "awq" else 0
+    if getattr(spec, "offload_activations", False):
+        awq = int(awq * _AWQ_OFFLOADED_SHARE)
+    return model + acts, _GPU_FIXED + _GPU_LAYER_COPIES * layer + hessians + awq
 
 
 def memory(recipe: Recipe, spec: Any, src: SourceModel) -> tuple[int, int]:

@@ -59,3 +59,30 @@ def quantkit(*args: str, cwd: Path | None = None, env: dict | None = None, timeo
 def cli():
     """The :func:`quantkit` runner as a fixture."""
     return quantkit
+
+
+def sparse_checkpoint(folder: Path, config: dict, tensors: dict[str, list[int]]) -> Path:
+    """A real checkpoint (config, the reference model's tokenizer, one bf16 ``model.safetensors``) whose data is a
+    sparse file: its header and size are what a model of that shape has, its bytes take no disk. For what quantkit
+    decides from headers alone (memory plans and refusals) at sizes no test machine could load."""
+    import json
+    import shutil
+    import struct
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        shutil.copy(TINY / name, folder / name)
+    (folder / "config.json").write_text(json.dumps(config))
+    header, offset = {}, 0
+    for name, shape in tensors.items():
+        size = 2
+        for d in shape:
+            size *= d
+        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(folder / "model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw)
+        f.truncate(8 + len(raw) + offset)
+    return folder

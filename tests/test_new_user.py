@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from conftest import ROOT, quantkit
+from conftest import ROOT, quantkit, sparse_checkpoint
 
 TINY_REL = "models/quantkit-tiny"  # as a user types it, from the repository root
 
@@ -155,3 +155,50 @@ def test_inspect_on_a_folder_that_is_no_artifact(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("hello")
     proc = quantkit("inspect", tmp_path)
     assert proc.returncode == 2 and "hint:" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def _shape_checkpoint(folder: Path, shape_name: str) -> Path:
+    """A sparse checkpoint of a bench/shapes.py shape, named as transformers' Llama names its tensors."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import cost_model
+    from shapes import SHAPES
+
+    shape = SHAPES[shape_name]
+    config = {**shape.config(), "torch_dtype": "bfloat16", "max_position_embeddings": 8192}
+    h, vocab = config["hidden_size"], config["vocab_size"]
+    tensors = {"model.embed_tokens.weight": [vocab, h], "model.norm.weight": [h], "lm_head.weight": [vocab, h]}
+    for i in range(config["num_hidden_layers"]):
+        for name, fin, fout, _ in cost_model.linears(shape):
+            part = "self_attn" if name in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+            tensors[f"model.layers.{i}.{part}.{name}.weight"] = [fout, fin]
+        tensors[f"model.layers.{i}.input_layernorm.weight"] = [h]
+        tensors[f"model.layers.{i}.post_attention_layernorm.weight"] = [h]
+    return sparse_checkpoint(folder, config, tensors)
+
+
+# (shape, verb and flags, the measured peak: which result file under bench/results, method, tool)
+MEASURED_GPU = [
+    ("8b", ["fp8"], ("h200/8b/quantize_cost_8b.json", "fp8-static", "quantkit")),
+    ("8b", ["gptq"], ("h200x2/quantize_cost_8b_x2.json", "gptq", "quantkit")),
+    ("8b", ["awq"], ("h200/8b/quantize_cost_8b.json", "awq", "quantkit")),
+    ("8b", ["awq", "--offload-activations"], ("h200/8b/quantize_cost_8b_sealed.json", "awq", "quantkit")),
+    ("70b-4l", ["gptq"], ("h200/70b/quantize_cost_70b-4l.json", "gptq", "quantkit")),
+    ("70b-8l", ["gptq"], ("h200/70b/quantize_cost_70b-8l.json", "gptq", "quantkit")),
+    ("70b-4l", ["awq", "--offload-activations"], ("h200/70b/quantize_cost_70b-4l.json", "awq", "quantkit")),
+    ("70b-8l", ["awq", "--offload-activations"], ("h200/70b/quantize_cost_70b-8l.json", "awq", "quantkit")),
+]
+
+
+@pytest.mark.parametrize("shape,argv,measured", MEASURED_GPU, ids=[f"{s}-{' '.join(a)}" for s, a, _ in MEASURED_GPU])
+def test_dry_run_gpu_estimate_is_what_the_h200_measured(tmp_path: Path, shape: str, argv: list[str],
+                                                        measured: tuple[str, str, str]) -> None:
+    """`--dry-run --device cuda` on a machine without a GPU plans a GPU job: its peak GPU memory is within 10% of
+    what nvidia-smi measured on an H200 for the same shape, method and calibration (32 x 2048 tokens)."""
+    src = _shape_checkpoint(tmp_path / shape, shape)
+    proc = quantkit(argv[0], src, tmp_path / "out", *argv[1:], "--samples", "32", "--seq-len", "2048",
+                    "--device", "cuda", "--dry-run", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (o,) = json.loads(proc.stdout)["outputs"]
+    file, method, tool = measured
+    peak = json.loads((ROOT / "bench" / "results" / file).read_text())["runs"][method][tool]["peak_gpu_bytes"]
+    assert abs(o["gpu_bytes"] / peak - 1) <= 0.10, (o["gpu_bytes"], peak)

@@ -17,7 +17,7 @@ import pytest
 from quantkit import artifact
 from quantkit.errors import DiskSpaceError
 
-from conftest import ROOT, quantkit
+from conftest import ROOT, quantkit, sparse_checkpoint
 
 SMALL = ("--samples", "8", "--seq-len", "128")
 
@@ -60,23 +60,15 @@ def test_free_space_precheck_on_a_real_small_disk(small_disk: Path, tiny: Path) 
 def test_a_model_larger_than_host_memory_is_refused_before_loading(tmp_path: Path, tiny: Path) -> None:
     """A checkpoint twice this machine's RAM and swap (a sparse file: its header is real, its data takes no disk)
     is refused with the estimate and the limit, before a weight is read, and nothing is written."""
-    import struct
-
     from quantkit.plan import host_limit
 
     limit = host_limit()
     if limit is None:
         pytest.skip("no /proc/meminfo here")
-    model = tmp_path / "huge"
-    shutil.copytree(tiny, model, ignore=shutil.ignore_patterns("*.safetensors"))
-    hidden = json.loads((model / "config.json").read_text())["hidden_size"]
+    config = json.loads((tiny / "config.json").read_text())
+    hidden = config["hidden_size"]
     rows = limit[0] // hidden  # bf16: 2 bytes each, so twice the limit
-    header = json.dumps({"model.layers.0.mlp.down_proj.weight": {
-        "dtype": "BF16", "shape": [rows, hidden], "data_offsets": [0, rows * hidden * 2]}}).encode()
-    header += b" " * (-len(header) % 8)
-    with open(model / "model.safetensors", "wb") as f:
-        f.write(struct.pack("<Q", len(header)) + header)
-        f.truncate(8 + len(header) + rows * hidden * 2)
+    model = sparse_checkpoint(tmp_path / "huge", config, {"model.layers.0.mlp.down_proj.weight": [rows, hidden]})
     proc = quantkit("gptq", model, tmp_path / "out", "--device", "cpu", *SMALL)
     assert proc.returncode == 1, proc.stderr
     assert "of host memory for gptq" in proc.stderr and "RAM and swap allow" in proc.stderr, proc.stderr
