@@ -209,16 +209,23 @@ def host_limit() -> tuple[int, str] | None:
 
 
 def check_host_memory(recipe: Recipe, spec: Any, src: SourceModel) -> None:
-    """Refuse, before any weight is loaded, an output whose host-memory floor exceeds what this machine holds."""
+    """Refuse, before any weight is loaded, an output whose host-memory floor exceeds what this machine holds.
+
+    Not for ``--num-gpus`` 2 or more: that path loads through compressed-tensors' ``auto_offload``, which keeps on
+    the host what fits and spills the rest to disk."""
     limit = host_limit()
-    if limit is None:
+    row = formats.for_spec(spec)
+    distributed = row.producer == "quantkit.producers.compressed" and recipe.runtime.num_gpus > 1
+    if limit is None or distributed:
         return
     host, _ = memory(recipe, spec, src)
     if host > limit[0]:
+        spill = (", or --num-gpus 2 or more (loads through llm-compressor's offload, which spills to disk)"
+                 if row.producer == "quantkit.producers.compressed" else "")
         raise HostMemoryError(
             f"{src.spec} needs at least {fmt_bytes(host)} of host memory for {spec.method} (the whole model is held "
             f"there while one layer at a time is quantized), and {limit[1]} allow {fmt_bytes(limit[0])}",
-            hint="run on a machine with more memory, or add swap; `--dry-run` shows the estimate")
+            hint=f"run on a machine with more memory, or add swap{spill}; `--dry-run` shows the estimate")
 
 
 def _cuda() -> bool:

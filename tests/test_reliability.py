@@ -60,7 +60,8 @@ def test_free_space_precheck_on_a_real_small_disk(small_disk: Path, tiny: Path) 
 def test_a_model_larger_than_host_memory_is_refused_before_loading(tmp_path: Path, tiny: Path) -> None:
     """A checkpoint twice this machine's RAM and swap (a sparse file: its header is real, its data takes no disk)
     is refused with the estimate and the limit, before a weight is read, and nothing is written."""
-    from quantkit.plan import host_limit
+    from quantkit import recipe, source
+    from quantkit.plan import check_host_memory, host_limit
 
     limit = host_limit()
     if limit is None:
@@ -74,6 +75,11 @@ def test_a_model_larger_than_host_memory_is_refused_before_loading(tmp_path: Pat
     assert "of host memory for gptq" in proc.stderr and "RAM and swap allow" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
     assert not list(tmp_path.glob(".out.partial-*"))
+    assert "--num-gpus 2 or more" in proc.stderr  # the way llm-compressor can still make it: offload to disk
+    # and that way is not refused: the distributed load spills what does not fit in RAM to disk
+    r = recipe.Recipe.model_validate({"model": {"source": str(model)}, "output": str(tmp_path / "out"),
+                                      "quantize": {"method": "gptq"}, "runtime": {"num_gpus": 2}})
+    check_host_memory(r, r.quantize, source.resolve(r.model))
 
 
 def test_existing_output_refused_without_force(tmp_path: Path, tiny: Path) -> None:
