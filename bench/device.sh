@@ -35,7 +35,8 @@ install_llmc() {  # llm-compressor and its pins into /tmp/site-llmc, apart from 
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-llmc "$REPO"/.whl-llmc/*.whl
 }
 
-take_vllm_parts() {  # move the carried vLLM part(s) out of the tree before the next call replaces it
+take_parts() {  # move the carried ModelOpt (.tw) or vLLM (.vw) part out of the tree before the next call replaces it
+  if ls -d "$REPO"/.tw[0-9]* > /dev/null 2>&1; then bash "$REPO/scripts/trt_env.sh" part; fi
   if ls "$REPO"/.vw[0-9]*/p[0-9]* > /dev/null 2>&1; then
     mkdir -p /tmp/vwp && mv "$REPO"/.vw[0-9]*/p[0-9]* /tmp/vwp/ && ls /tmp/vwp | tr '\n' ' '
   fi

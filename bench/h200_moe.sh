@@ -66,7 +66,7 @@ case "${1:-}" in
   job)
     job "$2" ;;
   part)
-    take_vllm_parts ;;
+    take_parts ;;
   vllm)
     assemble_vllm ;;
   status)

@@ -116,8 +116,7 @@ case "${1:-}" in
   job)
     job "$2" ;;
   part)
-    if ls -d "$REPO"/.tw[0-9]* > /dev/null 2>&1; then bash "$REPO/scripts/trt_env.sh" part; fi
-    take_vllm_parts ;;
+    take_parts ;;
   vllm)
     assemble_vllm ;;
   status)
