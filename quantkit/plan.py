@@ -16,8 +16,8 @@ of loading (``bench/results/h200/70b/``).
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from quantkit import calibration, formats, producers, source as source_mod

@@ -94,14 +94,19 @@ _MODELOPT_FP8 = {
 VLLM_MODELOPT_ALGOS = (*_MODELOPT_FP8, "NVFP4", "W4A16_NVFP4", "MXFP8")
 
 
-def vllm_refusal(artifact: Path) -> str | None:
-    """Why vLLM cannot load ``artifact`` at all (None when it can): a ModelOpt export whose quant_algo vLLM has no
-    method for. Checked before vLLM starts, so eval, smoke and tune say so instead of a server dying mid-load."""
+def _modelopt_algo(artifact: Path) -> str | None:
+    """The quant_algo of ModelOpt's ``hf_quant_config.json``, when the folder has one."""
     hf_quant = artifact / "hf_quant_config.json"
     if not hf_quant.is_file():
         return None
+    return (json.loads(hf_quant.read_text()).get("quantization") or {}).get("quant_algo")
+
+
+def vllm_refusal(artifact: Path) -> str | None:
+    """Why vLLM cannot load ``artifact`` at all (None when it can): a ModelOpt export whose quant_algo vLLM has no
+    method for. Checked before vLLM starts, so eval, smoke and tune say so instead of a server dying mid-load."""
     try:
-        algo = (json.loads(hf_quant.read_text()).get("quantization") or {}).get("quant_algo")
+        algo = _modelopt_algo(artifact)
     except (OSError, json.JSONDecodeError, AttributeError):
         return None  # vLLM reports an unreadable file itself
     if algo is None or str(algo).upper() in VLLM_MODELOPT_ALGOS:
@@ -122,11 +127,8 @@ def read_quantization(artifact: Path) -> Quantization:
                 or "bfloat16")
     moe = any(int(text.get(k) or 0) > 1 for k in _MOE_KEYS)
     q = cfg.get("quantization_config") or {}
-    hf_quant = artifact / "hf_quant_config.json"
-    if hf_quant.exists() or q.get("quant_method") == "modelopt":
-        algo = q.get("quant_algo")
-        if hf_quant.exists():
-            algo = (json.loads(hf_quant.read_text()).get("quantization") or {}).get("quant_algo") or algo
+    if (artifact / "hf_quant_config.json").exists() or q.get("quant_method") == "modelopt":
+        algo = _modelopt_algo(artifact) or q.get("quant_algo")
         return Quantization("modelopt", (_modelopt_scheme(str(algo)),), dtype, moe)
     method = q.get("quant_method")
     if not q:
