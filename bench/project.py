@@ -99,11 +99,8 @@ def host_fit(row: dict[str, Any], machine: dict[str, Any]) -> str:
 
 def markdown(rows: list[dict[str, Any]], fits: dict[str, dict[str, Any]], measured: dict[str, Any], cmd: str,
              note: str | None) -> str:
-    m = measured["machine"]
     lines = ["# 70B and 405B on one H200, projected from the 70B width with 4 and 8 layers", "",
-             f"- command: `{cmd}`",
-             f"- measured: {measured['date']} on {m.get('cpu', '-')}, {m.get('cores', '-')} cores, "
-             f"{m.get('memory_bytes', 0) / 2**30:.0f} GiB RAM; GPUs: {', '.join(m.get('gpus') or ['-'])}",
+             meta.md_header({**measured, "command": cmd}).rstrip() + " (date, machine, versions: the measured runs')",
              f"- calibration: {measured['samples']} x {measured['seq_len']} tokens; quantkit's defaults",
              *([f"- note: {note}"] if note else []), "",
              "Measured, per layer of the 70B width (from the 8-layer run minus the 4-layer run, over 4):", "",
@@ -123,7 +120,7 @@ def markdown(rows: list[dict[str, Any]], fits: dict[str, dict[str, Any]], measur
     for r in rows:
         lines.append(f"| {r['target']} | {r['method']} | {r['wall_s'] / 60:.0f} min | {gb(r.get('peak_rss_bytes', 0))} "
                      f"({gb(r.get('peak_anon_rss_bytes', 0))}) | {r['peak_gpu_bytes'] / 2**30:.0f} GiB | "
-                     f"{gb(r['disk_bytes'])} | {host_fit(r, m)} |")
+                     f"{gb(r['disk_bytes'])} | {host_fit(r, measured['machine'])} |")
     return "\n".join(lines) + "\n"
 
 
