@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,6 +54,29 @@ def quantkit(*args: str, cwd: Path | None = None, env: dict | None = None, timeo
         raise AssertionError(f"quantkit {' '.join(map(str, args))} exited {proc.returncode}\n"
                              f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}")
     return proc
+
+
+def live_children(pid: int) -> list[tuple[psutil.Process, list[str]]]:
+    """A process's descendants with their command lines, leaving out those that exit while being read.
+
+    A child that has just exited is a zombie until its parent reaps it, and reading its command line then raises:
+    tests that poll for a server or a tool to start must not fail on that race.
+    """
+    found = []
+    for child in psutil.Process(pid).children(recursive=True):
+        try:
+            found.append((child, child.cmdline()))
+        except psutil.Error:
+            continue
+    return found
+
+
+def gone(pid: int) -> bool:
+    """Whether a process has exited: no longer there, or a zombie waiting for its parent to reap it."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 @pytest.fixture(scope="session")

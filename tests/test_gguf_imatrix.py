@@ -18,10 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 import pytest
 
-from conftest import ROOT, TINY, quantkit
+from conftest import ROOT, TINY, gone, live_children, quantkit
 from gguf_spec import make
 from quantkit import api, pipeline, recipe
 from quantkit.errors import MissingToolError, UsageError
@@ -357,12 +356,12 @@ def test_signal_while_llama_quantize_runs_stops_it_and_cleans_up(have_tools: dic
     quantizer = None
     deadline = time.monotonic() + 300
     while quantizer is None and proc.poll() is None and time.monotonic() < deadline:
-        quantizer = next((c for c in psutil.Process(proc.pid).children(recursive=True)
-                          if c.name() == "llama-quantize"), None)
+        quantizer = next((c for c, cmd in live_children(proc.pid)
+                          if cmd and Path(cmd[0]).name == "llama-quantize"), None)
         time.sleep(0.05)
     assert quantizer is not None, "llama-quantize never started: " + (proc.stderr.read() if proc.stderr else "")
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
-    assert not quantizer.is_running() or quantizer.status() == psutil.STATUS_ZOMBIE
+    assert gone(quantizer.pid)
     assert sorted(p.name for p in tmp_path.iterdir()) == [], "partial output or lock left behind"

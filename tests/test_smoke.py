@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from conftest import ROOT, TINY, has_cuda, quantkit
+from conftest import ROOT, TINY, gone, has_cuda, live_children, quantkit
 
 # A real llama.cpp server behind a shell that waits first: the smoke process is caught while it waits for
 # health, and the server's process group holds two processes (sh and sleep) that must both be stopped.
@@ -45,13 +45,6 @@ def _port_closed(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) != 0
 
 
-def _gone(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
 def test_smoke_gguf_in_llamacpp_server(gguf_artifact: Path) -> None:
     proc = quantkit("smoke", gguf_artifact, "--baseline", "source", "--json", timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -70,7 +63,7 @@ def test_smoke_gguf_in_llamacpp_server(gguf_artifact: Path) -> None:
     assert res["doctor"]["ok"]
 
     # the server is gone once quantkit returns, and the run is recorded in the (still valid) manifest
-    assert run["stopped"] and _gone(run["pid"]) and _port_closed(run["port"])
+    assert run["stopped"] and gone(run["pid"]) and _port_closed(run["port"])
     log = Path(run["log"])
     assert log.exists() and log.parent == gguf_artifact.parent and "llama-server" in log.read_text()
     manifest = json.loads((gguf_artifact / "quantkit.json").read_text())
@@ -91,7 +84,7 @@ def test_smoke_falls_back_to_llama_cpp_python_server(gguf_artifact: Path, tmp_pa
     assert run["facts"]["server"].startswith("llama_cpp.server (llama-cpp-python), the fallback")
     assert run["facts"]["chat_format"] == "the GGUF's chat template"
     assert "llama.cpp's tools are not installed" in proc.stderr  # doctor's warning, shown before the run
-    assert run["stopped"] and _gone(run["pid"])
+    assert run["stopped"] and gone(run["pid"])
 
 
 def test_server_that_cannot_load_fails_clearly_and_keeps_its_log(gguf_artifact: Path, tmp_path: Path) -> None:
@@ -116,7 +109,7 @@ def test_server_that_cannot_load_fails_clearly_and_keeps_its_log(gguf_artifact: 
     assert "the whole log is" in proc.stderr and "failed to load model" in proc.stderr
     log = Path(run["log"])
     assert log == tmp_path / "broken.smoke-llama.cpp-model.log" and "llama-server" in log.read_text()
-    assert _gone(run["pid"])
+    assert gone(run["pid"])
 
 
 def test_timeout_stops_the_whole_process_group(gguf_artifact: Path, tmp_path: Path) -> None:
@@ -125,7 +118,7 @@ def test_timeout_stops_the_whole_process_group(gguf_artifact: Path, tmp_path: Pa
     assert proc.returncode == 1
     run = json.loads(proc.stdout)["runs"][0]
     assert run["status"] == "failed" and "did not answer /v1/models within 3s" in run["error"]
-    assert run["stopped"] and _gone(run["pid"])
+    assert run["stopped"] and gone(run["pid"])
     assert not [p for p in psutil.process_iter(["cmdline"]) if "sleep 120" in " ".join(p.info["cmdline"] or [])
                 and str(gguf_artifact) in " ".join(p.info["cmdline"] or [])]
 
@@ -140,15 +133,14 @@ def test_signal_while_waiting_stops_the_server(gguf_artifact: Path, tmp_path: Pa
     server: list[psutil.Process] = []
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and len(server) < 2:  # sh and its sleep, both in the server's group
-        server = [c for c in psutil.Process(proc.pid).children(recursive=True)
-                  if c.cmdline()[:2] == ["sh", "-c"] or c.cmdline()[:1] == ["sleep"]]
+        server = [c for c, cmd in live_children(proc.pid) if cmd[:2] == ["sh", "-c"] or cmd[:1] == ["sleep"]]
         time.sleep(0.2)
     assert len(server) == 2, "the slow server never started"
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-2000:]
     assert "server was stopped" in err
-    assert all(_gone(p.pid) for p in server)
+    assert all(gone(p.pid) for p in server)
     assert (tmp_path / f"{gguf_artifact.name}.smoke-llama.cpp-{next(gguf_artifact.glob('*.gguf')).stem}.log").exists()
 
 
@@ -236,7 +228,7 @@ def test_vllm_serves_compressed_tensors(ct_artifact: Path, tmp_path: Path) -> No
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = json.loads(proc.stdout)["runs"][0]
     assert run["status"] == "passed" and run["completion"]["text"].strip() and run["decode_tokens_per_s"] > 0
-    assert run["facts"]["quantization"] == "compressed-tensors" and _gone(run["pid"])
+    assert run["facts"]["quantization"] == "compressed-tensors" and gone(run["pid"])
 
 
 def test_tp_that_cuts_a_quantization_group_is_refused_before_any_server(ct_artifact: Path, tmp_path: Path) -> None:
