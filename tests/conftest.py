@@ -71,10 +71,12 @@ def live_children(pid: int) -> list[tuple[psutil.Process, list[str]]]:
     return found
 
 
-def gone(pid: int) -> bool:
-    """Whether a process has exited: no longer there, or a zombie waiting for its parent to reap it."""
+def gone(proc: int | psutil.Process) -> bool:
+    """Whether a process has exited: no longer there, or a zombie waiting for its parent to reap it. Given the
+    Process object seen while it ran, a new process that reuses its pid does not count as it."""
     try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        p = proc if isinstance(proc, psutil.Process) else psutil.Process(proc)
+        return not p.is_running() or p.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
 
