@@ -127,19 +127,19 @@ def quantize_cost() -> list[str]:
                   "nvidia-smi peak GPU memory) is written, but the H200 time available to this work was used up by "
                   "the vLLM results below, so there are no 8B figures. The 70B question is open too: `--shape 70b` "
                   "writes a ~141 GB bf16 checkpoint, more than the one-GPU lease's 64 GiB of disk.", ""]
-    for shape, what in (("1b", "GPTQ, INT8 and FP8 with quantkit sealing its output (issue 16's methods where no "
-                               "H200 was left)"),
-                        ("3b", "FP8 with quantkit sealing its output"),
-                        ("3b_before_sealing", "FP8 with quantkit hashing its output after the save")):
-        cpu = RESULTS / f"quantize_cost_{shape}.md"
-        if cpu.exists():
-            lines += [f"### On this CPU, the {shape.split('_')[0].upper()} shape: {what}", "", _body(cpu), ""]
-    for name, what in (("seal_speed", "three shards in memory (/dev/shm), the sealer hashing files in parallel"),
-                       ("seal_speed_before", "the same, the sealer as it ran on the H200 (one file at a time)"),
-                       ("seal_speed_disk", "one 1.5 GB file on this machine's disk")):
-        seal = RESULTS / f"{name}.md"
-        if seal.exists():
-            lines += [f"### Sealing alone on this CPU: {what}", "", _body(seal), ""]
+    for name, heading in (
+            ("quantize_cost_1b", "On this CPU, the 1B shape: GPTQ, INT8 and FP8 with quantkit sealing its output "
+                                 "(issue 16's methods where no H200 was left)"),
+            ("quantize_cost_3b", "On this CPU, the 3B shape: FP8 with quantkit sealing its output"),
+            ("quantize_cost_3b_before_sealing", "On this CPU, the 3B shape: FP8 with quantkit hashing its output "
+                                                "after the save"),
+            ("seal_speed", "Sealing alone on this CPU: three shards in memory (/dev/shm), the sealer hashing files "
+                           "in parallel"),
+            ("seal_speed_before", "Sealing alone on this CPU: the same, the sealer as it ran on the H200 (one file at "
+                                  "a time)"),
+            ("seal_speed_disk", "Sealing alone on this CPU: one 1.5 GB file on this machine's disk")):
+        if (RESULTS / f"{name}.md").exists():
+            lines += [f"### {heading}", "", _body(RESULTS / f"{name}.md"), ""]
     tiny = RESULTS / "quantize_cost_tiny.md"
     if tiny.exists():
         lines += ["### The same script on this CPU, the reference model's shape", "",
