@@ -214,14 +214,13 @@ def check_host_memory(recipe: Recipe, spec: Any, src: SourceModel) -> None:
     Not for ``--num-gpus`` 2 or more: that path loads through compressed-tensors' ``auto_offload``, which keeps on
     the host what fits and spills the rest to disk."""
     limit = host_limit()
-    row = formats.for_spec(spec)
-    distributed = row.producer == "quantkit.producers.compressed" and recipe.runtime.num_gpus > 1
-    if limit is None or distributed:
+    llmcompressor = formats.for_spec(spec).producer == "quantkit.producers.compressed"
+    if limit is None or (llmcompressor and recipe.runtime.num_gpus > 1):
         return
     host, _ = memory(recipe, spec, src)
     if host > limit[0]:
         spill = (", or --num-gpus 2 or more (loads through llm-compressor's offload, which spills to disk)"
-                 if row.producer == "quantkit.producers.compressed" else "")
+                 if llmcompressor else "")
         raise HostMemoryError(
             f"{src.spec} needs at least {fmt_bytes(host)} of host memory for {spec.method} (the whole model is held "
             f"there while one layer at a time is quantized), and {limit[1]} allow {fmt_bytes(limit[0])}",

@@ -92,6 +92,7 @@ def sparse_checkpoint(folder: Path, config: dict, tensors: dict[str, list[int]])
     sparse file: its header and size are what a model of that shape has, its bytes take no disk. For what quantkit
     decides from headers alone (memory plans and refusals) at sizes no test machine could load."""
     import json
+    import math
     import shutil
     import struct
 
@@ -101,9 +102,7 @@ def sparse_checkpoint(folder: Path, config: dict, tensors: dict[str, list[int]])
     (folder / "config.json").write_text(json.dumps(config))
     header, offset = {}, 0
     for name, shape in tensors.items():
-        size = 2
-        for d in shape:
-            size *= d
+        size = 2 * math.prod(shape)
         header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + size]}
         offset += size
     raw = json.dumps(header).encode()
