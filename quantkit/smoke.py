@@ -14,6 +14,9 @@ For each thing to serve (the artifact folder; for GGUF, each ``.gguf`` file or t
    ``match_tokens`` tokens are compared. The agreement is recorded, not enforced, unless ``require_match``:
    quantization legitimately moves a near-tie argmax, and on a tiny model that happens within a few tokens, so
    a mismatch alone does not mean the artifact is broken (empty or failing answers do);
+   with ``expect``, the chat answer (the completion where the checkpoint has no chat template) must contain that
+   text, case-insensitively: a question with one right answer ("What is the capital of France?" -> "Paris") is
+   the check that a real instruct model still knows what it knew, which non-empty answers alone cannot show;
 6. stop the server (always: success, failure, Ctrl-C, SIGTERM) and record the results in quantkit.json's
    ``smoke`` section, keyed by engine (and GGUF file).
 
@@ -63,6 +66,7 @@ class SmokeOptions:
     baseline: str | None = None
     match_tokens: int = 8
     require_match: bool = False
+    expect: str | None = None
     file: str | None = None
     log_dir: Path | None = None
     check_versions: bool = True
@@ -130,6 +134,10 @@ class SmokeResult:
 
 class MatchFailed(BackendError):
     """``require_match``: the served greedy tokens differ from the baseline's (a gate: exit code 3)."""
+
+
+class ExpectFailed(MatchFailed):
+    """``expect``: the served answer does not contain the expected text (a gate: exit code 3)."""
 
 
 def log_path(path: Path, engine: str, target: Path, log_dir: Path | None) -> Path:
@@ -279,10 +287,22 @@ def ask(url: str, opts: SmokeOptions, engine: serve.base.Engine, r: SmokeRun, ch
             raise BackendError(f"POST /v1/chat/completions answered an empty message: {answer!r:.800}")
     else:
         r.data["chat"] = {"skipped": "the checkpoint has no chat template"}
+    if opts.expect is not None:
+        check_expected(opts.expect, r.data["chat"].get("text", text), "chat answer" if chat else "completion", r)
 
     r.data["stage"] = "POST /v1/completions (streamed)"
     r.data.update(measure_speed(url, ids[0], opts, engine, timeout))
     del r.data["stage"]
+
+
+def check_expected(expected: str, answer: str, what: str, r: SmokeRun) -> None:
+    """Record whether ``answer`` contains ``expected`` (case-insensitive) and fail the run as a gate if not."""
+    found = expected.casefold() in answer.casefold()
+    r.data["expect"] = {"text": expected, "in": what, "found": found}
+    if not found:
+        raise ExpectFailed(f"the {what} does not contain {expected!r}: {answer!r:.300}",
+                           hint="the artifact answers, but not what the source model answers; score it with "
+                                "`quantkit eval` to see how much it lost")
 
 
 def measure_speed(url: str, model: str, opts: SmokeOptions, engine: serve.base.Engine,
