@@ -60,7 +60,8 @@ def _check(name: str, expected: Any, actual: Any, ok: bool | None, note: str = "
 
 
 def evaluate(c: Case, o: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every expectation of the case against what was measured; a measurement that is missing is a skip."""
+    """Every expectation of the case against what was measured. A measurement is a skip only when the step
+    that makes it did not run (no load, no evaluation); missing from a step that ran, it is a fail."""
     e, checks = c.expect, []
     load = o.get("load")
     ran = load is not None and load.get("status") not in (None, "not run")
@@ -82,7 +83,10 @@ def evaluate(c: Case, o: dict[str, Any]) -> list[dict[str, Any]]:
         checks.append(_check("moe_method", e.moe_method, got, matches(e.moe_method, got) if loaded else None))
     for b, floor in e.min_tok_s.items():
         got = ((load or {}).get("decode_tok_s") or {}).get(str(b))
-        checks.append(_check(f"tok/s b{b}", floor, got, (got >= floor) if got is not None else None))
+        # a model that loaded and has no figure for an expected batch failed to decode it: a fail, not a skip
+        ok = (got >= floor) if got is not None else (False if loaded else None)
+        checks.append(_check(f"tok/s b{b}", floor, got, ok, "" if got is not None or not loaded else
+                             "the load succeeded but this batch was not measured"))
     smoke = o.get("smoke")
     if e.smoke is not None:
         got = (smoke or {}).get("status")
@@ -92,13 +96,15 @@ def evaluate(c: Case, o: dict[str, Any]) -> list[dict[str, Any]]:
         checks.append(_check("doctor agrees", loaded, smoke["doctor_ok"], smoke["doctor_ok"] == loaded,
                              "; ".join(smoke.get("doctor") or [])[:300]))
     ev = o.get("eval") or {}
+    scored = bool(ev) and "error" not in ev
     for key, metric, upper in (("max_kld", "kld", True), ("max_ppl_ratio", "ppl_ratio", True),
                                ("min_top1", "top1", False)):
         limit = getattr(e, key)
         if limit is not None:
             got = ev.get(metric)
-            checks.append(_check(metric, limit, got, None if got is None else (got <= limit if upper else
-                                                                               got >= limit)))
+            ok = (got <= limit if upper else got >= limit) if got is not None else (False if scored else None)
+            checks.append(_check(metric, limit, got, ok, "" if got is not None or not scored else
+                                 "the evaluation ran but did not report this metric"))
     if e.max_engine_ppl_diff is not None:
         diff = engine_ppl_diff(o)
         checks.append(_check("engines agree", e.max_engine_ppl_diff, diff,

@@ -522,3 +522,17 @@ def test_one_run_per_out_folder(tmp_path: Path) -> None:
     p = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--wait", "60"], capture_output=True,
                        text=True)
     assert p.returncode == 0 and p.stdout.startswith('finished: {"pass": 3}') and time.monotonic() - t < 30
+
+
+def test_a_measurement_missing_from_a_step_that_ran_fails(cases: list) -> None:
+    """The fp8-block case once passed with its batch-16 tok/s missing (the check said skip): a load that succeeded
+    and has no figure for an expected batch, or an evaluation that ran and lacks a metric, is a failed check."""
+    c = by_name(cases)
+    o = h200_outcomes()["gptq-w4g128"]
+    del o["load"]["decode_tok_s"]["16"]
+    del o["eval"]["kld"]
+    checks = {ch["check"]: ch for ch in cr.evaluate(c["gptq-w4g128"], o)}
+    assert checks["tok/s b16"]["status"] == "fail" and "not measured" in checks["tok/s b16"]["note"]
+    assert checks["tok/s b1"]["status"] == "pass"
+    assert checks["kld"]["status"] == "fail" and "did not report" in checks["kld"]["note"]
+    assert cr.verdict({**o, "checks": list(checks.values())}) == "fail"
