@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from quantkit import artifact, calibration, formats, plan as plan_mod, producers, recipe as recipe_mod, \
+from quantkit import artifact, calibration, formats, outputs, plan as plan_mod, producers, recipe as recipe_mod, \
     source as source_mod, versions
 from quantkit.artifact import MANIFEST, Manifest, fmt_bytes, fmt_num, size_bytes
 from quantkit.errors import RecipeError
@@ -86,9 +86,11 @@ def quantize_one(recipe: Recipe, spec: Any, out: Path, *, force: bool = False, r
     rep = reporter or Reporter(quiet=True)
     rep.timings = {}
     t0 = time.perf_counter()
+    outputs.check_apart(out, outputs.local_source(recipe), outputs.recipe_inputs(recipe))
     if source is None:
         with rep.timed("check_source"):
             source = source_mod.resolve(recipe.model)
+    outputs.check_apart(out, source.path)
     row = formats.for_spec(spec)
     producer = producers.get(spec)
     producer.check(spec, source)
@@ -114,6 +116,7 @@ def quantize_one(recipe: Recipe, spec: Any, out: Path, *, force: bool = False, r
 
 def quantize(recipe: Recipe, *, force: bool = False, reporter: Reporter | None = None) -> list[ArtifactResult]:
     """Produce every output of a recipe, in order (no evaluation: see :func:`run` for the whole pipeline)."""
+    outputs.check_recipe(recipe, force=force)
     src = source_mod.resolve(recipe.model)
     return [quantize_one(recipe, spec, out, force=force, reporter=reporter, source=src)
             for spec, out in recipe.artifacts()]
@@ -140,6 +143,7 @@ def build_trt(r: Recipe, *, force: bool = False, reporter: Reporter | None = Non
     """A recipe's TensorRT-LLM outputs (see :func:`trt_recipe`): ModelOpt checkpoints, and the engine where it
     builds."""
     specs = [(spec, out) for spec, out in r.artifacts() if spec.method == "trt"]
+    outputs.check_recipe(r, force=force)
     rep = reporter or Reporter(quiet=True)
     with rep.timed("check_source"):
         src = source_mod.resolve(r.model)
@@ -151,6 +155,7 @@ def plan(recipe: Recipe, *, force: bool = False, pipeline: bool = False, evaluat
     """What making a recipe's outputs would do, checked and estimated without loading a weight (``--dry-run``;
     :mod:`quantkit.plan`). ``pipeline``: as ``quantkit run`` would (reuse, evaluation, smoke test); ``method``:
     only the outputs of that method (``build-trt``)."""
+    outputs.check_recipe(recipe, force=force, pipeline=pipeline)
     return plan_mod.make(recipe, force=force, pipeline=pipeline, evaluate=evaluate, smoke=smoke, method=method)
 
 

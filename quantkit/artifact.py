@@ -3,8 +3,10 @@
 An artifact is produced into a temporary sibling folder (``.NAME.partial-PID``) and renamed into place only
 once complete and its manifest is written, so a folder at the output path is always a finished artifact. An
 existing output is refused without ``force``; with it, the old folder is replaced only after the new one is
-complete. A lock file beside the output stops two runs writing the same artifact at once. Free space is
-checked against the expected size before writing, and ENOSPC while writing becomes a clear error.
+complete, and only when it is one quantkit wrote (a folder with a quantkit manifest) or an empty folder
+(:func:`check_replaceable`): ``--force`` never removes a folder of the user's. A lock file beside the output
+stops two runs writing the same artifact at once. Free space is checked against the expected size before
+writing, and ENOSPC while writing becomes a clear error.
 
 ``quantkit.json`` records what the artifact is and how it was made, and the sha256 of every file, which
 :func:`verify` re-checks (tampering, bit rot, an incomplete copy). It is one typed object, :class:`Manifest`,
@@ -41,6 +43,7 @@ from quantkit.errors import DiskSpaceError, IntegrityError, LockedError, OutputE
 
 MANIFEST = "quantkit.json"
 SCHEMA_VERSION = 2  # 1: quantkit 0.1.0 before the typed manifest (key "schema"; source path as typed)
+MAX_MANIFEST_BYTES = 64 * 2**20  # a manifest lists files and figures: kilobytes; more is not one (read bounded)
 WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".engine")
 sha256_file = seal.sha256_file
 
@@ -230,10 +233,12 @@ class Manifest(Section):
             raise IntegrityError(f"{where} does not hold a JSON object")
         data = dict(data)
         if "schema_version" not in data:
-            data["schema_version"] = int(data.pop("schema", 1))
+            data["schema_version"] = data.pop("schema", 1)
             source = data.get("source")
             if isinstance(source, dict) and "hub" not in source:  # schema 1 wrote a local path as typed
                 data["source"] = {**source, "hub": source.get("path") != source.get("id")}
+        if type(data["schema_version"]) is not int:
+            raise IntegrityError(f"{where} is not a quantkit manifest: schema_version is not a whole number")
         if data["schema_version"] > SCHEMA_VERSION:
             raise UsageError(f"{where} has manifest schema {data['schema_version']}, newer than this quantkit "
                              f"reads ({SCHEMA_VERSION})", hint="upgrade quantkit")
@@ -252,9 +257,15 @@ def read_manifest(root: Path) -> Manifest:
     if not path.exists():
         raise UsageError(f"{root} has no {MANIFEST}: it was not written by quantkit (or is incomplete)")
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_MANIFEST_BYTES + 1)
+        if len(raw) > MAX_MANIFEST_BYTES:
+            raise IntegrityError(f"{path} is larger than {fmt_bytes(MAX_MANIFEST_BYTES)}: not a quantkit manifest")
+        data = json.loads(raw)
+    except (OSError, ValueError) as e:  # JSONDecodeError and bad UTF-8 are ValueErrors
         raise IntegrityError(f"{path} is unreadable or not JSON: {e}") from None
+    except RecursionError:
+        raise IntegrityError(f"{path} is not a quantkit manifest: nested too deeply") from None
     return Manifest.from_json(data, str(path))
 
 
@@ -388,6 +399,26 @@ def fmt_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
+def check_replaceable(path: Path) -> None:
+    """What ``--force`` may replace: a folder holding a readable quantkit manifest (an artifact), or an empty
+    folder. Anything else (a file, a link, a folder quantkit did not write, an artifact whose manifest no longer
+    reads) is the user's: refused, never removed."""
+    path = Path(path)
+    if path.is_symlink() or not path.is_dir():
+        raise OutputExistsError(f"output {path} exists and is not a folder quantkit wrote",
+                                hint="remove it yourself, or choose another output")
+    if not any(path.iterdir()):
+        return
+    try:
+        read_manifest(path)
+    except (UsageError, IntegrityError) as e:
+        why = f"it has no {MANIFEST}" if not (path / MANIFEST).exists() else \
+            f"its {MANIFEST} does not read ({e.message})"
+        raise OutputExistsError(f"output {path} exists and was not written by quantkit: {why}; --force replaces "
+                                "only quantkit's artifacts and empty folders",
+                                hint="remove it yourself, or choose another output") from None
+
+
 class ArtifactWriter:
     """Write an artifact into a temporary sibling, seal it with a manifest, rename it into place.
 
@@ -405,11 +436,12 @@ class ArtifactWriter:
         self._lock = output_lock(self.final)
 
     def __enter__(self) -> "ArtifactWriter":
-        if self.final.exists() and not self.force:
+        there = self.final.exists() or self.final.is_symlink()
+        if there and not self.force:
             raise OutputExistsError(f"output {self.final} already exists",
                                     hint="pass --force to replace it, or choose another output")
-        if self.final.exists() and not self.final.is_dir():
-            raise OutputExistsError(f"output {self.final} exists and is not a folder")
+        if there:
+            check_replaceable(self.final)
         self._lock.__enter__()
         try:
             check_free_space(self.final.parent, self.expected_bytes)
@@ -441,6 +473,7 @@ class ArtifactWriter:
             _share(self.path)
             seal.fsync_file(self.path / MANIFEST)
             if self.final.exists():
+                check_replaceable(self.final)  # still what --force may replace, now that the new one is complete
                 old = self.final.parent / f".{self.final.name}.old-{os.getpid()}"
                 os.replace(self.final, old)
                 os.replace(self.path, self.final)

@@ -8,7 +8,8 @@ Exit codes (documented in the README and ``quantkit --help``):
 * 0 - success
 * 1 - failure (a backend failed, a file is corrupt, an engine would not load the artifact, a backend or tool
   it needs is not installed)
-* 2 - usage or recipe error (bad flags or recipe, missing input, existing output without ``--force``)
+* 2 - usage or recipe error (bad flags or recipe, missing input, existing output without ``--force``, an output
+  that would overwrite the source, an input or a folder quantkit did not write)
 * 3 - a verification gate failed
 * 130 - interrupted (Ctrl-C or SIGTERM); temporary files were removed
 """
@@ -69,6 +70,11 @@ class CalibrationError(UsageError):
 
 class OutputExistsError(UsageError):
     """The output exists and --force was not given."""
+
+
+class UnsafeOutputError(UsageError):
+    """An output that would overwrite or remove what the user has: the source checkpoint (the output is it, holds
+    it or lies inside it) or an input file (inside an output that gets replaced)."""
 
 
 class LockedError(UsageError):

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantkit import artifact, formats, source as source_mod, tune as tune_mod, versions
+from quantkit import artifact, formats, outputs, source as source_mod, tune as tune_mod, versions
 from quantkit.artifact import Manifest
 from quantkit.errors import GateFailedError, OutputExistsError, QuantkitError, UsageError
 from quantkit.progress import Reporter
@@ -123,7 +123,9 @@ def run(recipe: Recipe, *, force: bool = False, reporter: Reporter | None = None
     rep = reporter or Reporter(quiet=True)
     t0 = time.perf_counter()
     release = Path(recipe.output)
+    outputs.check_recipe(recipe, force=force, pipeline=True)
     src = source_mod.resolve(recipe.model)
+    outputs.check_recipe(recipe, force=force, pipeline=True, source=src.path)  # a hub id's cached folder too
     results: list[OutputResult] = []
     for spec, out in recipe.artifacts():
         res = OutputResult(name=formats.folder(spec) if recipe.outputs else out.name, method=spec.method, path=out)

@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from quantkit import artifact, source as source_mod
+from quantkit import artifact, outputs, source as source_mod
 from quantkit.artifact import Manifest
 from quantkit.engines import base as engines
 from quantkit.engines.base import EngineOptions
@@ -276,6 +276,10 @@ def evaluate(paths: list[Path], baseline: str | None, options: EvalOptions | Non
     targets = expand_targets(paths, options.engine)
     _preflight({t.engine for t in targets}, options)
     src = resolve_baseline(baseline, targets)
+    if options.write:  # before any scoring: the report goes neither into the baseline nor over the user's files
+        text = Path(os.path.expanduser(options.dataset))
+        outputs.check_files(_report_dir(options, targets), (report_mod.REPORT, report_mod.PLOT), src.path,
+                            [("evaluation file", text)] if text.exists() else [])
     for t in targets:
         t.gates = gates_mod.resolve(options.gate_flags, options.recipe_gates,
                                     t.manifest.recipe_gates if t.manifest else None)

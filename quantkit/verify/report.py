@@ -103,7 +103,7 @@ def plot(report: EvalReport, path: Path) -> Path:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
-    fig.savefig(path)
+    fig.savefig(path, metadata={"Software": f"quantkit {__version__}"})  # what outputs.wrote recognises
     plt.close(fig)
     return path
 

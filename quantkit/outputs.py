@@ -1,0 +1,153 @@
+"""Where quantkit may write, decided before any work: it never destroys what the user has.
+
+Two rules, one module, used by every verb that writes (the producers, ``run`` and its bundle, ``eval``'s report):
+
+* **Outputs stay apart from inputs.** An output folder is never the source checkpoint, never holds it and never
+  lies inside it (``--force`` replaces the whole folder; writing into a checkpoint changes what the user has); an
+  input file (a calibration or evaluation text, an importance matrix, the recipe itself) never lies inside a
+  folder that gets replaced nor at a file quantkit writes. Paths are compared resolved, through symlinks and
+  ``..``, so ``models/m/../m`` and a link to the source are the source.
+* **Only quantkit's files are replaced.** ``--force`` replaces a folder holding a quantkit manifest, or an empty
+  folder (:func:`quantkit.artifact.check_replaceable`); a report, a ``SHA256SUMS`` or a plot is rewritten only
+  when the file at that name is one quantkit wrote (:func:`check_file`). Anything else is refused: the user
+  removes it, or chooses another output.
+
+Every refusal is a :class:`~quantkit.errors.UnsafeOutputError` (exit 2) naming both paths.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from quantkit.errors import OutputExistsError, UnsafeOutputError
+
+REMOVE_HINT = "remove it yourself, or choose another output"
+BUNDLE_FILES = ("report.json", "SHA256SUMS", "report.md", "size-vs-ppl.png")
+_SNIFF = 1 << 20  # the most quantkit reads of a file to tell whether it wrote it
+_SUM_LINE = re.compile(r"[0-9a-f]{64}  \S.*")
+_PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def real(path: str | Path) -> Path:
+    """A path as the file system sees it: ``~`` expanded, made absolute, symlinks and ``..`` resolved (also for
+    the part that does not exist yet)."""
+    return Path(os.path.expanduser(str(path))).resolve()
+
+
+def _within(inner: Path, outer: Path) -> bool:
+    return inner == outer or outer in inner.parents
+
+
+def check_apart(output: Path, source: Path | None = None, inputs: Iterable[tuple[str, Path]] = (),
+                what: str = "output") -> None:
+    """Refuse an output folder that is, holds or lies inside ``source``, or that holds one of ``inputs``
+    ((description, path) pairs)."""
+    out = real(output)
+    if source is not None:
+        src = real(source)
+        if out == src:
+            raise UnsafeOutputError(f"{what} {output} is the source model {source}: quantkit never writes over its "
+                                    "source", hint="choose another output folder")
+        if _within(src, out):
+            raise UnsafeOutputError(f"{what} {output} holds the source model {source}: --force would remove it",
+                                    hint="choose an output folder that does not hold the source")
+        if _within(out, src):
+            raise UnsafeOutputError(f"{what} {output} lies inside the source model {source}: quantkit never "
+                                    "writes into its source", hint="choose an output folder outside the source")
+    for name, path in inputs:
+        if _within(real(path), out):
+            raise UnsafeOutputError(f"{what} {output} holds the {name} {path}: replacing the output would remove it",
+                                    hint=f"move the {name} out of {output}, or choose another output folder")
+
+
+def check_files(folder: Path, names: Iterable[str], source: Path | None = None,
+                inputs: Iterable[tuple[str, Path]] = (), what: str = "report folder") -> None:
+    """Before writing files ``names`` into ``folder``: not into the source (nor below it), not over an input,
+    and not over a file quantkit did not write."""
+    out = real(folder)
+    if source is not None and _within(out, real(source)):
+        raise UnsafeOutputError(f"{what} {folder} lies inside the source model {source}: quantkit never writes "
+                                "into its source", hint="choose another folder")
+    targets = {real(folder / n): folder / n for n in names}
+    for name, path in inputs:
+        if real(path) in targets:
+            raise UnsafeOutputError(f"{what} {folder} would overwrite the {name} {path}",
+                                    hint=f"move the {name}, or choose another folder")
+    for target in targets.values():
+        check_file(target)
+
+
+def check_file(path: Path) -> None:
+    """Refuse to overwrite a file at ``path`` that quantkit did not write (a missing one is fine)."""
+    if not path.exists() and not path.is_symlink():
+        return
+    if path.is_symlink() or not path.is_file() or not wrote(path):
+        raise OutputExistsError(f"{path} exists and was not written by quantkit", hint=REMOVE_HINT)
+
+
+def wrote(path: Path) -> bool:
+    """Whether a file at one of the names quantkit writes (:data:`BUNDLE_FILES`) is one it wrote, by its content."""
+    with open(path, "rb") as f:
+        head = f.read(_SNIFF + 1)
+    if len(head) > _SNIFF and path.name != "size-vs-ppl.png":
+        return False  # quantkit's reports and sums are far smaller
+    if path.name == "size-vs-ppl.png":
+        return head.startswith(_PNG) and (b"Matplotlib" in head[:4096] or b"quantkit" in head[:4096])
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    if path.name == "report.md":
+        return text.startswith("# quantkit evaluation\n")
+    if path.name == "SHA256SUMS":
+        return all(_SUM_LINE.fullmatch(line) for line in text.splitlines() if line)
+    if path.name == "report.json":
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return False
+        return isinstance(data, dict) and {"release", "outputs"} <= set(data)
+    return False
+
+
+def recipe_inputs(recipe: Any) -> list[tuple[str, Path]]:
+    """The files a recipe reads besides the source: the recipe file, calibration and evaluation texts given as
+    paths, importance matrices."""
+    found: list[tuple[str, Path]] = []
+    if getattr(recipe, "path", None) is not None:
+        found.append(("recipe", Path(recipe.path)))
+    for name, value in (("calibration file", recipe.calibration.dataset), ("evaluation file", recipe.verify.dataset)):
+        p = Path(os.path.expanduser(value))
+        if p.exists():
+            found.append((name, p))
+    for spec, _ in recipe.artifacts():
+        given = getattr(spec, "imatrix_file", None)
+        if given:
+            found.append(("importance matrix", Path(given)))
+    return found
+
+
+def local_source(recipe: Any) -> Path | None:
+    """The source checkpoint's folder when it is on this machine under the name given (a hub id is not)."""
+    p = Path(os.path.expanduser(recipe.model.source))
+    return p if p.exists() else None
+
+
+def check_recipe(recipe: Any, *, force: bool = False, pipeline: bool = False, source: Path | None = None) -> None:
+    """Every output of a recipe apart from its source and inputs, and replaceable where ``--force`` would replace
+    it; with ``pipeline`` also the release folder and its bundle files (``quantkit run``)."""
+    from quantkit import artifact
+
+    src = source if source is not None else local_source(recipe)
+    inputs = recipe_inputs(recipe)
+    for _, out in recipe.artifacts():
+        check_apart(out, src, inputs)
+        if force and (out.exists() or out.is_symlink()):
+            artifact.check_replaceable(out)
+    if pipeline and recipe.outputs is not None:  # one output's bundle lives in the artifact, replaced with it
+        check_files(Path(recipe.output), BUNDLE_FILES, src, inputs, what="release folder")
