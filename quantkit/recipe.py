@@ -12,23 +12,28 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
 from quantkit import artifact, formats
 from quantkit.errors import RecipeError
 from quantkit.formats.specs import Strict
 
 
+PATH_LENGTH = 4096  # Linux's PATH_MAX
+
+
 class ModelSpec(Strict):
     """The source checkpoint: a local folder or a Hugging Face hub id (optionally pinned to a revision)."""
 
-    source: str = Field(description="local folder or hub id (org/name)")
-    revision: str | None = Field(None, description="hub branch, tag or commit; recorded in the manifest")
+    source: str = Field(max_length=PATH_LENGTH, description="local folder or hub id (org/name)")
+    revision: str | None = Field(None, max_length=256, description="hub branch, tag or commit; recorded in the "
+                                 "manifest")
     trust_remote_code: bool = Field(False, description="run the checkpoint's own Python code (off by default)")
     allow_pickle: bool = Field(False, description="accept .bin/.pt pickle weights (unsafe; off by default)")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
@@ -51,8 +56,8 @@ class CalibrationSpec(Strict):
 class GateSpec(Strict):
     """Release gates. A gate left unset is not checked."""
 
-    max_ppl_ratio: float | None = Field(None, gt=1.0, description="artifact ppl / baseline ppl")
-    max_kld: float | None = Field(None, ge=0.0, description="mean KL(baseline || artifact), nats per token")
+    max_ppl_ratio: float | None = Field(None, gt=1.0, le=1e6, description="artifact ppl / baseline ppl")
+    max_kld: float | None = Field(None, ge=0.0, le=1e6, description="mean KL(baseline || artifact), nats per token")
     min_top1: float | None = Field(None, ge=0.0, le=1.0, description="share of tokens whose argmax agrees")
 
 
@@ -60,10 +65,11 @@ class VerifySpec(Strict):
     """The evaluation protocol and its gates."""
 
     enabled: bool = True
-    dataset: str = Field("auto", description="auto = WikiText-2 test when the hub is reachable, else heldout")
-    ctx: int = Field(2048, ge=16)
-    stride: int | None = Field(None, ge=1)
-    max_tokens: int | None = Field(None, ge=16, description="score at most this many tokens")
+    dataset: str = Field("auto", max_length=PATH_LENGTH, description="auto = WikiText-2 test when the hub is "
+                         "reachable, else heldout")
+    ctx: int = Field(2048, ge=16, le=1 << 20)
+    stride: int | None = Field(None, ge=1, le=1 << 20)
+    max_tokens: int | None = Field(None, ge=16, le=10**12, description="score at most this many tokens")
     engine: Literal["auto", "transformers", "vllm", "llama.cpp"] = "auto"
     gates: GateSpec = Field(default_factory=lambda: GateSpec(max_ppl_ratio=1.5, max_kld=0.5, min_top1=0.6))
 
@@ -73,10 +79,11 @@ class SmokeSpec(Strict):
 
     enabled: bool = True
     engine: Literal["auto", "vllm", "llama.cpp", "trtllm"] = "auto"
-    timeout: float = Field(600.0, gt=0)
-    python: str | None = Field(None, description="the engine's own Python (vLLM/TensorRT-LLM environments)")
-    tp: int = Field(1, ge=1, description="tensor-parallel size: GPUs each smoke server spans (vLLM, TensorRT-LLM; "
-                    "GGUF outputs are served on one, llama.cpp spreads layers itself)")
+    timeout: float = Field(600.0, gt=0, le=7 * 86400)
+    python: str | None = Field(None, max_length=PATH_LENGTH, description="the engine's own Python (vLLM/TensorRT-LLM "
+                               "environments)")
+    tp: int = Field(1, ge=1, le=1024, description="tensor-parallel size: GPUs each smoke server spans (vLLM, "
+                    "TensorRT-LLM; GGUF outputs are served on one, llama.cpp spreads layers itself)")
     tune_kernels: bool = Field(False, description="also measure every vLLM kernel for each output served by vLLM "
                                "and record the fastest `vllm serve` command (quantkit tune; needs a GPU)")
 
@@ -88,23 +95,31 @@ METHODS = formats.methods()
 class RuntimeSpec(Strict):
     """Where and how the work runs. Not part of what an artifact *is*, but recorded for reproduction."""
 
-    device: str = Field("auto", description="auto, cpu, cuda, cuda:N")
-    num_gpus: int = Field(1, ge=1, description="> 1 launches llm-compressor's distributed calibration")
-    seed: int = 0
-    python: str | None = Field(None, description="another Python environment for this step (TensorRT-LLM)")
+    device: str = Field("auto", max_length=32, description="auto, cpu, cuda, cuda:N")
+    num_gpus: int = Field(1, ge=1, le=1024, description="> 1 launches llm-compressor's distributed calibration")
+    seed: int = Field(0, ge=-(2**63), lt=2**64)
+    python: str | None = Field(None, max_length=PATH_LENGTH, description="another Python environment for this step "
+                               "(TensorRT-LLM)")
 
 
 class Recipe(Strict):
     """A whole recipe. ``quantize`` (one artifact at ``output``) or ``outputs`` (several under ``output``)."""
 
     model: ModelSpec
-    output: str = Field(description="artifact folder, or the release folder for several outputs")
+    output: str = Field(max_length=PATH_LENGTH, description="artifact folder, or the release folder for several "
+                        "outputs")
     quantize: MethodSpec | None = None
     outputs: list[MethodSpec] | None = None
     calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
     verify: VerifySpec = Field(default_factory=VerifySpec)
     smoke: SmokeSpec = Field(default_factory=SmokeSpec)
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
+    _path: Path | None = PrivateAttr(None)
+
+    @property
+    def path(self) -> Path | None:
+        """The recipe file it was read from (None when made from flags alone): an input no output may replace."""
+        return self._path
 
     @model_validator(mode="after")
     def _one_seed(self) -> "Recipe":
@@ -158,15 +173,79 @@ class Recipe(Strict):
 # Loading with line numbers
 
 
+MAX_RECIPE_BYTES = 1 << 20  # a recipe is a page of YAML; the shipped ones are under 4 KiB
+MAX_DEPTH = 32  # nesting of mappings and lists (the schema's deepest path is 4)
+MAX_ALIASES = 64  # uses of an anchor (*name)
+MAX_NODES = 100_000  # values in the document as it expands, every alias counted as the nodes it stands for
+MAX_DIGITS = 40  # digits of a number (a seed is at most 20)
+MAX_STRING = 4096  # characters of one string (a path, a pattern, a name)
+
+
+class _Bound(yaml.composer.ComposerError):
+    """A document past one of the loader's bounds (it may be valid YAML; it is no recipe)."""
+
+
 class _LineLoader(yaml.SafeLoader):
-    """The safe loader, plus a map from each key path to the line it sits on (for error messages)."""
+    """The safe loader, bounded while it composes (depth, aliases, the expanded size: a "billion laughs" document
+    is refused at its first line past the bound, before anything expands), with numbers of bounded length and
+    dates kept as the strings they are. Every refusal is a YAML error with its line."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._aliases = 0
+        self._sizes: dict[int, int] = {}  # id(node) -> nodes it expands to
+
+    def _refuse(self, problem: str, mark: Any) -> None:
+        raise _Bound(None, None, problem, mark)
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                self._refuse(f"more than {MAX_ALIASES} aliases (*name)", self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            self._refuse(f"nested more than {MAX_DEPTH} levels deep", self.peek_event().start_mark)
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        children: list[Any] = []
+        if isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = node.value
+        size = 1 + sum(self._sizes.get(id(c), 1) for c in children)
+        if size > MAX_NODES:
+            self._refuse(f"expands to more than {MAX_NODES:,} values (aliases count as what they stand for)",
+                         node.start_mark)
+        self._sizes[id(node)] = size
+        return node
+
+    def construct_object(self, node: Any, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, TypeError, OverflowError) as e:  # an explicit tag on a value it does not fit (!!int x)
+            raise yaml.constructor.ConstructorError(None, None, f"cannot read this value: {e}",
+                                                    node.start_mark) from None
+
+    def construct_yaml_int(self, node: Any) -> Any:
+        if sum(c.isdigit() for c in str(node.value)) > MAX_DIGITS:
+            raise _Bound(None, None, f"a number of more than {MAX_DIGITS} digits", node.start_mark)
+        return super().construct_yaml_int(node)
+
+
+_LineLoader.add_constructor("tag:yaml.org,2002:int", _LineLoader.construct_yaml_int)
+_LineLoader.add_constructor("tag:yaml.org,2002:timestamp", yaml.SafeLoader.construct_yaml_str)
 
 
 def _compose_lines(node: yaml.Node, path: tuple, lines: dict[tuple, int]) -> None:
     lines[path] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
         for k, v in node.value:
-            key = k.value
+            key = k.value if isinstance(k, yaml.ScalarNode) else "?"
             lines[path + (key,)] = k.start_mark.line + 1
             _compose_lines(v, path + (key,), lines)
             lines[path + (key,)] = k.start_mark.line + 1
@@ -176,17 +255,58 @@ def _compose_lines(node: yaml.Node, path: tuple, lines: dict[tuple, int]) -> Non
 
 
 def _read_yaml(text: str, where: str) -> tuple[Any, dict[tuple, int]]:
+    """The document and the line of each key path, composed once under the loader's bounds."""
+    loader = _LineLoader(text)
     try:
-        node = yaml.compose(text, Loader=_LineLoader)
-        data = yaml.load(text, Loader=_LineLoader)
+        node = loader.get_single_node()
+        lines: dict[tuple, int] = {}
+        if node is not None:
+            _compose_lines(node, (), lines)
+        data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark else ""
-        raise RecipeError(f"{where}:{line} is not valid YAML: {getattr(e, 'problem', e)}") from None
-    lines: dict[tuple, int] = {}
-    if node is not None:
-        _compose_lines(node, (), lines)
+        what = "is refused" if isinstance(e, _Bound) else "is not valid YAML"
+        raise RecipeError(f"{where}:{line} {what}: {getattr(e, 'problem', e)}") from None
+    finally:
+        loader.dispose()
     return data, lines
+
+
+def _read_recipe_text(p: Path) -> str:
+    """The recipe file's text, read bounded (a recipe is small; a huge file is refused before it is read)."""
+    try:
+        with open(p, "rb") as f:
+            raw = f.read(MAX_RECIPE_BYTES + 1)
+    except FileNotFoundError:
+        raise RecipeError(f"recipe {p} does not exist", hint="`quantkit recipes` lists the shipped ones") from None
+    except OSError as e:
+        raise RecipeError(f"cannot read recipe {p}: {e}") from None
+    if len(raw) > MAX_RECIPE_BYTES:
+        raise RecipeError(f"{p}: the recipe is larger than {MAX_RECIPE_BYTES >> 10} KiB; a recipe is a page of YAML")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RecipeError(f"cannot read recipe {p}: {e}") from None
+
+
+def _out_of_bounds(data: Any, loc: tuple = ()) -> list[tuple[tuple, str]]:
+    """Values no field takes, found before the schema looks (any field, the formats' specs included): strings
+    longer than :data:`MAX_STRING`, numbers of more than :data:`MAX_DIGITS` digits, non-finite floats."""
+    found: list[tuple[tuple, str]] = []
+    if isinstance(data, dict):
+        for k, v in data.items():
+            found += _out_of_bounds(v, loc + (k,))
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            found += _out_of_bounds(v, loc + (i,))
+    elif isinstance(data, str) and len(data) > MAX_STRING:
+        found.append((loc, f"a string of {len(data):,} characters; at most {MAX_STRING} are accepted"))
+    elif isinstance(data, int) and not isinstance(data, bool) and abs(data) >= 10**MAX_DIGITS:
+        found.append((loc, f"a number of more than {MAX_DIGITS} digits"))
+    elif isinstance(data, float) and not math.isfinite(data):
+        found.append((loc, f"{data} is not a finite number"))
+    return found
 
 
 def _set_path(data: dict, dotted: str, value: Any) -> None:
@@ -218,29 +338,39 @@ def validate(data: Any, *, where: str = "recipe", lines: dict[tuple, int] | None
     if not isinstance(data, dict):
         raise RecipeError(f"{where}: a recipe must be a YAML mapping (key: value), not {type(data).__name__}")
     problems = list(problems or [])
-    try:
-        recipe = Recipe.model_validate(data)
-    except ValidationError as e:
-        for err in e.errors():
-            loc = tuple(p for p in err["loc"] if p not in METHODS)  # drop the discriminator's tag from the path
-            field = ".".join(str(p) for p in loc) or "(top level)"
-            origin = ""
-            if flags and field in flags:
-                origin = f" (from {flags[field]})"
-            elif lines:
-                probe = loc
-                while probe and probe not in lines:
-                    probe = probe[:-1]
-                if probe in lines:
-                    origin = f" (line {lines[probe]})"
-            got = err.get("input")
-            got_s = "" if err["type"] in ("missing", "extra_forbidden") or isinstance(got, dict) else f"; got {got!r}"
-            problems.append(f"{field}{origin}: {_describe(err)}{got_s}")
+
+    def origin(loc: tuple) -> str:
+        field = ".".join(str(p) for p in loc) or "(top level)"
+        if flags and field in flags:
+            return f"{field} (from {flags[field]})"
+        probe = loc
+        while probe and probe not in (lines or {}):
+            probe = probe[:-1]
+        return f"{field} (line {lines[probe]})" if lines and probe in lines else field
+
+    huge = _out_of_bounds(data)
+    if huge:  # refused before the schema sees them, which would echo them back whole
+        problems += [f"{origin(loc)}: {why}" for loc, why in huge]
     else:
-        if not problems:
-            return recipe
+        try:
+            recipe = Recipe.model_validate(data)
+        except ValidationError as e:
+            for err in e.errors():
+                loc = tuple(p for p in err["loc"] if p not in METHODS)  # drop the discriminator's tag from the path
+                got = err.get("input")
+                got_s = "" if err["type"] in ("missing", "extra_forbidden") or isinstance(got, dict) else \
+                    f"; got {_short(got)}"
+                problems.append(f"{origin(loc)}: {_describe(err)}{got_s}")
+        else:
+            if not problems:
+                return recipe
     head = f"{where}: " + ("invalid recipe" if len(problems) > 1 else problems[0])
     raise RecipeError(head if len(problems) == 1 else head + "\n  " + "\n  ".join(problems), hint=hint)
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text):,} characters)"
 
 
 def load(path: str | Path | None, overrides: dict[str, Any] | None = None,
@@ -257,13 +387,7 @@ def load(path: str | Path | None, overrides: dict[str, Any] | None = None,
     if path is not None:
         p = Path(path)
         where = str(p)
-        try:
-            text = p.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise RecipeError(f"recipe {p} does not exist", hint="`quantkit recipes` lists the shipped ones") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise RecipeError(f"cannot read recipe {p}: {e}") from None
-        loaded, lines = _read_yaml(text, where)
+        loaded, lines = _read_yaml(_read_recipe_text(p), where)
         if loaded is None:
             raise RecipeError(f"{where}: the recipe is empty")
         if not isinstance(loaded, dict):
@@ -282,7 +406,9 @@ def load(path: str | Path | None, overrides: dict[str, Any] | None = None,
     if path is not None and overrides:
         where = f"{where} + command line"
     hint = ("use a relative path inside the working folder, or pass -o/--output explicitly" if problems else None)
-    return validate(data, where=where, lines=lines, flags=flags, problems=problems, hint=hint)
+    recipe = validate(data, where=where, lines=lines, flags=flags, problems=problems, hint=hint)
+    recipe._path = Path(path) if path is not None else None
+    return recipe
 
 
 def _merge(a: dict, b: dict) -> dict:
