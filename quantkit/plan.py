@@ -1,7 +1,7 @@
 """``--dry-run``: what a command would do, from headers and configs only, without loading a weight.
 
 For each output of a recipe: the producer's own checks (group sizes, ignore patterns, supported architecture,
-calibration length), whether it would be built, reused or refused (``quantkit run``'s reuse rule, an existing
+calibration length) and what it would choose from the source unasked (a group size other than the default), whether it would be built, reused or refused (``quantkit run``'s reuse rule, an existing
 output without ``--force``), the calibration tokens it reads (or why none), the expected size on disk (the
 producer's estimate, the same one the free-space check uses), the expected peak memory, and how it would be
 evaluated and smoke-tested here, or why those steps would be skipped.
@@ -47,6 +47,7 @@ class PlannedOutput:
     gpu_bytes: int
     evaluate: str
     smoke: str
+    notes: list[str] = field(default_factory=list)  # what the producer decides from the source, unasked
 
 
 @dataclass
@@ -64,6 +65,7 @@ def make(recipe: Recipe, *, force: bool = False, pipeline: bool = False, evaluat
          smoke: bool = True, method: str | None = None) -> Plan:
     """The plan of a recipe's outputs (``pipeline``: as ``quantkit run`` would, with reuse, eval and smoke)."""
     from quantkit import pipeline as pipeline_mod
+    from quantkit.producers.compressed import group_choice  # a producer module: imported when planning, not before
 
     src = source_mod.resolve(recipe.model)
     out = Plan(source={"id": src.spec, "path": str(src.path), "architecture": src.architecture,
@@ -93,12 +95,14 @@ def make(recipe: Recipe, *, force: bool = False, pipeline: bool = False, evaluat
                  else f"none ({row.key} reads no calibration data)")
         host, gpu = _memory(row, spec, recipe, src, layer)
         kind = formats.kind(row.kind)
+        choice = group_choice(spec, src)
         out.outputs.append(PlannedOutput(
             name=formats.folder(spec) if recipe.outputs else path.name, format=row.key, kind=kind.label,
             path=str(path), action=action, why=why, calibration=calib,
             disk_bytes=producer.estimate_bytes(spec, src), host_bytes=host, gpu_bytes=gpu,
             evaluate=_evaluate(kind, recipe, pipeline and evaluate),
-            smoke=_smoke(kind, recipe, pipeline and smoke)))
+            smoke=_smoke(kind, recipe, pipeline and smoke),
+            notes=[choice.reason] if choice and choice.changed else []))
     return out
 
 

@@ -75,6 +75,9 @@ def print_plan(plan: Any, as_json: bool) -> None:
                   fmt_bytes(o.disk_bytes), fmt_bytes(o.host_bytes), fmt_bytes(o.gpu_bytes) if o.gpu_bytes else "-",
                   escape(o.evaluate), escape(o.smoke))
     c.print(t)
+    for o in plan.outputs:
+        for note in o.notes:
+            c.print(f"[yellow]note:[/] {escape(o.path)}: {escape(note)}")
     c.print("[dim]disk: the producer's estimate (also used for the free-space check); memory: rules of thumb "
             "(quantkit.plan)[/]")
 

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from quantkit.formats import kinds
-from quantkit.formats.specs import AwqSpec, Fp8Spec, GgufSpec, GptqSpec, Int8Spec, RtnSpec, TrtSpec, W4a8Spec
+from quantkit.formats.specs import (DEFAULT_GROUP_SIZE, AwqSpec, Fp8Spec, GgufSpec, GptqSpec, Int8Spec, RtnSpec,
+                                   TrtSpec, W4a8Spec)
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,8 @@ LLMCOMPRESSOR = CALIBRATION + IGNORE + REVISION + LOADING + DEVICE + GPUS + SEED
 
 BITS = _f("bits", "--bits", int, "quantize.bits", "Weight bits: 4 or 8 \\[default: 4].")
 GROUP = _f("group_size", "--group-size", int, "quantize.group_size",
-           "Weights per quantization group: 32, 64, 128, 256 or -1 for per-channel \\[default: 128].")
+           "Weights per quantization group: 32, 64, 128, 256 or -1 for per-channel \\[default: 128, or the largest "
+           "of 64 and 32 that divides every layer's input width].")
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,8 @@ class Format:
 
 
 def _int_folder(spec: Any) -> str:
-    return f"{spec.method}-w{spec.bits}g{spec.group_size if spec.group_size > 0 else 'ch'}"
+    g = DEFAULT_GROUP_SIZE if spec.group_size is None else spec.group_size  # unset: named after the default
+    return f"{spec.method}-w{spec.bits}g{g if g > 0 else 'ch'}"
 
 
 FORMATS: tuple[Format, ...] = (

@@ -12,6 +12,14 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 GROUP_SIZES = (-1, 32, 64, 128, 256)
+# An unset group_size is 128, or where 128 does not divide every layer's input width (SmolLM2's hidden_size is 576),
+# the largest of these that does: the group sizes vLLM 0.26's int4/int8 weight-only kernels take (Machete, Hopper's
+# first choice: -1, 64, 128; Marlin: -1, 32, 64, 128; see quantkit.serve.kernels). -1 when none divides.
+DEFAULT_GROUP_SIZE = 128
+FALLBACK_GROUP_SIZES = (64, 32)
+W4A8_GROUP_SIZE = 128  # the only size llm-compressor's W4AFP8 scheme and vLLM's CUTLASS W4A8 kernel take
+GROUP_HELP = ("weights per quantization group: 32, 64, 128, 256, or -1 for one group per output channel; unset: 128, "
+              "or the largest of 64 and 32 that divides every layer's input width (the manifest records which)")
 
 
 class Strict(BaseModel):
@@ -20,8 +28,8 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-def _check_group_size(v: int) -> int:
-    if v not in GROUP_SIZES:
+def _check_group_size(v: int | None) -> int | None:
+    if v is not None and v not in GROUP_SIZES:
         raise ValueError(f"must be one of {', '.join(map(str, GROUP_SIZES))} (-1 = one group per output channel)")
     return v
 
@@ -41,7 +49,7 @@ class AwqSpec(MethodBase):
 
     method: Literal["awq"]
     bits: Literal[4, 8] = 4
-    group_size: int = 128
+    group_size: int | None = Field(None, description=GROUP_HELP)
     symmetric: bool = False
     format: Literal["compressed-tensors", "autoawq"] = "compressed-tensors"
     duo_scaling: bool = True
@@ -58,7 +66,7 @@ class GptqSpec(MethodBase):
 
     method: Literal["gptq"]
     bits: Literal[4, 8] = 4
-    group_size: int = 128
+    group_size: int | None = Field(None, description=GROUP_HELP)
     symmetric: bool = True
     act_order: bool = Field(True, description="GPTQ activation ordering (static: no g_idx, no runtime cost)")
     damp: float = Field(0.01, gt=0, lt=1, description="dampening as a fraction of the Hessian diagonal mean")
@@ -88,7 +96,7 @@ class W4a8Spec(MethodBase):
 
     method: Literal["w4a8"]
     weights: Literal["gptq", "rtn"] = "gptq"
-    group_size: Literal[128] = Field(128, description="the one group size the scheme and vLLM's kernel take")
+    group_size: Literal[128] = Field(W4A8_GROUP_SIZE, description="the one group size the scheme and vLLM's kernel take")
 
 
 class RtnSpec(MethodBase):
@@ -96,7 +104,7 @@ class RtnSpec(MethodBase):
 
     method: Literal["rtn"]
     bits: Literal[4, 8] = 4
-    group_size: int = 128
+    group_size: int | None = Field(None, description=GROUP_HELP)
     symmetric: bool = True
     _g = field_validator("group_size")(_check_group_size)
 

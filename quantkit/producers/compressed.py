@@ -43,6 +43,7 @@ from typing import Any
 from quantkit import ignore as ignore_mod
 from quantkit.errors import BackendError, SourceModelError, UsageError
 from quantkit.producers import coverage, moe
+from quantkit.formats.specs import DEFAULT_GROUP_SIZE, FALLBACK_GROUP_SIZES, W4A8_GROUP_SIZE
 from quantkit.producers.base import ProduceContext, Produced
 from quantkit.source import SourceModel
 
@@ -60,6 +61,7 @@ _QUANTIZERS = ("GPTQModifier", "QuantizationModifier")
 # written is hashed and fsynced meanwhile (quantkit.seal) instead of all 9 GB of an 8B FP8 artifact at the end.
 SHARD_SIZE = "4GB"
 _FP8_PRESETS = {"static": "FP8", "dynamic": "FP8_DYNAMIC", "block": "FP8_BLOCK"}
+_GROUPED = ("awq", "gptq", "rtn")  # the methods whose group size a recipe sets (or leaves to group_choice)
 _FP8_KV_CACHE = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
 
 
@@ -101,14 +103,21 @@ def _int_scheme(bits: int, symmetric: bool) -> str:
     return f"W{bits}A16" + ("" if symmetric else "_ASYM")
 
 
+def _group(spec: Any) -> int:
+    """The spec's group size, an unset one read as the default: :meth:`CompressedProducer.produce` resolves it
+    against the source (:func:`group_choice`) before planning, so only a plan made without a source reads this."""
+    return DEFAULT_GROUP_SIZE if spec.group_size is None else spec.group_size
+
+
 def _weight_only(spec: Any) -> dict[str, Any]:
     return {"config_groups": {"group_0": {"targets": ["Linear"],
-                                          "weights": _int_weights(spec.bits, spec.group_size, spec.symmetric)}}}
+                                          "weights": _int_weights(spec.bits, _group(spec), spec.symmetric)}}}
 
 
 def _int_summary(spec: Any) -> dict[str, Any]:
-    return {"bits": spec.bits, "group_size": spec.group_size, "symmetric": spec.symmetric,
-            "weights": f"int{spec.bits} {'per-channel' if spec.group_size < 0 else f'group {spec.group_size}'}"
+    g = _group(spec)
+    return {"bits": spec.bits, "group_size": g, "symmetric": spec.symmetric,
+            "weights": f"int{spec.bits} {'per-channel' if g < 0 else f'group {g}'}"
                        f" {'symmetric' if spec.symmetric else 'asymmetric'}",
             "activations": "bf16/fp16 (weight-only)"}
 
@@ -188,18 +197,79 @@ def plan(spec: Any) -> Plan:
 # Checks before anything loads
 
 
-def _check_group_divides(spec: Any, source: SourceModel) -> None:
-    g = getattr(spec, "group_size", -1)
-    if g is None or g <= 0:
-        return
-    cfg = source.config
-    dims = {k: int(cfg[k]) for k in ("hidden_size", "intermediate_size") if isinstance(cfg.get(k), int)}
-    if isinstance(cfg.get("head_dim"), int) and isinstance(cfg.get("num_attention_heads"), int):
-        dims["num_attention_heads x head_dim (o_proj input)"] = cfg["head_dim"] * cfg["num_attention_heads"]
-    bad = [f"{k} = {v}" for k, v in dims.items() if v % g]
-    if bad:
-        raise UsageError(f"--group-size {g} does not divide the layers' input width ({', '.join(bad)})",
-                         hint="choose a group size that divides them, or -1 for one scale per output channel")
+def input_widths(config: dict[str, Any]) -> dict[str, int]:
+    """The input widths of the Linear layers that get quantized, each named by the config keys that set it: a weight
+    group runs along a layer's input, so every one of these must be a whole number of groups."""
+    cfg = config.get("text_config") or config
+    ints = {k: v for k, v in cfg.items() if isinstance(v, int) and not isinstance(v, bool)}
+    dims = {k: ints[k] for k in ("hidden_size", "intermediate_size", "moe_intermediate_size",
+                                 "shared_expert_intermediate_size", "q_lora_rank", "kv_lora_rank") if ints.get(k)}
+    if ints.get("head_dim") and ints.get("num_attention_heads"):
+        dims["num_attention_heads x head_dim (o_proj input)"] = ints["head_dim"] * ints["num_attention_heads"]
+    return dims
+
+
+@dataclass(frozen=True)
+class GroupChoice:
+    """The weight group size a run uses: what the recipe or flags asked for (None: nothing, so the default), the
+    size used, and why (for the one warning line and the manifest's quantization summary)."""
+
+    requested: int | None
+    size: int
+    reason: str
+
+    @property
+    def changed(self) -> bool:
+        """Whether the default was replaced (then the user is told)."""
+        return self.requested is None and self.size != DEFAULT_GROUP_SIZE
+
+    def manifest(self) -> dict[str, Any]:
+        return {"group_size": self.size, "group_size_requested": self.requested, "group_size_reason": self.reason}
+
+
+def group_choice(spec: Any, source: SourceModel) -> GroupChoice | None:
+    """The group size of an ``awq``/``gptq``/``rtn`` spec on this source (None for methods without one).
+
+    An explicit group size that does not divide a layer's input width is refused (exit 2), since llm-compressor
+    would quantize a ragged last group and vLLM would refuse the artifact only when loading it. An unset one is the
+    default 128, or the largest group size vLLM's kernels take that divides every input width
+    (:data:`quantkit.formats.specs.FALLBACK_GROUP_SIZES`), or -1 (one scale per output channel) when none does.
+    One size for every layer, not one per layer: vLLM fuses q/k/v and gate/up into single layers that must share a
+    scheme, the AutoAWQ and GPTQ layouts carry one group size, and a smaller group only adds accuracy (and 16 bits
+    of scale per group: 0.25 instead of 0.125 bits per weight at 64).
+    """
+    if spec.method not in _GROUPED:
+        return None
+    widths = input_widths(source.config)
+
+    def not_divided(g: int) -> list[str]:
+        return [f"{k} = {v}" for k, v in widths.items() if g > 0 and v % g]
+
+    g = spec.group_size
+    if g is not None:
+        if not_divided(g):
+            raise UsageError(f"--group-size {g} does not divide the layers' input width ({', '.join(not_divided(g))})",
+                             hint="choose a group size that divides them, or -1 for one scale per output channel")
+        return GroupChoice(g, g, "given")
+    bad = not_divided(DEFAULT_GROUP_SIZE)
+    if not bad:
+        return GroupChoice(None, DEFAULT_GROUP_SIZE, "the default")
+    fits = next((n for n in FALLBACK_GROUP_SIZES if not not_divided(n)), -1)
+    pick = (f"{fits}, the largest group size vLLM's kernels take that divides every layer's input width" if fits > 0
+            else "-1 (one scale per output channel): no group size vLLM's kernels take divides every layer's input "
+                 "width")
+    return GroupChoice(None, fits, f"the default group size {DEFAULT_GROUP_SIZE} does not divide {', '.join(bad)}; "
+                                   f"using {pick}")
+
+
+def _check_w4a8(spec: Any, source: SourceModel) -> None:
+    """W4A8's groups are 128 wide, the one size llm-compressor's W4AFP8 scheme and vLLM's CUTLASS W4A8 kernel take,
+    so a width they do not divide is refused (there is no other size to choose)."""
+    bad = [f"{k} = {v}" for k, v in input_widths(source.config).items() if v % W4A8_GROUP_SIZE]
+    if spec.method == "w4a8" and bad:
+        raise UsageError(f"w4a8 quantizes in groups of {W4A8_GROUP_SIZE} (the only size its scheme and vLLM's CUTLASS "
+                         f"W4A8 kernel take), which do not divide the layers' input width ({', '.join(bad)})",
+                         hint="use awq, gptq or rtn (W4A16: they choose a group size that divides) or fp8")
 
 
 class CompressedProducer:
@@ -212,7 +282,8 @@ class CompressedProducer:
                 f"{source.spec} is a {', '.join(archs) or 'model without architectures'}; "
                 f"`quantkit {spec.method}` quantizes causal language models (…ForCausalLM)",
                 hint="check config.json's architectures; vision-language models need their own recipe")
-        _check_group_divides(spec, source)
+        group_choice(spec, source)
+        _check_w4a8(spec, source)
         ignore_mod.effective(spec, source)  # a misspelt --ignore fails here, before anything loads
 
     def estimate_bytes(self, spec: Any, source: SourceModel) -> int:
@@ -225,8 +296,15 @@ class CompressedProducer:
 
     def produce(self, ctx: ProduceContext) -> Produced:
         spec, rep = ctx.spec, ctx.reporter
+        choice = group_choice(spec, ctx.source)
+        notes: list[str] = []
+        if choice is not None:
+            spec = spec.model_copy(update={"group_size": choice.size})  # what the plan and a torchrun worker use
+            if choice.changed:
+                notes.append(choice.reason)
+                rep.warn(f"{choice.reason} (--group-size chooses another)")
         p = plan(spec)
-        job = _job(ctx)
+        job = _job(ctx, spec)
         with rep.timed("setup"):  # importing torch and transformers, starting CUDA, the tokenizer
             device = _pin_device(ctx.runtime.device, ctx.runtime.num_gpus)
             from transformers import AutoTokenizer
@@ -256,9 +334,8 @@ class CompressedProducer:
         if warning:
             rep.warn(warning)
             info["notes"].append(warning)
-        quantization = _describe(ctx.workdir, p, info, job["ignore"])
-        return Produced(quantization=quantization, calibration=calib,
-                        notes=list(info.get("notes", [])))
+        quantization = _describe(ctx.workdir, p, info, job["ignore"]) | (choice.manifest() if choice else {})
+        return Produced(quantization=quantization, calibration=calib, notes=notes + list(info.get("notes", [])))
 
 
 PRODUCER = CompressedProducer()
@@ -268,9 +345,9 @@ PRODUCER = CompressedProducer()
 # The job: everything oneshot needs, as plain data (so a torchrun worker can run the same thing)
 
 
-def _job(ctx: ProduceContext) -> dict[str, Any]:
+def _job(ctx: ProduceContext, spec: Any) -> dict[str, Any]:
     return {
-        "method": ctx.spec.method, "spec": ctx.spec.model_dump(mode="json"), "source": str(ctx.source.path),
+        "method": spec.method, "spec": spec.model_dump(mode="json"), "source": str(ctx.source.path),
         "config": ctx.source.config, "ignore": ignore_mod.effective(ctx.spec, ctx.source),
         "dtype": ctx.model.dtype, "trust_remote_code": ctx.model.trust_remote_code,
         "seq_len": ctx.calibration.seq_len, "min_expert_tokens": ctx.calibration.min_expert_tokens,

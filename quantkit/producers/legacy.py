@@ -35,6 +35,7 @@ from typing import Any
 from quantkit.errors import BackendError, UsageError
 from quantkit.producers.base import ProduceContext, Produced
 from quantkit.producers.compressed import PRODUCER as COMPRESSED
+from quantkit.producers.compressed import group_choice
 from quantkit.source import SourceModel
 
 AWQ_PACK_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ GEMM: word slot i holds column AWQ_PACK_ORDER[i] of 8
@@ -331,7 +332,7 @@ class LegacyProducer:
             if spec.bits != 4:
                 raise UsageError(f"--format autoawq needs --bits 4 (AutoAWQ's GEMM layout packs only int4); got "
                                  f"--bits {spec.bits}", hint="drop --format autoawq, or use --bits 4")
-            if spec.group_size <= 0:
+            if group_choice(spec, source).size <= 0:
                 raise UsageError("--format autoawq needs a group size (AutoAWQ has no per-channel GEMM layout)",
                                  hint="use --group-size 128 (the AutoAWQ default) or drop --format autoawq")
 
