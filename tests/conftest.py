@@ -12,6 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "models" / "quantkit-tiny"
+SMOLLM2 = ROOT / "models" / "real" / "SmolLM2-135M-Instruct"
 
 
 def has_cuda() -> bool:
@@ -42,6 +43,17 @@ def one_torch_thread():
 def tiny() -> Path:
     """The reference model shipped in models/quantkit-tiny."""
     return TINY
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """SmolLM2-135M-Instruct, real pretrained weights (Apache-2.0), built by ``make real-models``
+    (scripts/build_real_models.py) and linked into models/real/. It fails, never skips, when the folder is missing:
+    ``make test`` builds it first, so a missing model is a broken setup, and a skip would hide every test on it."""
+    if not (SMOLLM2 / "BUILD.json").is_file():
+        pytest.fail(f"{SMOLLM2} is missing or unfinished: build it with `make real-models` "
+                    "(scripts/build_real_models.py)", pytrace=False)
+    return SMOLLM2.resolve()
 
 
 def quantkit(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 900,
