@@ -1,8 +1,9 @@
 """``--dry-run``: what a command would do, from headers and configs only, without loading a weight.
 
 For each output of a recipe: the producer's own checks (group sizes, ignore patterns, supported architecture,
-calibration length) and what it would choose from the source unasked (a group size other than the default), whether it would be built, reused or refused (``quantkit run``'s reuse rule, an existing
-output without ``--force``), the calibration tokens it reads (or why none), the expected size on disk (the
+calibration length) and what it would choose from the source unasked (a group size other than the default),
+whether it would be built, reused or refused (``quantkit run``'s reuse rule, an existing output without
+``--force``), the calibration tokens it reads (or why none), the expected size on disk (the
 producer's estimate, the same one the free-space check uses), the expected peak memory, and how it would be
 evaluated and smoke-tested here, or why those steps would be skipped.
 
@@ -166,7 +167,7 @@ def _memory(row: formats.Format, spec: Any, recipe: Recipe, src: SourceModel, la
 
     A job for a GPU can be planned on a machine without one: ``--device cuda`` gives the GPU estimate anyway.
     """
-    cfg = src.config.get("text_config", src.config)
+    cfg = src.config.get("text_config") or src.config
     hidden = int(cfg.get("hidden_size") or 0)
     width = max(int(cfg.get("intermediate_size") or 0), int(cfg.get("moe_intermediate_size") or 0), hidden)
     model = src.size_bytes if recipe.model.dtype == "auto" else src.num_parameters * (

@@ -96,7 +96,8 @@ class W4a8Spec(MethodBase):
 
     method: Literal["w4a8"]
     weights: Literal["gptq", "rtn"] = "gptq"
-    group_size: Literal[128] = Field(W4A8_GROUP_SIZE, description="the one group size the scheme and vLLM's kernel take")
+    group_size: Literal[128] = Field(W4A8_GROUP_SIZE,
+                                     description="the one group size the scheme and vLLM's kernel take")
 
 
 class RtnSpec(MethodBase):

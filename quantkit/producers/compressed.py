@@ -262,14 +262,45 @@ def group_choice(spec: Any, source: SourceModel) -> GroupChoice | None:
                                    f"using {pick}")
 
 
-def _check_w4a8(spec: Any, source: SourceModel) -> None:
-    """W4A8's groups are 128 wide, the one size llm-compressor's W4AFP8 scheme and vLLM's CUTLASS W4A8 kernel take,
-    so a width they do not divide is refused (there is no other size to choose)."""
-    bad = [f"{k} = {v}" for k, v in input_widths(source.config).items() if v % W4A8_GROUP_SIZE]
-    if spec.method == "w4a8" and bad:
-        raise UsageError(f"w4a8 quantizes in groups of {W4A8_GROUP_SIZE} (the only size its scheme and vLLM's CUTLASS "
-                         f"W4A8 kernel take), which do not divide the layers' input width ({', '.join(bad)})",
-                         hint="use awq, gptq or rtn (W4A16: they choose a group size that divides) or fp8")
+def _fused_output_widths(config: dict[str, Any]) -> dict[str, int]:
+    """The output widths of the layers vLLM fuses (q/k/v into one qkv_proj, gate/up into one gate_up_proj) and of
+    the others (o_proj and down_proj write hidden_size)."""
+    cfg = config.get("text_config") or config
+    hidden, heads = int(cfg.get("hidden_size") or 0), int(cfg.get("num_attention_heads") or 0)
+    kv, inter = int(cfg.get("num_key_value_heads") or heads), int(cfg.get("intermediate_size") or 0)
+    head_dim = int(cfg.get("head_dim") or (hidden // heads if heads else 0))
+    dims = {"hidden_size (o_proj and down_proj output)": hidden,
+            "(num_attention_heads + 2 x num_key_value_heads) x head_dim (fused q/k/v output)":
+                (heads + 2 * kv) * head_dim,
+            "2 x intermediate_size (fused gate/up output)": 2 * inter}
+    return {k: v for k, v in dims.items() if v}
+
+
+def _check_tiles(spec: Any, source: SourceModel) -> None:
+    """Refuse the two schemes whose tiles are fixed at 128 on widths 128 does not divide: there is no other size to
+    choose, and vLLM would refuse the artifact only after loading it.
+
+    * W4A8: llm-compressor's W4AFP8 scheme groups 128 weights, and vLLM 0.26's one W4A8 kernel on Hopper
+      (``CutlassW4A8LinearKernel.can_implement``) takes group 128 with every layer's input and output width (per
+      GPU) a multiple of 128.
+    * FP8 block: 128x128 weight blocks with activations quantized in groups of 128 along each layer's input, and
+      vLLM's block-scaled kernels need whole blocks along the input (compressed-tensors' ``initialize`` says so).
+      The output rows may end in a partial block, so only the input widths are checked.
+    """
+    if spec.method == "w4a8":
+        what = (f"w4a8 quantizes in groups of {W4A8_GROUP_SIZE} (the only size its scheme and vLLM's CUTLASS W4A8 "
+                "kernel take)")
+        widths = {**input_widths(source.config), **_fused_output_widths(source.config)}
+        hint = "use awq, gptq or rtn (W4A16: they choose a group size that divides) or fp8"
+    elif spec.method == "fp8" and spec.scheme == "block":
+        what = "--scheme block quantizes in 128x128 weight blocks and activation groups of 128 along each layer's input"
+        widths = input_widths(source.config)
+        hint = "use --scheme dynamic (per-channel weights, per-token activations) or --scheme static: any width"
+    else:
+        return
+    bad = [f"{k} = {v}" for k, v in widths.items() if v % 128]
+    if bad:
+        raise UsageError(f"{what}, and 128 does not divide the layers' width ({', '.join(bad)})", hint=hint)
 
 
 class CompressedProducer:
@@ -283,7 +314,7 @@ class CompressedProducer:
                 f"`quantkit {spec.method}` quantizes causal language models (…ForCausalLM)",
                 hint="check config.json's architectures; vision-language models need their own recipe")
         group_choice(spec, source)
-        _check_w4a8(spec, source)
+        _check_tiles(spec, source)
         ignore_mod.effective(spec, source)  # a misspelt --ignore fails here, before anything loads
 
     def estimate_bytes(self, spec: Any, source: SourceModel) -> int:
@@ -481,6 +512,43 @@ def _awq_without_pin_memory(p: Plan) -> Iterator[None]:
         IntermediatesCache.pin_memory = original  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
+def _awq_resolved(p: Plan) -> Iterator[list[str]]:
+    """The smooth layers AWQ's mappings resolved to, by name, as llm-compressor found them.
+
+    llmcompressor 0.14.0.1's AWQModifier resolves each mapping's patterns per layer in ``_set_resolved_mappings``
+    and skips a layer whose shapes do not fit (``_check_layers_are_compatible``: with grouped-query attention,
+    v_proj -> o_proj everywhere), then forgets the result when it finishes; its mappings alone would say every
+    mapping was used. So that method's result is read as it is made, for this call only.
+    """
+    names: list[str] = []
+    if not any(name == "AWQModifier" for name, _ in p.modifiers):
+        yield names
+        return
+    from llmcompressor.modifiers.transform.awq import AWQModifier
+
+    original = AWQModifier._set_resolved_mappings
+
+    def recording(self: Any, model: Any) -> None:
+        original(self, model)
+        names.extend(r.smooth_name for r in self._resolved_mappings)
+
+    AWQModifier._set_resolved_mappings = recording  # type: ignore[method-assign]
+    try:
+        yield names
+    finally:
+        AWQModifier._set_resolved_mappings = original  # type: ignore[method-assign]
+
+
+def _matching(pattern: str, names: list[str]) -> int:
+    """How many module names a compressed-tensors target matches (``re:`` a regular expression, else the name)."""
+    import re
+
+    if pattern.startswith("re:"):
+        return sum(1 for n in names if re.match(pattern[3:], n))
+    return sum(1 for n in names if n == pattern or n.endswith("." + pattern))
+
+
 def _oneshot(model: Any, p: Plan, job: dict[str, Any]) -> dict[str, Any]:
     """Run llm-compressor's oneshot on a loaded model; returns what the manifest should know about the run."""
     _quiet_llmcompressor_log()
@@ -502,7 +570,7 @@ def _oneshot(model: Any, p: Plan, job: dict[str, Any]) -> dict[str, Any]:
     counted = fam and samples and not torch.distributed.is_initialized()
     router = moe.RouterTokens(model, fam, job["config"], sum(map(len, samples))) if counted else None
     try:
-        with _awq_without_pin_memory(p), router or contextlib.nullcontext():
+        with _awq_without_pin_memory(p), _awq_resolved(p) as resolved, router or contextlib.nullcontext():
             oneshot(model=model, recipe=modifiers, **kwargs)
     except torch.OutOfMemoryError as e:
         raise BackendError(f"out of GPU memory while quantizing: {str(e).splitlines()[0][:200]}",
@@ -518,8 +586,14 @@ def _oneshot(model: Any, p: Plan, job: dict[str, Any]) -> dict[str, Any]:
                        "expert_tokens": router.summary(job["min_expert_tokens"]) if router else None}
     for m in modifiers:
         if type(m).__name__ == "AWQModifier":
-            info["awq_mappings"] = [{"smooth_layer": mp.smooth_layer, "balance_layers": list(mp.balance_layers)}
-                                    for mp in (m.mappings or [])]
+            info["awq_mappings"] = [{"smooth_layer": mp.smooth_layer, "balance_layers": list(mp.balance_layers),
+                                     "layers": _matching(mp.smooth_layer, resolved)} for mp in (m.mappings or [])]
+            unused = [f"{mp['smooth_layer']} -> {', '.join(mp['balance_layers'])}" for mp in info["awq_mappings"]
+                      if mp["layers"] == 0]
+            if unused:
+                info["notes"].append(f"AWQ mappings llm-compressor applied in no layer ({'; '.join(unused)}): it skips "
+                                     "a layer where the smooth layer's outputs are not the balance layers' inputs "
+                                     "(v_proj -> o_proj with fewer key-value heads than heads)")
             info["awq_mappings_source"] = _awq_mapping_source(model) + (
                 ", its router mapping split into MoE and dense layers by quantkit" if split else "")
             info["notes"].append(f"AWQ smoothing mappings chosen by llm-compressor: {info['awq_mappings_source']}")

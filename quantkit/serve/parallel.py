@@ -1,11 +1,21 @@
 """Tensor parallelism for serving: whether an artifact can be split over ``tp`` GPUs, checked before a server starts.
 
-vLLM splits each attention block by heads and each MLP by its intermediate size (column-parallel gate/up, row-
-parallel down), so every split must fall on a whole head and on a whole quantization group or block: a W4A16
-artifact with group 128 cannot be served with tp=2 when ``intermediate_size / 2`` is not a multiple of 128, and vLLM
-says so only after a minute of loading, in a stack trace. These checks say it in one line, before any process
-starts, and name the largest tp that works. Key-value heads may be fewer than tp (vLLM replicates them), but tp
-must then be a multiple of their number.
+vLLM splits each attention block by heads (column-parallel q/k/v, row-parallel o_proj) and each MLP by its
+intermediate size (column-parallel gate/up, row-parallel down), so every split must fall on a whole head and on a
+whole quantization group or block: a W4A16 artifact with group 128 cannot be served with tp=2 when
+``intermediate_size / 2`` is not a multiple of 128, and vLLM says so only after a minute of loading, in a stack
+trace. These checks say it in one line, before any process starts, and name the largest tp that works (any number
+of GPUs, not only powers of two: SmolLM2-135M's 9 heads split over 3 GPUs, never 2). Key-value heads may be fewer
+than tp (vLLM replicates them), but tp must then be a multiple of their number.
+
+What each split must hold, after vLLM 0.26's checks (``MarlinLinearKernel.can_implement``: a group may not straddle
+two GPUs; ``fp8_utils.validate_fp8_block_shape``: every per-GPU input and output of a block-quantized layer is
+whole blocks):
+
+* groups run along a layer's input, so the row-parallel inputs per GPU (o_proj's ``heads / tp x head_dim``,
+  down_proj's ``intermediate_size / tp``) are whole groups;
+* 128x128 blocks also split along the outputs: the q/k/v outputs per GPU (k and v: at least one head each, as
+  vLLM replicates them) are whole blocks too, and gate/up's are the intermediate size above.
 """
 
 from __future__ import annotations
@@ -66,28 +76,34 @@ def problems(folder: Path, tp: int) -> list[str]:
     bad: list[str] = []
     heads = int(cfg.get("num_attention_heads") or 0)
     kv = int(cfg.get("num_key_value_heads") or heads)
+    head_dim = int(cfg.get("head_dim") or (int(cfg.get("hidden_size") or 0) // heads if heads else 0))
     if heads and heads % tp:
         bad.append(f"{heads} attention heads are not divisible by {tp}")
     if kv and kv % tp and tp % kv:
         bad.append(f"{kv} key-value heads: {tp} is neither a divisor nor a multiple of it")
+    granules = _granules(top)
+    if heads and not heads % tp and head_dim:
+        per_gpu = heads // tp * head_dim
+        bad += [f"{heads} heads / {tp} x head_dim {head_dim} = {per_gpu} (o_proj input per GPU) is not a multiple of "
+                f"the {what}" for what, n in granules if per_gpu % n]
+        kv_per_gpu = max(kv // tp, 1) * head_dim
+        bad += [f"{kv} key-value heads / {tp} x head_dim {head_dim} = {kv_per_gpu} (k and v outputs per GPU) is not a "
+                f"multiple of the {what}" for what, n in granules if what.startswith("weight block") and kv_per_gpu % n]
     sizes = [(k, int(cfg[k])) for k in ("intermediate_size", "moe_intermediate_size", "shared_expert_intermediate_size")
              if cfg.get(k)]
     for name, size in sizes:
         if size % tp:
             bad.append(f"{name} {size} is not divisible by {tp}")
             continue
-        for what, n in _granules(top):
+        for what, n in granules:
             if (size // tp) % n:
                 bad.append(f"{name} / {tp} = {size // tp} is not a multiple of the {what}")
     return bad
 
 
 def largest_tp(folder: Path, limit: int = 8) -> int:
-    """The largest power of two up to ``limit`` that ``folder`` can be split over."""
-    tp = 1
-    while tp * 2 <= limit and not problems(folder, tp * 2):
-        tp *= 2
-    return tp
+    """The largest number of GPUs up to ``limit`` that ``folder`` can be split over."""
+    return max(tp for tp in range(1, limit + 1) if not problems(folder, tp))
 
 
 def check(folder: Path, engine: Engine, tp: int) -> None:
@@ -107,4 +123,4 @@ def check(folder: Path, engine: Engine, tp: int) -> None:
     bad = problems(target, tp)
     if bad:
         raise UsageError(f"--tp {tp}: {target} cannot be split over {tp} GPUs: " + "; ".join(bad),
-                         hint=f"the largest tensor-parallel size it allows is {largest_tp(target, tp)}")
+                         hint=f"the largest tensor-parallel size it allows is {largest_tp(target, max(tp, 8))}")
