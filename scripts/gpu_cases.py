@@ -6,6 +6,7 @@ On the GPU machine, from the repository root, with vLLM 0.26.0 in /tmp/site (../
 llm-compressor in /tmp/site-llmc (../shared/device/llmcompressor/README.md) and, for the ModelOpt cases, the
 ModelOpt environment in /tmp/site-trt (scripts/trt_env.sh):
 
+    export PYTHONPATH=/tmp/site-llmc   # the runner imports quantkit, which needs pydantic: the image has none
     setsid nohup python3 scripts/gpu_cases.py --out /tmp/qk-gpu --budget 1200 \
         > /tmp/qk-gpu.log 2>&1 < /dev/null &
     python3 scripts/gpu_cases.py --status --out /tmp/qk-gpu             # poll: progress and the table so far
@@ -36,8 +37,10 @@ profiling: it asserts when another process frees GPU memory meanwhile), vLLM sta
 a case marked ``exclusive`` runs its load or sweep with nothing else on the GPU (and lets vLLM size its cache).
 No case starts once the ``--budget`` left is under its ``estimate_s``: those are listed as ``not run``;
 ``--resume`` keeps the finished cases of an earlier run in the same OUT. SIGTERM stops every child process group
-and writes the results. One runner per OUT. The parent needs Python 3.10+ and PyYAML (the image has it; quantkit
-depends on it) and imports only quantkit.serve.kernels/kernel_sweep; the heavy work happens in child processes.
+and writes the results. One runner per OUT. The parent needs Python 3.10+, PyYAML and rich (the image has them) and
+pydantic (llm-compressor's /tmp/site-llmc has it, hence PYTHONPATH above): it imports quantkit.serve.kernels and
+kernel_sweep, which import quantkit's formats table; without them it stops with one line saying what to set. The
+heavy work happens in child processes.
 
 Beside it: gpu_case_file.py (the case file's schema and validation) and gpu_case_report.py (checks and table).
 """
@@ -61,13 +64,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-import yaml
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(Path(__file__).resolve().parent)]
-from gpu_case_file import CASES, Case, CaseError, Measure, describe_expect, load_cases, select  # noqa: E402
-from gpu_case_report import eval_summary, evaluate, markdown, moe_facts, smoke_summary, tail, verdict  # noqa: E402
-from quantkit.serve import kernel_sweep, kernels  # noqa: E402
+try:
+    import yaml
+    from gpu_case_file import CASES, Case, CaseError, Measure, describe_expect, load_cases, select
+    from gpu_case_report import eval_summary, evaluate, markdown, moe_facts, smoke_summary, tail, verdict
+    from quantkit.serve import kernel_sweep, kernels
+except ModuleNotFoundError as missing:  # the GPU image's Python has no pydantic: say what to set, in one line
+    sys.stderr.write(f"gpu_cases.py: {sys.executable} has no module {missing.name!r}, which this runner needs (it "
+                     "imports quantkit: pydantic, PyYAML, rich); put llm-compressor's environment on the path: "
+                     "PYTHONPATH=/tmp/site-llmc python3 scripts/gpu_cases.py ...\n")
+    sys.exit(2)
 
 FINISHED = ("pass", "fail", "error", "skipped")
 

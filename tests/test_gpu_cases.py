@@ -159,6 +159,17 @@ def test_bad_case_file_through_the_script(tmp_path: Path) -> None:
     assert p.stderr == f"error: {f}:4: cases[0].smoke.retries: unknown key; expected one of args, timeout\n"
 
 
+def test_a_python_without_pydantic_is_told_what_to_set() -> None:
+    """The GPU image's Python has no pydantic, which quantkit (imported by the runner) needs: one line naming the
+    PYTHONPATH its documented usage sets, exit 2, no traceback."""
+    code = ("import runpy, sys; sys.modules['pydantic'] = None; sys.argv = [sys.argv[1], '--dry-run']; "
+            "runpy.run_path(sys.argv[0], run_name='__main__')")
+    p = subprocess.run([sys.executable, "-c", code, str(SCRIPT)], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 2 and p.stdout == "" and len(p.stderr.splitlines()) == 1, p.stderr
+    assert "no module 'pydantic'" in p.stderr and "PYTHONPATH=/tmp/site-llmc python3 scripts/gpu_cases.py" in p.stderr
+    assert "export PYTHONPATH=/tmp/site-llmc" in (gc.__doc__ or "")
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # The plan
 
