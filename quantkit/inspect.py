@@ -11,7 +11,31 @@ from pathlib import Path
 from typing import Any
 
 from quantkit import artifact
+from quantkit.errors import IntegrityError
 from quantkit.formats import kinds
+
+
+MAX_CONFIG_BYTES = 16 << 20  # configs are kilobytes; a larger file is no config (read bounded)
+
+
+def _config(path: Path) -> dict[str, Any]:
+    """A JSON config as a dict; a file that is not one is an :class:`IntegrityError` (exit 1) saying so."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise IntegrityError(f"{path} is larger than {MAX_CONFIG_BYTES >> 20} MiB: not a config")
+        data = json.loads(raw)
+    except (OSError, ValueError, RecursionError) as e:
+        raise IntegrityError(f"{path} is unreadable or not JSON: {str(e) or 'nested too deeply'}") from None
+    if not isinstance(data, dict):
+        raise IntegrityError(f"{path} does not hold a JSON object")
+    return data
+
+
+def _obj(value: Any) -> dict[str, Any]:
+    """A config section that should be an object; anything else reads as empty."""
+    return value if isinstance(value, dict) else {}
 
 
 def checkpoint_quantization(root: Path) -> dict[str, Any]:
@@ -19,23 +43,23 @@ def checkpoint_quantization(root: Path) -> dict[str, Any]:
     cfg_path = root / "config.json"
     hf_quant = root / "hf_quant_config.json"
     if hf_quant.exists():
-        q = json.loads(hf_quant.read_text()).get("quantization", {})
+        q = _obj(_config(hf_quant).get("quantization"))
         return {"format": "modelopt", "scheme": q.get("quant_algo"), "kv_cache": q.get("kv_cache_quant_algo")}
     if not cfg_path.exists():
         return {"format": "unknown"}
-    cfg = json.loads(cfg_path.read_text())
+    cfg = _config(cfg_path)
     if "quantization" in cfg and "architecture" in cfg:  # TensorRT-LLM checkpoint config
-        q = cfg["quantization"] or {}
+        q = _obj(cfg["quantization"])
         return {"format": "trtllm-checkpoint", "scheme": q.get("quant_algo"), "kv_cache": q.get("kv_cache_quant_algo")}
-    q = cfg.get("quantization_config")
+    q = _obj(cfg.get("quantization_config"))
     if not q:
         return {"format": "hf", "dtype": cfg.get("dtype") or cfg.get("torch_dtype")}
     method = q.get("quant_method")
     if method == "compressed-tensors":
-        groups = q.get("config_groups") or {}
-        g = next(iter(groups.values()), {})
-        w = g.get("weights") or {}
-        a = g.get("input_activations") or {}
+        groups = _obj(q.get("config_groups"))
+        g = _obj(next(iter(groups.values()), {}))
+        w = _obj(g.get("weights"))
+        a = _obj(g.get("input_activations"))
         scheme = f"W{w.get('num_bits')}A{a.get('num_bits', 16) if a else 16}"
         return {"format": "compressed-tensors", "ct_format": q.get("format"), "scheme": scheme,
                 "bits": w.get("num_bits"), "type": w.get("type"), "strategy": w.get("strategy"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import struct
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from quantkit.artifact import SourceInfo
 from quantkit.errors import SourceModelError
 from quantkit.recipe import ModelSpec
 
+MAX_CONFIG_BYTES = 16 << 20  # config.json is kilobytes; read bounded
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "tokenizer*"]
 
@@ -109,19 +111,23 @@ def vet(path: Path, *, spec: str | None = None, revision: str | None = None, tru
     if not cfg_path.exists():
         raise SourceModelError(f"{path} has no config.json: not a Hugging Face checkpoint folder")
     try:
-        raw = cfg_path.read_bytes()
+        with open(cfg_path, "rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise SourceModelError(f"{cfg_path} is larger than {MAX_CONFIG_BYTES >> 20} MiB: not a model config")
         config = json.loads(raw)
     except PermissionError:
         raise SourceModelError(f"{cfg_path} is not readable (permission denied)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise SourceModelError(f"{cfg_path} is not valid JSON: {e}",
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise SourceModelError(f"{cfg_path} is not valid JSON: {str(e) or 'nested too deeply'}",
                                hint="the download may be incomplete; fetch the checkpoint again") from None
     if not isinstance(config, dict):
         raise SourceModelError(f"{cfg_path} must hold a JSON object")
+    check_config_sizes(config, cfg_path)
     if config.get("auto_map") and not trust_remote_code:
         raise SourceModelError(
             f"{path} asks to run its own Python code (config.json has auto_map: "
-            f"{', '.join(sorted(config['auto_map']))}); quantkit does not run a checkpoint's code unless told to",
+            f"{_names(config['auto_map'])}); quantkit does not run a checkpoint's code unless told to",
             hint="read that code first, then pass --trust-remote-code (recipe: model.trust_remote_code: true)")
     safet = sorted(path.glob("*.safetensors"))
     pickles = sorted(p for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
@@ -145,6 +151,11 @@ def vet(path: Path, *, spec: str | None = None, revision: str | None = None, tru
                        size_bytes=total, num_parameters=params, is_pickle=is_pickle)
 
 
+def _names(auto_map: Any) -> str:
+    """auto_map's classes for a message, whatever JSON it holds."""
+    return ", ".join(sorted(map(str, auto_map))) if isinstance(auto_map, (dict, list)) else str(auto_map)[:200]
+
+
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                 "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8, "F8_E8M0": 1}
 
@@ -165,34 +176,72 @@ def safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
     except (ValueError, UnicodeDecodeError) as e:
         raise SourceModelError(f"{path} is corrupt or truncated: {e}",
                                hint="download or copy the checkpoint again") from None
+    except RecursionError:
+        raise SourceModelError(f"{path} is corrupt: its header is nested too deeply") from None
+    if not isinstance(header, dict):
+        raise SourceModelError(f"{path} is corrupt: its header is not a JSON object")
     return header, size - 8 - n
 
 
 def check_safetensors(path: Path) -> int:
     """Validate a safetensors file's header against its size without reading the data; returns its element count.
 
-    A truncated or corrupt file (a partial download, a full disk during a copy) fails here in milliseconds.
+    A truncated or corrupt file (a partial download, a full disk during a copy) fails here in milliseconds: every
+    entry needs a dtype, a shape of whole numbers >= 0 and offsets 0 <= start <= stop inside the data section,
+    its byte count must be what its dtype and shape take, and no two tensors may share bytes.
     """
     header, data_len = safetensors_header(path)
-    end, count = 0, 0
+    spans, count = [], 0
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        try:
-            start, stop = info["data_offsets"]
-            numel = 1
-            for d in info["shape"]:
-                numel *= d
-        except (KeyError, TypeError, ValueError):
-            raise SourceModelError(f"{path} is corrupt: bad header entry for {name}") from None
-        width = _DTYPE_BYTES.get(info.get("dtype", ""), 0)
-        if width and stop - start != numel * width:
+        if not (isinstance(info, dict) and isinstance(info.get("dtype"), str) and _whole(info.get("shape"), 0)
+                and _whole(info.get("data_offsets"), 0) and len(info["data_offsets"]) == 2):
+            raise SourceModelError(f"{path} is corrupt: bad header entry for {name}",
+                                   hint="download or copy the checkpoint again")
+        start, stop = info["data_offsets"]
+        numel = math.prod(info["shape"])
+        width = _DTYPE_BYTES.get(info["dtype"], 0)
+        if stop < start or (width and stop - start != numel * width):
             raise SourceModelError(f"{path} is corrupt: tensor {name} has {stop - start} bytes, expected "
-                                   f"{numel * width}")
-        end = max(end, stop)
+                                   f"{numel * width if width else 'a non-negative count'}",
+                                   hint="download or copy the checkpoint again")
+        if stop > data_len:
+            raise SourceModelError(
+                f"{path} is truncated: its header describes {stop} bytes of tensors but the file holds {data_len}",
+                hint="download or copy the checkpoint again")
+        spans.append((start, stop, name))
         count += numel
-    if end > data_len:
-        raise SourceModelError(
-            f"{path} is truncated: its header describes {end} bytes of tensors but the file holds {data_len}",
-            hint="download or copy the checkpoint again")
+    spans.sort()
+    for (_, a_stop, a), (b_start, b_stop, b) in zip(spans, spans[1:]):
+        if b_start < a_stop and b_start < b_stop:
+            raise SourceModelError(f"{path} is corrupt: tensors {a} and {b} overlap",
+                                   hint="download or copy the checkpoint again")
     return count
+
+
+def _whole(values: Any, low: int) -> bool:
+    """A JSON list of whole numbers (not booleans), each at least ``low``."""
+    return isinstance(values, list) and all(type(v) is int and v >= low for v in values)
+
+
+SIZE_FIELDS = ("hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
+               "num_attention_heads", "num_key_value_heads", "vocab_size", "max_position_embeddings", "head_dim")
+EXPERT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "num_experts_per_tok")
+MAX_SIZE = 2**40
+
+
+def check_config_sizes(config: dict[str, Any], where: Path) -> None:
+    """The sizes quantkit plans from (memory, context, layers) are whole numbers in range: at least 1 (expert
+    counts at least 0), at most 2**40; ``text_config`` is an object. A config with ``hidden_size: -1`` or ``1e30``
+    is refused here instead of failing deep inside a plan or a library."""
+    text = config.get("text_config")
+    if text is not None and not isinstance(text, dict):
+        raise SourceModelError(f"{where} is not a usable config: text_config is not an object")
+    for cfg in (config, text or {}):
+        for key in SIZE_FIELDS + EXPERT_FIELDS:
+            v = cfg.get(key)
+            low = 0 if key in EXPERT_FIELDS else 1
+            if v is not None and not (type(v) is int and low <= v <= MAX_SIZE):
+                raise SourceModelError(f"{where} is not a usable config: {key} is {str(v)[:40]!r}, expected a "
+                                       f"whole number from {low} to 2**40")

@@ -36,7 +36,7 @@ def read_config(path: Path, name: str = "config.json") -> dict[str, Any]:
     or checking one before an engine reads it, must not fail on a folder that is something else)."""
     try:
         data = json.loads((path / name).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 

@@ -1,0 +1,166 @@
+"""Never destroy what the user has (issue 29): the source, inputs, folders and files quantkit did not write, and
+recipes that would expand without bound. Each refusal goes through a real ``quantkit`` process and must leave every
+file as it was."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from quantkit import artifact, outputs
+from quantkit.errors import OutputExistsError
+
+from conftest import TINY, quantkit
+
+SOURCE = artifact.SourceInfo(id="src", path="/nowhere", config_sha256="0" * 64)
+
+
+def tree(root: Path) -> dict[str, str]:
+    """sha256 of every file under ``root`` (links as their target), the whole state a refusal must leave alone."""
+    found = {}
+    for p in sorted(root.rglob("*")):
+        rel = p.relative_to(root).as_posix()
+        if p.is_symlink():
+            found[rel] = "-> " + os.readlink(p)
+        elif p.is_file():
+            found[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+        else:
+            found[rel] = "dir"
+    return found
+
+
+def fake_artifact(folder: Path) -> None:
+    """A small folder quantkit wrote (through its own writer), to stand for an artifact without quantizing."""
+    with artifact.ArtifactWriter(folder, force=True) as w:
+        (w.path / "model.safetensors").write_bytes(b"old")
+        w.commit(artifact.Manifest(format="test", method="test", source=SOURCE))
+
+
+@pytest.fixture
+def work(tmp_path: Path) -> Path:
+    """A user's folder: a copy of the reference model (as parent/src) beside files of their own."""
+    (tmp_path / "parent").mkdir()
+    shutil.copytree(TINY, tmp_path / "parent" / "src")
+    (tmp_path / "parent" / "other.txt").write_text("mine")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "notes.txt").write_text("mine too")
+    (tmp_path / "link").symlink_to("parent/src")
+    return tmp_path
+
+
+@pytest.mark.parametrize("output, relation", [
+    ("parent/src", "is the source"), ("parent", "holds the source"), ("parent/src/q", "lies inside the source"),
+    ("parent/../link", "is the source"), ("notes/../parent/src", "is the source")])
+def test_an_output_over_the_source_is_refused_before_any_work(work: Path, output: str, relation: str) -> None:
+    before = tree(work)
+    proc = quantkit("rtn", "parent/src", output, "--force", cwd=work)
+    assert proc.returncode == 2, proc.stderr
+    first = proc.stderr.splitlines()[0]
+    assert relation in first and output in first and "parent/src" in first and "Traceback" not in proc.stderr
+    assert tree(work) == before
+
+
+def test_a_source_given_through_a_link_is_still_the_source(work: Path) -> None:
+    before = tree(work)
+    proc = quantkit("gguf", "link", "parent", "-t", "F16", "--force", cwd=work)
+    assert proc.returncode == 2 and "holds the source model link" in proc.stderr
+    assert tree(work) == before
+
+
+def test_force_refuses_a_folder_quantkit_did_not_write(work: Path) -> None:
+    before = tree(work)
+    for argv in (["rtn", "parent/src", "notes", "--force"], ["rtn", "parent/src", "notes", "--force", "--dry-run"],
+                 ["rtn", "parent/src", "parent/other.txt", "--force"]):
+        proc = quantkit(*argv, cwd=work)
+        assert proc.returncode == 2, proc.stderr
+        assert "not written by quantkit" in proc.stderr or "not a folder quantkit wrote" in proc.stderr
+        assert "remove it yourself, or choose another output" in proc.stderr
+    assert tree(work) == before
+
+
+def test_an_input_inside_an_output_that_force_replaces_is_refused(work: Path) -> None:
+    fake_artifact(work / "out")
+    (work / "out" / "recipe.yaml").write_text("model:\n  source: parent/src\noutput: out\nquantize:\n  method: rtn\n")
+    (work / "cal.txt").write_text("calibration text " * 200)
+    before = tree(work)
+    proc = quantkit("rtn", "--recipe", "out/recipe.yaml", "--force", cwd=work)
+    assert proc.returncode == 2 and "holds the recipe out/recipe.yaml" in proc.stderr, proc.stderr
+    proc = quantkit("gguf", "parent/src", "out", "--imatrix-file", "out/model.safetensors", "--force", cwd=work)
+    assert proc.returncode == 2 and "holds the importance matrix" in proc.stderr, proc.stderr
+    assert tree(work) == before
+
+
+def test_run_refuses_before_building_anything(work: Path) -> None:
+    """A multi-output release: one output folder is the user's, or the release folder holds a report.json that is
+    not quantkit's: refused before the first output is built, so nothing changes (no half-done release)."""
+    (work / "rel" / "rtn-w4g128").mkdir(parents=True)
+    (work / "rel" / "rtn-w4g128" / "keep.txt").write_text("mine")
+    (work / "recipe.yaml").write_text("model:\n  source: parent/src\noutput: rel\noutputs:\n  - method: rtn\n"
+                                      "    bits: 8\n  - method: rtn\n")
+    before = tree(work)
+    proc = quantkit("run", "recipe.yaml", "--force", "--no-eval", "--no-smoke", cwd=work)
+    assert proc.returncode == 2 and "rel/rtn-w4g128 exists and was not written by quantkit" in proc.stderr
+    shutil.rmtree(work / "rel" / "rtn-w4g128")
+    (work / "rel" / "report.json").write_text('{"my": "numbers"}')
+    before = tree(work)
+    proc = quantkit("run", "recipe.yaml", "--no-eval", "--no-smoke", cwd=work)
+    assert proc.returncode == 2 and "rel/report.json exists and was not written by quantkit" in proc.stderr
+    assert tree(work) == before
+
+
+def test_eval_writes_no_report_into_the_baseline_nor_over_a_users_file(work: Path) -> None:
+    (work / "reports").mkdir()
+    (work / "reports" / "report.md").write_text("# my own notes\n")
+    before = tree(work)
+    proc = quantkit("eval", "parent/src", "--baseline", "link", "--report-dir", "parent/src/eval", cwd=work)
+    assert proc.returncode == 2 and "lies inside the source model link" in proc.stderr, proc.stderr
+    proc = quantkit("eval", "parent/src", "--baseline", "parent/src", "--report-dir", "reports", cwd=work)
+    assert proc.returncode == 2 and "reports/report.md exists and was not written by quantkit" in proc.stderr
+    assert tree(work) == before
+
+
+BILLION_LAUGHS = "".join(f"{a}: &{a} [{', '.join([f'*{b}'] * 9)}]\n" for b, a in zip("abcdefgh", "bcdefghi"))
+BILLION_LAUGHS = 'a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]\n' + BILLION_LAUGHS
+
+
+def test_billion_laughs_fails_fast_in_bounded_memory(tmp_path: Path) -> None:
+    (tmp_path / "lol.yaml").write_text(BILLION_LAUGHS)
+    assert len(BILLION_LAUGHS) < 600
+    from test_fuzz import limited_quantkit
+
+    proc = limited_quantkit(["run", "lol.yaml", "--dry-run"], cwd=tmp_path, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "error: lol.yaml: line 6 is refused: expands to more than 100,000 values (aliases count as what they "
+        "stand for)"]
+
+
+def test_force_replaces_an_empty_folder_and_an_artifact_only(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    fake_artifact(tmp_path / "empty")
+    fake_artifact(tmp_path / "empty")  # an artifact is replaced in turn
+    assert artifact.read_manifest(tmp_path / "empty").format == "test"
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / artifact.MANIFEST).write_text("{not json")
+    with pytest.raises(OutputExistsError, match="does not read"):
+        artifact.check_replaceable(tmp_path / "broken")
+    (tmp_path / "link").symlink_to("empty")
+    with pytest.raises(OutputExistsError, match="not a folder quantkit wrote"):
+        artifact.check_replaceable(tmp_path / "link")
+
+
+def test_quantkits_own_bundle_files_are_recognised(tmp_path: Path) -> None:
+    ours = {"report.md": "# quantkit evaluation\n\nBaseline ...\n",
+            "SHA256SUMS": f"{'0' * 64}  a/model.safetensors\n{'f' * 64}  report.md\n",
+            "report.json": json.dumps({"release": "rel", "ok": True, "outputs": []})}
+    theirs = {"report.md": "# quantkit evaluation, my notes about it", "SHA256SUMS": "0000  a\n",
+              "report.json": json.dumps([1, 2]), "size-vs-ppl.png": "\x89PNG\r\n\x1a\n made by hand"}
+    for files, expected in ((ours, True), (theirs, False)):
+        for name, text in files.items():
+            (tmp_path / name).write_text(text)
+            assert outputs.wrote(tmp_path / name) is expected, name
