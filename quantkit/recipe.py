@@ -227,7 +227,7 @@ class _LineLoader(yaml.SafeLoader):
     def construct_object(self, node: Any, deep: bool = False) -> Any:
         try:
             return super().construct_object(node, deep)
-        except (ValueError, TypeError, OverflowError) as e:  # an explicit tag on a value it does not fit (!!int x)
+        except (ValueError, TypeError, OverflowError, LookupError, AttributeError) as e:  # !!int x, an empty !!int
             raise yaml.constructor.ConstructorError(None, None, f"cannot read this value: {e}",
                                                     node.start_mark) from None
 
@@ -256,8 +256,9 @@ def _compose_lines(node: yaml.Node, path: tuple, lines: dict[tuple, int]) -> Non
 
 def _read_yaml(text: str, where: str) -> tuple[Any, dict[tuple, int]]:
     """The document and the line of each key path, composed once under the loader's bounds."""
-    loader = _LineLoader(text)
+    loader = None
     try:
+        loader = _LineLoader(text)  # its reader already refuses control characters
         node = loader.get_single_node()
         lines: dict[tuple, int] = {}
         if node is not None:
@@ -269,7 +270,8 @@ def _read_yaml(text: str, where: str) -> tuple[Any, dict[tuple, int]]:
         what = "is refused" if isinstance(e, _Bound) else "is not valid YAML"
         raise RecipeError(f"{where}:{line} {what}: {getattr(e, 'problem', e)}") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     return data, lines
 
 
