@@ -295,7 +295,7 @@ def _check_tiles(spec: Any, source: SourceModel) -> None:
     elif spec.method == "fp8" and spec.scheme == "block":
         what = "--scheme block quantizes in 128x128 weight blocks and activation groups of 128 along each layer's input"
         widths = input_widths(source.config)
-        hint = "use --scheme dynamic (per-channel weights, per-token activations) or --scheme static: any width"
+        hint = "use --scheme dynamic (per-channel weights, per-token activations) or static: they take any width"
     else:
         return
     bad = [f"{k} = {v}" for k, v in widths.items() if v % 128]
