@@ -131,7 +131,7 @@ def test_awq_on_576_records_the_mapping_llm_compressor_skips(smollm2_shape: Path
     out = tmp_path / "awq"
     quantkit("awq", smollm2_shape, out, "--samples", "4", "--seq-len", "64", check=True)
     m = artifact.read_manifest(out)
-    used = {mp["smooth_layer"]: mp["layers"] for mp in m.quantization["awq_mappings"]}
+    used = {mp["smooth_layer"]: mp["applied_to"] for mp in m.quantization["awq_mappings"]}
     assert used == {"re:.*input_layernorm$": 2, "re:.*v_proj$": 0, "re:.*post_attention_layernorm$": 2,
                     "re:.*up_proj$": 2}
     assert any("applied in no layer (re:.*v_proj$ -> re:.*o_proj$)" in n for n in m.notes)

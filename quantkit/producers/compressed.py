@@ -204,8 +204,9 @@ def input_widths(config: dict[str, Any]) -> dict[str, int]:
     ints = {k: v for k, v in cfg.items() if isinstance(v, int) and not isinstance(v, bool)}
     dims = {k: ints[k] for k in ("hidden_size", "intermediate_size", "moe_intermediate_size",
                                  "shared_expert_intermediate_size", "q_lora_rank", "kv_lora_rank") if ints.get(k)}
-    if ints.get("head_dim") and ints.get("num_attention_heads"):
-        dims["num_attention_heads x head_dim (o_proj input)"] = ints["head_dim"] * ints["num_attention_heads"]
+    value_dim = "v_head_dim" if ints.get("v_head_dim") else "head_dim"  # multi-head latent attention: v_head_dim
+    if ints.get(value_dim) and ints.get("num_attention_heads"):
+        dims[f"num_attention_heads x {value_dim} (o_proj input)"] = ints[value_dim] * ints["num_attention_heads"]
     return dims
 
 
@@ -587,9 +588,10 @@ def _oneshot(model: Any, p: Plan, job: dict[str, Any]) -> dict[str, Any]:
     for m in modifiers:
         if type(m).__name__ == "AWQModifier":
             info["awq_mappings"] = [{"smooth_layer": mp.smooth_layer, "balance_layers": list(mp.balance_layers),
-                                     "layers": _matching(mp.smooth_layer, resolved)} for mp in (m.mappings or [])]
+                                     "applied_to": _matching(mp.smooth_layer, resolved)}  # smooth modules
+                                    for mp in (m.mappings or [])]
             unused = [f"{mp['smooth_layer']} -> {', '.join(mp['balance_layers'])}" for mp in info["awq_mappings"]
-                      if mp["layers"] == 0]
+                      if mp["applied_to"] == 0]
             if unused:
                 info["notes"].append(f"AWQ mappings llm-compressor applied in no layer ({'; '.join(unused)}): it skips "
                                      "a layer where the smooth layer's outputs are not the balance layers' inputs "
