@@ -34,7 +34,8 @@ STATE = State()
 F = TypeVar("F", bound=Callable[..., Any])
 
 JSON_OPT = typer.Option(False, "--json", help="Print one machine-readable JSON document on stdout (human output goes to stderr).")
-FORCE_OPT = typer.Option(False, "--force", "-f", help="Replace an existing output (only once the new one is complete).")
+FORCE_OPT = typer.Option(False, "--force", "-f", help="Replace an existing output that quantkit wrote (or an empty "
+                         "folder), only once the new one is complete.")
 RECIPE_OPT = typer.Option(None, "--recipe", "-r", help="Recipe YAML file (or a shipped recipe's name); flags override its fields.")
 QUIET_OPT = typer.Option(False, "--quiet", "-q", help="Only print errors and the final result.", rich_help_panel="Output")
 DEBUG_OPT = typer.Option(False, "--debug", help="Show full tracebacks for errors.", rich_help_panel="Output")
