@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from quantkit import artifact
-from quantkit.errors import IntegrityError, QuantkitError, UsageError
+from quantkit.errors import IntegrityError, QuantkitError, UnsafeOutputError, UsageError
 
 
 def publish(folder: Path, repo: str, *, private: bool = False) -> list[dict[str, Any]]:
@@ -29,6 +29,7 @@ def publish(folder: Path, repo: str, *, private: bool = False) -> list[dict[str,
     done = []
     for path, repo_id in targets:
         try:
+            _check_repo(api, repo_id)
             api.create_repo(repo_id, private=private, exist_ok=True)
             info = api.upload_folder(folder_path=str(path), repo_id=repo_id,
                                      commit_message=f"quantkit: upload {path.name}")
@@ -40,3 +41,18 @@ def publish(folder: Path, repo: str, *, private: bool = False) -> list[dict[str,
                                 hint="check the network; the artifacts are unchanged on disk") from None
         done.append({"path": str(path), "repo": repo_id, "url": str(getattr(info, "commit_url", info))})
     return done
+
+
+def _check_repo(api: Any, repo_id: str) -> None:
+    """An upload overwrites files of the same name: publish only into a new repository, an empty one, or one that
+    holds a quantkit artifact (its ``quantkit.json``), never over a model someone else put there."""
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    try:
+        files = api.list_repo_files(repo_id)
+    except RepositoryNotFoundError:
+        return
+    if [f for f in files if f != ".gitattributes"] and artifact.MANIFEST not in files:
+        raise UnsafeOutputError(f"hub repository {repo_id} holds files that quantkit did not publish (no "
+                                f"{artifact.MANIFEST})", hint="publish to another repository, or empty that one "
+                                "yourself")

@@ -411,6 +411,9 @@ def test_malformed_gguf_and_manifests_through_the_cli(sandbox: Sandbox) -> None:
         for verb in ("inspect", "verify"):
             proc = sandbox.run(verb, name, expect={EXIT_FAILURE, EXIT_USAGE})
             assert artifact.MANIFEST in proc.stderr
+    for name in ("deep", "types"):  # refused before the hub is asked (offline here)
+        proc = sandbox.run("publish", name, "--repo", "org/name", expect={EXIT_FAILURE})
+        assert artifact.MANIFEST in proc.stderr
     sandbox.run("eval", "half.gguf", "--baseline", "model", "--dataset", "heldout", "--max-tokens", "64",
                 "--report-dir", "reports", out="reports", expect={EXIT_FAILURE, EXIT_USAGE})
     sandbox.run("eval", "deep", "--baseline", "model", "--max-tokens", "64", "--report-dir", "reports",
@@ -420,7 +423,7 @@ def test_malformed_gguf_and_manifests_through_the_cli(sandbox: Sandbox) -> None:
 def cases_tried() -> int:
     """How many inputs one run of this battery tries (the README quotes it)."""
     in_process = sum(PROPERTIES.values()) + 2 * 2 + 5 + 2
-    cli = (len(SHARP_RECIPES) + 2) + CLI_EXAMPLES + (10 + 1 + 3) + (8 + 5 * 2 + 2)
+    cli = (len(SHARP_RECIPES) + 2) + CLI_EXAMPLES + (10 + 1 + 3) + (8 + 5 * 2 + 2 + 2)
     return in_process + cli
 
 
