@@ -7,7 +7,11 @@ as a ``datasets.Dataset`` of ``input_ids``, never re-tokenized by llm-compressor
 hash, the progress and the manifest; every algorithm is llm-compressor's.
 
 * AWQ smoothing mappings are not ours: llm-compressor picks them from the architecture (its registry, falling
-  back to its Llama-style defaults), and the manifest records which were used.
+  back to its Llama-style defaults), and the manifest records them with the number of modules each was applied to.
+* Widths: an unset group size is 128, or the largest group size vLLM's kernels take that divides every layer's input
+  width (:func:`group_choice`: 64 on SmolLM2's 576), said in one warning and recorded; a given one that does not
+  divide, and FP8 blocks or W4A8 groups of 128 where 128 does not divide (:func:`_check_tiles`), are refused before
+  anything loads.
 * Memory: llm-compressor's sequential pipeline (inferred for AWQ, GPTQ, SmoothQuant and static FP8) keeps the
   model on the CPU and moves one decoder layer at a time to the GPU, so GPU memory is about one layer's weights
   plus the calibration activations; the CPU needs the whole model in its load dtype. RTN, FP8 dynamic and FP8
@@ -42,8 +46,8 @@ from typing import Any
 
 from quantkit import ignore as ignore_mod
 from quantkit.errors import BackendError, SourceModelError, UsageError
-from quantkit.producers import coverage, moe
 from quantkit.formats.specs import DEFAULT_GROUP_SIZE, FALLBACK_GROUP_SIZES, W4A8_GROUP_SIZE
+from quantkit.producers import coverage, moe
 from quantkit.producers.base import ProduceContext, Produced
 from quantkit.source import SourceModel
 
@@ -225,6 +229,7 @@ class GroupChoice:
         return self.requested is None and self.size != DEFAULT_GROUP_SIZE
 
     def manifest(self) -> dict[str, Any]:
+        """The keys it adds to the manifest's ``quantization`` section."""
         return {"group_size": self.size, "group_size_requested": self.requested, "group_size_reason": self.reason}
 
 
