@@ -32,13 +32,15 @@ from conftest import ROOT, TINY
 MEMORY = 4 << 30
 DOCUMENTED = {EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_GATE}
 CLI_EXAMPLES = 10  # per property that runs the real CLI (each run is a new process)
+# No example database: nothing is written into the checkout (it travels to the GPU machine); a failure prints the
+# example hypothesis found, which is what to fix and to add to the sharp cases below.
 PROPERTIES: dict[str, int] = {}  # in-process property -> examples it tries (cheap readers get more)
 
 
 def fast(examples: int):  # noqa: ANN201 - a hypothesis settings decorator that also counts the examples
     def wrap(fn):  # noqa: ANN001, ANN202
         PROPERTIES[fn.__name__] = examples
-        return settings(max_examples=examples, deadline=None, suppress_health_check=[
+        return settings(max_examples=examples, deadline=None, database=None, suppress_health_check=[
             HealthCheck.function_scoped_fixture, HealthCheck.too_slow])(fn)
     return wrap
 
@@ -326,7 +328,8 @@ FLAGS = st.sampled_from([("rtn", "--bits"), ("rtn", "--group-size"), ("rtn", "--
                          ("gguf", "-t"), ("rtn", "--ignore"), ("rtn", "--dtype")])
 
 
-@settings(max_examples=CLI_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=CLI_EXAMPLES, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(FLAGS, flag_values)
 def test_flag_values_through_the_cli(sandbox: Sandbox, flag: tuple[str, str], value: str) -> None:
     verb, name = flag
