@@ -1,0 +1,107 @@
+"""The architecture matrix (tests/data/architectures.yaml, scripts/arch_matrix.py) in CI.
+
+The full matrix (every family x every format) is the script's job and its results are committed in
+bench/results/arch_matrix.json; here the same code re-runs a chosen part of it through the real CLI, and each cell
+must come out as recorded: a cell the table says works must still work, a gap must still fail with the recorded
+reason. The choice covers every format, both tokenizers (byte-level BPE and Gemma 3's SentencePiece), dense and
+mixture-of-experts families and at least one recorded gap. The rest checks the data: the results cover the matrix,
+the README's table is the one the results render, the Gemma 3 tokenizer still equals llama.cpp's, and every family
+has its vLLM case in scripts/gpu_cases.yaml.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+import arch_matrix as am  # noqa: E402
+import gpu_case_file as cf  # noqa: E402
+
+MATRIX = am.load_matrix()
+RECORDED = am.read_results() or {"cells": []}
+CELLS = {(c["family"], c["format"]): c for c in RECORDED["cells"]}
+
+# What CI re-runs (about 5 minutes on 2 cores): every format once, both tokenizers, dense and MoE, a gap.
+CI_CELLS = [
+    ("llama", "gguf-q4_k_m"),
+    ("qwen3", "rtn"),
+    ("gemma3", "gguf-f16"),
+    ("phi3", "fp8-dynamic"),
+    ("qwen3_moe", "rtn"),
+    ("deepseek_v3", "gguf-f16"),
+    ("glm4", "int8"),
+    ("starcoder2", "gptq"),
+    ("cohere", "awq"),
+]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("arch")
+
+
+_REFERENCES: dict[str, am.Reference] = {}
+
+
+def reference(family: am.Family) -> tuple[Path, am.Reference]:
+    """The family's checkpoint and its reference logits, once per family for the whole module."""
+    src = am.checkpoint(family, MATRIX)
+    if family.name not in _REFERENCES:
+        _REFERENCES[family.name] = am.Reference(src)
+    return src, _REFERENCES[family.name]
+
+
+def test_results_cover_the_matrix() -> None:
+    """Every family x format has a recorded cell, and every gap says why."""
+    missing = [(f, x) for f in MATRIX.families for x in MATRIX.formats if (f, x) not in CELLS]
+    assert not missing, f"cells never run (scripts/arch_matrix.py run): {missing}"
+    silent = [k for k, c in CELLS.items() if c["status"] != "ok" and not c["reason"]]
+    assert not silent, f"gaps without a reason: {silent}"
+    assert set(CELLS) <= {(f, x) for f in MATRIX.families for x in MATRIX.formats}, "cells of rows that are gone"
+
+
+def test_ci_choice_covers_formats_tokenizers_and_a_gap() -> None:
+    assert {x for _, x in CI_CELLS} == set(MATRIX.formats)
+    assert {MATRIX.families[f].tokenizer for f, _ in CI_CELLS} == set(MATRIX.tokenizers)
+    assert any(CELLS[c]["status"] != "ok" for c in CI_CELLS if c in CELLS), "no recorded gap is re-run"
+
+
+def test_readme_table_is_the_rendered_results() -> None:
+    text = (ROOT / "README.md").read_text()
+    block = text.split(am.MARK_START, 1)[1].split(am.MARK_END, 1)[0]
+    assert block.strip() == am.markdown(RECORDED, MATRIX).strip(), \
+        "README's table is stale: run scripts/arch_matrix.py render"
+
+
+def test_every_family_has_its_vllm_case() -> None:
+    """One vLLM load case per family, tagged arch, producing the family's `gpu:` format from arch:FAMILY."""
+    cases = {c.model[5:]: c for c in cf.load_cases(cf.CASES) if c.model.startswith("arch:")}
+    assert set(cases) == set(MATRIX.families)
+    for name, fam in MATRIX.families.items():
+        c = cases[name]
+        assert "arch" in c.tags and c.expect.loads and c.expect.quantization == "compressed-tensors"
+        argv = MATRIX.formats[fam.gpu].argv
+        assert [c.produce.verb, *c.produce.args] == list(argv), f"{c.name} does not make {fam.gpu}"
+
+
+def test_gemma3_tokenizer_equals_llama_cpp() -> None:
+    """The rebuilt SentencePiece model gives llama.cpp's ids for the Gemma 3 GGUF on every proof text."""
+    folder = am.tokenizer_folder("gemma3", MATRIX)
+    assert am.prove_spm(folder / "tokenizer.model", am.gemma3_gguf(MATRIX.tokenizers["gemma3"])) >= 100
+
+
+@pytest.mark.parametrize("family,fmt", CI_CELLS, ids=[f"{f}-{x}" for f, x in CI_CELLS])
+def test_cell_as_recorded(family: str, fmt: str, work: Path) -> None:
+    recorded = CELLS.get((family, fmt))
+    assert recorded is not None, f"{family} x {fmt} has no recorded result"
+    fam = MATRIX.families[family]
+    src, ref = reference(fam)
+    cell = am.run_cell(fam, MATRIX.formats[fmt], src, ref, work)
+    if recorded["status"] == "ok":
+        assert cell.status == "ok", f"{family} x {fmt} worked when recorded, now {cell.status}: {cell.reason}"
+    else:
+        assert (cell.status, cell.reason) == (recorded["status"], recorded["reason"])
