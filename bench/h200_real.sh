@@ -7,7 +7,9 @@
 #   .whl-llmc as in ../shared/device/llmcompressor/README.md, `make real-models`, then
 #   bash bench/h200_real.sh pack                 # .gw0-.gw3: the pinned GGUF in 25 MiB parts, the gguf wheel and
 #                                                # the built folder's files other than its weights
-#   there, one call each carrying .whl-llmc + .gw0, .gw1, .gw2, .gw3, then .vw00 ... .vw13:
+#   .venv/bin/python scripts/arch_matrix.py pack .ap && rm .ap/gemma3/tokenizer.json   # the arch: tokenizers
+#                                                # (transformers rebuilds Gemma's tokenizer.json from tokenizer.model)
+#   there, one call each carrying .gw0, .gw1, .gw2, .gw3, then .vw00 ... .vw12, then .vw13 + .whl-llmc + .ap:
 #   bash bench/h200_real.sh take                 # install .whl-llmc; move carried parts to /tmp (every call)
 #   bash bench/h200_real.sh start [MINUTES] [ONLY]   # after .gw3: the job; nothing starts after MINUTES (25)
 #   bash bench/h200_real.sh vllm                 # after the last .vw part: assemble vLLM into /tmp/site
@@ -28,6 +30,8 @@ GPU_OUT=/tmp/qk-gpu
 MODEL=SmolLM2-135M-Instruct
 BUILT=/tmp/qk-real/$MODEL
 GGUF_PARTS=/tmp/gwp
+ARCH_PACK=/tmp/arch-tokenizers  # the arch: cases' tokenizers (scripts/arch_matrix.py pack, carried as .ap)
+PARALLEL="${PARALLEL:-6}"
 
 pack() {  # here: the parts the device calls carry
   local src="$REPO/models/real/$MODEL" work
@@ -54,6 +58,7 @@ take() {  # every call: what it carried leaves the tree before the next call lay
   if ls -d "$REPO"/.gw[0-9] > /dev/null 2>&1; then
     mkdir -p "$GGUF_PARTS" && cp -r "$REPO"/.gw[0-9]/* "$GGUF_PARTS"/ && ls "$GGUF_PARTS" | tr '\n' ' '
   fi
+  if [ -d "$REPO/.ap" ]; then rm -rf "$ARCH_PACK" && cp -r "$REPO/.ap" "$ARCH_PACK" && echo "tokenizer pack taken"; fi
   take_parts
 }
 
@@ -80,6 +85,7 @@ EOF
 job() {  # $1 = epoch second after which no step starts, $2 = gpu_cases --only
   local deadline=$1 only=$2
   enter_snapshot
+  export QUANTKIT_ARCH_TOKENIZERS=$ARCH_PACK
   log "1: $MODEL from the GGUF's parts"
   build_model >> "$LOGS/model.log" 2>&1
   log "model built: exit $? ($(tail -n 1 "$LOGS/model.log"))"
@@ -87,7 +93,7 @@ job() {  # $1 = epoch second after which no step starts, $2 = gpu_cases --only
   until [ -f /tmp/site/.assembled ] || [ "$(left "$deadline")" -le 120 ]; do sleep 5; done
   [ -f /tmp/site/.assembled ] || { log "vLLM not assembled in time: no case run"; return; }
   log "2: gpu_cases --only $only, budget $(left "$deadline") s"
-  python3 scripts/gpu_cases.py --out "$GPU_OUT" --only "$only" --budget "$(left "$deadline")" --parallel 4 \
+  python3 scripts/gpu_cases.py --out "$GPU_OUT" --only "$only" --budget "$(left "$deadline")" --parallel "$PARALLEL" \
     > "$LOGS/gpu_cases.log" 2>&1
   log "gpu_cases exited $?"
 }
@@ -117,5 +123,5 @@ case "${1:-}" in
     PYTHONPATH="$SNAP:/tmp/site-llmc" python3 "$SNAP/scripts/gpu_cases.py" --collect "$2" --out "$GPU_OUT"
     ls -la "$2" ;;
   *)
-    sed -n '2,23p' "$0"; exit 2 ;;
+    sed -n '2,26p' "$0"; exit 2 ;;
 esac
