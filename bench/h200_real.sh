@@ -123,5 +123,5 @@ case "${1:-}" in
     PYTHONPATH="$SNAP:/tmp/site-llmc" python3 "$SNAP/scripts/gpu_cases.py" --collect "$2" --out "$GPU_OUT"
     ls -la "$2" ;;
   *)
-    sed -n '2,26p' "$0"; exit 2 ;;
+    sed -n '2,23p' "$0"; exit 2 ;;
 esac
