@@ -43,25 +43,24 @@ def _within(inner: Path, outer: Path) -> bool:
     return inner == outer or outer in inner.parents
 
 
-def check_apart(output: Path, source: Path | None = None, inputs: Iterable[tuple[str, Path]] = (),
-                what: str = "output") -> None:
+def check_apart(output: Path, source: Path | None = None, inputs: Iterable[tuple[str, Path]] = ()) -> None:
     """Refuse an output folder that is, holds or lies inside ``source``, or that holds one of ``inputs``
     ((description, path) pairs)."""
     out = real(output)
     if source is not None:
         src = real(source)
         if out == src:
-            raise UnsafeOutputError(f"{what} {output} is the source model {source}: quantkit never writes over its "
+            raise UnsafeOutputError(f"output {output} is the source model {source}: quantkit never writes over its "
                                     "source", hint="choose another output folder")
         if _within(src, out):
-            raise UnsafeOutputError(f"{what} {output} holds the source model {source}: --force would remove it",
+            raise UnsafeOutputError(f"output {output} holds the source model {source}: --force would remove it",
                                     hint="choose an output folder that does not hold the source")
         if _within(out, src):
-            raise UnsafeOutputError(f"{what} {output} lies inside the source model {source}: quantkit never "
+            raise UnsafeOutputError(f"output {output} lies inside the source model {source}: quantkit never "
                                     "writes into its source", hint="choose an output folder outside the source")
     for name, path in inputs:
         if _within(real(path), out):
-            raise UnsafeOutputError(f"{what} {output} holds the {name} {path}: replacing the output would remove it",
+            raise UnsafeOutputError(f"output {output} holds the {name} {path}: replacing the output would remove it",
                                     hint=f"move the {name} out of {output}, or choose another output folder")
 
 
