@@ -262,16 +262,7 @@ def build_gemma3(spec: dict[str, Any], dest: Path) -> None:
     (dest / "tokenizer_config.json").write_text(json.dumps({
         "tokenizer_class": "GemmaTokenizer", "bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>",
         "unk_token": "<unk>", "add_bos_token": True, "add_eos_token": False}))
-    # Its conversion makes the user-defined pieces (runs of spaces and newlines) ordinary BPE pieces, which split
-    # a run of 40 spaces differently from SentencePiece's longest match; as added tokens they match the same way.
-    from sentencepiece import sentencepiece_model_pb2 as pb
-    from tokenizers import AddedToken
-
-    proto = pb.ModelProto()
-    proto.ParseFromString((dest / "tokenizer.model").read_bytes())
-    tok = transformers.AutoTokenizer.from_pretrained(str(dest))
-    tok.add_tokens([AddedToken(p.piece, normalized=True, special=False) for p in proto.pieces if p.type == 4])
-    tok.save_pretrained(str(dest))
+    with_user_pieces(transformers.AutoTokenizer.from_pretrained(str(dest)), dest).save_pretrained(str(dest))
     tok = transformers.AutoTokenizer.from_pretrained(str(dest))
     sp = spm.SentencePieceProcessor(model_file=str(dest / "tokenizer.model"))
     for i, text in enumerate(proof_texts()):
@@ -281,6 +272,19 @@ def build_gemma3(spec: dict[str, Any], dest: Path) -> None:
         "tokenizer": "gemma3", "from": f"{spec['package']}=={spec['version']} (Gemma 3 270M Q4_K_M GGUF)",
         "licence": "Gemma Terms of Use (https://ai.google.dev/gemma/terms)", "ids": ids,
         "proved_texts": proved}, indent=2) + "\n")
+
+
+def with_user_pieces(tok: Any, folder: Path) -> Any:
+    """A tokenizer transformers built from ``folder``'s tokenizer.model, with its user-defined pieces as added
+    tokens: the conversion makes them (runs of spaces and newlines) ordinary BPE pieces, which split a run of 40
+    spaces differently from SentencePiece's longest match; as added tokens they match the same way."""
+    from sentencepiece import sentencepiece_model_pb2 as pb
+    from tokenizers import AddedToken
+
+    proto = pb.ModelProto()
+    proto.ParseFromString((folder / "tokenizer.model").read_bytes())
+    tok.add_tokens([AddedToken(p.piece, normalized=True, special=False) for p in proto.pieces if p.type == 4])
+    return tok
 
 
 def build_smollm2(dest: Path) -> None:
@@ -356,6 +360,8 @@ def checkpoint(fam: Family, matrix: Matrix, dest: Path | None = None) -> Path:
     for name in TOKENIZER_FILES:
         if (tok_dir / name).is_file():
             shutil.copy(tok_dir / name, tmp / name)
+    if not (tmp / "tokenizer.json").is_file():  # a pack without it (Gemma's, 33 MB): transformers' own rebuild
+        with_user_pieces(tok, tok_dir).save_pretrained(str(tmp))
     if fam.tokenizer_class:
         tc = json.loads((tmp / "tokenizer_config.json").read_text())
         (tmp / "tokenizer_config.json").write_text(json.dumps({**tc, "tokenizer_class": fam.tokenizer_class}, indent=2))
