@@ -22,12 +22,16 @@ LLAMA_CPP_SDIST_SHA256 := 832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372d
 LLAMA_CPP_COMMIT := 0c1e57098bba43ac29e6e3b677cdceebdd22334f
 LLAMA_CPP_BUILD := 11312
 LLAMA_TOOLS ?= $(HOME)/.cache/quantkit/llama-tools/$(LLAMA_CPP_VERSION)-b$(LLAMA_CPP_BUILD)-$(shell printf '%s' '$(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-8)
+# llama.cpp's HF -> GGUF converter (convert_hf_to_gguf.py, conversion/, its own gguf-py) from the same sdist, so
+# converter, gguf library, tools and llama-cpp-python are one commit (scripts/build_llama_convert.sh; Python only,
+# seconds). quantkit runs it with the venv's Python (quantkit/producers/gguf/convert.py).
+LLAMA_CONVERT ?= $(HOME)/.cache/quantkit/llama-convert/$(LLAMA_CPP_VERSION)-b$(LLAMA_CPP_BUILD)
 
 .PHONY: install install-trt real-models test demo bench bench-gpu clean
 
 install: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml Makefile scripts/build_llama_tools.sh
+$(VENV)/.installed: pyproject.toml Makefile scripts/build_llama_tools.sh scripts/build_llama_convert.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip wheel setuptools
 	$(BIN)/python -m pip install -q $(TORCH)
@@ -40,6 +44,9 @@ $(VENV)/.installed: pyproject.toml Makefile scripts/build_llama_tools.sh
 	  LLAMA_CPP_BUILD=$(LLAMA_CPP_BUILD) LLAMA_CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" JOBS=2 \
 	  scripts/build_llama_tools.sh $(LLAMA_TOOLS)
 	ln -sf $(LLAMA_TOOLS)/bin/llama-* $(BIN)/
+	test -f $(LLAMA_CONVERT)/BUILD.json || PYTHON=$(BIN)/python LLAMA_CPP_PYTHON=$(LLAMA_CPP_VERSION) \
+	  LLAMA_CPP_SDIST_SHA256=$(LLAMA_CPP_SDIST_SHA256) LLAMA_CPP_COMMIT=$(LLAMA_CPP_COMMIT) \
+	  LLAMA_CPP_BUILD=$(LLAMA_CPP_BUILD) scripts/build_llama_convert.sh $(LLAMA_CONVERT)
 	touch $@
 
 # ModelOpt (TensorRT-LLM's quantizer) pins transformers < 5.15 while llm-compressor needs >= 5.15, so the

@@ -120,10 +120,8 @@ def cost(model: Path, tmp: Path, size: dict[str, int]) -> dict[str, Any]:
     import torch
     from transformers import AutoTokenizer
 
-    from quantkit.producers.gguf import collect, families, imatrix, metadata, quantize, tensors, tools
+    from quantkit.producers.gguf import collect, convert, imatrix, tools
     from quantkit.progress import Reporter
-    from quantkit.recipe import ModelSpec
-    from quantkit.source import resolve
 
     n, chunks = size["seq_len"], size["samples"]
     threads = torch.get_num_threads()  # llama-imatrix gets as many: the same CPU budget for both
@@ -137,12 +135,9 @@ def cost(model: Path, tmp: Path, size: dict[str, int]) -> dict[str, Any]:
     token_chunks = [[tok.bos_token_id, *ids[k * n + 1:(k + 1) * n]] for k in range(chunks)]
     (tmp / "text.txt").write_text(text, encoding="utf-8")
 
-    src = resolve(ModelSpec(source=str(model)))
-    family = families.resolve(src.config)
-    hp = metadata.from_config(metadata.load_config(src.path), family)
-    planned = tensors.plan(src.weight_files, family, hp, quantize.ggml_type("F16"))
+    plan = convert.plan(model)
     t0 = time.perf_counter()
-    ours, how = collect.compute(model, planned, family, hp, token_chunks, device="cpu", reporter=Reporter(quiet=True))
+    ours, how = collect.compute(model, plan, token_chunks, device="cpu", reporter=Reporter(quiet=True))
     t_ours = time.perf_counter() - t0
 
     f16, _ = make(model, tmp / "f16", ["F16"], False, size)

@@ -68,6 +68,8 @@ def make_moe(family: str, path: Path, *, fused: bool = False, experts: int = 8, 
     import transformers
 
     config = _config(family, experts, layers, top_k, expert_ffn)
+    if family == "deepseek3":  # as DeepSeek's config.json says (transformers' config class does not write it)
+        config.scoring_func, config.topk_method = "sigmoid", "noaux_tc"
     for key, value in overrides.items():
         setattr(config, key, value)
     torch.manual_seed(seed)

@@ -160,15 +160,10 @@ def test_library_and_llama_quantize_write_the_same_file(unquantized: dict[str, P
 
 def test_imatrix_matches_llama_imatrix_on_the_same_tokens(llama_imatrix: dict[str, Path], same_tokens: dict[str, Any],
                                                           unquantized: dict[str, Path], tmp_path: Path) -> None:
-    from quantkit.producers.gguf import families, metadata, tensors
+    from quantkit.producers.gguf import convert
     from quantkit.progress import Reporter
-    from quantkit.source import resolve
 
-    src = resolve(recipe.ModelSpec(source=str(TINY)))
-    family = families.resolve(src.config)
-    hp = metadata.from_config(metadata.load_config(src.path), family)
-    planned = tensors.plan(src.weight_files, family, hp, quantize.ggml_type("F16"))
-    ours, how = collect.compute(TINY, planned, family, hp, same_tokens["chunks"], device="cpu",
+    ours, how = collect.compute(TINY, convert.plan(TINY), same_tokens["chunks"], device="cpu",
                                 reporter=Reporter(quiet=True))
     assert how["device"] == "cpu" and how["dtype"] == "float32"
     theirs = imatrix.read(llama_imatrix["gguf"])

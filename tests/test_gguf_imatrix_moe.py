@@ -25,7 +25,7 @@ from gguf_spec import make
 from moe_models import make_moe
 from quantkit import api, recipe
 from quantkit.errors import UsageError
-from quantkit.producers.gguf import collect, families, imatrix, metadata, quantize, tensors, tools
+from quantkit.producers.gguf import collect, convert, imatrix, quantize, tools
 from quantkit.progress import Reporter
 from test_gguf_imatrix import CHUNK, have_tools, kv, same_tokens  # noqa: F401
 
@@ -36,17 +36,9 @@ EXACT_ROW, EXACT_COLUMN = 1e-3, 2e-3  # relative difference of an expert's row (
 REROUTED_ROW, REROUTED_TOKENS = 3e-2, 4  # the same, after a few near-tie tokens (per expert) went elsewhere
 
 
-def planned_for(model_dir: Path) -> tuple[Any, Any, list[Any]]:
-    family = families.resolve(json.loads((model_dir / "config.json").read_text()))
-    hp = metadata.from_config(metadata.load_config(model_dir), family)
-    files = sorted(model_dir.glob("*.safetensors"))
-    return family, hp, tensors.plan(files, family, hp, quantize.ggml_type("F16"))
-
-
 def both(model_dir: Path, chunks: list[list[int]], text: Path, out: Path) -> tuple[imatrix.Imatrix, imatrix.Imatrix]:
     """quantkit's matrix of ``chunks``, and llama-imatrix's of the F32 GGUF over the text they came from."""
-    family, hp, planned = planned_for(model_dir)
-    ours, how = collect.compute(model_dir, planned, family, hp, chunks, device="cpu", reporter=Reporter(quiet=True))
+    ours, how = collect.compute(model_dir, convert.plan(model_dir), chunks, device="cpu", reporter=Reporter(quiet=True))
     assert how["dtype"] == "float32"
     r = recipe.load(None, {"model.source": str(model_dir), "output": str(out / "f32")},
                     base={"quantize": {"method": "gguf", "types": ["F32"]}})
@@ -100,9 +92,8 @@ def test_random_moe_families_match_llama_imatrix(family: str, same_tokens: dict[
     model_dir = make_moe(family, tmp_path / family)
     chunks = same_tokens["chunks"][:8]
     ours, theirs = both(model_dir, chunks, same_tokens["text"], tmp_path)
-    _, _, planned = planned_for(model_dir)
     # llama-imatrix also has MLA's attn_k_b/attn_v_b, which quantkit leaves out (and says so); nothing else differs
-    assert set(ours.entries) == set(collect.covered(planned))
+    assert set(ours.entries) == set(collect.covered(convert.plan(model_dir)))
     left_out = set(theirs.entries) - set(ours.entries)
     assert left_out == ({f"blk.{i}.attn_{s}_b.weight" for i in (0, 1) for s in "kv"} if family == "deepseek3"
                         else set())

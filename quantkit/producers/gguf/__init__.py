@@ -1,7 +1,8 @@
 """GGUF for llama.cpp: convert a Hugging Face checkpoint once, then quantize it into each requested type.
 
 The artifact folder holds one ``<model>-<TYPE>.gguf`` per requested type. Which types exist and how each is made
-is :mod:`.types`'s table: F32/F16/BF16/Q8_0 are written directly by the converter (:mod:`.convert`); every other
+is :mod:`.types`'s table: F32/F16/BF16/Q8_0 are written directly by llama.cpp's own converter (:mod:`.convert`,
+``convert_hf_to_gguf.py`` from the sdist the tools are built from: every architecture it converts); every other
 type is made by llama.cpp's own quantizer (:mod:`.quantize`) from one unquantized intermediate: a requested
 F32/BF16/F16 file when there is one, otherwise a lossless file of the checkpoint's own precision, deleted once the
 quantized files exist.
@@ -14,8 +15,12 @@ model file) with its sha256, the calibration tokens' sha256 and the tool's versi
 MoE model, the calibration tokens each expert got). Types llama.cpp cannot make without one (IQ1/IQ2, IQ3_XXS,
 Q2_K_S) are refused without one, before any work.
 
-Tested with gguf 0.19.0, llama-cpp-python 0.3.36 and its llama.cpp's tools (b11312), transformers 5.17.0,
-torch 2.13.
+The converter's plan of the file (:func:`.convert.plan`: no weight read) is made in :meth:`GgufProducer.check`,
+so an architecture, tokenizer or tensor it cannot take is refused before any work; the importance matrix is named
+and checked against it.
+
+Tested with gguf 0.19.0, llama-cpp-python 0.3.36 and its llama.cpp's tools and converter (b11312),
+transformers 5.17.0, torch 2.13.
 """
 
 from __future__ import annotations
@@ -29,8 +34,7 @@ from typing import Any
 from quantkit.errors import SourceModelError, UsageError
 from quantkit.producers import moe
 from quantkit.producers.base import ProduceContext, Produced
-from quantkit.producers.gguf import (collect, convert, families, imatrix, metadata, quantize, tensors, tokenizer,
-                                     tools, types)
+from quantkit.producers.gguf import collect, convert, guards, imatrix, quantize, tools, types
 from quantkit.source import SourceModel
 
 # Preferred intermediate among requested unquantized types: the most precise one.
@@ -70,14 +74,13 @@ class GgufProducer:
         if source.is_pickle:
             raise SourceModelError(f"{source.path} holds pickle weights; GGUF conversion reads safetensors only",
                                    hint="convert the checkpoint to safetensors first")
-        family = families.resolve(source.config)
-        hp = metadata.from_config(metadata.load_config(source.path), family)
-        tokenizer.inspect(source.path)
         wanted = [types.get(t) for t in _ordered(spec)]
         for t in wanted:
             if t.refused:
                 raise UsageError(f"GGUF type {t.name} is not offered: {t.refused}",
                                  hint="choose another --type (quantkit gguf --help lists them)")
+        guards.refuse(source.config)
+        plan = convert.plan(source.path)
         compute, given = imatrix_request(spec)
         if compute and given:
             raise UsageError(f"{imatrix.COMPUTE_FLAG} (compute an importance matrix) and {imatrix.FILE_FLAG} (use "
@@ -99,13 +102,12 @@ class GgufProducer:
                              hint=f"drop {imatrix.COMPUTE_FLAG}/{imatrix.FILE_FLAG}, or add a type llama.cpp "
                                   "quantizes (Q4_K_M, IQ4_XS...)")
         if compute:
-            collect.refuse_uncovered(family, wanted)
+            collect.refuse_uncovered(plan, wanted)
         else:
             assert given is not None
             if not given.is_file():
                 raise UsageError(f"importance matrix {given} does not exist")
-            planned = tensors.plan(source.weight_files, family, hp, quantize.ggml_type("F16"))
-            imatrix.check_fits(imatrix.read(given), planned, given)
+            imatrix.check_fits(imatrix.read(given), plan.tensors, given)
         tools.require("llama-quantize", "quantizing with an importance matrix")
 
     def estimate_bytes(self, spec: Any, source: SourceModel) -> int:
@@ -120,13 +122,12 @@ class GgufProducer:
         """Make the importance matrix (if asked), convert each directly written type (and the intermediate), then
         quantize the others from it."""
         spec, source, rep = ctx.spec, ctx.source, ctx.reporter
-        family = families.resolve(source.config)
-        hp = metadata.from_config(metadata.load_config(source.path), family)
+        plan = convert.plan(source.path)
         name = model_name(source)
         wanted = _ordered(spec)
         direct = [t for t in wanted if not types.get(t).quantized_by_llama_cpp]
         to_quantize = [t for t in wanted if types.get(t).quantized_by_llama_cpp]
-        im = _importance_matrix(ctx, family, hp, name) if to_quantize else None
+        im = _importance_matrix(ctx, plan, name) if to_quantize else None
         intermediate = None
         if to_quantize:
             intermediate = next((t for t in _INTERMEDIATE_ORDER if t in direct),
@@ -136,12 +137,11 @@ class GgufProducer:
             paths[intermediate] = ctx.workdir / f".{name}-{intermediate}.intermediate.gguf"
 
         fell_back: dict[str, dict[str, str]] = {}
-        vocab: tokenizer.Vocab | None = None
+        done: convert.Converted | None = None
         for t in _ordered_unique(([intermediate] if intermediate else []) + direct):
             with rep.timed(f"convert_{t}"):
-                done = convert.convert(source.path, source.weight_files, family, hp, paths[t], t, name=name,
-                                       reporter=rep)
-            vocab, fell_back[t] = done.vocab, done.fallbacks
+                done = convert.convert(source.path, paths[t], t, name=name, reporter=rep)
+            fell_back[t] = done.fallbacks
         for t in to_quantize:
             assert intermediate is not None
             how = "with llama-quantize and the importance matrix" if im else "with llama.cpp"
@@ -155,8 +155,8 @@ class GgufProducer:
         if intermediate and intermediate not in wanted:
             paths[intermediate].unlink()
 
-        assert vocab is not None  # at least one file was converted
-        notes = list(hp.notes) + list(vocab.notes) + (im.notes if im else [])
+        assert done is not None  # at least one file was converted
+        notes = list(plan.notes) + (im.notes if im else [])
         for t in wanted:
             if fell_back[t]:
                 notes.append(_fallback_note(t, fell_back[t]))
@@ -167,10 +167,12 @@ class GgufProducer:
                 "types": wanted,
                 "files": {t: paths[t].name for t in wanted},
                 "fallbacks": {t: fell_back[t] for t in wanted if fell_back[t]},
-                "pre_tokenizer": vocab.pre,
-                "tokenizer": vocab.model,
-                "architecture": family.gguf_arch.lower(),
-                "family": family.key,
+                "pre_tokenizer": done.pre,
+                "pre_tokenizer_from": done.pre_from,
+                "tokenizer": done.tokenizer,
+                "architecture": done.gguf_arch,
+                "source_architecture": plan.architecture,
+                "converter": tools.describe_converter(),
                 "intermediate": intermediate,
                 "imatrix": {**im.record, "types": to_quantize} if im else None,
             },
@@ -188,7 +190,7 @@ class _Made:
     notes: list[str] = field(default_factory=list)
 
 
-def _importance_matrix(ctx: ProduceContext, family: families.Family, hp: metadata.HParams, name: str) -> _Made | None:
+def _importance_matrix(ctx: ProduceContext, plan: convert.Plan, name: str) -> _Made | None:
     """Compute the matrix from the calibration set, or copy the given file, into ``imatrix/`` of the artifact."""
     compute, given = imatrix_request(ctx.spec)
     if not (compute or given):
@@ -198,9 +200,8 @@ def _importance_matrix(ctx: ProduceContext, family: families.Family, hp: metadat
     folder.mkdir()
     quantizer = tools.describe_one("llama-quantize")
     if given is not None:
-        planned = tensors.plan(ctx.source.weight_files, family, hp, quantize.ggml_type("F16"))
         im = imatrix.read(given)
-        notes = imatrix.check_fits(im, planned, given)
+        notes = imatrix.check_fits(im, plan.tensors, given)
         dest = folder / f"{name}.imatrix.{'gguf' if im.format == 'gguf' else 'dat'}"
         shutil.copyfile(given, dest)
         record = {"source": "file", "given": str(given), "datasets": im.datasets, "chunks": im.chunk_count,
@@ -210,15 +211,13 @@ def _importance_matrix(ctx: ProduceContext, family: families.Family, hp: metadat
 
     tok = AutoTokenizer.from_pretrained(str(ctx.source.path), trust_remote_code=False)
     calib = ctx.calibration_set(tok)
-    planned = tensors.plan(ctx.source.weight_files, family, hp, quantize.ggml_type("F16"))
     with rep.step("imatrix", f"Computing the importance matrix ({calib.num_tokens:,} calibration tokens)"):
-        im, how = collect.compute(ctx.source.path, planned, family, hp, calib.samples, device=ctx.runtime.device,
-                                  reporter=rep)
+        im, how = collect.compute(ctx.source.path, plan, calib.samples, device=ctx.runtime.device, reporter=rep)
     im.datasets = imatrix.dataset_label(calib)
     im.chunk_count, im.chunk_size = len(calib.samples), calib.spec.seq_len
     dest = folder / f"{name}.imatrix.gguf"
-    imatrix.write_gguf(im, dest, arch=family.gguf_arch.lower())
-    notes = imatrix.check_fits(im, planned, dest)  # what it leaves uncovered (MLA's attn_k_b/attn_v_b)
+    imatrix.write_gguf(im, dest, arch=plan.gguf_arch)
+    notes = imatrix.check_fits(im, plan.tensors, dest)  # what it leaves uncovered (MLA's attn_k_b/attn_v_b)
     record = {"source": "calibration", "calibration_tokens_sha256": calib.tokens_sha256,
               "calibration_tokens": calib.num_tokens, "computed_with": how, "datasets": im.datasets,
               "chunks": im.chunk_count, "chunk_size": im.chunk_size}

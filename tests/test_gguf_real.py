@@ -1,0 +1,95 @@
+"""GGUF on real pretrained weights: SmolLM2-135M-Instruct (``make real-models``), through llama.cpp's own converter.
+
+quantkit's converter refused this checkpoint (its pre-tokenizer, llama.cpp's ``smollm``, was not one of the five it
+matched); llama.cpp's converter knows it by its hash. With default flags ``quantkit gguf`` makes Q4_K_M; with
+``--imatrix`` F16 and Q4_K_M with an importance matrix computed from 16 x 512 calibration tokens. Checked: the
+F16 file's logits equal transformers' (float32) to float noise; both Q4_K_M files are scored by ``quantkit eval``
+with the llama.cpp engine against the checkpoint in transformers, with bounds from measured values (8,192
+held-out tokens, ctx 1024; measured KLD, top-1 in the bounds' comments) and margin; llama.cpp reads every file
+back. Hidden size 576 is not a multiple of 256, so K-quant rows fall back (to Q5_0/Q8_0), as llama.cpp does.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from test_gguf import heldout, hf_logits, kl, llama_logits, top1  # noqa: F401
+
+transformers = pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+
+NAME = "SmolLM2-135M-Instruct"
+
+
+@pytest.fixture(scope="module")
+def made(smollm2: Path, tmp_path_factory: pytest.TempPathFactory, cli: Callable) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("real-gguf")
+    plain, imx = root / "plain", root / "imatrix"
+    cli("gguf", smollm2, plain, "--json", check=True)
+    cli("gguf", smollm2, imx, "-t", "F16", "-t", "Q4_K_M", "--imatrix", "--calib", "mixed", "--samples", "16",
+        "--seq-len", "512", "--json", check=True)
+    proc = cli("eval", plain, imx, "--engine", "llama.cpp", "--baseline", smollm2, "--dataset", "heldout",
+               "--max-tokens", "8192", "--ctx", "1024", "--report-dir", root / "report", "--json", timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = {Path(r["path"]).parent.name + "/" + Path(r["path"]).name: r for r in json.loads(proc.stdout)["results"]}
+    return {"plain": plain, "imatrix": imx, "eval": results,
+            "manifests": {k: json.loads((p / "quantkit.json").read_text()) for k, p in (("plain", plain),
+                                                                                        ("imatrix", imx))}}
+
+
+def test_default_flags_make_q4_k_m(made: dict[str, Any]) -> None:
+    q = made["manifests"]["plain"]["quantization"]
+    assert q["types"] == ["Q4_K_M"] and sorted(p.name for p in made["plain"].iterdir()) == [
+        f"{NAME}-Q4_K_M.gguf", "quantkit.json"]
+    # llama.cpp's converter knows SmolLM2's tokenizer by its hash: quantkit did not have to name it
+    assert q["pre_tokenizer"] == "smollm" and q["pre_tokenizer_from"] == "upstream"
+    assert q["architecture"] == "llama" and q["source_architecture"] == "LlamaForCausalLM"
+    assert q["intermediate"] == "BF16"
+    fell = q["fallbacks"]["Q4_K_M"]  # 576-wide rows cannot hold 256-value K-quant blocks
+    assert fell["blk.0.attn_q.weight"] == "Q5_0" and set(fell.values()) <= {"Q5_0", "Q5_1", "Q8_0"}
+
+
+def test_f16_logits_equal_transformers(smollm2: Path, made: dict[str, Any], heldout: list[str]) -> None:
+    tok = transformers.AutoTokenizer.from_pretrained(smollm2)
+    ids = tok(heldout[3])["input_ids"][:512]
+    ref = hf_logits(smollm2, ids)
+    f16 = llama_logits(made["imatrix"] / f"{NAME}-F16.gguf", ids)
+    assert top1(ref, f16) >= 0.99, top1(ref, f16)
+    assert kl(ref, f16) < 1e-3, kl(ref, f16)
+
+
+def test_q4_k_m_scored_by_llamacpp(made: dict[str, Any]) -> None:
+    plain = made["eval"][f"plain/{NAME}-Q4_K_M.gguf"]
+    imx = made["eval"][f"imatrix/{NAME}-Q4_K_M.gguf"]
+    f16 = made["eval"][f"imatrix/{NAME}-F16.gguf"]
+    for r in (plain, imx, f16):
+        assert r["engine"]["engine"] == "llama.cpp" and r["tokens"] == 8192 and r["passed"], r
+    assert f16["kld"] < 0.002 and f16["top1"] > 0.98, f16
+    assert plain["kld"] < 0.09 and plain["top1"] > 0.84, plain
+    assert imx["kld"] < 0.08 and imx["top1"] > 0.85, imx
+    assert 5.5 < plain["bits_per_weight"] < 7
+
+
+def test_imatrix_artifact_named_from_the_converted_file(made: dict[str, Any]) -> None:
+    q = made["manifests"]["imatrix"]["quantization"]
+    im = q["imatrix"]
+    assert im["file"] == f"imatrix/{NAME}.imatrix.gguf" and im["types"] == ["Q4_K_M"]
+    names = {t.name for t in gguf.GGUFReader(made["imatrix"] / f"{NAME}-F16.gguf").tensors}
+    entries = {t.name.removesuffix(".in_sum2") for t in gguf.GGUFReader(made["imatrix"] / im["file"]).tensors
+               if t.name.endswith(".in_sum2")}
+    # q, k, v, o, gate, up, down of all 30 blocks, each the name of a tensor llama.cpp's converter wrote
+    assert len(entries) == 30 * 7 and entries <= names
+    assert im["entries"] == len(entries) and not any("no entry" in n for n in made["manifests"]["imatrix"]["notes"])
+
+
+def test_llamacpp_reads_every_file_back(made: dict[str, Any]) -> None:
+    for folder in (made["plain"], made["imatrix"]):
+        for f in folder.glob("*.gguf"):
+            logits = llama_logits(f, [1, 504, 3458, 282])
+            assert logits.shape[0] == 4 and np.isfinite(logits).all(), f
