@@ -226,22 +226,23 @@ def _whole(values: Any, low: int) -> bool:
 
 
 SIZE_FIELDS = ("hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
-               "num_attention_heads", "num_key_value_heads", "vocab_size", "max_position_embeddings", "head_dim")
-EXPERT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "num_experts_per_tok")
+               "num_attention_heads", "num_key_value_heads", "vocab_size", "max_position_embeddings", "head_dim",
+               "num_experts", "num_local_experts", "n_routed_experts", "num_experts_per_tok")
 MAX_SIZE = 2**40
 
 
 def check_config_sizes(config: dict[str, Any], where: Path) -> None:
-    """The sizes quantkit plans from (memory, context, layers) are whole numbers in range: at least 1 (expert
-    counts at least 0), at most 2**40; ``text_config`` is an object. A config with ``hidden_size: -1`` or ``1e30``
-    is refused here instead of failing deep inside a plan or a library."""
+    """The sizes quantkit plans from (memory, context, layers, experts) are single whole numbers from 0 to 2**40,
+    and ``text_config`` is an object. A config with ``hidden_size: -1``, ``1e30``, ``"big"`` or a per-layer list
+    (which quantkit does not read) is refused here instead of failing deep inside a plan or a library."""
     text = config.get("text_config")
     if text is not None and not isinstance(text, dict):
         raise SourceModelError(f"{where} is not a usable config: text_config is not an object")
     for cfg in (config, text or {}):
-        for key in SIZE_FIELDS + EXPERT_FIELDS:
+        for key in SIZE_FIELDS:
             v = cfg.get(key)
-            low = 0 if key in EXPERT_FIELDS else 1
-            if v is not None and not (type(v) is int and low <= v <= MAX_SIZE):
-                raise SourceModelError(f"{where} is not a usable config: {key} is {str(v)[:40]!r}, expected a "
-                                       f"whole number from {low} to 2**40")
+            whole = type(v) is int or (type(v) is float and v.is_integer())
+            if v is not None and not (whole and 0 <= v <= MAX_SIZE):
+                why = "a list (one size per layer), which quantkit does not read" if isinstance(v, list) else \
+                    f"{str(v)[:40]!r}, expected a whole number from 0 to 2**40"
+                raise SourceModelError(f"{where} is not a usable config: {key} is {why}")
