@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from quantkit import artifact
 from quantkit.errors import OutputExistsError, UnsafeOutputError
 
 REMOVE_HINT = "remove it yourself, or choose another output"
@@ -91,8 +92,11 @@ def check_file(path: Path) -> None:
 
 def wrote(path: Path) -> bool:
     """Whether a file at one of the names quantkit writes (:data:`BUNDLE_FILES`) is one it wrote, by its content."""
-    with open(path, "rb") as f:
-        head = f.read(_SNIFF + 1)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_SNIFF + 1)
+    except OSError:
+        return False  # what quantkit cannot read it did not write (and may not replace)
     if len(head) > _SNIFF and path.name != "size-vs-ppl.png":
         return False  # quantkit's reports and sums are far smaller
     if path.name == "size-vs-ppl.png":
@@ -140,8 +144,6 @@ def local_source(recipe: Any) -> Path | None:
 def check_recipe(recipe: Any, *, force: bool = False, pipeline: bool = False, source: Path | None = None) -> None:
     """Every output of a recipe apart from its source and inputs, and replaceable where ``--force`` would replace
     it; with ``pipeline`` also the release folder and its bundle files (``quantkit run``)."""
-    from quantkit import artifact
-
     src = source if source is not None else local_source(recipe)
     inputs = recipe_inputs(recipe)
     for _, out in recipe.artifacts():
