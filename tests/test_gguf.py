@@ -188,9 +188,11 @@ FAMILIES = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32)),
     # a window shorter than the test sequence, so sliding attention is really exercised
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(head_dim=32, query_pre_attn_scalar=32, sliding_window=16)),
-    # Gemma 3 4B+-style: linear rope scaling on the full-attention layers only, its own rope base on the others
+    # Gemma 3 4B+-style: linear rope scaling on the full-attention layers only, its own rope base on the others;
+    # five sliding layers, then a full one (llama.cpp's fixed pattern; quantkit refuses others: guards.py)
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
-        head_dim=32, query_pre_attn_scalar=32, sliding_window=16, layer_types=["sliding_attention", "full_attention"],
+        head_dim=32, query_pre_attn_scalar=32, sliding_window=16, num_hidden_layers=6,
+        layer_types=["sliding_attention"] * 5 + ["full_attention"],
         rope_scaling={"rope_type": "linear", "factor": 8.0}, rope_theta=1_000_000.0, rope_local_base_freq=500.0)),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", {}),
 }
@@ -356,6 +358,17 @@ def test_unsupported_architecture_is_refused(tmp_path: Path, cli: Callable) -> N
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert "llama.cpp's converter cannot convert OPTForCausalLM" in lines[0] and "not supported" in lines[0]
     assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
+
+
+def test_gemma3_layer_pattern_llamacpp_does_not_compute_is_refused(tmp_path: Path) -> None:
+    """llama.cpp fixes Gemma 3's sliding/full pattern (every sixth layer full) and the converter writes none: a
+    checkpoint with another pattern would convert into a file that attends differently (measured: guards.py)."""
+    config_cls, model_cls, overrides = FAMILIES["gemma3"]
+    model_dir = build(tmp_path / "g3", config_cls, model_cls, **{
+        **overrides, "num_hidden_layers": 2, "layer_types": ["sliding_attention", "full_attention"]})
+    with pytest.raises(SourceModelError, match="not llama.cpp's fixed Gemma 3 pattern"):
+        convert(model_dir, tmp_path / "out", ["F16"])
+    assert not (tmp_path / "out").exists()
 
 
 def test_unknown_pre_tokenizer_is_refused(tmp_path: Path) -> None:

@@ -232,6 +232,7 @@ REFUSED = {
     "rotate-half-mla": ("deepseek3", {"rope_interleave": False}, "rope_interleave is false"),
     "mla-biases": ("deepseek3", {"attention_bias": True}, "attention_bias is true"),
     "yarn-mscale": ("deepseek3", {"rope_parameters": {**YARN, "mscale": 1.0}}, "cannot reproduce rope parameters"),
+    "no-scoring-func": ("deepseek3", {"scoring_func": None}, "config.json has no scoring_func"),
 }
 
 
@@ -243,15 +244,6 @@ def test_refused_before_any_work(case: str, tmp_path: Path) -> None:
         convert(model_dir, tmp_path / "out", ["Q4_K_M"])
     assert e.value.exit_code == 2 and e.value.hint
     assert not (tmp_path / "out").exists()
-
-
-def test_already_quantized_checkpoint_is_refused(tmp_path: Path) -> None:
-    model_dir = make_moe("deepseek3", tmp_path / "fp8", layers=2, experts=4)
-    config = json.loads((model_dir / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}
-    (model_dir / "config.json").write_text(json.dumps(config))
-    with pytest.raises(SourceModelError, match=r"already quantized \(fp8\)"):
-        convert(model_dir, tmp_path / "out", ["F16"])
 
 
 def test_multi_token_prediction_layers_are_left_out(tmp_path: Path) -> None:
@@ -266,8 +258,8 @@ def test_multi_token_prediction_layers_are_left_out(tmp_path: Path) -> None:
     save_file({**weights, **extra}, model_dir / "model.safetensors", metadata={"format": "pt"})
     res = convert(model_dir, tmp_path / "out", ["F16"])
     names = {t.name for t in gguf.GGUFReader(res.path / res.manifest.quantization["files"]["F16"]).tensors}
+    # llama.cpp's converter leaves them out of the deepseek2 file (its --mtp exports them on their own)
     assert "blk.1.ffn_down_exps.weight" in names and not any(n.startswith("blk.2.") for n in names)
-    assert any(f"{len(extra)} tensor(s) of layers past the model's 2" in n for n in res.manifest.notes)
 
 
 def test_refusal_through_the_cli(tmp_path: Path, cli: Callable) -> None:

@@ -14,6 +14,9 @@ computes other logits than transformers (F32 GGUF against transformers in float3
 * DeepSeek-V3 without ``scoring_func`` in config.json (DeepSeek's own says ``sigmoid``; transformers' config class
   does not write it): the converter then writes no ``expert_gating_func``, llama.cpp gates with softmax, while
   transformers' DeepSeek-V3 always uses sigmoid (top-1 0.43).
+* Gemma 3 whose ``layer_types`` are not llama.cpp's fixed pattern (every sixth layer full attention, the rest
+  sliding; the converter writes no pattern): a 2-layer sliding/full checkpoint differs by 2.44 in its logits
+  (tests/test_gguf.py, before its Gemma 3 case took the real pattern).
 
 What upstream gets right where quantkit's own converter refused (Qwen3-MoE with YaRN: top-1 1.0) is not here.
 """
@@ -39,6 +42,11 @@ def refuse(config: dict[str, Any]) -> None:
         raise SourceModelError(f"{arch}: norm_topk_prob is false, but llama.cpp's qwen3moe architecture always "
                                "renormalises the chosen experts' weights; the GGUF would route differently from "
                                "transformers", hint=_HINT)
+    if arch == "Gemma3ForCausalLM" and (types := config.get("layer_types")):
+        fixed = ["sliding_attention" if i % 6 < 5 else "full_attention" for i in range(len(types))]
+        if list(types) != fixed:
+            raise SourceModelError(f"{arch}: layer_types {types} are not llama.cpp's fixed Gemma 3 pattern (every "
+                                   "sixth layer full attention); the GGUF would attend differently", hint=_HINT)
     if arch in ("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM"):
         if config.get("attention_bias"):
             raise SourceModelError(f"{arch}: attention_bias is true, but llama.cpp's MLA attention has no biases",
