@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from quantkit.formats import kinds
-from quantkit.formats.specs import (DEFAULT_GROUP_SIZE, AwqSpec, Fp8Spec, GgufSpec, GptqSpec, Int8Spec, RtnSpec,
-                                   TrtSpec, W4a8Spec)
+from quantkit.formats.specs import (DEFAULT_GROUP_SIZE, AutoRoundSpec, AwqSpec, Fp8Spec, GgufSpec, GptqSpec, Int8Spec,
+                                   RtnSpec, TrtSpec, W4a8Spec)
 
 
 @dataclass(frozen=True)
@@ -153,11 +153,28 @@ FORMATS: tuple[Format, ...] = (
                      "GPTQ activation ordering: quantize columns in order of decreasing activation magnitude "
                      "(llm-compressor's static ordering: no g_idx, no runtime cost) \\[default: on]."),
                   _f("damp", "--damp", float, "quantize.damp", "Hessian dampening fraction \\[default: 0.01]."),
+                  _f("imatrix", "--imatrix/--no-imatrix", bool, "quantize.imatrix",
+                     "Choose each group's range by llm-compressor's importance-weighted MSE observer (error weighted "
+                     "by each input channel's mean squared activation) instead of its min and max \\[default: off]."),
                   _f("format", "--format", str, "quantize.format",
                      "compressed-tensors, or gptq to also write the legacy GPTQ layout."),
                   *LLMCOMPRESSOR)),
     Format("gptq", GptqSpec, "quantkit.producers.legacy", "compressed-tensors", lambda s: True, _int_folder,
            layout="gptq"),
+    Format("autoround", AutoRoundSpec, "quantkit.producers.compressed", "compressed-tensors", lambda s: True,
+           _int_folder, verb="autoround",
+           help="AutoRound int4/int8 (W4A16/W8A16, symmetric) through llm-compressor: each layer's rounding and "
+                "clipping tuned by signed gradient descent against its full-precision output. Writes a "
+                "compressed-tensors checkpoint vLLM and transformers load.",
+           examples=("quantkit autoround models/quantkit-tiny out/autoround",
+                     "quantkit autoround org/model out/autoround --iterations 500 --samples 256 --seq-len 2048"),
+           flags=(BITS, GROUP,
+                  _f("iterations", "--iterations", int, "quantize.iterations",
+                     "Tuning steps per decoder layer \\[default: 200]."),
+                  _f("batch_size", "--batch-size", int, "quantize.batch_size",
+                     "Calibration samples per tuning step \\[default: 8]."),
+                  _f("lr", "--lr", float, "quantize.lr", "Signed-gradient step size \\[default: 1/iterations]."),
+                  *LLMCOMPRESSOR)),
     Format("fp8", Fp8Spec, "quantkit.producers.compressed", "compressed-tensors",
            lambda s: s.scheme == "static" or s.kv_cache_fp8, lambda s: f"fp8-{s.scheme}",
            verb="fp8",

@@ -70,7 +70,29 @@ class GptqSpec(MethodBase):
     symmetric: bool = True
     act_order: bool = Field(True, description="GPTQ activation ordering (static: no g_idx, no runtime cost)")
     damp: float = Field(0.01, gt=0, lt=1, description="dampening as a fraction of the Hessian diagonal mean")
+    imatrix: bool = Field(False, description="choose each group's range with llm-compressor's importance-weighted "
+                          "MSE observer (imatrix_mse: quantization error weighted by each input channel's mean "
+                          "squared activation on the calibration set) instead of the group's min and max")
     format: Literal["compressed-tensors", "gptq"] = "compressed-tensors"
+    _g = field_validator("group_size")(_check_group_size)
+
+
+class AutoRoundSpec(MethodBase):
+    """AutoRound W4A16/W8A16 through llm-compressor's AutoRoundModifier: each decoder layer's rounding offsets and
+    weight clipping tuned by signed gradient descent against the layer's full-precision output.
+
+    Symmetric only: llmcompressor 0.14.0.1's modifier carries AutoRound's scales back into the checkpoint but not
+    its zero points, so an asymmetric artifact would be written with the wrong ones."""
+
+    method: Literal["autoround"]
+    bits: Literal[4, 8] = 4
+    group_size: int | None = Field(None, description=GROUP_HELP)
+    symmetric: Literal[True] = Field(True, description="symmetric only (see above); as vLLM's Marlin kernels take")
+    iterations: int = Field(200, ge=1, le=10_000, description="tuning steps per decoder layer (AutoRound's and "
+                            "llm-compressor's default 200; each step runs one batch of calibration samples)")
+    batch_size: int = Field(8, ge=1, le=1024, description="calibration samples per tuning step")
+    lr: float | None = Field(None, gt=0, lt=1, description="signed-gradient step size; unset: 1 / iterations, "
+                             "AutoRound's own default")
     _g = field_validator("group_size")(_check_group_size)
 
 

@@ -1,4 +1,5 @@
-"""llm-compressor: AWQ, GPTQ, FP8, INT8 SmoothQuant and round-to-nearest -> compressed-tensors checkpoints.
+"""llm-compressor: AWQ, GPTQ, AutoRound, FP8, INT8 SmoothQuant and round-to-nearest -> compressed-tensors
+checkpoints.
 
 Each recipe spec maps, through one declarative table (:func:`plan`), to the llm-compressor modifiers that make
 it; the model is loaded with transformers, calibrated with quantkit's own token samples (passed to ``oneshot``
@@ -28,7 +29,8 @@ hash, the progress and the manifest; every algorithm is llm-compressor's.
   an MoE, every expert projection of every layer) with finite, positive scales; otherwise the run fails (exit 1)
   and nothing is published.
 
-Tested with llmcompressor 0.14.0.1, compressed-tensors 0.19.0, transformers 5.17.0, torch 2.13.0 (CPU).
+Tested with llmcompressor 0.14.0.1, compressed-tensors 0.19.0, auto-round 0.15.1, transformers 5.17.0, torch 2.13.0
+(CPU).
 """
 
 from __future__ import annotations
@@ -56,16 +58,17 @@ _MODIFIERS = {
     "AWQModifier": "llmcompressor.modifiers.transform",
     "SmoothQuantModifier": "llmcompressor.modifiers.transform",
     "GPTQModifier": "llmcompressor.modifiers.gptq",
+    "AutoRoundModifier": "llmcompressor.modifiers.autoround",
     "QuantizationModifier": "llmcompressor.modifiers.quantization",
 }
 # Modifiers that quantize (and so take the recipe's targets and ignore list); the others transform weights.
-_QUANTIZERS = ("GPTQModifier", "QuantizationModifier")
+_QUANTIZERS = ("GPTQModifier", "QuantizationModifier", "AutoRoundModifier")
 # Weights in files of at most 4 GB (transformers 5 writes one file up to 50 GB): what the hub's own checkpoints
 # ship (Llama 3.1, Qwen3: 4-5 GB shards), each file resumable on its own, and a shard finished while the next is
 # written is hashed and fsynced meanwhile (quantkit.seal) instead of all 9 GB of an 8B FP8 artifact at the end.
 SHARD_SIZE = "4GB"
 _FP8_PRESETS = {"static": "FP8", "dynamic": "FP8_DYNAMIC", "block": "FP8_BLOCK"}
-_GROUPED = ("awq", "gptq", "rtn")  # the methods whose group size a recipe sets (or leaves to group_choice)
+_GROUPED = ("awq", "gptq", "rtn", "autoround")  # methods whose group size a recipe sets (or leaves to group_choice)
 _FP8_KV_CACHE = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
 
 
@@ -78,6 +81,7 @@ class Plan:
     calibrate: bool
     summary: dict[str, Any] = field(default_factory=dict)
     save_format: str | None = None  # the compressed-tensors format to write, when its own inference is wrong
+    signed_scales: bool = False  # scales may be negative (AutoRound's full-range symmetric int), see coverage.check
 
     def build(self, ignore: list[str]) -> list[Any]:
         """The llm-compressor modifier objects (imports llm-compressor)."""
@@ -113,9 +117,9 @@ def _group(spec: Any) -> int:
     return DEFAULT_GROUP_SIZE if spec.group_size is None else spec.group_size
 
 
-def _weight_only(spec: Any) -> dict[str, Any]:
-    return {"config_groups": {"group_0": {"targets": ["Linear"],
-                                          "weights": _int_weights(spec.bits, _group(spec), spec.symmetric)}}}
+def _weight_only(spec: Any, observer: str | None = None) -> dict[str, Any]:
+    weights = _int_weights(spec.bits, _group(spec), spec.symmetric) | ({"observer": observer} if observer else {})
+    return {"config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}}}
 
 
 def _int_summary(spec: Any) -> dict[str, Any]:
@@ -141,11 +145,28 @@ def _plan_awq(spec: Any) -> Plan:
 def _plan_gptq(spec: Any) -> Plan:
     # llm-compressor 0.14 offers only "static" (weight) activation ordering: columns are quantized by decreasing
     # activation magnitude but groups stay contiguous, so the layout and kernels are unchanged (no g_idx).
+    # The importance-weighted observer (llmcompressor.observers.imatrix) gathers each input channel's mean squared
+    # activation through its own hook during GPTQ's calibration pass, then grid-searches each group's range against
+    # the error weighted by it; GPTQ rounds inside that range as before.
     actorder = "static" if spec.act_order else None
+    observer = "imatrix_mse" if spec.imatrix else None
     return Plan(_int_scheme(spec.bits, spec.symmetric),
-                (("GPTQModifier", {**_weight_only(spec), "dampening_frac": spec.damp, "actorder": actorder}),),
+                (("GPTQModifier", {**_weight_only(spec, observer), "dampening_frac": spec.damp,
+                                   "actorder": actorder}),),
                 calibrate=True, summary={**_int_summary(spec), "algorithm": "gptq", "damp": spec.damp,
-                                         "actorder": actorder})
+                                         "actorder": actorder, "observer": observer or "memoryless_minmax"})
+
+
+def _plan_autoround(spec: Any) -> Plan:
+    # llm-compressor's sequential pipeline hands AutoRound one decoder layer at a time with the inputs it captured;
+    # torch.compile is decided when the plan runs (:func:`_oneshot`), since it helps only on an accelerator.
+    return Plan(_int_scheme(spec.bits, spec.symmetric),
+                (("AutoRoundModifier", {**_weight_only(spec), "iters": spec.iterations,
+                                        "batch_size": spec.batch_size, "lr": spec.lr}),),
+                calibrate=True, summary={**_int_summary(spec), "algorithm": "autoround",
+                                         "iterations": spec.iterations, "batch_size": spec.batch_size,
+                                         "lr": spec.lr if spec.lr is not None else 1 / spec.iterations},
+                signed_scales=True)
 
 
 def _plan_rtn(spec: Any) -> Plan:
@@ -188,8 +209,8 @@ def _plan_w4a8(spec: Any) -> Plan:
                 save_format="pack-quantized")
 
 
-_PLANS = {"awq": _plan_awq, "gptq": _plan_gptq, "rtn": _plan_rtn, "fp8": _plan_fp8, "int8": _plan_int8,
-          "w4a8": _plan_w4a8}
+_PLANS = {"awq": _plan_awq, "gptq": _plan_gptq, "autoround": _plan_autoround, "rtn": _plan_rtn, "fp8": _plan_fp8,
+          "int8": _plan_int8, "w4a8": _plan_w4a8}
 
 
 def plan(spec: Any) -> Plan:
@@ -310,7 +331,7 @@ def _check_tiles(spec: Any, source: SourceModel) -> None:
 
 
 class CompressedProducer:
-    """The ``awq``, ``gptq``, ``fp8``, ``int8`` and ``rtn`` methods."""
+    """The ``awq``, ``gptq``, ``autoround``, ``fp8``, ``int8``, ``w4a8`` and ``rtn`` methods."""
 
     def check(self, spec: Any, source: SourceModel) -> None:
         archs = source.config.get("architectures") or []
@@ -359,7 +380,7 @@ class CompressedProducer:
             with rep.layers("quantize", description), _quiet_backend():
                 info = _oneshot(model, p, job)
             with rep.step("check", "Checking that every module that should be quantized was"):
-                cov = coverage.check(model, job["ignore"], job["config"])
+                cov = coverage.check(model, job["ignore"], job["config"], p.signed_scales)
             cov.raise_for_failures()
             info["coverage"] = cov.manifest()
             with rep.step("save", "Saving the compressed-tensors checkpoint"), _quiet_backend():
@@ -448,10 +469,12 @@ def _pin_device(device: str, num_gpus: int) -> str:
 
 
 def _quiet_llmcompressor_log() -> None:
-    """llm-compressor's INFO/WARNING/METRIC lines (one per module for GPTQ) drown quantkit's progress, and they go to
-    stdout, which ``--json`` keeps for its one document; LLM_COMPRESSOR_LOG_LEVEL=INFO shows them. Read when
-    llmcompressor is first imported, so this runs before every import of it."""
+    """llm-compressor's INFO/WARNING/METRIC lines (one per module for GPTQ) and auto-round's (two per layer) drown
+    quantkit's progress, and they go to stdout, which ``--json`` keeps for its one document;
+    LLM_COMPRESSOR_LOG_LEVEL=INFO and AR_LOG_LEVEL=INFO show them. Read when llmcompressor is first imported, so this
+    runs before every import of it."""
     os.environ.setdefault("LLM_COMPRESSOR_LOG_LEVEL", "ERROR")
+    os.environ.setdefault("AR_LOG_LEVEL", "ERROR")  # auto-round's own per-layer lines; read when it is imported
 
 
 def _load_model(job: dict[str, Any], distributed: bool = False) -> Any:
@@ -563,6 +586,14 @@ def _oneshot(model: Any, p: Plan, job: dict[str, Any]) -> dict[str, Any]:
 
     torch.manual_seed(job["seed"])
     modifiers = p.build(job["ignore"])
+    notes: list[str] = []
+    for m in modifiers:
+        if type(m).__name__ == "AutoRoundModifier":
+            # llm-compressor's default compiles the tuning loop: about 20% faster on a GPU by auto-round's account,
+            # while on a CPU compiling each layer's shapes costs more than it saves, and needs a C compiler.
+            m.enable_torch_compile = torch.accelerator.is_available()
+            notes.append(f"AutoRound's tuning loop {'compiled' if m.enable_torch_compile else 'not compiled'} with "
+                         f"torch.compile ({'an' if m.enable_torch_compile else 'no'} accelerator)")
     kwargs: dict[str, Any] = {"moe_calibrate_all_experts": True}
     samples = job.get("samples")
     if samples:
@@ -584,7 +615,7 @@ def _oneshot(model: Any, p: Plan, job: dict[str, Any]) -> dict[str, Any]:
     except (ValueError, RuntimeError, AttributeError, TypeError, KeyError) as e:
         raise BackendError(f"llm-compressor failed ({type(e).__name__}): {str(e).splitlines()[0][:400]}",
                            hint="rerun with --debug for the traceback") from e
-    info: dict[str, Any] = {"notes": []}
+    info: dict[str, Any] = {"notes": notes}
     if fam:
         info["moe"] = {"family": fam.name, "experts": fam.num_experts(job["config"]),
                        "top_k": fam.top_k(job["config"]), "layers": fam.layers(job["config"]),
@@ -665,6 +696,8 @@ def _describe(out: Path, p: Plan, info: dict[str, Any], ignore: list[str]) -> di
         q["awq_mappings_source"] = info["awq_mappings_source"]
     if "smoothquant_mappings" in info:
         q["smoothquant_mappings"] = info["smoothquant_mappings"]
+    if any(name == "AutoRoundModifier" for name, _ in p.modifiers):
+        q["auto_round"] = versions.version("auto-round")
     for key in ("coverage", "moe"):
         if key in info:
             q[key] = info[key]
@@ -704,7 +737,7 @@ def _worker(job_path: str) -> None:
     p = plan(_spec_from(job))
     model = _load_model(job, distributed=True)
     info = _oneshot(model, p, job)
-    cov = coverage.check(model, job["ignore"], job["config"])
+    cov = coverage.check(model, job["ignore"], job["config"], p.signed_scales)
     cov.raise_for_failures()
     info["coverage"] = cov.manifest()
     fam = moe.family(job["config"])

@@ -93,18 +93,22 @@ def _quantized(module: Any) -> bool:
     return scheme is not None and getattr(scheme, "weights", None) is not None and hasattr(module, "weight_scale")
 
 
-def _scales_ok(module: Any) -> bool:
+def _scales_ok(module: Any, signed: bool = False) -> bool:
     import torch
 
     for name in ("weight_scale", "input_scale"):
         scale = getattr(module, name, None)
-        if scale is not None and not (torch.isfinite(scale).all() and (scale > 0).all()):
+        if scale is not None and not (torch.isfinite(scale).all() and ((scale != 0) if signed else (scale > 0)).all()):
             return False
     return True
 
 
-def check(model: Any, ignore: list[str], config: dict[str, Any]) -> Coverage:
-    """Count what oneshot quantized in ``model`` against what ``ignore`` and the MoE family say it must."""
+def check(model: Any, ignore: list[str], config: dict[str, Any], signed_scales: bool = False) -> Coverage:
+    """Count what oneshot quantized in ``model`` against what ``ignore`` and the MoE family say it must.
+
+    ``signed_scales``: a scale may be negative, only zero or non-finite fails. AutoRound's symmetric scales carry
+    the sign of each group's largest-magnitude weight, so that weight lands on -2^(bits-1), the code a positive
+    scale never uses (auto-round 0.15.1's ``quant_tensor_sym``, "full range")."""
     import torch
     from compressed_tensors.utils import is_match
 
@@ -128,7 +132,7 @@ def check(model: Any, ignore: list[str], config: dict[str, Any]) -> Coverage:
                 cov.caught_by[name] = caught
         else:
             cov.quantized += 1
-            if not _scales_ok(module):
+            if not _scales_ok(module, signed_scales):
                 cov.bad_scales.append(name)
     cov.ignored_but_quantized = [n for n, m in modules.items()
                                  if n not in expert_names and is_match(n, m, ignore) and _quantized(m)]
