@@ -61,6 +61,7 @@ class SmokeOptions:
     port: int = 0
     timeout: float = 600.0
     prompt: str = DEFAULT_PROMPT
+    chat_prompt: str | None = None  # the chat request's user message; the completion prompt when unset
     max_tokens: int = 16
     speed_tokens: int = 64
     baseline: str | None = None
@@ -278,7 +279,7 @@ def ask(url: str, opts: SmokeOptions, engine: serve.base.Engine, r: SmokeRun, ch
     if chat:
         r.data["stage"] = "POST /v1/chat/completions"
         answer = client.post_json(url + "/v1/chat/completions",
-                                  {**greedy, "messages": [{"role": "user", "content": opts.prompt}]}, timeout=timeout)
+                                  {**greedy, "messages": [{"role": "user", "content": opts.chat_prompt or opts.prompt}]}, timeout=timeout)
         cchoice = (answer.get("choices") or [{}])[0]
         content = (cchoice.get("message") or {}).get("content") or ""
         r.data["chat"] = {"text": content, "finish_reason": cchoice.get("finish_reason"),

@@ -62,9 +62,13 @@ def smoke_cmd(
     match_tokens: int = typer.Option(8, "--match-tokens", help="Leading tokens compared with the baseline."),
     require_match: bool = typer.Option(False, "--require-match", help="Fail (exit 3) when those tokens differ; by "
                                        "default the agreement is only recorded (quantization may flip near-ties)."),
+    chat_prompt: Optional[str] = typer.Option(None, "--chat-prompt", help="The chat request's user message "
+                                              "\\[default: --prompt]: a question for an instruct model, where "
+                                              "the completion prompt is a sentence to continue."),
     expect: Optional[str] = typer.Option(None, "--expect", metavar="TEXT", help="Fail (exit 3) unless the chat "
                                          "answer (the completion, without a chat template) contains TEXT, "
-                                         "ignoring case: --prompt 'What is the capital of France?' --expect Paris."),
+                                         "ignoring case: --chat-prompt 'What is the capital of France?' "
+                                         "--expect Paris."),
     file: Optional[str] = typer.Option(None, "--file", help="Only this .gguf file of the artifact \\[default: each]."),
     log_dir: Optional[Path] = typer.Option(None, "--log-dir", help="Where the server logs go \\[default: beside the "
                                            "artifact, NAME.smoke-ENGINE.log]."),
@@ -97,7 +101,7 @@ def smoke_cmd(
         artifact, reporter=reporter(json), engine=_engine(engine), python=python, server_cmd=server_cmd,
         env=_env(env), extra_args=list(server_arg or []), port=port, timeout=timeout,
         max_tokens=max_tokens, speed_tokens=speed_tokens, baseline=baseline,
-        match_tokens=match_tokens, require_match=require_match, expect=expect, file=file, log_dir=log_dir,
+        match_tokens=match_tokens, require_match=require_match, chat_prompt=chat_prompt, expect=expect, file=file, log_dir=log_dir,
         max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization, tp=tp, check_versions=not skip_doctor,
         **({"prompt": prompt} if prompt else {}))
     if json:
