@@ -132,7 +132,8 @@ class CalibrationInfo(Section):
     samples: int
     seq_len: int
     seed: int = 0
-    chat_template: bool = False
+    chat_template: bool = False  # whether the samples went through the model's chat template
+    chat_template_setting: bool | str | None = None  # what was asked: auto, true, false (None: older)
     tokens: int
     tokens_sha256: str
 

@@ -61,7 +61,9 @@ CALIBRATION = (
     _f("calib_field", "--calib-field", str, "calibration.field", "JSON/parquet field holding the text "
        "\\[default: text].", "Calibration"),
     _f("chat_template", "--chat-template/--no-chat-template", bool, "calibration.chat_template",
-       "Wrap calibration samples in the model's chat template.", "Calibration"),
+       "Render calibration samples with the model's chat template (a recipe's calibration.chat_template: auto "
+       "does it for an instruct model, whose EOS ends the template's turns) \\[default: off].",
+       "Calibration"),
     _f("min_expert_tokens", "--min-expert-tokens", int, "calibration.min_expert_tokens",
        "Warn when the router sends a mixture-of-experts expert fewer calibration tokens than this "
        "\\[default: 16].", "Calibration"),
