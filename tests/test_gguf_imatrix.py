@@ -22,7 +22,7 @@ import pytest
 
 from conftest import ROOT, TINY, gone, live_children, quantkit
 from gguf_spec import make
-from quantkit import api, pipeline, recipe
+from quantkit import api, pipeline
 from quantkit.errors import MissingToolError, UsageError
 from quantkit.producers.gguf import collect, imatrix, quantize, tools, types
 

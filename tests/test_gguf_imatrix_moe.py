@@ -13,7 +13,6 @@ tokens stays within and a wrong name, expert order or input does not.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
