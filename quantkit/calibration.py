@@ -19,10 +19,10 @@ The chat template (``chat_template``: off, on or ``auto``) is llm-compressor's g
 calibrate on text shaped like what the model will see when served, its turn markers and system prompt included.
 ``auto`` turns it on for an instruct model: its tokenizer has a chat template whose assistant turns end with its
 EOS token (:func:`instruct_template`); the manifest records what was asked and what was used. The default is off:
-measured on SmolLM2-135M-Instruct (GPTQ W4A16, the same 32 x 512 samples), rendering plain documents through the
-template, as the user's turn or as the assistant's reply, changed KLD by under 1.5% and made perplexity worse, on
-plain held-out text and on held-out text rendered through the template alike (README, Calibration data); packing
-also spends every token on text where a rendered sample spends some on the template and ends short.
+measured on SmolLM2-135M-Instruct (GPTQ W4A16, 32 x 512 samples, one seed), the template lowered KLD by at most
+3.6% (documents as the assistant's reply; as the user's turn, not at all) and raised the perplexity of held-out
+text rendered through the template (README, Calibration data): no clear win for a change of every calibrating
+verb's samples, and packing spends every token on text where a rendered sample spends some on the template.
 """
 
 from __future__ import annotations
@@ -339,10 +339,11 @@ def _packed_samples(spec: CalibrationSpec, tokenizer: Any, docs: Documents, orde
 
 def conversation(item: Any) -> list[dict[str, str]]:
     """A calibration item as the messages the chat template renders: a conversation as it is; a plain document
-    as one user turn (after the template's own default system prompt, if it has one): text handed to the model,
-    with no turn invented around it. The document as the assistant's reply to an empty user turn scored the same
-    on SmolLM2-135M-Instruct (README, Calibration data)."""
-    return item if isinstance(item, list) else [{"role": "user", "content": item}]
+    as the assistant's reply to an empty user turn (after the template's own default system prompt, if it has
+    one). A served instruct model writes in the assistant turn, so that is where the quantizer should see it
+    work; on SmolLM2-135M-Instruct this scored the lowest KLD of the two ways, the document as the user's turn
+    scoring as packed plain text did (README, Calibration data)."""
+    return item if isinstance(item, list) else [{"role": "user", "content": ""}, {"role": "assistant", "content": item}]
 
 
 def _chat_samples(spec: CalibrationSpec, tokenizer: Any, docs: Documents, order: list[int]) -> list[list[int]]:
