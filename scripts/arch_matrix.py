@@ -435,6 +435,8 @@ def error_line(stderr: str, paths: dict[str, Path]) -> str:
 def normalise(text: str, paths: dict[str, Path]) -> str:
     for name, p in sorted(paths.items(), key=lambda kv: -len(str(kv[1]))):
         text = text.replace(str(p), f"<{name}>")
+    if "src" in paths:  # file names made from the source folder's (its cache key changes with this maker)
+        text = text.replace(paths["src"].name, "<src>")
     return re.sub(r"/tmp/[\w./-]+", "<tmp>", text)
 
 
