@@ -145,8 +145,8 @@ def test_deepseek_mla_tensors_left_out_and_refused_where_needed(have_tools: dict
     """DeepSeek-V3: K-quants are made, with a note naming the MLA tensors the matrix leaves out; the types llama.cpp
     makes only with a matrix entry for them are refused before any work, naming the way out."""
     model_dir = make_moe("deepseek3", tmp_path / "deepseek3")
-    with pytest.raises(UsageError, match="IQ2_M cannot be made for DeepseekV3ForCausalLM with an importance matrix computed"
-                                         " by quantkit") as e:
+    with pytest.raises(UsageError, match="IQ2_M cannot be made for DeepseekV3ForCausalLM with an importance "
+                                         "matrix computed by quantkit") as e:
         make(tmp_path / "refused", ["Q4_K_M", "IQ2_M"], imatrix_=True, model=model_dir)
     assert "--imatrix-file FILE" in e.value.hint and not (tmp_path / "refused").exists()
     res = make(tmp_path / "out", ["Q4_K_M"], imatrix_=True, model=model_dir)
