@@ -241,7 +241,8 @@ def test_hf_module_names_map_to_gguf_names(checkpoints: dict) -> None:
 REFUSED = {
     "no-renormalisation": ("qwen3moe", {"norm_topk_prob": False}, "norm_topk_prob is false"),
     "dense-layers": ("qwen3moe", {"mlp_only_layers": [0]},
-                     "cannot convert Qwen3MoeForCausalLM: ValueError: Can not map tensor 'model.layers.0.mlp.down_proj"),
+                     "cannot convert Qwen3MoeForCausalLM: ValueError: Can not map tensor "
+                     "'model.layers.0.mlp.down_proj"),
     "rotate-half-mla": ("deepseek3", {"rope_interleave": False}, "rope_interleave is false"),
     "mla-biases": ("deepseek3", {"attention_bias": True}, "attention_bias is true"),
     "yarn-mscale": ("deepseek3", {"rope_parameters": {**YARN, "mscale": 1.0}}, "cannot reproduce rope parameters"),

@@ -167,7 +167,8 @@ def plan(model_dir: Path) -> Plan:
             architecture=out.get("architecture"), gguf_arch=out["gguf_arch"], model_class=out["model_class"],
             block_count=int(out["block_count"]),
             tensors=[Tensor(n, tuple(s), t) for n, s, t in out["tensors"]], name_map=out["name_map"],
-            tokenizer=out.get("tokenizer_model"), phi3_tokens=bool(out.get("phi3_tokens")), pre=out.get("pre_tokenizer"), pre_from=out.get("pre_from"),
+            tokenizer=out.get("tokenizer_model"), phi3_tokens=bool(out.get("phi3_tokens")),
+            pre=out.get("pre_tokenizer"), pre_from=out.get("pre_from"),
             notes=notes if out.get("pre_from") == "quantkit" else [])
     return _plans[key]
 

@@ -17,8 +17,8 @@ llama.cpp recognises a BPE pre-tokenizer by hashing the token ids of a fixed tex
 locally with a standard splitter (quantkit's reference model) is refused. ``--pre NAME`` is the pre-tokenizer
 quantkit matched from ``tokenizer.json``'s own regex; it is used only when upstream's check raised, and the
 result says so (``pre_from``). A SentencePiece-style vocabulary that only a tokenizer.json holds gets scores
-from its merge ranks (:func:`_score_by_merge_rank`; ``scores_from``). Any failure is written to the result as one line (its kind, the architecture),
-and the exit status is 3; the converter's own log goes to stderr.
+from its merge ranks (:func:`_score_by_merge_rank`; ``scores_from``). Any failure is written to the result as
+one line (its kind, the architecture), and the exit status is 3; the converter's own log goes to stderr.
 """
 
 from __future__ import annotations
