@@ -73,8 +73,9 @@ def refuse_uncovered(plan: Any, wanted: list[Any]) -> None:
     needy = [t.name for t in wanted if t.needs_imatrix]
     if is_mla(plan) and needy:
         raise UsageError(f"{', '.join(needy)} cannot be made for {plan.architecture} with an importance matrix "
-                         "computed by quantkit: llama.cpp needs importance weights for every tensor these types quantize at very "
-                         "low bits, MLA's attn_k_b and attn_v_b among them, and quantkit does not compute those two "
+                         "computed by quantkit: llama.cpp needs importance weights for every tensor these types "
+                         "quantize at very low bits, MLA's attn_k_b and attn_v_b among them, and quantkit does not "
+                         "compute those two "
                          "(llama.cpp multiplies them with its absorbed attention's per-head query and attention-"
                          "weighted latent)",
                          hint=f"pass a matrix made by llama-imatrix with {FILE_FLAG} FILE instead of {COMPUTE_FLAG}, "
