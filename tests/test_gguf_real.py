@@ -69,9 +69,12 @@ def test_q4_k_m_scored_by_llamacpp(made: dict[str, Any]) -> None:
     plain, imx, f16 = (made["eval"][k] for k in (("plain", "Q4_K_M"), ("imatrix", "Q4_K_M"), ("imatrix", "F16")))
     for r in (plain, imx, f16):
         assert r["engine"]["engine"] == "llama.cpp" and r["tokens"] == 4096 and r["passed"], r
+    # measured: F16 KLD 0.0000, top-1 1.000; Q4_K_M 0.0561 / 0.887 (ppl ratio 1.087, 6.27 bits/weight); with the
+    # importance matrix 0.0310 / 0.919 (1.044)
     assert f16["kld"] < 0.002 and f16["top1"] > 0.98, f16
-    assert plain["kld"] < 0.09 and plain["top1"] > 0.84, plain
-    assert imx["kld"] < 0.08 and imx["top1"] > 0.85, imx
+    assert plain["kld"] < 0.08 and plain["top1"] > 0.85, plain
+    assert imx["kld"] < 0.045 and imx["top1"] > 0.89, imx
+    assert imx["kld"] < 0.8 * plain["kld"]  # the matrix really helps
     assert 5.5 < plain["bits_per_weight"] < 7
 
 
