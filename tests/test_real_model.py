@@ -34,7 +34,7 @@ QUESTION = "What is the capital of France?"
 # artifact -> the verb and flags after MODEL OUTPUT: the CLI's defaults, fewer calibration samples for CI's time
 ARTIFACTS: dict[str, list[str]] = {
     "rtn": ["rtn"],
-    "gptq": ["gptq", "--samples", "8", "--seq-len", "256"],
+    "gptq": ["gptq", "--samples", "32", "--seq-len", "256"],  # from 8 x 256 it no longer names Paris
     "fp8-dynamic": ["fp8", "--scheme", "dynamic"],
     "int8": ["int8", "--samples", "8", "--seq-len", "256"],
 }
@@ -43,7 +43,7 @@ ARTIFACTS: dict[str, list[str]] = {
 # library versions' rounding. A broken artifact scores several nats.
 KLD_BOUNDS = {
     "rtn": 0.45,  # 0.360, top-1 0.764 (W4A16 g64)
-    "gptq": 0.32,  # 0.232, top-1 0.809 (8 x 256 calibration tokens)
+    "gptq": 0.32,  # 0.222, top-1 0.818 from 8 x 256 calibration tokens (answering "The CAPITAL OF FRANCELAURA!")
     "fp8-dynamic": 0.04,  # 0.0250, top-1 0.933
     "int8": 0.02,  # 0.0117, top-1 0.957 (SmoothQuant + GPTQ W8A8)
 }
@@ -128,7 +128,7 @@ def test_artifact_scores_within_its_bound(scores: dict[str, dict], name: str) ->
 
 
 def test_gptq_beats_round_to_nearest(scores: dict[str, dict]) -> None:
-    """Even from 8 short samples, GPTQ's error correction must show on real weights."""
+    """Even from a few short samples, GPTQ's error correction must show on real weights."""
     assert scores["gptq"]["kld"] < scores["rtn"]["kld"], (scores["gptq"]["kld"], scores["rtn"]["kld"])
 
 
