@@ -43,7 +43,7 @@ ARTIFACTS: dict[str, list[str]] = {
 # library versions' rounding. A broken artifact scores several nats.
 KLD_BOUNDS = {
     "rtn": 0.45,  # 0.360, top-1 0.764 (W4A16 g64)
-    "gptq": 0.32,  # 0.222, top-1 0.818 from 8 x 256 calibration tokens (answering "The CAPITAL OF FRANCELAURA!")
+    "gptq": 0.22,  # 0.144, top-1 0.855 (32 x 256; from 8 x 256: 0.222, answering "The CAPITAL OF FRANCELAURA!")
     "fp8-dynamic": 0.04,  # 0.0250, top-1 0.933
     "int8": 0.02,  # 0.0117, top-1 0.957 (SmoothQuant + GPTQ W8A8)
 }
