@@ -95,3 +95,20 @@ def test_llamacpp_reads_every_file_back(made: dict[str, Any]) -> None:
         for f in folder.glob("*.gguf"):
             logits = llama_logits(f, [1, 504, 3458, 282])
             assert logits.shape[0] == 4 and np.isfinite(logits).all(), f
+
+
+def test_llama_server_answers_the_question(made: dict[str, Any], cli: Callable) -> None:
+    """`quantkit smoke` asks the real llama-server a question with one right answer: the F16 file names Paris, and
+    an answer without the expected text is a failed gate (exit 3), not a pass. (The Q4_K_M file made without an
+    importance matrix answered "La femme de France, le Grand Croix, ..." here while its completion still began
+    " Paris": a loss that KLD alone does not show, and the reason smoke can ask.)"""
+    f16 = f"{NAME}-F16.gguf"
+    ask = ("smoke", made["imatrix"], "--file", f16, "--chat-prompt", "What is the capital of France?")
+    ok = cli(*ask, "--expect", "Paris", "--json", timeout=600)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    run = json.loads(ok.stdout)["runs"][0]
+    assert run["expect"] == {"text": "Paris", "in": "chat answer", "found": True}
+    assert "paris" in run["chat"]["text"].lower() and run["completion"]["prompt"] == "The capital of France is"
+    wrong = cli(*ask, "--expect", "Berlin", timeout=600)
+    assert wrong.returncode == 3, wrong.stderr[-2000:]
+    assert "does not contain 'Berlin'" in wrong.stderr and "Traceback" not in wrong.stderr
