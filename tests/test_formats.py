@@ -156,9 +156,10 @@ def test_every_hint_names_a_flag_that_exists() -> None:
             walk(sub)
 
     walk(typer.main.get_command(app))
-    # --help, and flags of the tools a hint quotes (pip, llama-quantize, llama-imatrix, vllm serve)
+    # --help, and flags of the tools a hint quotes (pip, llama-quantize, llama-imatrix, vllm serve,
+    # convert_hf_to_gguf.py)
     foreign = {"--help", "--target", "--imatrix", "--output-format", "--kl-divergence", "--quantization",
-               "--enforce-eager", "--linear-backend", "--moe-backend", "--host", "--port"}
+               "--enforce-eager", "--linear-backend", "--moe-backend", "--host", "--port", "--print-supported-models"}
     missing: dict[str, set[str]] = {}
     for path in sorted((ROOT / "quantkit").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
