@@ -102,7 +102,7 @@ def test_llama_server_answers_the_question(made: dict[str, Any], cli: Callable) 
     an answer without the expected text is a failed gate (exit 3), not a pass. (The Q4_K_M file made without an
     importance matrix answered "La femme de France, le Grand Croix, ..." here while its completion still began
     " Paris": a loss that KLD alone does not show, and the reason smoke can ask.)"""
-    f16 = f"{NAME}-F16.gguf"
+    f16 = made["files"]["imatrix", "F16"].name
     ask = ("smoke", made["imatrix"], "--file", f16, "--chat-prompt", "What is the capital of France?")
     ok = cli(*ask, "--expect", "Paris", "--json", timeout=600)
     assert ok.returncode == 0, ok.stderr[-2000:]
