@@ -251,6 +251,14 @@ class Manifest(Section):
             raise IntegrityError(f"{where} is not a quantkit manifest: {field_}: {first['msg']}") from None
 
 
+def read_capped(path: Path, limit: int) -> bytes | None:
+    """A small file's bytes, reading at most ``limit`` + 1 of them: None when it is larger, so a manifest or config
+    that is really something huge is refused without being read whole (the caller says what it is not)."""
+    with open(path, "rb") as f:
+        raw = f.read(limit + 1)
+    return None if len(raw) > limit else raw
+
+
 def read_manifest(root: Path) -> Manifest:
     """The manifest of an artifact folder; raises :class:`UsageError` when there is none, :class:`IntegrityError`
     when it is unreadable."""
@@ -258,9 +266,8 @@ def read_manifest(root: Path) -> Manifest:
     if not path.exists():
         raise UsageError(f"{root} has no {MANIFEST}: it was not written by quantkit (or is incomplete)")
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_MANIFEST_BYTES + 1)
-        if len(raw) > MAX_MANIFEST_BYTES:
+        raw = read_capped(path, MAX_MANIFEST_BYTES)
+        if raw is None:
             raise IntegrityError(f"{path} is larger than {fmt_bytes(MAX_MANIFEST_BYTES)}: not a quantkit manifest")
         data = json.loads(raw)
     except (OSError, ValueError) as e:  # JSONDecodeError and bad UTF-8 are ValueErrors

@@ -13,17 +13,14 @@ from typing import Any
 from quantkit import artifact
 from quantkit.errors import IntegrityError
 from quantkit.formats import kinds
-
-
-MAX_CONFIG_BYTES = 16 << 20  # configs are kilobytes; a larger file is no config (read bounded)
+from quantkit.source import MAX_CONFIG_BYTES
 
 
 def _config(path: Path) -> dict[str, Any]:
     """A JSON config as a dict; a file that is not one is an :class:`IntegrityError` (exit 1) saying so."""
     try:
-        with open(path, "rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
-        if len(raw) > MAX_CONFIG_BYTES:
+        raw = artifact.read_capped(path, MAX_CONFIG_BYTES)
+        if raw is None:
             raise IntegrityError(f"{path} is larger than {MAX_CONFIG_BYTES >> 20} MiB: not a config")
         data = json.loads(raw)
     except (OSError, ValueError, RecursionError) as e:

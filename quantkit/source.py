@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantkit.artifact import SourceInfo
+from quantkit.artifact import SourceInfo, read_capped
 from quantkit.errors import SourceModelError
 from quantkit.recipe import ModelSpec
 
@@ -111,9 +111,8 @@ def vet(path: Path, *, spec: str | None = None, revision: str | None = None, tru
     if not cfg_path.exists():
         raise SourceModelError(f"{path} has no config.json: not a Hugging Face checkpoint folder")
     try:
-        with open(cfg_path, "rb") as f:
-            raw = f.read(MAX_CONFIG_BYTES + 1)
-        if len(raw) > MAX_CONFIG_BYTES:
+        raw = read_capped(cfg_path, MAX_CONFIG_BYTES)
+        if raw is None:
             raise SourceModelError(f"{cfg_path} is larger than {MAX_CONFIG_BYTES >> 20} MiB: not a model config")
         config = json.loads(raw)
     except PermissionError:
