@@ -1,8 +1,11 @@
-"""The public Python API: what the CLI, recipes, the pipeline and the tests all call.
+"""The public Python API: one artifact at a time, what the CLI, recipes, the pipeline and the tests all call.
 
     from quantkit import api
     r = api.load_recipe("recipes/awq.yaml", {"model.source": "models/quantkit-tiny", "output": "out/awq"})
     result = api.quantize(r)[0]         # -> ArtifactResult, with the manifest as written
+
+The whole pipeline of a recipe (``quantkit run``: every output, evaluated, smoke-tested, bundled) stands above these
+functions and calls them: :func:`quantkit.pipeline.run`.
 
 Each function takes plain values and returns plain results (dataclasses, the typed :class:`Manifest`); printing
 is the CLI's job. Heavy libraries are imported by the modules these functions call, only when they run.
@@ -25,7 +28,7 @@ from quantkit.recipe import Recipe
 
 __all__ = ["MANIFEST", "ArtifactResult", "Manifest", "build_trt", "calibration_sets", "doctor", "evaluate",
            "eval_options", "fmt_bytes", "fmt_num", "inspect", "load_recipe", "plan", "preview_calibration", "publish",
-           "quantize", "quantize_one", "recipe_schema", "run", "show_recipe", "shipped_recipes", "size_bytes",
+           "quantize", "quantize_one", "recipe_schema", "show_recipe", "shipped_recipes", "size_bytes",
            "smoke", "trt_recipe", "tune", "verify", "verify_all"]
 
 
@@ -115,7 +118,8 @@ def quantize_one(recipe: Recipe, spec: Any, out: Path, *, force: bool = False, r
 
 
 def quantize(recipe: Recipe, *, force: bool = False, reporter: Reporter | None = None) -> list[ArtifactResult]:
-    """Produce every output of a recipe, in order (no evaluation: see :func:`run` for the whole pipeline)."""
+    """Produce every output of a recipe, in order (no evaluation: see :func:`quantkit.pipeline.run` for the whole
+    pipeline)."""
     outputs.check_recipe(recipe, force=force)
     src = source_mod.resolve(recipe.model)
     return [quantize_one(recipe, spec, out, force=force, reporter=reporter, source=src)
@@ -157,14 +161,6 @@ def plan(recipe: Recipe, *, force: bool = False, pipeline: bool = False, evaluat
     only the outputs of that method (``build-trt``)."""
     outputs.check_recipe(recipe, force=force, pipeline=pipeline)
     return plan_mod.make(recipe, force=force, pipeline=pipeline, evaluate=evaluate, smoke=smoke, method=method)
-
-
-def run(recipe: Recipe, *, force: bool = False, reporter: Reporter | None = None, evaluate: bool = True,
-        smoke: bool = True) -> Any:
-    """The whole pipeline of a recipe (:func:`quantkit.pipeline.run`): a ``RunResult``."""
-    from quantkit import pipeline
-
-    return pipeline.run(recipe, force=force, reporter=reporter, evaluate=evaluate, smoke=smoke)
 
 
 # ----------------------------------------------------------------------------------------------------------------

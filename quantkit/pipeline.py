@@ -17,16 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantkit import artifact, formats, outputs, source as source_mod, tune as tune_mod, versions
+from quantkit import api, artifact, formats, outputs, source as source_mod, tune as tune_mod
 from quantkit.artifact import Manifest
+from quantkit.engines.registry import engine_unavailable
 from quantkit.errors import GateFailedError, OutputExistsError, QuantkitError, UsageError
 from quantkit.progress import Reporter
 from quantkit.recipe import Recipe
-
-# Library versions that change an artifact's bytes: a difference means the artifact is rebuilt.
-PRODUCER_LIBS = ("llmcompressor", "compressed-tensors", "transformers", "torch", "gguf", "llama_cpp_python",
-                 "autoawq", "nvidia-modelopt")
-
+from quantkit.reuse import reusable
 
 @dataclass
 class OutputResult:
@@ -94,32 +91,9 @@ class RunResult:
                 "failed_gates": self.failed_gates, "outputs": [o.to_json() for o in self.outputs]}
 
 
-def reusable(recipe: Recipe, spec: Any, out: Path, src: source_mod.SourceModel) -> tuple[bool, str]:
-    """Whether ``out`` already holds this output, complete and made the same way; and why not."""
-    if not (out / artifact.MANIFEST).exists():
-        return False, "no manifest"
-    m = artifact.read_manifest(out)
-    if m.output_sha256 != recipe.output_sha256(spec):
-        return False, "the recipe for this output changed"
-    if m.source.config_sha256 != src.config_sha256:
-        return False, "the source model changed"
-    if m.source.revision != src.revision:
-        return False, "the source revision changed"
-    now = versions.installed(PRODUCER_LIBS)
-    then = {k: v for k, v in m.versions.items() if k in PRODUCER_LIBS}
-    if now != then:
-        diff = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
-        return False, f"library versions changed ({', '.join(diff)})"
-    if not artifact.verify(out).ok:
-        return False, "files differ from the manifest"
-    return True, "complete, same recipe, source and versions"
-
-
 def run(recipe: Recipe, *, force: bool = False, reporter: Reporter | None = None, evaluate: bool = True,
         smoke: bool = True) -> RunResult:
     """Run a recipe end to end (see the module docstring); ``result.check()`` raises on failed gates or outputs."""
-    from quantkit import api
-
     rep = reporter or Reporter(quiet=True)
     t0 = time.perf_counter()
     release = Path(recipe.output)
@@ -196,7 +170,6 @@ def _evaluate(recipe: Recipe, src: source_mod.SourceModel, done: list[OutputResu
     """All artifacts in one evaluation run: the baseline's logits are computed once and reused for each. An
     artifact its engine refuses before loading (vLLM missing, a layout transformers cannot reload) is recorded as
     skipped with why, and the others are still scored."""
-    from quantkit import api
     from quantkit.engines import base as engines
     from quantkit.verify.evaluate import EvalOptions
 
@@ -225,35 +198,9 @@ def _evaluate(recipe: Recipe, src: source_mod.SourceModel, done: list[OutputResu
                    for x in mine for g in x.gates]
 
 
-def engine_unavailable(name: str, python: str | None) -> str | None:
-    """Why the engine ``name`` cannot serve here (None when it can): not installed in its Python, or no GPU."""
-    import importlib.util
-    import subprocess
-    import sys
-
-    from quantkit import serve
-
-    engine = serve.get(name)
-    py = engine.python(python)
-    if py in (None, sys.executable):
-        if importlib.util.find_spec(engine.module) is None:
-            return f"{name} is not installed here (pass smoke.python / --python for its environment)"
-    elif subprocess.run([py, "-c", f"import {engine.module}"], capture_output=True).returncode != 0:
-        return f"{name} does not import in {py}"
-    if name in ("vllm", "trtllm") and py in (None, sys.executable):
-        try:
-            import torch
-
-            if not torch.cuda.is_available():
-                return f"{name} needs a CUDA GPU and none is visible"
-        except ImportError:
-            return "torch is not installed"
-    return None
-
-
 def _smoke(recipe: Recipe, r: OutputResult, rep: Reporter) -> None:
     """Smoke-test one artifact where its engine can run; otherwise record the step as skipped, with why."""
-    from quantkit import api, serve
+    from quantkit import serve
 
     engine = serve.detect(r.path)
     why = engine_unavailable(engine, recipe.smoke.python)
@@ -273,7 +220,7 @@ def _smoke(recipe: Recipe, r: OutputResult, rep: Reporter) -> None:
 def _tune(recipe: Recipe, r: OutputResult, rep: Reporter) -> None:
     """``smoke.tune_kernels``: measure vLLM's kernels for an output vLLM serves (recorded in its manifest), or say
     why not. A sweep that fails is a warning: the artifact's own smoke result decides whether it ships."""
-    from quantkit import api, serve
+    from quantkit import serve
 
     engine = serve.detect(r.path)
     why = f"{engine} serves it (one kernel per type)" if engine != "vllm" else \

@@ -23,8 +23,10 @@ from typing import Any
 
 from quantkit import calibration, formats, producers, source as source_mod
 from quantkit.artifact import fmt_bytes
+from quantkit.engines.registry import engine_unavailable
 from quantkit.errors import HostMemoryError
 from quantkit.recipe import Recipe
+from quantkit.reuse import reusable
 from quantkit.source import SourceModel, safetensors_header
 
 _LAYER = re.compile(r"^(?:model\.)?(?:language_model\.)?layers\.(\d+)\.")
@@ -65,7 +67,6 @@ class Plan:
 def make(recipe: Recipe, *, force: bool = False, pipeline: bool = False, evaluate: bool = True,
          smoke: bool = True, method: str | None = None) -> Plan:
     """The plan of a recipe's outputs (``pipeline``: as ``quantkit run`` would, with reuse, eval and smoke)."""
-    from quantkit import pipeline as pipeline_mod
     from quantkit.producers.compressed import group_choice  # a producer module: imported when planning, not before
 
     src = source_mod.resolve(recipe.model)
@@ -83,7 +84,7 @@ def make(recipe: Recipe, *, force: bool = False, pipeline: bool = False, evaluat
             calibration.check_fits(recipe.calibration, src.config, src.spec)
         action, why = "build", "not there yet"
         if path.exists():
-            ok, reason = pipeline_mod.reusable(recipe, spec, path, src) if pipeline else (False, "")
+            ok, reason = reusable(recipe, spec, path, src) if pipeline else (False, "")
             if ok and not force:
                 action, why = "reuse", reason
             elif force:
@@ -118,15 +119,13 @@ def _evaluate(kind: Any, recipe: Recipe, asked: bool) -> str:
 
 
 def _smoke(kind: Any, recipe: Recipe, asked: bool) -> str:
-    from quantkit import pipeline as pipeline_mod
-
     if not asked:
         return "not part of this command"
     if not recipe.smoke.enabled:
         return "skipped (smoke.enabled is false)"
     if kind.serve is None:
         return f"skipped (no engine serves a {kind.name} artifact as it is)"
-    why = pipeline_mod.engine_unavailable(kind.serve, recipe.smoke.python)
+    why = engine_unavailable(kind.serve, recipe.smoke.python)
     return f"skipped ({why})" if why else f"{kind.serve} server on 127.0.0.1"
 
 

@@ -8,7 +8,7 @@ from typing import Any, Optional
 import typer
 from rich.table import Table
 
-from quantkit import api
+from quantkit import api, pipeline
 from quantkit.cli.common import DRY_RUN_OPT, FORCE_OPT, JSON_OPT, command, emit_json, print_plan, reporter
 
 
@@ -33,7 +33,7 @@ def run_cmd(
         print_plan(api.plan(r, force=force, pipeline=True, evaluate=not no_eval, smoke=not no_smoke), json)
         return
     rep = reporter(json)
-    result = api.run(r, force=force, reporter=rep, evaluate=not no_eval, smoke=not no_smoke)
+    result = pipeline.run(r, force=force, reporter=rep, evaluate=not no_eval, smoke=not no_smoke)
     if json:
         emit_json(result.to_json())
     else:

@@ -1,0 +1,44 @@
+"""Whether an artifact folder already holds an output, complete and made the same way (``quantkit run``'s resume).
+
+Beside the artifact, below the pipeline and the plan: ``run`` reuses what this says is complete, and ``--dry-run``
+says "reuse" for exactly the same folders. An artifact is rebuilt when the output's recipe, the source model (its
+config or revision) or a library that changes the artifact's bytes differs from what its manifest recorded, or when
+its files no longer hash to the manifest.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from quantkit import artifact, versions
+
+if TYPE_CHECKING:
+    from quantkit.formats.specs import MethodBase
+    from quantkit.recipe import Recipe
+    from quantkit.source import SourceModel
+
+# Library versions that change an artifact's bytes: a difference means the artifact is rebuilt.
+PRODUCER_LIBS = ("llmcompressor", "compressed-tensors", "transformers", "torch", "gguf", "llama_cpp_python",
+                 "autoawq", "nvidia-modelopt")
+
+
+def reusable(recipe: Recipe, spec: MethodBase, out: Path, src: SourceModel) -> tuple[bool, str]:
+    """Whether ``out`` already holds this output, complete and made the same way; and why not."""
+    if not (out / artifact.MANIFEST).exists():
+        return False, "no manifest"
+    m = artifact.read_manifest(out)
+    if m.output_sha256 != recipe.output_sha256(spec):
+        return False, "the recipe for this output changed"
+    if m.source.config_sha256 != src.config_sha256:
+        return False, "the source model changed"
+    if m.source.revision != src.revision:
+        return False, "the source revision changed"
+    now = versions.installed(PRODUCER_LIBS)
+    then = {k: v for k, v in m.versions.items() if k in PRODUCER_LIBS}
+    if now != then:
+        diff = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
+        return False, f"library versions changed ({', '.join(diff)})"
+    if not artifact.verify(out).ok:
+        return False, "files differ from the manifest"
+    return True, "complete, same recipe, source and versions"
