@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from quantkit.devices import resolve_device
 from quantkit.errors import BackendError, SourceModelError, UsageError
 from quantkit.producers.gguf.imatrix import COMPUTE_FLAG, FILE_FLAG, Entry, Imatrix
 from quantkit.progress import Reporter
@@ -91,7 +92,6 @@ def compute(model_dir: Path, plan: Any, samples: list[list[int]], *, device: str
     in float32 (the checkpoint's bf16/f16 weights upcast exactly, like llama.cpp's F32 activations); on a GPU in
     the checkpoint's own dtype. Sums are accumulated in float64.
     """
-    from quantkit.engines.transformers import resolve_device
     from quantkit.versions import require
 
     torch = require("torch", "gguf", "computing an importance matrix")
