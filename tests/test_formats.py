@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from quantkit import formats, recipe
+from quantkit.errors import UsageError
 from quantkit.formats import kinds
 from quantkit.formats.specs import AwqSpec, GptqSpec
 
@@ -33,7 +34,7 @@ CLI_MAY_IMPORT = frozenset({"quantkit.api", "quantkit.pipeline", "quantkit.forma
                            | {f"quantkit.cli.{p.stem}" for p in CLI.glob("*.py") if p.stem != "__init__"})
 HEAVY = ("torch", "transformers", "llmcompressor", "compressed_tensors", "llama_cpp", "gguf", "vllm", "modelopt",
          "numpy", "quantkit.producers.compressed", "quantkit.producers.gguf", "quantkit.producers.trt",
-         "quantkit.engines.transformers", "quantkit.engines.llamacpp", "quantkit.engines.vllm")
+         "quantkit.engines.transformers.logits", "quantkit.engines.llamacpp.logits", "quantkit.engines.vllm.logits")
 
 
 def _imports(path: Path) -> set[str]:
@@ -129,7 +130,7 @@ def test_kinds_recognise_each_artifact_layout(tmp_path: Path) -> None:
     for name, path in cases.items():
         assert kinds.detect(path).name == name
     assert kinds.detect(cases["gguf"] / "m-Q8_0.gguf").name == "gguf"
-    with pytest.raises(Exception, match="neither .gguf files nor a checkpoint"):
+    with pytest.raises(UsageError, match="neither .gguf files nor a checkpoint"):
         kinds.detect(folder("empty", {}))
 
 

@@ -74,12 +74,14 @@ def test_a_source_given_through_a_link_is_still_the_source(work: Path) -> None:
 
 def test_force_refuses_a_folder_quantkit_did_not_write(work: Path) -> None:
     before = tree(work)
-    for argv in (["rtn", "parent/src", "notes", "--force"], ["rtn", "parent/src", "notes", "--force", "--dry-run"],
-                 ["rtn", "parent/src", "parent/other.txt", "--force"]):
+    for argv, why in ((["rtn", "parent/src", "notes", "--force"], "notes exists and was not written by quantkit"),
+                      (["rtn", "parent/src", "notes", "--force", "--dry-run"],
+                       "notes exists and was not written by quantkit"),
+                      (["rtn", "parent/src", "parent/other.txt", "--force"],
+                       "parent/other.txt exists and is not a folder quantkit wrote")):
         proc = quantkit(*argv, cwd=work)
         assert proc.returncode == 2, proc.stderr
-        assert "not written by quantkit" in proc.stderr or "not a folder quantkit wrote" in proc.stderr
-        assert "remove it yourself, or choose another output" in proc.stderr
+        assert why in proc.stderr and "remove it yourself, or choose another output" in proc.stderr, proc.stderr
     assert tree(work) == before
 
 

@@ -123,8 +123,11 @@ def test_recipes_command_lists_and_shows(cli) -> None:
     proc = cli("recipes", "--json", check=True)
     import json
 
-    names = {r["name"] for r in json.loads(proc.stdout)}
-    assert "awq" in names or names  # lists what recipes/ holds
-    first = sorted(names)[0]
-    shown = cli("recipes", first, check=True)
-    assert "valid" in shown.stdout
+    listed = json.loads(proc.stdout)
+    shipped = sorted((Path(__file__).resolve().parents[1] / "recipes").glob("*.yaml"))
+    assert [Path(r["path"]) for r in listed] == shipped  # every recipe recipes/ holds, nothing else, by name
+    assert [r["name"] for r in listed] == [p.stem for p in shipped] and all(r["description"] for r in listed)
+    shown = cli("recipes", "awq", check=True)
+    assert "recipes/awq.yaml (valid; defaults filled in)" in shown.stdout
+    assert "method: awq" in shown.stdout and "samples: 16" in shown.stdout  # the file's own values
+    assert "trust_remote_code: false" in shown.stdout and "verify:" in shown.stdout  # and defaults it leaves out
