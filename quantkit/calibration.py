@@ -21,7 +21,7 @@ calibrate on text shaped like what the model will see when served, its turn mark
 EOS token (:func:`instruct_template`); the manifest records what was asked and what was used. The default is off:
 measured on SmolLM2-135M-Instruct (GPTQ W4A16, 32 x 512 samples, one seed), the template lowered KLD by at most
 3.6% (documents as the assistant's reply; as the user's turn, not at all) and raised the perplexity of held-out
-text rendered through the template (README, Calibration data): no clear win for a change of every calibrating
+text rendered through the template (docs/calibration.md): no clear win for a change of every calibrating
 verb's samples, and packing spends every token on text where a rendered sample spends some on the template.
 """
 
@@ -342,7 +342,7 @@ def conversation(item: Any) -> list[dict[str, str]]:
     as the assistant's reply to an empty user turn (after the template's own default system prompt, if it has
     one). A served instruct model writes in the assistant turn, so that is where the quantizer should see it
     work; on SmolLM2-135M-Instruct this scored the lowest KLD of the two ways, the document as the user's turn
-    scoring as packed plain text did (README, Calibration data)."""
+    scoring as packed plain text did (docs/calibration.md)."""
     return item if isinstance(item, list) else [{"role": "user", "content": ""}, {"role": "assistant", "content": item}]
 
 

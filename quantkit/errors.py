@@ -3,7 +3,7 @@
 Every error a user can cause or fix is a :class:`QuantkitError`: the CLI prints its message and hint on one or
 two lines and exits with its code, with no traceback unless ``--debug`` is given.
 
-Exit codes (documented in the README and ``quantkit --help``):
+Exit codes (documented in docs/usage.md and ``quantkit --help``):
 
 * 0 - success
 * 1 - failure (a backend failed, a file is corrupt, an engine would not load the artifact, a backend or tool

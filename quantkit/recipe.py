@@ -51,7 +51,7 @@ class CalibrationSpec(Strict):
     chat_template: bool | Literal["auto"] = Field(False, description="render each sample with the model's chat "
                                                   "template; auto = for an instruct model (its EOS ends the "
                                                   "template's turns). Off by default: on SmolLM2-135M-Instruct "
-                                                  "it gained nothing (README, Calibration data)")
+                                                  "it gained nothing (docs/calibration.md)")
     min_expert_tokens: int = Field(16, ge=0, description="warn when the router sends an MoE expert fewer "
                                    "calibration tokens than this")
 

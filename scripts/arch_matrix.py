@@ -2,7 +2,7 @@
 """The architecture matrix (issue 24 item 5): one tiny random checkpoint per decoder family of
 tests/data/architectures.yaml, every quantkit format produced from it through the real CLI, each artifact checked.
 
-    python scripts/arch_matrix.py run [--family F ...] [--format X ...]   # the matrix -> bench/results + README
+    python scripts/arch_matrix.py run [--family F ...] [--format X ...]   # the matrix -> bench/results + docs
     python scripts/arch_matrix.py build FAMILY DEST                        # one checkpoint (the GPU cases' arch:F)
     python scripts/arch_matrix.py pack DEST                                # the tokenizers, for a machine offline
 
@@ -20,8 +20,8 @@ calibration/heldout.jsonl.gz in the family's tokenizer):
   top-1 >= 0.98, KLD <= 0.005).
 
 A failed check is a gap too, with the check's message as its reason. Results: bench/results/arch_matrix.json (every
-cell: status, reason, figures, seconds), arch_matrix.md (families x formats) and the README block between the
-``arch-matrix`` markers, all rewritten from the JSON. tests/test_architectures.py re-runs part of the matrix and
+cell: status, reason, figures, seconds), arch_matrix.md (families x formats) and the block of
+docs/architectures.md between the ``arch-matrix`` markers, all rewritten from the JSON. tests/test_architectures.py re-runs part of the matrix and
 requires each cell it runs to come out as recorded: a working cell must still work, a gap must fail with the
 recorded reason.
 """
@@ -48,7 +48,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data" / "architectures.yaml"
 RESULTS = ROOT / "bench" / "results" / "arch_matrix"
-README = ROOT / "README.md"
+PAGE = ROOT / "docs" / "architectures.md"  # the page whose marked block shows the table
 PACK = ROOT / "build" / "arch-tokenizers"
 CACHE = Path(os.environ.get("QUANTKIT_ARCH_CACHE", Path.home() / ".cache" / "quantkit" / "arch"))
 EVAL_TOKENS = 512
@@ -648,17 +648,17 @@ def quirks(matrix: Matrix) -> str:
     return "".join(f"- {f.name} ({f.architecture}, {f.tokenizer}): {f.quirks}\n" for f in matrix.families.values())
 
 
-def write_results(results: dict[str, Any], matrix: Matrix, readme: Path = README) -> None:
+def write_results(results: dict[str, Any], matrix: Matrix, page: Path = PAGE) -> None:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
     table = markdown(results, matrix)
     RESULTS.with_suffix(".md").write_text("# Architecture matrix (scripts/arch_matrix.py)\n\n" + table
                                           + "\nThe rows (tests/data/architectures.yaml):\n\n" + quirks(matrix))
-    text = readme.read_text()
+    text = page.read_text()
     if MARK_START in text and MARK_END in text:
         before, rest = text.split(MARK_START, 1)
         after = rest.split(MARK_END, 1)[1]
-        readme.write_text(f"{before}{MARK_START}\n{table}{MARK_END}{after}")
+        page.write_text(f"{before}{MARK_START}\n{table}{MARK_END}{after}")
 
 
 def read_results(path: Path = RESULTS.with_suffix(".json")) -> dict[str, Any] | None:
@@ -684,7 +684,7 @@ def main(argv: list[str] | None = None) -> int:
     pack = sub.add_parser("pack", help="copy the tokenizers into DEST (for $QUANTKIT_ARCH_TOKENIZERS elsewhere)")
     pack.add_argument("dest", type=Path)
     sub.add_parser("render", help="judge the results JSON against the data file's bounds again and rewrite it, the "
-                   "markdown and the README block")
+                   "markdown and the block in docs/architectures.md")
     args = ap.parse_args(argv)
     matrix = load_matrix()
     if args.cmd == "build":

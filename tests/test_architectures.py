@@ -5,8 +5,8 @@ bench/results/arch_matrix.json; here the same code re-runs a chosen part of it t
 must come out as recorded: a cell the table says works must still work, a gap must still fail with the recorded
 reason. The choice covers every format, both tokenizers (byte-level BPE and Gemma 3's SentencePiece), dense and
 mixture-of-experts families and at least one recorded gap. The rest checks the data: the results cover the matrix,
-the README's table is the one the results render, the Gemma 3 tokenizer still equals llama.cpp's, and every family
-has its vLLM case in scripts/gpu_cases.yaml.
+docs/architectures.md's table is the one the results render, the Gemma 3 tokenizer still equals llama.cpp's, and
+every family has its vLLM case in scripts/gpu_cases.yaml.
 """
 
 from __future__ import annotations
@@ -68,11 +68,11 @@ def test_ci_choice_covers_formats_tokenizers_and_a_gap() -> None:
     assert any(CELLS[c]["status"] != "ok" for c in CI_CELLS if c in CELLS), "no recorded gap is re-run"
 
 
-def test_readme_table_is_the_rendered_results() -> None:
-    text = (ROOT / "README.md").read_text()
+def test_the_pages_table_is_the_rendered_results() -> None:
+    text = am.PAGE.read_text()
     block = text.split(am.MARK_START, 1)[1].split(am.MARK_END, 1)[0]
     assert block.strip() == am.markdown(RECORDED, MATRIX).strip(), \
-        "README's table is stale: run scripts/arch_matrix.py render"
+        "docs/architectures.md's table is stale: run scripts/arch_matrix.py render"
 
 
 def test_every_family_has_its_vllm_case() -> None:
