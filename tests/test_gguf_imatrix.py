@@ -24,7 +24,8 @@ from conftest import ROOT, TINY, gone, live_children, quantkit
 from gguf_spec import make
 from quantkit import api, pipeline
 from quantkit.errors import MissingToolError, UsageError
-from quantkit.producers.gguf import collect, imatrix, quantize, tools, types
+from quantkit.formats import gguf_types as types
+from quantkit.producers.gguf import collect, imatrix, quantize, tools
 
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
@@ -104,7 +105,7 @@ def llama_imatrix(have_tools: dict[str, Path], unquantized: dict[str, Path], sam
 
 
 def test_types_module_is_light() -> None:
-    code = ("import sys, quantkit.producers.gguf.types as t; "
+    code = ("import sys, quantkit.formats.gguf_types as t; "
             "print(sorted(m for m in ('gguf', 'llama_cpp', 'torch', 'transformers', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "[]"

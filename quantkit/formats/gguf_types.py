@@ -17,7 +17,9 @@ model comes out Q8_0 throughout (its bits per weight are the dense upper bound).
 listed and refused: gguf-py 0.19.0, which quantkit reads GGUF files with (inspect, verify, evaluate, fallback
 detection), cannot read Q2_0 tensors.
 
-Standard library only: the recipe's validator and ``--help`` import this without loading gguf, llama_cpp or torch.
+On the bottom floor, in the formats registry: the recipe's validator (:class:`quantkit.formats.specs.GgufSpec`) and
+the GGUF producer both read it. Standard library only: the recipe's validator and ``--help`` import this without
+loading gguf, llama_cpp or torch.
 """
 
 from __future__ import annotations

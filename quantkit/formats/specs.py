@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from quantkit.formats import gguf_types
+
 GROUP_SIZES = (-1, 32, 64, 128, 256)
 # An unset group_size is 128, or where 128 does not divide every layer's input width (SmolLM2's hidden_size is 576),
 # the largest of these that does: the group sizes vLLM 0.26's int4/int8 weight-only kernels take (Machete, Hopper's
@@ -144,10 +146,7 @@ class GgufSpec(MethodBase):
     @field_validator("types")
     @classmethod
     def _types(cls, v: list[str]) -> list[str]:
-        # imported here: the types table lives with the GGUF producer, which imports the recipe
-        from quantkit.producers.gguf.types import validate
-
-        return validate(v)
+        return gguf_types.validate(v)
 
     @model_validator(mode="after")
     def _one_matrix(self) -> "GgufSpec":
