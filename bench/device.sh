@@ -1,5 +1,6 @@
-# Shared steps of the device jobs (bench/h200_moe.sh, bench/h200x2.sh, bench/h200_hopper.sh), sourced by them after
-# they set REPO, SNAP (the snapshot the job runs from) and LOGS (its log folder).
+# Shared steps of the device jobs (bench/h200_moe.sh, bench/h200x2.sh, bench/h200_hopper.sh, bench/h200_real.sh),
+# sourced by them after they set REPO, SNAP (the snapshot the job runs from) and LOGS (its log folder); WORK (where
+# the job makes its artifacts) before collect_results.
 # The device machine has no network and takes at most 64 MiB per call: wheels travel as git-ignored part folders
 # (.vwNN: vLLM, ../shared/device/vllm; .twNN: ModelOpt, scripts/trt_env.sh; .whl-llmc: llm-compressor), and a job
 # runs from a snapshot of the repository because every call re-sends the working tree.
@@ -50,4 +51,27 @@ assemble_vllm() {  # every part there: install vLLM into /tmp/site and mark it f
 snapshot() {  # snapshot DEST: the repository without its wheel parts and .git
   tar -C "$REPO" --exclude='./.vw*' --exclude='./.tw*' --exclude='./.whl*' --exclude=./.git -cf - . \
     | tar -C "$1" -xf -
+}
+
+device_verb() {  # device_verb llmc|part|vllm: the steps every device script offers under the same verb
+  case "$1" in
+    llmc) install_llmc ;;
+    part) take_parts ;;
+    vllm) assemble_vllm ;;
+  esac
+}
+
+# collect_results DEST ARTIFACT...: the job's results, its logs and the quantize logs under WORK in three archives
+# ($OUT takes a limited number of files), with each ARTIFACT's (a folder under WORK) manifest and model card
+collect_results() {
+  local dest=$1 a; shift
+  mkdir -p "$dest"
+  tar -C "$LOGS" -czf "$dest/results.tar.gz" results
+  tar -C "$LOGS" -czf "$dest/logs.tar.gz" --exclude='*.safetensors' . 2>/dev/null
+  tar -C "$WORK" -czf "$dest/quantize-logs.tar.gz" $(cd "$WORK" && ls ./*.log 2>/dev/null) 2>/dev/null
+  for a in "$@"; do
+    [ -f "$WORK/$a/quantkit.json" ] && cp "$WORK/$a/quantkit.json" "$dest/$a.quantkit.json"
+    [ -f "$WORK/$a/README.md" ] && cp "$WORK/$a/README.md" "$dest/$a.README.md"
+  done
+  ls -la "$dest"
 }

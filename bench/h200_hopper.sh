@@ -191,8 +191,8 @@ rest_job() {  # $1 = epoch second after which no step starts. What the two lease
 }
 
 case "${1:-}" in
-  llmc)
-    install_llmc ;;
+  llmc|part|vllm)
+    device_verb "$1" ;;
   start)
     start_job h200_hopper.sh job "${2:-25}" serve ;;
   start-cost)
@@ -205,24 +205,12 @@ case "${1:-}" in
     job "$2" ;;
   cost-job)
     cost_job "$2" ;;
-  part)
-    take_parts ;;
-  vllm)
-    assemble_vllm ;;
   status)
     cat "$LOGS/job.log" 2>/dev/null; tail -n 3 "$LOGS"/{quantize,serve}.log "$LOGS/tune.err" 2>/dev/null
     tail -n 2 "$WORK"/*.log 2>/dev/null | cut -c1-200
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader ;;
-  collect)  # few files: $OUT takes a limited number
-    mkdir -p "$2"
-    tar -C "$LOGS" -czf "$2/results.tar.gz" results
-    tar -C "$LOGS" -czf "$2/logs.tar.gz" --exclude='*.safetensors' . 2>/dev/null
-    tar -C "$WORK" -czf "$2/quantize-logs.tar.gz" $(cd "$WORK" && ls ./*.log 2>/dev/null) 2>/dev/null
-    for a in serve-gptq serve-w4a8 out-quantkit-fp8-static out-trt-fp8; do
-      [ -f "$WORK/$a/quantkit.json" ] && cp "$WORK/$a/quantkit.json" "$2/$a.quantkit.json"
-      [ -f "$WORK/$a/README.md" ] && cp "$WORK/$a/README.md" "$2/$a.README.md"
-    done
-    ls -la "$2" ;;
+  collect)
+    collect_results "$2" serve-gptq serve-w4a8 out-quantkit-fp8-static out-trt-fp8 ;;
   *)
     sed -n '2,37p' "$0"; exit 2 ;;
 esac

@@ -59,16 +59,12 @@ job() {  # the background job; $1 = epoch second by which it must be done
 }
 
 case "${1:-}" in
-  llmc)
-    install_llmc ;;
+  llmc|part|vllm)
+    device_verb "$1" ;;
   start)
     start_job h200_moe.sh job "${2:-26}" ;;
   job)
     job "$2" ;;
-  part)
-    take_parts ;;
-  vllm)
-    assemble_vllm ;;
   status)
     cat "$LOGS/job.log" 2>/dev/null; tail -n 3 "$LOGS"/{quantize,serve,cases}.log 2>/dev/null
     cat "$LOGS"/results/*.md 2>/dev/null; nvidia-smi --query-gpu=memory.used --format=csv,noheader ;;

@@ -109,28 +109,17 @@ job() {  # $1 = epoch second after which no step starts
 }
 
 case "${1:-}" in
-  llmc)
-    install_llmc ;;
+  llmc|part|vllm)
+    device_verb "$1" ;;
   start)
     start_job h200x2.sh job "${2:-26}" smoke ;;
   job)
     job "$2" ;;
-  part)
-    take_parts ;;
-  vllm)
-    assemble_vllm ;;
   status)
     cat "$LOGS/job.log" 2>/dev/null; tail -n 2 "$LOGS"/{agreement,quantize,serve}.log 2>/dev/null
     nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader ;;
-  collect)  # few files: $OUT takes a limited number
-    mkdir -p "$2"
-    tar -C "$LOGS" -czf "$2/results.tar.gz" results
-    tar -C "$LOGS" -czf "$2/logs.tar.gz" --exclude='*.safetensors' . 2>/dev/null
-    tar -C "$WORK" -czf "$2/quantize-logs.tar.gz" $(cd "$WORK" && ls ./*.log 2>/dev/null) 2>/dev/null
-    for a in out-quantkit-gptq out-quantkit-gptq-x2 out-quantkit-fp8-dynamic out-trt-fp8-tp2; do
-      [ -f "$WORK/$a/quantkit.json" ] && cp "$WORK/$a/quantkit.json" "$2/$a.quantkit.json"
-    done
-    ls -la "$2" ;;
+  collect)
+    collect_results "$2" out-quantkit-gptq out-quantkit-gptq-x2 out-quantkit-fp8-dynamic out-trt-fp8-tp2 ;;
   *)
     sed -n '2,24p' "$0"; exit 2 ;;
 esac
