@@ -11,8 +11,8 @@ On the GPU machine, vLLM installed as in ../shared/device/vllm/README.md (in /tm
     python3 bench/serve_speed.py /tmp/quantkit-bench-qcost/src-qwen3-30b-a3b-12l \\
         /tmp/quantkit-bench-qcost/out-quantkit-{gptq,fp8-static} --vllm-site /tmp/site --name serve_speed_moe
 
-Each checkpoint runs in its own child process in vLLM's Python (quantkit/serve/_vllm_speed.py through
-quantkit.serve.kernel_sweep: CUDA graphs on, prefix caching off so repeated prompts cost what new ones do), after
+Each checkpoint runs in its own child process in vLLM's Python (quantkit/engines/vllm/_speed_worker.py through
+quantkit.engines.vllm.kernel_sweep: CUDA graphs on, prefix caching off so repeated prompts cost what new ones do), after
 one warm-up generation at the largest batch:
 
 * TTFT: the median of 5 ``generate`` calls with one fresh prompt of ``--prompt-len`` random token ids and
@@ -31,7 +31,7 @@ one warm-up generation at the largest batch:
   graphs serve batch 1 and 16 either way, and capturing ~60 sizes of a 16 GB model costs start-up time a short
   GPU lease does not have.
 * the kernel: what vLLM's log says it used. ``--kernels`` also runs every other linear (and MoE) kernel vLLM could
-  use for the checkpoint (quantkit.serve.kernels) and reports the fastest configuration's ``vllm serve`` command.
+  use for the checkpoint (quantkit.engines.vllm.kernels) and reports the fastest configuration's ``vllm serve`` command.
 
 Writes bench/results/NAME.{json,md} (``--name``, default serve_speed) after every checkpoint (the command, machine
 and versions included). This parent needs only the standard library and quantkit's source module.
@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import meta  # noqa: E402
 
 sys.path.insert(0, str(meta.ROOT))
-from quantkit.serve import kernel_sweep, kernels  # noqa: E402
+from quantkit.engines.vllm import kernel_sweep, kernels  # noqa: E402
 from step_bytes import StepBytes, count  # noqa: E402
 
 H200_BANDWIDTH = 4.8e12  # bytes/s, HBM3e

@@ -246,9 +246,10 @@ def inspect(path: Path) -> dict[str, Any]:
 
 
 def smoke(path: Path, *, reporter: Reporter | None = None, **options: Any) -> Any:
-    """Serve an artifact in its real engine and check it answers (see :class:`quantkit.smoke.SmokeOptions`
-    for the keywords); returns a :class:`quantkit.smoke.SmokeResult` whose ``ok`` says whether every run passed."""
-    from quantkit import smoke as smoke_mod
+    """Serve an artifact in its real engine and check it answers (see :class:`quantkit.engines.smoke.SmokeOptions`
+    for the keywords); returns a :class:`quantkit.engines.smoke.SmokeResult` whose ``ok`` says whether every run
+    passed."""
+    from quantkit.engines import smoke as smoke_mod
 
     return smoke_mod.run(Path(path), smoke_mod.SmokeOptions(**options), reporter)
 
@@ -256,16 +257,17 @@ def smoke(path: Path, *, reporter: Reporter | None = None, **options: Any) -> An
 def doctor(path: Path | None = None, *, engine: str = "auto", python: str | None = None,
            env: dict[str, str] | None = None) -> Any:
     """Versions of quantkit's backends and the engine's, and whether the engine can read ``path``
-    (a :class:`quantkit.doctor.Report`)."""
-    from quantkit import doctor as doctor_mod
+    (a :class:`quantkit.engines.doctor.Report`)."""
+    from quantkit.engines import doctor as doctor_mod
 
     return doctor_mod.check(Path(path) if path is not None else None, engine, python=python, env=env)
 
 
 def tune(path: Path, *, reporter: Reporter | None = None, **options: Any) -> Any:
     """Measure every vLLM kernel configuration for an artifact and record the fastest ``vllm serve`` command in its
-    manifest (:mod:`quantkit.tune`; keywords: :class:`quantkit.tune.TuneOptions`). Returns the sweep's result."""
-    from quantkit import tune as tune_mod
+    manifest (:mod:`quantkit.engines.vllm.tune`; keywords: :class:`quantkit.engines.vllm.tune.TuneOptions`). Returns
+    the sweep's result."""
+    from quantkit.engines.vllm import tune as tune_mod
 
     return tune_mod.run(Path(path), tune_mod.TuneOptions(**options), reporter)
 

@@ -168,7 +168,7 @@ class SmokeInfo(Section):
 
 class ServingInfo(Section):
     """``quantkit tune``'s kernel sweep in vLLM: each configuration's TTFT and decode tokens/s, the choice, and the
-    ``vllm serve`` command that uses it (:mod:`quantkit.tune`)."""
+    ``vllm serve`` command that uses it (:mod:`quantkit.engines.vllm.tune`)."""
 
     updated: str | None = None
     measurements: list[dict[str, Any]] = Field(default_factory=list)

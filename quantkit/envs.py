@@ -1,5 +1,9 @@
 """Which Python runs each engine: one rule for vLLM, llama.cpp, TensorRT-LLM and ModelOpt.
 
+Each engine's row (:mod:`quantkit.engines.registry`) and the TensorRT-LLM producer (ModelOpt's environment,
+:mod:`quantkit.producers.trt.pyenv`) say where their Python may be found, as a :class:`PythonEnv`; this module is
+the rule that picks one.
+
 Engines pin their own torch, transformers and compressed-tensors, so each can live in its own environment and be
 driven as a subprocess. For an engine, the first of these wins:
 
@@ -29,22 +33,13 @@ FALLBACK = "this Python"
 
 
 @dataclass(frozen=True)
-class EngineEnv:
-    """Where one engine's Python may be found."""
+class PythonEnv:
+    """Where one engine's (or ModelOpt's) Python may be found."""
 
     name: str
-    module: str  # import name, to tell whether it is installed
     env_var: str
     executable: str = ""  # console script whose interpreter is the engine's Python
     venv: str = ""  # folder in the repository holding the engine's own environment
-
-
-ENVS = {e.name: e for e in (
-    EngineEnv("vllm", "vllm", "QUANTKIT_VLLM_PYTHON", executable="vllm"),
-    EngineEnv("llama.cpp", "llama_cpp", "QUANTKIT_LLAMACPP_PYTHON"),
-    EngineEnv("trtllm", "tensorrt_llm", "QUANTKIT_TRTLLM_PYTHON", executable="trtllm-serve"),
-    EngineEnv("modelopt", "modelopt", "QUANTKIT_TRT_PYTHON", venv=".venv-trt"),
-)}
 
 
 @dataclass(frozen=True)
@@ -68,9 +63,8 @@ def _command(name: str) -> str:
     return os.path.abspath(os.path.expanduser(found)) if "/" in found or found.startswith("~") else found
 
 
-def find(engine: str, explicit: str | None = None) -> Choice:
-    """The Python that runs ``engine`` (see the module docstring for the order)."""
-    env = ENVS[engine]
+def find(env: PythonEnv, explicit: str | None = None) -> Choice:
+    """The Python that runs ``env``'s engine (see the module docstring for the order)."""
     if explicit:
         return Choice(_command(explicit), "--python")
     if os.environ.get(env.env_var):
@@ -83,9 +77,9 @@ def find(engine: str, explicit: str | None = None) -> Choice:
     return Choice(sys.executable, FALLBACK)
 
 
-def importable_here(engine: str) -> bool:
-    """Whether the engine imports in quantkit's own Python."""
-    return importlib.util.find_spec(ENVS[engine].module) is not None
+def importable_here(module: str) -> bool:
+    """Whether ``module`` (an engine's, or ModelOpt's) imports in quantkit's own Python."""
+    return importlib.util.find_spec(module) is not None
 
 
 def script_interpreter(script: Path) -> str | None:

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantkit import api, artifact, formats, outputs, source as source_mod, tune as tune_mod
+from quantkit import api, artifact, formats, outputs, source as source_mod
 from quantkit.artifact import Manifest
 from quantkit.engines.registry import engine_unavailable
+from quantkit.engines.vllm import tune as tune_mod
 from quantkit.errors import GateFailedError, OutputExistsError, QuantkitError, UsageError
 from quantkit.progress import Reporter
 from quantkit.recipe import Recipe
@@ -170,14 +171,15 @@ def _evaluate(recipe: Recipe, src: source_mod.SourceModel, done: list[OutputResu
     """All artifacts in one evaluation run: the baseline's logits are computed once and reused for each. An
     artifact its engine refuses before loading (vLLM missing, a layout transformers cannot reload) is recorded as
     skipped with why, and the others are still scored."""
-    from quantkit.engines import base as engines
+    from quantkit.engines import logits as engines, registry
     from quantkit.verify.evaluate import EvalOptions
 
     options = EvalOptions.from_verify(recipe.verify, report_dir=Path(recipe.output), python=recipe.smoke.python)
     scored = []
     for r in done:
         try:
-            engines.check_compatible(engines.detect(r.path) if options.engine == "auto" else options.engine, r.path)
+            engines.check_compatible(registry.evaluating_engine(r.path) if options.engine == "auto" else options.engine,
+                                     r.path)
         except UsageError as e:
             r.evaluation = {"status": "skipped", "summary": e.message + (f" ({e.hint})" if e.hint else "")}
             rep.log(f"[yellow]-[/] evaluation of {r.name}: skipped ({e.message})")
@@ -200,16 +202,16 @@ def _evaluate(recipe: Recipe, src: source_mod.SourceModel, done: list[OutputResu
 
 def _smoke(recipe: Recipe, r: OutputResult, rep: Reporter) -> None:
     """Smoke-test one artifact where its engine can run; otherwise record the step as skipped, with why."""
-    from quantkit import serve
+    from quantkit.engines import registry, serving
 
-    engine = serve.detect(r.path)
+    engine = registry.serving_engine(r.path)
     why = engine_unavailable(engine, recipe.smoke.python)
     if why:
         r.smoke = {"status": "skipped", "engine": engine, "summary": why}
         rep.log(f"[yellow]-[/] smoke {r.name}: skipped ({why})")
         return
     res = api.smoke(r.path, reporter=rep, engine=engine, python=recipe.smoke.python, timeout=recipe.smoke.timeout,
-                    tp=1 if serve.get(engine).no_tensor_parallel else recipe.smoke.tp,
+                    tp=1 if serving.get(engine).no_tensor_parallel else recipe.smoke.tp,
                     log_dir=Path(recipe.output) / "logs")
     data = res.to_json()
     errors = [run.get("error") for run in data["runs"] if run.get("error")]
@@ -220,10 +222,11 @@ def _smoke(recipe: Recipe, r: OutputResult, rep: Reporter) -> None:
 def _tune(recipe: Recipe, r: OutputResult, rep: Reporter) -> None:
     """``smoke.tune_kernels``: measure vLLM's kernels for an output vLLM serves (recorded in its manifest), or say
     why not. A sweep that fails is a warning: the artifact's own smoke result decides whether it ships."""
-    from quantkit import serve
+    from quantkit.engines import registry
+    from quantkit.formats.names import VLLM
 
-    engine = serve.detect(r.path)
-    why = f"{engine} serves it (one kernel per type)" if engine != "vllm" else \
+    engine = registry.serving_engine(r.path)
+    why = f"{engine} serves it (one kernel per type)" if engine != VLLM else \
         engine_unavailable(engine, recipe.smoke.python)
     if why:
         rep.log(f"[yellow]-[/] kernel sweep {r.name}: skipped ({why})")

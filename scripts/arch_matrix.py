@@ -472,20 +472,20 @@ class Reference:
 
 
 def _window(tokens: list[int]) -> Any:
-    from quantkit.engines.base import Window
+    from quantkit.engines.logits import Window
 
     return Window(0, tuple(tokens), 1)
 
 
 def _engine(name: str, path: Path) -> Any:
-    from quantkit.engines.base import EngineOptions
+    from quantkit.engines.logits import EngineOptions
 
     options = EngineOptions(ctx=EVAL_TOKENS, device="cpu")
     if name == "transformers":
-        from quantkit.engines.transformers import TransformersEngine
+        from quantkit.engines.transformers.logits import TransformersEngine
 
         return TransformersEngine(path, options)
-    from quantkit.engines.llamacpp import LlamaCppEngine
+    from quantkit.engines.llamacpp.logits import LlamaCppEngine
 
     return LlamaCppEngine(path, options)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_case_file import Case
-from quantkit.serve import kernels
+from quantkit.engines.vllm import kernels
 
 
 def matches(pattern: str, lines: list[str]) -> bool:

@@ -23,10 +23,10 @@ ModelOpt environment in /tmp/site-trt (scripts/trt_env.sh):
 2. the artifact: ``python3 -m quantkit VERB MODEL ART --force --json ...`` (or ``build-trt`` on a recipe copy whose
    model and output are set), with PYTHONPATH=REPO:``--quantkit-site``; an artifact already built by the same
    command is reused (``--rebuild`` redoes it), and cases with the same command share it;
-3. the load: quantkit/serve/_vllm_speed.py in vLLM's environment (PYTHONPATH=``--vllm-site``): vLLM's
+3. the load: quantkit/engines/vllm/_speed_worker.py in vLLM's environment (PYTHONPATH=``--vllm-site``): vLLM's
    quantization method, the linear and MoE kernels its log names and the fused-MoE method, TTFT and decode tok/s at
    the case's batch sizes; with ``sweep:``, one such load per kernel configuration instead
-   (quantkit.serve.kernel_sweep);
+   (quantkit.engines.vllm.kernel_sweep);
 4. ``quantkit smoke --engine vllm`` (the real ``vllm serve``) and ``quantkit eval`` (``--engine vllm``, and
    ``--engine transformers`` on the GPU where the case lists both engines) where the case asks for them;
 5. the checks: loads, quantization, kernel, MoE kernel and method, tok/s floors, smoke, doctor's prediction against
@@ -40,7 +40,7 @@ a case marked ``exclusive`` runs its load or sweep with nothing else on the GPU 
 No case starts once the ``--budget`` left is under its ``estimate_s``: those are listed as ``not run``;
 ``--resume`` keeps the finished cases of an earlier run in the same OUT. SIGTERM stops every child process group
 and writes the results. One runner per OUT. The parent needs Python 3.10+, PyYAML and rich (the image has them) and
-pydantic (llm-compressor's /tmp/site-llmc has it, hence PYTHONPATH above): it imports quantkit.serve.kernels and
+pydantic (llm-compressor's /tmp/site-llmc has it, hence PYTHONPATH above): it imports quantkit.engines.vllm.kernels and
 kernel_sweep, which import quantkit's formats table; without them it stops with one line saying what to set. The
 heavy work happens in child processes.
 
@@ -72,7 +72,7 @@ try:
     import yaml
     from gpu_case_file import CASES, Case, CaseError, Measure, describe_expect, load_cases, select
     from gpu_case_report import eval_summary, evaluate, markdown, moe_facts, smoke_summary, tail, verdict
-    from quantkit.serve import kernel_sweep, kernels
+    from quantkit.engines.vllm import kernel_sweep, kernels
 except ModuleNotFoundError as missing:  # the GPU image's Python has no pydantic: say what to set, in one line
     sys.stderr.write(f"gpu_cases.py: {sys.executable} has no module {missing.name!r}, which this runner needs (it "
                      "imports quantkit: pydantic, PyYAML, rich); put llm-compressor's environment on the path: "

@@ -533,7 +533,7 @@ def test_gptq_on_two_gpus(tmp_path):
 def test_dense_copy_scores_as_transformers_does(build, heldout_windows, tmp_path):
     """The transformers engine scores asymmetric MoE experts through a dense copy (transformers 5.17 cannot reload
     them): on the dense AWQ artifact, which transformers does load, the copy gives the same log-probabilities."""
-    from quantkit.engines import dense_copy
+    from quantkit.engines.transformers import dense_copy
 
     out, _ = build("awq")
     assert not dense_copy.needed(out)  # only mixture-of-experts checkpoints take the detour

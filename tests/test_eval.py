@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import TINY, quantkit, requires_gpu
-from quantkit.engines.base import LogProbs, log_softmax
+from quantkit.engines.logits import LogProbs, log_softmax
 from quantkit.verify.metrics import BaselineWindow, kld_rows
 from quantkit.verify.protocol import make_windows
 
@@ -268,7 +268,7 @@ def test_refusals_before_any_model_loads(gguf_artifact, tmp_path):
 def test_vllm_prompt_logprobs_match_transformers(tmp_path):
     import os
 
-    from quantkit.engines.vllm import PYTHON_ENV
+    from quantkit.engines.vllm.logits import PYTHON_ENV
 
     if not os.environ.get(PYTHON_ENV):
         import importlib.util

@@ -23,7 +23,7 @@ import pytest
 
 from conftest import ROOT, TINY
 from gguf_spec import make
-from quantkit.engines.base import EngineOptions, Window, open_engine
+from quantkit.engines.logits import EngineOptions, Window, open_engine
 from quantkit.producers.gguf import tools
 from quantkit.verify.metrics import Accumulator, BaselineStore, Metrics
 

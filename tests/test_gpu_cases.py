@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from quantkit.serve import kernels
+from quantkit.engines.vllm import kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 H200 = ROOT / "bench" / "results" / "h200"

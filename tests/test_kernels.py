@@ -1,4 +1,4 @@
-"""quantkit.serve.kernels and kernel_sweep, the parts that need no GPU: which kernels vLLM 0.26.0 could run each
+"""quantkit.engines.vllm.kernels and kernel_sweep, the parts that need no GPU: which kernels vLLM 0.26.0 could run each
 scheme with on Hopper, how each is forced, what a real vLLM log says was used, the choice and the serve command.
 
 Artifact configs come from compressed-tensors' own presets (the library that writes them) and from the legacy and
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from quantkit.serve import kernel_sweep, kernels
-from quantkit.serve.kernels import Configuration, LogFacts, Measurement
+from quantkit.engines.vllm import kernel_sweep, kernels
+from quantkit.engines.vllm.kernels import Configuration, LogFacts, Measurement
 
 ROOT = Path(__file__).resolve().parents[1]
 H200 = ROOT / "bench" / "results" / "h200"

@@ -19,7 +19,7 @@ import pytest
 
 from conftest import TINY, quantkit, sparse_checkpoint
 from quantkit import artifact
-from quantkit.serve import parallel
+from quantkit.engines import parallel
 
 SMOLLM2 = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576,
            "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,

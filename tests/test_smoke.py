@@ -201,7 +201,7 @@ def test_doctor_flags_unknown_compressed_tensors_format(ct_artifact: Path, tmp_p
 
 
 def test_vllm_log_facts_name_the_kernel() -> None:
-    from quantkit.serve import vllm
+    from quantkit.engines.vllm import server as vllm
 
     log = (
         "INFO 11-29 10:00:01 [model.py:1] Initializing a V1 LLM engine (v0.26.0) with config: "
@@ -209,12 +209,12 @@ def test_vllm_log_facts_name_the_kernel() -> None:
         "INFO 11-29 10:00:20 [compressed_tensors_wNa16.py:95] Using MarlinLinearKernel for CompressedTensorsWNA16\n"
         "INFO 11-29 10:00:21 [cuda.py:274] Using FLASH_ATTN attention backend.\n"
     )
-    facts = vllm.ENGINE.log_facts(log)
+    facts = vllm.SERVER.log_facts(log)
     assert facts["quantization"] == "compressed-tensors"
     assert facts["kernels"] == ["MarlinLinearKernel for CompressedTensorsWNA16"]
     assert facts["schemes"] == ["CompressedTensorsWNA16"] and facts["attention_backend"] == "FLASH_ATTN"
     failed = log + "ValueError: Unsupported compressed-tensors scheme for layer q_proj\n"
-    assert vllm.ENGINE.log_facts(failed)["error"].startswith("ValueError: Unsupported")
+    assert vllm.SERVER.log_facts(failed)["error"].startswith("ValueError: Unsupported")
 
 
 @pytest.mark.gpu
@@ -234,7 +234,7 @@ def test_vllm_serves_compressed_tensors(ct_artifact: Path, tmp_path: Path) -> No
 def test_tp_that_cuts_a_quantization_group_is_refused_before_any_server(ct_artifact: Path, tmp_path: Path) -> None:
     """The reference model's intermediate size 768 over 4 GPUs is 192 columns: not a whole number of 128-wide
     groups, which vLLM would report only after loading. quantkit refuses it (exit 2) and names what fits."""
-    from quantkit.serve import parallel
+    from quantkit.engines import parallel
 
     assert parallel.problems(ct_artifact, 2) == []
     assert parallel.largest_tp(ct_artifact) == 2
@@ -252,15 +252,17 @@ def test_tp_that_cuts_a_quantization_group_is_refused_before_any_server(ct_artif
 
 
 def test_tp_reaches_the_server_command_and_llamacpp_refuses_it(gguf_artifact: Path) -> None:
-    from quantkit.serve import llamacpp, trtllm, vllm
-    from quantkit.serve.base import ServeOptions
+    from quantkit.engines.llamacpp import server as llamacpp
+    from quantkit.engines.trtllm import server as trtllm
+    from quantkit.engines.vllm import server as vllm
+    from quantkit.engines.serving import ServeOptions
 
-    argv = vllm.ENGINE.command(TINY, "python", "127.0.0.1", 8000, ServeOptions(tp=2))
+    argv = vllm.SERVER.command(TINY, "python", "127.0.0.1", 8000, ServeOptions(tp=2))
     assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
-    assert "--tensor-parallel-size" not in vllm.ENGINE.command(TINY, "python", "127.0.0.1", 8000, ServeOptions())
-    argv = trtllm.ENGINE.command(TINY, "python", "127.0.0.1", 8000, ServeOptions(tp=2))
+    assert "--tensor-parallel-size" not in vllm.SERVER.command(TINY, "python", "127.0.0.1", 8000, ServeOptions())
+    argv = trtllm.SERVER.command(TINY, "python", "127.0.0.1", 8000, ServeOptions(tp=2))
     assert argv[argv.index("--tp_size") + 1] == "2"
-    assert llamacpp.ENGINE.name == "llama.cpp"
+    assert llamacpp.SERVER.name == "llama.cpp"
     proc = quantkit("smoke", gguf_artifact, "--tp", "2")
     assert proc.returncode == 2 and "llama.cpp's server has no tensor parallelism" in proc.stderr
     assert "split-mode option (row) through --server-arg" in proc.stderr

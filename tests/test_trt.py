@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 from quantkit import api, artifact, recipe
 from quantkit.errors import QuantkitError
 from quantkit.producers.trt import pyenv
-from quantkit.serve import kernels
+from quantkit.engines.vllm import kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "models" / "quantkit-tiny"

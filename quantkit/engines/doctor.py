@@ -27,9 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from quantkit import artifact as artifact_mod
-from quantkit import serve
+from quantkit.engines import registry, serving
+from quantkit.engines.serving import Server
 from quantkit.errors import QuantkitError, UsageError
 from quantkit.formats import kinds
+from quantkit.formats.names import LLAMACPP, VLLM
 
 # What ``doctor`` reports for an environment: quantkit's backends and the engines.
 DISTS = ("torch", "transformers", "accelerate", "llmcompressor", "compressed-tensors", "safetensors", "gguf",
@@ -118,14 +120,14 @@ class Skew:
 
 
 KNOWN_SKEWS: list[Skew] = [
-    Skew("vllm", lambda a: a.get("format") == "awq" and a.get("bits") not in (None, 4),
+    Skew(VLLM, lambda a: a.get("format") == "awq" and a.get("bits") not in (None, 4),
          "vLLM's AWQ kernels read 4-bit AutoAWQ checkpoints only",
          "write the AWQ artifact in compressed-tensors format (quantkit awq --format compressed-tensors)"),
-    Skew("vllm", lambda a: a.get("format") == "gptq" and a.get("bits") not in (None, 2, 3, 4, 8),
+    Skew(VLLM, lambda a: a.get("format") == "gptq" and a.get("bits") not in (None, 2, 3, 4, 8),
          "vLLM's GPTQ kernels read 2, 3, 4 and 8-bit GPTQ checkpoints only", "quantize with --bits 4 or 8"),
-    Skew("llama.cpp", lambda a: a.get("format") not in (None, "gguf"),
+    Skew(LLAMACPP, lambda a: a.get("format") not in (None, "gguf"),
          "llama.cpp serves GGUF files only", "convert with quantkit gguf, or serve with --engine vllm"),
-    Skew("vllm", lambda a: a.get("format") == "gguf",
+    Skew(VLLM, lambda a: a.get("format") == "gguf",
          "quantkit serves GGUF files with llama.cpp (vLLM's GGUF support is experimental and single-file)",
          "use --engine llama.cpp"),
 ]
@@ -217,7 +219,7 @@ def describe_artifact(path: Path) -> dict[str, Any]:
     return info
 
 
-def _installed_check(engine: serve.base.Engine, env_info: dict[str, Any]) -> Check:
+def _installed_check(engine: Server, env_info: dict[str, Any]) -> Check:
     if "error" in env_info:
         return Check("engine python", "fail",
                      f"the {engine.name} engine's Python could not be asked: {env_info['error']}",
@@ -310,19 +312,19 @@ def check(path: Path | None, engine_name: str = "auto", *, python: str | None = 
     art = describe_artifact(Path(path)) if path is not None else None
     report.artifact = art
     if engine_name == "auto":
-        engine_name = serve.detect(Path(path)) if path is not None else ""
-    engine = serve.get(engine_name) if engine_name else None
+        engine_name = registry.serving_engine(Path(path)) if path is not None else ""
+    engine = serving.get(engine_name) if engine_name else None
     engine_python = engine.python(python) if engine else None
     is_ct = bool(art and art["kind"] == "compressed-tensors")
     is_gguf = bool(art and art["kind"] == "gguf")
     # What to ask the engine's environment; when it is quantkit's own, one probe answers for both.
-    ask = {"torch": engine is not None and engine.name != "llama.cpp",
+    ask = {"torch": engine is not None and engine.name != LLAMACPP,
            "quantization_config": art["quantization_config"] if art is not None and is_ct else None,
            "gguf_file_types": is_gguf}
     same_env = engine_python in (None, sys.executable) and not env
     if include_quantkit:
         report.quantkit = probe(**{**ask, "torch": True}) if same_env else probe(torch=True)
-    if include_quantkit or engine_name == "llama.cpp":
+    if include_quantkit or engine_name == LLAMACPP:
         report.checks.append(_llama_tools_check())
     if engine is None:
         return report
@@ -330,7 +332,7 @@ def check(path: Path | None, engine_name: str = "auto", *, python: str | None = 
     report.engine = {"name": engine.name, "python": engine_python, "env": dict(env or {}),
                      "version": (info.get("versions") or {}).get(engine.dist), **info}
     report.checks.append(_installed_check(engine, info))
-    if engine.name == "vllm" and "error" not in info:
+    if engine.name == VLLM and "error" not in info:
         t = info.get("torch") or {}
         if not t.get("cuda_available"):
             report.checks.append(Check("cuda", "fail", f"vLLM needs a CUDA GPU; torch {t.get('version', '?')} in "
@@ -345,6 +347,6 @@ def check(path: Path | None, engine_name: str = "auto", *, python: str | None = 
                 report.checks.append(Check("known incompatibility", "fail", skew.message, hint=skew.hint))
         if is_ct and "error" not in info:
             report.checks.extend(_ct_checks(art, engine.name, info))
-        if is_gguf and engine.name == "llama.cpp" and "error" not in info:
+        if is_gguf and engine.name == LLAMACPP and "error" not in info:
             report.checks.extend(_gguf_checks(art, info))
     return report

@@ -21,14 +21,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from quantkit.engines import registry
+from quantkit.engines.transformers import dense_copy
+from quantkit.engines.vllm import kernels
 from quantkit.errors import UsageError
-from quantkit.engines import dense_copy
 from quantkit.formats import kinds
-from quantkit.serve import kernels
-
-KINDS = ("transformers", "llama.cpp", "vllm")
-_MODULES = {"transformers": "quantkit.engines.transformers", "llama.cpp": "quantkit.engines.llamacpp",
-            "vllm": "quantkit.engines.vllm"}
+from quantkit.formats.names import LLAMACPP, TRANSFORMERS, VLLM
 
 
 @dataclass(frozen=True)
@@ -90,7 +88,7 @@ class EngineOptions:
     topk: int = 20  # vLLM: log-probabilities returned per position
 
 
-class Engine(Protocol):
+class LogitsEngine(Protocol):
     """What evaluation needs from an engine."""
 
     name: str
@@ -122,39 +120,29 @@ def gguf_files(path: Path) -> list[Path]:
     return kinds.gguf_files(path)
 
 
-def detect(path: Path) -> str:
-    """The engine ``auto`` picks for a path: its kind's (:mod:`quantkit.formats.kinds`): llama.cpp for GGUF, vLLM
-    for ModelOpt exports (transformers would load them silently wrong), else transformers."""
-    kind = kinds.detect(path)
-    if kind.evaluate is None:
-        raise UsageError(f"{path} holds {kind.label}, which cannot be evaluated as it is",
-                         hint="evaluate the hf/ folder of a TensorRT-LLM artifact (with --engine vllm)")
-    return kind.evaluate
-
-
 def check_compatible(kind: str, path: Path) -> None:
     """Refuse an engine that cannot read the path at all, before anything loads."""
-    if kind not in KINDS:
-        raise UsageError(f"unknown engine {kind!r}; choose one of auto, {', '.join(KINDS)}")
+    if kind not in registry.EVALUATING:
+        raise UsageError(f"unknown engine {kind!r}; choose one of auto, {', '.join(registry.EVALUATING)}")
     found = kinds.detect(path)
-    if kind == "llama.cpp" and found.name != "gguf":
+    if kind == LLAMACPP and found.name != "gguf":
         raise UsageError(f"llama.cpp reads GGUF files; {path} holds none",
                          hint="use --engine transformers (or auto) for Hugging Face checkpoints")
-    if kind in ("transformers", "vllm") and found.name == "gguf":
+    if kind in (TRANSFORMERS, VLLM) and found.name == "gguf":
         raise UsageError(f"{path} is GGUF; evaluate it with --engine llama.cpp (or auto)")
-    if kind == "transformers" and (why := dense_copy.refusal(path)):
+    if kind == TRANSFORMERS and (why := dense_copy.refusal(path)):
         raise UsageError(why, hint="evaluate it with --engine vllm (on a GPU)")
-    if kind == "vllm" and (why := kernels.vllm_refusal(path)):
+    if kind == VLLM and (why := kernels.vllm_refusal(path)):
         raise UsageError(why, hint="build its TensorRT-LLM engine (quantkit build-trt) and smoke-test that, or "
                          "export FP8 for vLLM")
-    if kind == "transformers" and found.name == "modelopt":
+    if kind == TRANSFORMERS and found.name == "modelopt":
         raise UsageError(f"{path} is a ModelOpt export (hf_quant_config.json): transformers ignores that file and "
                          "would load the quantized weights as plain ones, so its numbers would be wrong without any "
                          "error", hint="evaluate it with --engine vllm (on a GPU), or leave --engine auto")
 
 
-def open_engine(kind: str, path: Path, options: EngineOptions) -> Engine:
+def open_engine(kind: str, path: Path, options: EngineOptions) -> LogitsEngine:
     """Load ``path`` in the engine ``kind`` (the engine module and its library are imported only now)."""
     check_compatible(kind, path)
-    module = importlib.import_module(_MODULES[kind])
+    module = importlib.import_module(registry.get(kind).logits or "")
     return module.load(path, options)

@@ -26,9 +26,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from quantkit.engines.serving import Server
 from quantkit.errors import UsageError
 from quantkit.formats.kinds import read_config
-from quantkit.serve.base import Engine
 
 
 def visible_gpus() -> int | None:
@@ -106,7 +106,7 @@ def largest_tp(folder: Path, limit: int = 8) -> int:
     return max(tp for tp in range(1, limit + 1) if not problems(folder, tp))
 
 
-def check(folder: Path, engine: Engine, tp: int) -> None:
+def check(folder: Path, engine: Server, tp: int) -> None:
     """Refuse (exit 2) a tensor-parallel size that the engine, the GPUs or the artifact's shapes cannot honour."""
     if tp < 1:
         raise UsageError(f"--tp {tp}: must be 1 or more")

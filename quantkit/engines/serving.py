@@ -1,4 +1,5 @@
-"""Run an engine's OpenAI-compatible server as a child process that can never outlive quantkit.
+"""What every engine's server shares: the :class:`Server` each engine fills in, and :class:`ServerProcess`, which
+runs its OpenAI-compatible server as a child process that can never outlive quantkit.
 
 The server starts in its own process group (its own session) on a free loopback port, so a terminal Ctrl-C
 reaches quantkit only, and quantkit stops the whole group in order: SIGTERM, then SIGKILL after a grace period,
@@ -14,6 +15,7 @@ Tested with llama-cpp-python 0.3.36 (``llama_cpp.server``) on CPU and written fo
 from __future__ import annotations
 
 import ctypes
+import importlib
 import json
 import os
 import shlex
@@ -30,10 +32,9 @@ from typing import Any
 from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from quantkit import envs
+from quantkit.engines import client, registry
 from quantkit.errors import BackendError, QuantkitError, UsageError, exit_text
 from quantkit.progress import Reporter
-from quantkit.serve import client
 
 HOST = "127.0.0.1"
 TAIL_LINES = 30
@@ -50,30 +51,44 @@ class ServeOptions:
     extra_args: list[str] = field(default_factory=list)  # appended to the engine's command
     max_model_len: int | None = None
     gpu_memory_utilization: float | None = None
-    tp: int = 1  # tensor-parallel size (GPUs one server spans); checked by quantkit.serve.parallel
+    tp: int = 1  # tensor-parallel size (GPUs one server spans); checked by quantkit.engines.parallel
 
 
-class Engine:
-    """One serving engine: how to find its Python, build its command line, and read its log.
+class Server:
+    """One engine's server: how to find its Python, build its command line, and read its log.
 
-    Subclasses (one per module in :mod:`quantkit.serve`) fill in the class attributes and :meth:`command`.
+    Subclasses (one ``server.py`` per engine folder, named by its registry row) fill in the class attributes and
+    :meth:`command`; what doctor asks of the engine (``dist``, ``module``) and where its Python is come from the row.
     """
 
     name: str = ""
-    dist: str = ""  # the distribution whose version doctor reports as the engine's
-    module: str = ""  # import name, to check the engine is installed in its Python
     health_path: str = "/health"
     reads_compressed_tensors: bool = False
     no_tensor_parallel: str | None = None  # set when the server cannot take --tp: what to do instead
 
+    @property
+    def row(self) -> registry.Engine:
+        """The engine's row in :mod:`quantkit.engines.registry`."""
+        return registry.get(self.name)
+
+    @property
+    def dist(self) -> str:
+        """The distribution whose version doctor reports as the engine's."""
+        return self.row.dist
+
+    @property
+    def module(self) -> str:
+        """The import name that says the engine is installed in its Python."""
+        return self.row.module
+
     def python(self, explicit: str | None) -> str:
         """The engine's Python (:func:`quantkit.envs.find`)."""
-        return envs.find(self.name, explicit).python
+        return self.row.find_python(explicit).python
 
     @property
     def python_env_var(self) -> str:
         """The variable that names the engine's Python (``QUANTKIT_VLLM_PYTHON``...)."""
-        return envs.ENVS[self.name].env_var
+        return self.row.env_var
 
     def targets(self, artifact: Path, file: str | None) -> list[Path]:
         """What to serve, one server each: the artifact folder (GGUF overrides this: one per file)."""
@@ -117,6 +132,13 @@ class Engine:
                 base += ["--host", host, "--port", str(port)]
             return base + list(opts.extra_args)
         return self.command(target, python, host, port, opts) + list(opts.extra_args)
+
+
+def get(name: str) -> Server:
+    """The server of the engine called ``name`` (llama.cpp, vllm, trtllm; the engine's module is imported now)."""
+    if name not in registry.SERVING:
+        raise UsageError(f"unknown engine {name!r}", hint=f"choose one of: auto, {', '.join(registry.SERVING)}")
+    return importlib.import_module(registry.get(name).server or "").SERVER
 
 
 def _port_free(host: str, port: int) -> bool:

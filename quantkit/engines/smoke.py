@@ -2,9 +2,9 @@
 
 For each thing to serve (the artifact folder; for GGUF, each ``.gguf`` file or the one ``--file`` names):
 
-1. doctor first (:func:`quantkit.doctor.check` on the engine's own Python): a known version skew stops here,
+1. doctor first (:func:`quantkit.engines.doctor.check` on the engine's own Python): a known version skew stops here,
    with what is wrong and what to do, before minutes are spent starting a server that cannot load the artifact;
-2. start the server (:class:`quantkit.serve.base.ServerProcess`) and wait for health;
+2. start the server (:class:`quantkit.engines.serving.ServerProcess`) and wait for health;
 3. ``GET /v1/models``, then greedy ``POST /v1/completions`` and ``/v1/chat/completions`` (temperature 0, seed 0,
    ``max_tokens`` 16): both answers must be non-empty (chat is skipped for a checkpoint without a chat template);
 4. a streamed completion of ``speed_tokens`` tokens (``min_tokens`` keeps it going past an early EOS): time to
@@ -36,11 +36,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantkit import artifact, doctor, serve
+from quantkit import artifact
+from quantkit.engines import client, doctor, parallel, registry, serving
+from quantkit.engines.serving import HOST, ServeOptions, Server, ServerProcess
+from quantkit.engines.vllm import kernels
 from quantkit.errors import BackendError, GateFailedError, Interrupted, QuantkitError, UsageError
+from quantkit.formats.names import VLLM
 from quantkit.progress import Reporter
-from quantkit.serve import client, kernels, parallel
-from quantkit.serve.base import ServeOptions, ServerProcess
 
 DEFAULT_PROMPT = "The capital of France is"
 SEED = 0
@@ -162,11 +164,11 @@ def run(path: Path, opts: SmokeOptions, reporter: Reporter | None = None) -> Smo
     path = Path(path)
     if not path.exists():
         raise UsageError(f"{path} does not exist")
-    engine_name = serve.detect(path) if opts.engine == "auto" else opts.engine
-    engine = serve.get(engine_name)
+    engine_name = registry.serving_engine(path) if opts.engine == "auto" else opts.engine
+    engine = serving.get(engine_name)
     targets = engine.targets(path, opts.file)
     parallel.check(path, engine, opts.tp)
-    if engine.name == "vllm" and (why := kernels.vllm_refusal(path)):
+    if engine.name == VLLM and (why := kernels.vllm_refusal(path)):
         raise UsageError(why, hint="smoke-test its TensorRT-LLM engine: quantkit smoke ARTIFACT --engine trtllm")
     result = SmokeResult(path=path, engine=engine.name, runs=[])
     serve_opts = opts.serve_options()
@@ -218,10 +220,10 @@ def run(path: Path, opts: SmokeOptions, reporter: Reporter | None = None) -> Smo
     return result
 
 
-def _serve_and_ask(engine: serve.base.Engine, target: Path, python: str, serve_opts: ServeOptions,
+def _serve_and_ask(engine: Server, target: Path, python: str, serve_opts: ServeOptions,
                    opts: SmokeOptions, r: SmokeRun, result: SmokeResult, rep: Reporter) -> None:
     def argv(port: int) -> list[str]:
-        return engine.argv(target, python, serve.base.HOST, port, serve_opts)
+        return engine.argv(target, python, HOST, port, serve_opts)
 
     assert r.log is not None
     srv = ServerProcess(engine.name, argv, log_path=r.log, env=serve_opts.env,
@@ -254,7 +256,7 @@ def _serve_and_ask(engine: serve.base.Engine, target: Path, python: str, serve_o
     r.status = "passed"
 
 
-def ask(url: str, opts: SmokeOptions, engine: serve.base.Engine, r: SmokeRun, chat: bool = True) -> None:
+def ask(url: str, opts: SmokeOptions, engine: Server, r: SmokeRun, chat: bool = True) -> None:
     """The smoke questions: models, a greedy completion and chat (non-empty), a streamed timing request.
 
     ``chat=False`` (a checkpoint without a chat template) records the chat question as skipped."""
@@ -306,7 +308,7 @@ def check_expected(expected: str, answer: str, what: str, r: SmokeRun) -> None:
                                 "`quantkit eval` to see how much it lost")
 
 
-def measure_speed(url: str, model: str, opts: SmokeOptions, engine: serve.base.Engine,
+def measure_speed(url: str, model: str, opts: SmokeOptions, engine: Server,
                   timeout: float) -> dict[str, Any]:
     """Time to first token and decode tokens/s of one streamed greedy completion (batch 1)."""
     payload = {"model": model, "prompt": opts.prompt, "temperature": 0.0, "seed": SEED,

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.errors import UsageError
+from quantkit.formats.names import LLAMACPP, TRANSFORMERS, TRTLLM, VLLM
 
 
 @dataclass(frozen=True)
@@ -62,21 +63,21 @@ KINDS: tuple[Kind, ...] = (
     # quantkit build-trt's folder: hf/ (evaluate and serve that one) and trtllm-ckpt/ (+ engine/) beside it.
     Kind("tensorrt-llm", "quantkit TensorRT-LLM artifact (hf/, trtllm-ckpt/, engine/)", None, None,
          lambda p: p.is_dir() and (p / "trtllm-ckpt").is_dir()),
-    Kind("gguf", "GGUF files for llama.cpp", "llama.cpp", "llama.cpp", lambda p: bool(gguf_files(p))),
-    Kind("trtllm-engine", "TensorRT-LLM engine", None, "trtllm",
+    Kind("gguf", "GGUF files for llama.cpp", LLAMACPP, LLAMACPP, lambda p: bool(gguf_files(p))),
+    Kind("trtllm-engine", "TensorRT-LLM engine", None, TRTLLM,
          lambda p: p.is_dir() and any(p.glob("rank*.engine"))),
     # transformers ignores hf_quant_config.json and would load the quantized weights as plain ones: vLLM only.
-    Kind("modelopt", "ModelOpt unified Hugging Face checkpoint", "vllm", "trtllm",
+    Kind("modelopt", "ModelOpt unified Hugging Face checkpoint", VLLM, TRTLLM,
          lambda p: p.is_dir() and (p / "hf_quant_config.json").exists()),
     Kind("trtllm-checkpoint", "TensorRT-LLM checkpoint (input of trtllm-build)", None, None,
          lambda p: p.is_dir() and _is_trtllm_checkpoint(p)),
-    Kind("compressed-tensors", "compressed-tensors checkpoint", "transformers", "vllm",
+    Kind("compressed-tensors", "compressed-tensors checkpoint", TRANSFORMERS, VLLM,
          lambda p: p.is_dir() and _quant_method(p) == "compressed-tensors"),
-    Kind("awq", "AutoAWQ checkpoint", "transformers", "vllm", lambda p: p.is_dir() and _quant_method(p) == "awq"),
-    Kind("gptq", "GPTQ checkpoint", "transformers", "vllm", lambda p: p.is_dir() and _quant_method(p) == "gptq"),
-    Kind("hf-quantized", "Hugging Face checkpoint with another quantization_config", "transformers", "vllm",
+    Kind("awq", "AutoAWQ checkpoint", TRANSFORMERS, VLLM, lambda p: p.is_dir() and _quant_method(p) == "awq"),
+    Kind("gptq", "GPTQ checkpoint", TRANSFORMERS, VLLM, lambda p: p.is_dir() and _quant_method(p) == "gptq"),
+    Kind("hf-quantized", "Hugging Face checkpoint with another quantization_config", TRANSFORMERS, VLLM,
          lambda p: p.is_dir() and _quant_method(p) is not None),
-    Kind("hf", "Hugging Face checkpoint", "transformers", "vllm",
+    Kind("hf", "Hugging Face checkpoint", TRANSFORMERS, VLLM,
          lambda p: p.is_dir() and (p / "config.json").exists()),
 )
 BY_NAME = {k.name: k for k in KINDS}

@@ -4,7 +4,8 @@
     report = evaluate([Path("out/rtn-w4g128")], None, EvalOptions(dataset="heldout", max_tokens=8192))
     report.raise_for_gates()
 
-Tested with the engines' versions named in :mod:`quantkit.engines` (transformers 5.17.0, llama-cpp-python 0.3.36).
+Tested with the engines' versions named in :mod:`quantkit.engines.registry` (transformers 5.17.0, llama-cpp-python
+0.3.36).
 
 Order of work: every cheap check first (artifact paths, manifests and their sha256, the baseline, gate limits),
 then the protocol (tokenize once), then the baseline through its engine once, its distributions stored on disk,
@@ -27,9 +28,10 @@ from pydantic import ValidationError
 
 from quantkit import artifact, outputs, source as source_mod
 from quantkit.artifact import Manifest
-from quantkit.engines import base as engines
-from quantkit.engines.base import EngineOptions
+from quantkit.engines import logits as engines, registry
+from quantkit.engines.logits import EngineOptions
 from quantkit.errors import IntegrityError, UsageError
+from quantkit.formats.names import LLAMACPP, TRANSFORMERS, VLLM
 from quantkit.progress import Reporter
 from quantkit.recipe import GateSpec, ModelSpec, VerifySpec
 from quantkit.verify import gates as gates_mod, protocol as protocol_mod, report as report_mod
@@ -145,9 +147,9 @@ def expand_targets(paths: list[Path], engine: str) -> list[Target]:
             continue
         home = path.parent if path.is_file() else path
         manifest = _manifest_of(home)
-        kind = engines.detect(path) if engine == "auto" else engine
+        kind = registry.evaluating_engine(path) if engine == "auto" else engine
         engines.check_compatible(kind, path)
-        files = engines.gguf_files(path) if kind == "llama.cpp" else [path]
+        files = engines.gguf_files(path) if kind == LLAMACPP else [path]
         for f in files:
             label = f"{home.name}/{f.name}" if f != home else home.name
             out.append(Target(label=label, path=f, engine=kind, manifest_dir=home if manifest else None,
@@ -208,10 +210,10 @@ def _preflight(kinds: set[str], options: EvalOptions) -> None:
 
     from quantkit.errors import MissingBackendError
 
-    if "llama.cpp" in kinds and importlib.util.find_spec("llama_cpp") is None:
+    if LLAMACPP in kinds and importlib.util.find_spec("llama_cpp") is None:
         raise MissingBackendError("llama_cpp", "gguf", "evaluating GGUF files")
-    if "vllm" in kinds:
-        from quantkit.engines.vllm import find_python
+    if VLLM in kinds:
+        from quantkit.engines.vllm.logits import find_python
 
         find_python(options.python)
 
@@ -290,7 +292,7 @@ def evaluate(paths: list[Path], baseline: str | None, options: EvalOptions | Non
             f"{f', stride {proto.stride}' if proto.stride else ''}, {proto.tokens_scored:,} tokens scored")
     with tempfile.TemporaryDirectory(prefix="quantkit-eval-") as tmp:
         store = BaselineStore(Path(tmp), proto.tokens_scored, options.kld_topk)
-        base_kind = "transformers"  # full distributions, and the tokenizer's own framework
+        base_kind = TRANSFORMERS  # full distributions, and the tokenizer's own framework
         m, info, secs = _score("baseline", base_kind, src.path, proto, options, rep, store, is_baseline=True)
         base_target = Target(label=f"{src.path.name} (baseline)", path=src.path, engine=base_kind, manifest_dir=None,
                              manifest=None, format=_describe_format(src.path, None),
@@ -304,7 +306,7 @@ def evaluate(paths: list[Path], baseline: str | None, options: EvalOptions | Non
             ratio = m.ppl / base.metrics.ppl if base.metrics.ppl else None
             r = Result(target=t, engine=info, metrics=m, ppl_ratio=ratio,
                        bits_per_weight=_bpw(t.size_bytes, src.num_parameters), seconds=secs)
-            if t.engine == "vllm":
+            if t.engine == VLLM:
                 r.kld_method = (f"lower bound: vLLM returns the artifact's top-{options.vllm_topk} log-probabilities, "
                                 "used as bins plus one bin for the rest of the vocabulary")
             r.gates = gates_mod.check(r.figures(), t.gates or GateSpec())

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from quantkit.engines.base import LogProbs, Window, log_softmax
+from quantkit.engines.logits import LogProbs, Window, log_softmax
 from quantkit.errors import BackendError
 
 DENSE_BUDGET_BYTES = 8 << 30

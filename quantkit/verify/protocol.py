@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantkit.engines.base import Window
+from quantkit.engines.logits import Window
 from quantkit.errors import CalibrationError, UsageError
 
 HUB_PROBE_TIMEOUT = 3.0

@@ -16,15 +16,16 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from quantkit.engines.base import EngineOptions, LogProbs, Window, gguf_files, log_softmax
+from quantkit.engines.logits import EngineOptions, LogProbs, Window, gguf_files, log_softmax
 from quantkit.errors import BackendError, UsageError
+from quantkit.formats.names import LLAMACPP
 from quantkit.versions import require, version
 
 
 class LlamaCppEngine:
     """A GGUF model in llama.cpp; one ``eval`` per window."""
 
-    name = "llama.cpp"
+    name = LLAMACPP
 
     def __init__(self, path: Path, options: EngineOptions) -> None:
         llama_cpp = require("llama_cpp", "gguf", "evaluating GGUF files")

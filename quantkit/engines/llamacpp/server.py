@@ -22,9 +22,10 @@ import re
 from pathlib import Path
 from typing import Any
 
+from quantkit.engines.serving import ServeOptions, Server
 from quantkit.errors import UsageError
+from quantkit.formats.names import LLAMACPP
 from quantkit.producers.gguf import tools
-from quantkit.serve.base import Engine, ServeOptions
 
 DEFAULT_CTX = 2048
 PYTHON_SERVER = "llama_cpp.server"
@@ -46,10 +47,8 @@ def _is_python_server(argv: list[str]) -> bool:
     return any(PYTHON_SERVER in a for a in argv)
 
 
-class LlamaCppEngine(Engine):
-    name = "llama.cpp"
-    dist = "llama_cpp_python"
-    module = "llama_cpp"
+class LlamaCppServer(Server):
+    name = LLAMACPP
     health_path = "/health"
     no_tensor_parallel = ("it spreads layers over every visible GPU by itself; to split rows instead, give "
                           "llama-server its own split-mode option (row) through --server-arg")
@@ -109,4 +108,4 @@ class LlamaCppEngine(Engine):
         return facts
 
 
-ENGINE = LlamaCppEngine()
+SERVER = LlamaCppServer()

@@ -24,28 +24,18 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from quantkit.engines import dense_copy
-from quantkit.engines.base import EngineOptions, LogProbs, Window, check_compatible
-from quantkit.errors import BackendError, UsageError
+from quantkit.devices import resolve_device
+from quantkit.engines.logits import EngineOptions, LogProbs, Window, check_compatible
+from quantkit.engines.transformers import dense_copy
+from quantkit.errors import BackendError
+from quantkit.formats.names import TRANSFORMERS
 from quantkit.versions import require
-
-
-def resolve_device(device: str) -> str:
-    """``auto`` -> ``cuda`` when a GPU is visible, else ``cpu``; anything else is checked and kept."""
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError(f"--device {device} was asked for but torch sees no CUDA GPU",
-                         hint="use --device cpu (or auto)")
-    return device
 
 
 class TransformersEngine:
     """A causal LM loaded with ``AutoModelForCausalLM``; one forward pass per window."""
 
-    name = "transformers"
+    name = TRANSFORMERS
 
     def __init__(self, path: Path, options: EngineOptions) -> None:
         torch = require("torch", "eval", "evaluating with transformers")

@@ -16,7 +16,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from quantkit.serve.base import Engine, ServeOptions
+from quantkit.engines.serving import ServeOptions, Server
+from quantkit.formats.names import TRTLLM
 
 DEFAULT_KV_FRACTION = 0.4
 # trtllm-serve's console-script entry point, called through the engine's Python (the module has no __main__).
@@ -40,10 +41,8 @@ def tokenizer_dir(path: Path) -> Path | None:
     return p if src.get("path") and p.exists() else None
 
 
-class TrtllmEngine(Engine):
-    name = "trtllm"
-    dist = "tensorrt_llm"
-    module = "tensorrt_llm"
+class TrtllmServer(Server):
+    name = TRTLLM
     health_path = "/health"
 
     def has_chat_template(self, target: Path) -> bool:
@@ -73,4 +72,4 @@ class TrtllmEngine(Engine):
         return facts
 
 
-ENGINE = TrtllmEngine()
+SERVER = TrtllmServer()

@@ -1,10 +1,10 @@
-"""vLLM prompt-logprobs worker, run by :mod:`quantkit.engines.vllm` with vLLM's own Python interpreter.
+"""vLLM prompt-logprobs worker, run by :mod:`quantkit.engines.vllm.logits` with vLLM's own Python interpreter.
 
 It imports only the standard library, numpy and vLLM (never quantkit), so vLLM may live in a separate
 environment with its own torch. Written against the vLLM V1 offline API (``LLM.generate`` with
 ``TokensPrompt`` and ``SamplingParams(prompt_logprobs=k)``).
 
-Protocol: ``python _vllm_worker.py REQUEST.json``. The request names the model, ``max_model_len``, ``topk`` and
+Protocol: ``python _logits_worker.py REQUEST.json``. The request names the model, ``max_model_len``, ``topk`` and
 extra ``LLM`` keyword arguments. The worker loads the model, prints ``READY <json info>``, then reads lines from
 stdin: each names a ``.npz`` of windows (``tokens`` concatenated, ``offsets``, ``score_from``, ``index``) and an
 output folder. For each window it writes ``w<index>.npz`` (``target`` [n], ``ids`` [n, k], ``values`` [n, k] for
@@ -16,7 +16,8 @@ import json
 import os
 import sys
 
-# Run as a script, this folder is sys.path[0], where quantkit's own engines/vllm.py would shadow the real vLLM.
+# Run as a script, this folder is sys.path[0], where quantkit's own modules (kernels.py...) would shadow packages of
+# the same name that vLLM and its dependencies import.
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or '.') != os.path.dirname(os.path.abspath(__file__))]
 
 # A window of exactly max_position_embeddings tokens needs one position more for the single sampled token, which

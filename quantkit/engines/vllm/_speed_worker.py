@@ -1,11 +1,11 @@
 """Load one checkpoint in vLLM's offline ``LLM`` and time it: TTFT and decode tokens/s at given batch sizes.
 
-Run by :mod:`quantkit.serve.kernel_sweep` with vLLM's own Python, as a plain file: it imports only the standard
+Run by :mod:`quantkit.engines.vllm.kernel_sweep` with vLLM's own Python, as a plain file: it imports only the standard
 library and vLLM (never quantkit), so vLLM may live in an environment of its own. The kernel configuration
 reaches it as environment variables (``VLLM_DISABLED_KERNELS``...) and engine arguments (``linear_backend``...),
 which is why each configuration is a fresh process. Written against vLLM 0.26.0's V1 offline API.
 
-Protocol: ``python _vllm_speed.py REQUEST.json``; the last stdout line starting with ``RESULT `` is the JSON
+Protocol: ``python _speed_worker.py REQUEST.json``; the last stdout line starting with ``RESULT `` is the JSON
 result (``{"error": ...}`` when loading or generating failed). Request fields: ``model``, ``engine_args`` (for
 ``vllm.LLM``), ``batches``, ``prompt_len``, ``gen``, ``ttft_repeats``, ``sample_prompt``, ``sample_tokens``.
 
@@ -25,7 +25,8 @@ import sys
 import time
 import traceback
 
-# Run as a script, this folder is sys.path[0], where quantkit's own serve/vllm.py would shadow the real vLLM.
+# Run as a script, this folder is sys.path[0], where quantkit's own modules (kernels.py...) would shadow packages of
+# the same name that vLLM and its dependencies import.
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 
 

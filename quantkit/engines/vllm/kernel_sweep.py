@@ -1,13 +1,14 @@
-"""Measure an artifact in vLLM under each kernel configuration of :mod:`quantkit.serve.kernels`: one fresh vLLM
-process per configuration (the environment switches are read at import), TTFT and decode tokens/s at the batch
+"""Measure an artifact in vLLM under each kernel configuration of :mod:`quantkit.engines.vllm.kernels`: one fresh
+vLLM process per configuration (the environment switches are read at import), TTFT and decode tokens/s at the batch
 sizes asked, each reported with the kernels vLLM's log says it used.
 
-The processes are ``quantkit/serve/_vllm_speed.py`` run with vLLM's own Python (:class:`Runtime`), each in its own
-process group so a timeout or a stop kills vLLM's engine-core children too. Results are handed to ``on_update``
-after every configuration, so a caller can write them out and a sweep cut short keeps what it measured; a
-``deadline`` leaves the configurations it has no time for as ``not run``. Standard library only, so a GPU-machine
-script can drive it from a bare Python. Written for vLLM 0.26.0 on an H200; its logic is tested on CPU with real
-vLLM logs, the measurement itself runs only on a GPU.
+The processes are ``quantkit/engines/vllm/_speed_worker.py`` run with vLLM's own Python (:class:`Runtime`), each in
+its own process group so a timeout or a stop kills vLLM's engine-core children too. Results are handed to
+``on_update`` after every configuration, so a caller can write them out and a sweep cut short keeps what it
+measured; a ``deadline`` leaves the configurations it has no time for as ``not run``. It imports the standard library
+and quantkit's light tables only (no torch, no vLLM), so a GPU-machine script can drive it outside vLLM's
+environment. Written for vLLM 0.26.0 on an H200; its logic is tested on CPU with real vLLM logs, the measurement
+itself runs only on a GPU.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantkit.serve import kernels
-from quantkit.serve.kernels import Configuration, Measurement
+from quantkit.engines.vllm import kernels
+from quantkit.engines.vllm.kernels import Configuration, Measurement
 
-CHILD = Path(__file__).with_name("_vllm_speed.py")
+CHILD = Path(__file__).with_name("_speed_worker.py")
 
 
 @dataclass

@@ -24,7 +24,7 @@ The candidates are for Hopper (compute capability 9.0: H100, H200). Kernels that
 environment (``packages``). Shape constraints (Machete's and Marlin's tile sizes) are not modelled: the log says.
 
 Everything here is data in, data out (frozen dataclasses with ``to_json``), for the manifest and the model card;
-:mod:`quantkit.serve.kernel_sweep` runs the measurements.
+:mod:`quantkit.engines.vllm.kernel_sweep` runs the measurements.
 """
 
 from __future__ import annotations
@@ -36,7 +36,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-VLLM_VERSION = "0.26.0"
+from quantkit.engines import registry
+from quantkit.formats.names import VLLM
+
+VLLM_VERSION = registry.get(VLLM).tested  # the vLLM whose kernels, flags and log lines this module knows
 DISABLED_ENV = "VLLM_DISABLED_KERNELS"
 FORCE_FP8_MARLIN_ENV = "VLLM_TEST_FORCE_FP8_MARLIN"
 OPTIONAL_PACKAGES = ("flashinfer", "conch", "humming")  # import names vLLM 0.26.0 checks with find_spec

@@ -6,7 +6,7 @@ suite runs, so its test is skipped without CUDA.
 
 vLLM runs with its own Python (``--python``, or ``QUANTKIT_VLLM_PYTHON``, or this interpreter when vLLM is
 importable here), so it may pin a different torch than quantkit's. The worker script
-(:mod:`quantkit.engines._vllm_worker`) is run as a plain file and imports nothing from quantkit. Windows are
+(:mod:`quantkit.engines.vllm._logits_worker`) is run as a plain file and imports nothing from quantkit. Windows are
 passed as token ids in a ``.npz`` file; the worker writes one ``.npz`` per window and announces it on its
 stdout, so results stream back while vLLM works through the batch.
 
@@ -31,24 +31,27 @@ from typing import IO, Any
 import numpy as np
 
 from quantkit import envs
-from quantkit.engines.base import EngineOptions, LogProbs, Window
+from quantkit.engines import registry
+from quantkit.engines.logits import EngineOptions, LogProbs, Window
 from quantkit.errors import BackendError, UsageError
+from quantkit.formats.names import VLLM
 
-WORKER = Path(__file__).with_name("_vllm_worker.py")
-PYTHON_ENV = envs.ENVS["vllm"].env_var
+WORKER = Path(__file__).with_name("_logits_worker.py")
+ROW = registry.get(VLLM)
+PYTHON_ENV = ROW.env_var
 ARGS_ENV = "QUANTKIT_VLLM_ARGS"
 
 
 def find_python(explicit: str | None) -> str:
     """vLLM's interpreter (:func:`quantkit.envs.find`); refused early when it does not exist, or when it is this
     one and vLLM does not import here."""
-    choice = envs.find("vllm", explicit)
+    choice = ROW.find_python(explicit)
     if not choice.fallback:
         if not Path(choice.python).is_file():
             raise UsageError(f"vLLM's Python {choice.python!r} (from {choice.origin}) does not exist",
                              hint=f"pass --python /path/to/vllm-env/bin/python or set {PYTHON_ENV}")
         return choice.python
-    if envs.importable_here("vllm"):
+    if envs.importable_here(ROW.module):
         return choice.python
     raise UsageError("the vLLM engine needs vLLM, which is not installed in this environment",
                      hint=f"pass --python /path/to/vllm-env/bin/python (or set {PYTHON_ENV}) to use the Python "
@@ -71,7 +74,7 @@ def _engine_args() -> dict[str, Any]:
 class VllmEngine:
     """A vLLM worker process holding the model; windows go in as token ids, top-k log-probs come out."""
 
-    name = "vllm"
+    name = VLLM
 
     def __init__(self, path: Path, options: EngineOptions) -> None:
         if options.device == "cpu":

@@ -18,8 +18,9 @@ import re
 from pathlib import Path
 from typing import Any
 
+from quantkit.engines.serving import ServeOptions, Server
 from quantkit.formats.kinds import read_config
-from quantkit.serve.base import Engine, ServeOptions
+from quantkit.formats.names import VLLM
 
 DEFAULT_MAX_MODEL_LEN = 4096
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.4
@@ -42,10 +43,8 @@ def max_model_len(artifact: Path, asked: int | None) -> int:
     return min(DEFAULT_MAX_MODEL_LEN, int(cfg.get("max_position_embeddings") or DEFAULT_MAX_MODEL_LEN))
 
 
-class VllmEngine(Engine):
-    name = "vllm"
-    dist = "vllm"
-    module = "vllm"
+class VllmServer(Server):
+    name = VLLM
     health_path = "/health"
     reads_compressed_tensors = True
 
@@ -77,4 +76,4 @@ class VllmEngine(Engine):
         return facts
 
 
-ENGINE = VllmEngine()
+SERVER = VllmServer()

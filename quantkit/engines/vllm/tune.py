@@ -3,8 +3,8 @@
 vLLM picks one linear kernel (and one MoE backend) per scheme by a fixed priority, and that pick is not always
 the fastest for a given model and GPU: on an H200 an 8B W4A16 checkpoint decoded at 263 tok/s with vLLM's default
 Machete kernel and 303 tok/s with Marlin. ``tune`` starts vLLM once per kernel configuration vLLM can use for the
-artifact (:mod:`quantkit.serve.kernels` lists them and how each is forced; :mod:`quantkit.serve.kernel_sweep` runs
-them), measures time to first token and decode tokens/s at each batch size, keeps only runs whose log shows the
+artifact (:mod:`quantkit.engines.vllm.kernels` lists them and how each is forced;
+:mod:`quantkit.engines.vllm.kernel_sweep` runs them), measures time to first token and decode tokens/s at each batch size, keeps only runs whose log shows the
 kernel that was asked for, and chooses the fastest at batch 1: another kernel must beat the default there by 3% and
 be no more than 5% slower than it at every other batch measured (on the same H200, Exllama decoded that 8B
 checkpoint at 322 tok/s at batch 1 and at half Machete's speed at batch 16).
@@ -22,10 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from quantkit import artifact, envs
+from quantkit.engines import registry
+from quantkit.engines.vllm import kernels
 from quantkit.errors import BackendError, UsageError
 from quantkit.formats import kinds
+from quantkit.formats.names import VLLM
 from quantkit.progress import Reporter
-from quantkit.serve import kernels
 
 
 @dataclass
@@ -47,20 +49,21 @@ class TuneOptions:
 
 def run(path: Path, opts: TuneOptions, reporter: Reporter | None = None) -> Any:
     """Sweep ``path``'s kernels in vLLM and record the result in its manifest (when it is a quantkit artifact);
-    returns the :class:`~quantkit.serve.kernel_sweep.SweepResult`."""
-    from quantkit.serve import kernel_sweep
+    returns the :class:`~quantkit.engines.vllm.kernel_sweep.SweepResult`."""
+    from quantkit.engines.vllm import kernel_sweep
 
     rep = reporter or Reporter(quiet=True)
     path = Path(path)
     kind = kinds.detect(path)
-    if kind.serve != "vllm" and kind.name != "modelopt":
+    if kind.serve != VLLM and kind.name != "modelopt":
         raise UsageError(f"quantkit tune measures vLLM's kernels; {path} holds {kind.label}, which vLLM does not "
                          "serve here",
                          hint="for GGUF, llama.cpp has one kernel per type: compare types with quantkit eval")
     if why := kernels.vllm_refusal(path):
         raise UsageError(why, hint="TensorRT-LLM picks its own kernels when it builds the engine")
-    choice = envs.find("vllm", opts.python)
-    if choice.fallback and not envs.importable_here("vllm"):
+    row = registry.get(VLLM)
+    choice = row.find_python(opts.python)
+    if choice.fallback and not envs.importable_here(row.module):
         raise UsageError("quantkit tune needs vLLM, which is not installed in this environment",
                          hint="pass --python /path/to/vllm-env/bin/python (or set QUANTKIT_VLLM_PYTHON)")
     bench = kernel_sweep.Bench(batches=tuple(opts.batches), prompt_len=opts.prompt_len, gen=opts.gen,

@@ -25,8 +25,10 @@ from pathlib import Path
 from quantkit import envs
 from quantkit.errors import BackendError, MissingBackendError, UsageError
 
-ENV_VAR = envs.ENVS["modelopt"].env_var
-DEFAULT_VENV = envs.REPO / envs.ENVS["modelopt"].venv
+# ModelOpt is no engine: it is the quantizer of this producer, and its Python is found by the engines' rule.
+MODELOPT = envs.PythonEnv("modelopt", "QUANTKIT_TRT_PYTHON", venv=".venv-trt")
+ENV_VAR = MODELOPT.env_var
+DEFAULT_VENV = envs.REPO / MODELOPT.venv
 REQUIRED = ("nvidia-modelopt", "torch", "transformers", "safetensors")
 INSTALL_HINT = (
     f"create the environment with `make install` (or: python3 -m venv {DEFAULT_VENV} && "
@@ -78,7 +80,7 @@ class TrtEnvironment:
 def choose(runtime_python: str | None) -> tuple[str, str]:
     """The interpreter to use and the rule that picked it (:func:`quantkit.envs.find`); this Python only when
     ModelOpt imports here."""
-    choice = envs.find("modelopt", runtime_python)
+    choice = envs.find(MODELOPT, runtime_python)
     if choice.fallback and not envs.importable_here("modelopt"):
         err = MissingBackendError("modelopt", "trt", "The TensorRT-LLM path (ModelOpt quantization and export)")
         err.hint = INSTALL_HINT

@@ -1,0 +1,119 @@
+"""The engines: one :class:`Engine` row each, the only place an engine is described.
+
+A row names the module that scores token windows for ``quantkit eval`` (:mod:`quantkit.engines.logits` says the
+shape and opens it) and the module whose ``SERVER`` starts its OpenAI-compatible server for ``quantkit smoke``
+(:func:`quantkit.engines.serving.get`), where its Python is found (:mod:`quantkit.envs`), the distribution and module
+``doctor`` asks that Python for, whether it needs a CUDA GPU, and the version it was tested with. Which artifact
+kinds an engine evaluates and serves is said once, by the kinds table (:mod:`quantkit.formats.kinds`);
+:meth:`Engine.evaluates` and :meth:`Engine.serves` read it. Engine modules are imported only when used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from quantkit import envs
+from quantkit.envs import PythonEnv
+from quantkit.errors import UsageError
+from quantkit.formats import kinds
+from quantkit.formats.names import LLAMACPP, TRANSFORMERS, TRTLLM, VLLM
+
+
+@dataclass(frozen=True)
+class Engine:
+    """One engine: where its code is, which Python runs it, and what doctor asks of it."""
+
+    name: str
+    logits: str | None  # module whose load(path, options) scores token windows; None: not an evaluation engine
+    server: str | None  # module whose SERVER starts the engine's server; None: not a serving engine
+    python: PythonEnv | None  # where the engine's own Python is found; None: it runs in quantkit's
+    dist: str  # the distribution whose version doctor reports as the engine's
+    module: str  # the import name that says the engine is installed in a Python
+    gpu: bool  # needs a CUDA GPU
+    tested: str | None  # the version of ``dist`` its modules were tested with (or written for); None: never run
+
+    def find_python(self, explicit: str | None = None) -> envs.Choice:
+        """The engine's own Python and the rule that chose it (:func:`quantkit.envs.find`)."""
+        assert self.python is not None, f"{self.name} runs in quantkit's own Python"
+        return envs.find(self.python, explicit)
+
+    @property
+    def env_var(self) -> str:
+        """The variable that names the engine's Python (``QUANTKIT_VLLM_PYTHON``...)."""
+        assert self.python is not None, f"{self.name} runs in quantkit's own Python"
+        return self.python.env_var
+
+    def evaluates(self) -> tuple[str, ...]:
+        """The artifact kinds ``quantkit eval --engine auto`` scores with this engine."""
+        return tuple(k.name for k in kinds.KINDS if k.evaluate == self.name)
+
+    def serves(self) -> tuple[str, ...]:
+        """The artifact kinds ``quantkit smoke --engine auto`` serves with this engine."""
+        return tuple(k.name for k in kinds.KINDS if k.serve == self.name)
+
+
+ENGINES: tuple[Engine, ...] = (
+    Engine(TRANSFORMERS, logits="quantkit.engines.transformers.logits", server=None, python=None,
+           dist="transformers", module="transformers", gpu=False, tested="5.17.0"),
+    Engine(LLAMACPP, logits="quantkit.engines.llamacpp.logits", server="quantkit.engines.llamacpp.server",
+           python=PythonEnv(LLAMACPP, "QUANTKIT_LLAMACPP_PYTHON"),
+           dist="llama_cpp_python", module="llama_cpp", gpu=False, tested="0.3.36"),
+    Engine(VLLM, logits="quantkit.engines.vllm.logits", server="quantkit.engines.vllm.server",
+           python=PythonEnv(VLLM, "QUANTKIT_VLLM_PYTHON", executable="vllm"),
+           dist="vllm", module="vllm", gpu=True, tested="0.26.0"),
+    Engine(TRTLLM, logits=None, server="quantkit.engines.trtllm.server",
+           python=PythonEnv(TRTLLM, "QUANTKIT_TRTLLM_PYTHON", executable="trtllm-serve"),
+           dist="tensorrt_llm", module="tensorrt_llm", gpu=True, tested=None),
+)
+BY_NAME = {e.name: e for e in ENGINES}
+EVALUATING = tuple(e.name for e in ENGINES if e.logits)
+SERVING = tuple(e.name for e in ENGINES if e.server)
+
+
+def get(name: str) -> Engine:
+    """The row of the engine called ``name``."""
+    return BY_NAME[name]
+
+
+def evaluating_engine(path: Path) -> str:
+    """The engine ``eval --engine auto`` picks for a path: its kind's (llama.cpp for GGUF, vLLM for ModelOpt exports,
+    which transformers would load silently wrong, else transformers)."""
+    kind = kinds.detect(path)
+    if kind.evaluate is None:
+        raise UsageError(f"{path} holds {kind.label}, which cannot be evaluated as it is",
+                         hint="evaluate the hf/ folder of a TensorRT-LLM artifact (with --engine vllm)")
+    return kind.evaluate
+
+
+def serving_engine(path: Path) -> str:
+    """The engine that serves an artifact (``smoke --engine auto``): its kind's."""
+    kind = kinds.detect(path)
+    if kind.serve is None:
+        raise UsageError(f"{path} holds {kind.label}, which no engine serves as it is",
+                         hint="serve the hf/ or engine/ folder of a TensorRT-LLM artifact, or pass --engine")
+    return kind.serve
+
+
+def engine_unavailable(name: str, python: str | None) -> str | None:
+    """Why the engine ``name`` cannot serve here (None when it can): not installed in its Python, or no GPU."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    row = BY_NAME[name]
+    py = row.find_python(python).python
+    if py in (None, sys.executable):
+        if importlib.util.find_spec(row.module) is None:
+            return f"{name} is not installed here (pass smoke.python / --python for its environment)"
+    elif subprocess.run([py, "-c", f"import {row.module}"], capture_output=True).returncode != 0:
+        return f"{name} does not import in {py}"
+    if row.gpu and py in (None, sys.executable):
+        try:
+            import torch
+
+            if not torch.cuda.is_available():
+                return f"{name} needs a CUDA GPU and none is visible"
+        except ImportError:
+            return "torch is not installed"
+    return None
