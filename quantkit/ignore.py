@@ -19,10 +19,11 @@ import fnmatch
 import re
 from typing import Any
 
+from quantkit.architectures import router_patterns
 from quantkit.errors import UsageError
 from quantkit.source import SourceModel, safetensors_header
 
-# Kept in full precision unless default_ignore is off (and the routers of an MoE family, quantkit.producers.moe).
+# Kept in full precision unless default_ignore is off (and the routers of an MoE family: quantkit.architectures).
 ALWAYS = ("lm_head",)
 # transformers 5 may save a layer's experts fused into 3-D tensors: one name per expert and projection then.
 _FUSED = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",), "w13": ("w1", "w3"),
@@ -64,12 +65,10 @@ def effective(spec: Any, source: SourceModel, *, wildcards: bool = False) -> lis
     """The ignore list a producer passes on: the defaults that apply to this model, then the user's patterns.
 
     Raises :class:`UsageError` (exit 2) naming the nearest module names when a user pattern matches nothing."""
-    from quantkit.producers import moe
-
     names = module_names(source)
     defaults: list[str] = []
     if spec.default_ignore:
-        defaults = list(ALWAYS) + moe.router_patterns(source.config)
+        defaults = list(ALWAYS) + router_patterns(source.config)
         if wildcards:
             defaults = [p if not p.startswith("re:") else _as_wildcard(p) for p in defaults]
     for pattern in spec.ignore:

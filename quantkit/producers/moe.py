@@ -1,4 +1,7 @@
-"""What quantkit knows about mixture-of-experts models: one declarative row per family, and the router statistics.
+"""What quantkit does with mixture-of-experts models: llm-compressor's MoE work, and the router statistics.
+
+Each family's routers, experts and checkpoint names are rows of the architecture table
+(:class:`quantkit.architectures.MoeFamily`); this module is what the compressed-tensors producer does with them.
 
 llm-compressor does the MoE work itself: its linear experts replace transformers 5's fused 3-D expert weights with
 one ``nn.Linear`` per expert projection (block by block, :func:`linearize`), and
@@ -15,89 +18,18 @@ and this module does, is say for each family
   ``calibrate_all_experts`` hides: an expert that is rarely chosen on the calibration data still gets scales,
   but from tokens that were routed elsewhere.
 
-Module names are transformers 5.17's in-memory names (the router of every family is ``mlp.gate``, also for Mixtral,
-whose checkpoints say ``block_sparse_moe``). Tested with transformers 5.17.0 and llmcompressor 0.14.0.1.
+Tested with transformers 5.17.0 and llmcompressor 0.14.0.1.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
+from quantkit.architectures import MoeFamily as Family, moe_family as family, router_patterns
 
-def _qwen_moe_layer(cfg: dict[str, Any], i: int) -> bool:
-    """Qwen2/3-MoE: every ``decoder_sparse_step``-th layer, except ``mlp_only_layers``."""
-    step = int(cfg.get("decoder_sparse_step") or 1)
-    return i not in (cfg.get("mlp_only_layers") or []) and (i + 1) % step == 0
-
-
-def _deepseek_moe_layer(cfg: dict[str, Any], i: int) -> bool:
-    """DeepSeek-V3: dense MLPs in the first ``first_k_dense_replace`` layers, experts after."""
-    return i >= int(cfg.get("first_k_dense_replace") or 0)
-
-
-@dataclass(frozen=True)
-class Family:
-    """One MoE family: where its routers and experts live under a decoder layer, and how its checkpoints name them.
-
-    ``checkpoint_block`` and ``checkpoint_projections`` are the checkpoint's spelling of the MoE block and of each
-    expert projection where it differs from the in-memory one (empty when they are the same).
-    """
-
-    name: str
-    model_types: tuple[str, ...]
-    experts_keys: tuple[str, ...]  # config keys that may hold the number of routed experts (hub, then transformers 5)
-    moe_layer: Callable[[dict[str, Any], int], bool] = lambda cfg, i: True
-    router: str = "mlp.gate"
-    shared_gate: str | None = None
-    experts: str = "mlp.experts"
-    projections: tuple[str, ...] = ("gate_proj", "up_proj", "down_proj")
-    checkpoint_block: str | None = None
-    checkpoint_projections: dict[str, str] = field(default_factory=dict)
-
-    def num_experts(self, cfg: dict[str, Any]) -> int:
-        return int(next(cfg[k] for k in self.experts_keys if cfg.get(k) is not None))
-
-    def top_k(self, cfg: dict[str, Any]) -> int:
-        return int(cfg["num_experts_per_tok"])
-
-    def layers(self, cfg: dict[str, Any]) -> list[int]:
-        """The decoder layers that hold experts."""
-        return [i for i in range(int(cfg["num_hidden_layers"])) if self.moe_layer(cfg, i)]
-
-
-FAMILIES: tuple[Family, ...] = (
-    Family("qwen3-moe", ("qwen3_moe",), ("num_experts", "num_local_experts"), _qwen_moe_layer),
-    Family("qwen2-moe", ("qwen2_moe",), ("num_experts", "num_local_experts"), _qwen_moe_layer,
-           shared_gate="mlp.shared_expert_gate"),
-    Family("mixtral", ("mixtral",), ("num_local_experts",), checkpoint_block="block_sparse_moe",
-           checkpoint_projections={"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}),
-    Family("deepseek-v3", ("deepseek_v3",), ("n_routed_experts", "num_local_experts"), _deepseek_moe_layer),
-)
-
-
-def family(config: dict[str, Any]) -> Family | None:
-    """The MoE family of a model (its ``config.json``), or None for a dense model or an MoE quantkit does not know."""
-    model_type = config.get("model_type")
-    return next((f for f in FAMILIES if model_type in f.model_types), None)
-
-
-def _pattern(suffix: str) -> str:
-    return "re:.*\\." + re.escape(suffix) + "$"
-
-
-def router_patterns(config: dict[str, Any]) -> list[str]:
-    """The ignore patterns (llm-compressor's ``re:`` syntax) of the family's routers and shared-expert gates.
-
-    Every pattern matches a module of every model of the family (the router of each MoE layer), so a default
-    ignore list can include them without tripping a "pattern matches nothing" check. Empty for a dense model.
-    """
-    fam = family(config)
-    if fam is None:
-        return []
-    return [_pattern(fam.router)] + ([_pattern(fam.shared_gate)] if fam.shared_gate else [])
+__all__ = ["Family", "RouterTokens", "awq_mappings", "expert_modules", "family", "layer_prefix", "linearize",
+           "low_token_warning", "router_patterns", "save_as_checkpoint"]
 
 
 _LAYER_PREFIXES = ("model.layers", "model.language_model.layers")

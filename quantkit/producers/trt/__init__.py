@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from quantkit import ignore as ignore_mod
+from quantkit.architectures import TRT_DECODERS
 from quantkit.errors import BackendError, RecipeError, SourceModelError
 from quantkit.producers.base import ProduceContext, Produced
 from quantkit.producers.trt import engine, pyenv, runner
@@ -33,9 +34,6 @@ from quantkit.formats.specs import TrtSpec
 from quantkit.source import SourceModel
 
 HF_DIR, CKPT_DIR, ENGINE_DIR = "hf", "trtllm-ckpt", "engine"
-# Architectures ModelOpt exports with decoder_type "llama" (LlamaForCausalLM is the one tested here; ModelOpt maps
-# Mistral to the same decoder).
-DECODERS = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama"}
 AWQ_GROUP = 128  # ModelOpt's INT4 AWQ presets quantize in groups of 128 input channels
 # Rough artifact size per source byte for one checkpoint (linear weights shrink, embeddings and norms do not).
 SIZE_RATIO = {"fp8": 0.55, "int8_sq": 0.55, "int4_awq": 0.35, "w4a8_awq": 0.35, "none": 1.0}
@@ -47,11 +45,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 def _decoder(source: SourceModel) -> str:
     try:
-        return DECODERS[source.architecture]
+        return TRT_DECODERS[source.architecture]
     except KeyError:
         raise SourceModelError(
             f"{source.spec} is {source.architecture}; the TensorRT-LLM export is tested for "
-            f"{', '.join(DECODERS)} only", hint="use another method (awq, gptq, fp8, gguf) for this model") from None
+            f"{', '.join(TRT_DECODERS)} only", hint="use another method (awq, gptq, fp8, gguf) for this model") from None
 
 
 class TrtProducer:
