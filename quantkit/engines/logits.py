@@ -22,8 +22,6 @@ from typing import Any, Protocol
 import numpy as np
 
 from quantkit.engines import registry
-from quantkit.engines.transformers import dense_copy
-from quantkit.engines.vllm import kernels
 from quantkit.errors import UsageError
 from quantkit.formats import kinds
 from quantkit.formats.names import LLAMACPP, TRANSFORMERS, VLLM
@@ -121,7 +119,8 @@ def gguf_files(path: Path) -> list[Path]:
 
 
 def check_compatible(kind: str, path: Path) -> None:
-    """Refuse an engine that cannot read the path at all, before anything loads."""
+    """Refuse an engine that cannot read the path at all, before anything loads: the GGUF split here, what only
+    one engine cannot read in that engine's ``refuse(path, kind)``."""
     if kind not in registry.EVALUATING:
         raise UsageError(f"unknown engine {kind!r}; choose one of auto, {', '.join(registry.EVALUATING)}")
     found = kinds.detect(path)
@@ -130,19 +129,15 @@ def check_compatible(kind: str, path: Path) -> None:
                          hint="use --engine transformers (or auto) for Hugging Face checkpoints")
     if kind in (TRANSFORMERS, VLLM) and found.name == "gguf":
         raise UsageError(f"{path} is GGUF; evaluate it with --engine llama.cpp (or auto)")
-    if kind == TRANSFORMERS and (why := dense_copy.refusal(path)):
-        raise UsageError(why, hint="evaluate it with --engine vllm (on a GPU)")
-    if kind == VLLM and (why := kernels.vllm_refusal(path)):
-        raise UsageError(why, hint="build its TensorRT-LLM engine (quantkit build-trt) and smoke-test that, or "
-                         "export FP8 for vLLM")
-    if kind == TRANSFORMERS and found.name == "modelopt":
-        raise UsageError(f"{path} is a ModelOpt export (hf_quant_config.json): transformers ignores that file and "
-                         "would load the quantized weights as plain ones, so its numbers would be wrong without any "
-                         "error", hint="evaluate it with --engine vllm (on a GPU), or leave --engine auto")
+    _module(kind).refuse(path, found)
+
+
+def _module(kind: str) -> Any:
+    """The engine's logits module (its row's; imported now, its heavy library only when it loads a model)."""
+    return importlib.import_module(registry.get(kind).logits or "")
 
 
 def open_engine(kind: str, path: Path, options: EngineOptions) -> LogitsEngine:
     """Load ``path`` in the engine ``kind`` (the engine module and its library are imported only now)."""
     check_compatible(kind, path)
-    module = importlib.import_module(registry.get(kind).logits or "")
-    return module.load(path, options)
+    return _module(kind).load(path, options)

@@ -18,6 +18,7 @@ from typing import Any
 
 from quantkit.engines.logits import EngineOptions, LogProbs, Window, gguf_files, log_softmax
 from quantkit.errors import BackendError, UsageError
+from quantkit.formats.kinds import Kind
 from quantkit.formats.names import LLAMACPP
 from quantkit.versions import require, version
 
@@ -58,6 +59,10 @@ class LlamaCppEngine:
         self.llm.close()
         del self.llm
         gc.collect()
+
+
+def refuse(path: Path, kind: Kind) -> None:
+    """Nothing more to refuse: :func:`quantkit.engines.logits.check_compatible` already asks for GGUF files."""
 
 
 def load(path: Path, options: EngineOptions) -> LlamaCppEngine:

@@ -27,7 +27,8 @@ from typing import Any
 from quantkit.devices import resolve_device
 from quantkit.engines.logits import EngineOptions, LogProbs, Window, check_compatible
 from quantkit.engines.transformers import dense_copy
-from quantkit.errors import BackendError
+from quantkit.errors import BackendError, UsageError
+from quantkit.formats.kinds import Kind
 from quantkit.formats.names import TRANSFORMERS
 from quantkit.versions import require
 
@@ -93,6 +94,17 @@ class TransformersEngine:
             shutil.rmtree(self._dense, ignore_errors=True)
         if self.device.startswith("cuda"):
             self._torch.cuda.empty_cache()
+
+
+def refuse(path: Path, kind: Kind) -> None:
+    """What transformers cannot score at all (:func:`quantkit.engines.logits.check_compatible` asks, before any
+    load): an MoE layout it cannot reload, and ModelOpt exports it would load silently wrong."""
+    if why := dense_copy.refusal(path):
+        raise UsageError(why, hint="evaluate it with --engine vllm (on a GPU)")
+    if kind.name == "modelopt":
+        raise UsageError(f"{path} is a ModelOpt export (hf_quant_config.json): transformers ignores that file and "
+                         "would load the quantized weights as plain ones, so its numbers would be wrong without any "
+                         "error", hint="evaluate it with --engine vllm (on a GPU), or leave --engine auto")
 
 
 def _first_line(e: BaseException) -> str:

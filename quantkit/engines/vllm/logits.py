@@ -33,7 +33,9 @@ import numpy as np
 from quantkit import envs
 from quantkit.engines import registry
 from quantkit.engines.logits import EngineOptions, LogProbs, Window
+from quantkit.engines.vllm import kernels
 from quantkit.errors import BackendError, UsageError
+from quantkit.formats.kinds import Kind
 from quantkit.formats.names import VLLM
 
 WORKER = Path(__file__).with_name("_logits_worker.py")
@@ -56,6 +58,13 @@ def find_python(explicit: str | None) -> str:
     raise UsageError("the vLLM engine needs vLLM, which is not installed in this environment",
                      hint=f"pass --python /path/to/vllm-env/bin/python (or set {PYTHON_ENV}) to use the Python "
                           "of an environment where vLLM is installed")
+
+
+def refuse(path: Path, kind: Kind) -> None:
+    """What vLLM cannot score at all (:func:`quantkit.engines.logits.check_compatible` asks, before any load)."""
+    if why := kernels.vllm_refusal(path):
+        raise UsageError(why, hint="build its TensorRT-LLM engine (quantkit build-trt) and smoke-test that, or "
+                         "export FP8 for vLLM")
 
 
 def _engine_args() -> dict[str, Any]:
