@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from quantkit import artifact
+from quantkit.checkpoint import gguf_files, quantization_config
 from quantkit.errors import IntegrityError
 from quantkit.formats import kinds
 from quantkit.source import MAX_CONFIG_BYTES
@@ -48,7 +49,7 @@ def checkpoint_quantization(root: Path) -> dict[str, Any]:
     if "quantization" in cfg and "architecture" in cfg:  # TensorRT-LLM checkpoint config
         q = _obj(cfg["quantization"])
         return {"format": "trtllm-checkpoint", "scheme": q.get("quant_algo"), "kv_cache": q.get("kv_cache_quant_algo")}
-    q = _obj(cfg.get("quantization_config"))
+    q = quantization_config(cfg)
     if not q:
         return {"format": "hf", "dtype": cfg.get("dtype") or cfg.get("torch_dtype")}
     method = q.get("quant_method")
@@ -68,11 +69,10 @@ def checkpoint_quantization(root: Path) -> dict[str, Any]:
             "group_size": q.get("group_size") or q.get("q_group_size"), "scheme": q.get("version") or q.get("desc_act")}
 
 
-def gguf_files(root: Path) -> list[dict[str, Any]]:
+def describe_gguf_files(root: Path) -> list[dict[str, Any]]:
     """Each GGUF file's quantization type and size (``general.file_type`` read with gguf-py)."""
-    files = [root] if root.is_file() else sorted(root.glob("*.gguf"))
     out = []
-    for f in files:
+    for f in gguf_files(root):
         info: dict[str, Any] = {"file": f.name, "size": f.stat().st_size}
         try:
             from gguf import GGUFReader, LlamaFileType
@@ -94,7 +94,7 @@ def describe(path: Path) -> dict[str, Any]:
     info: dict[str, Any] = {"path": str(path), "kind": kind.name, "size_bytes": artifact.size_bytes(path)}
     if kind.name == "gguf":
         info["format"] = "gguf"
-        info["gguf"] = gguf_files(path)
+        info["gguf"] = describe_gguf_files(path)
     elif path.is_dir():
         info.update(checkpoint_quantization(path))
     manifest_path = path / artifact.MANIFEST if path.is_dir() else None

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from quantkit import artifact as artifact_mod
+from quantkit.checkpoint import quantization_config
 from quantkit.engines import registry, serving
 from quantkit.engines.serving import Server
 from quantkit.errors import QuantkitError, UsageError
@@ -187,7 +188,7 @@ def _vtuple(v: str | None) -> tuple[int, ...]:
 
 def describe_artifact(path: Path) -> dict[str, Any]:
     """What doctor needs to know about an artifact: its kind, scheme, and the library versions that wrote it."""
-    from quantkit.inspect import checkpoint_quantization, gguf_files
+    from quantkit.inspect import checkpoint_quantization, describe_gguf_files
 
     kind = kinds.detect(path)
     root = path if path.is_dir() else path.parent
@@ -200,7 +201,7 @@ def describe_artifact(path: Path) -> dict[str, Any]:
     info: dict[str, Any] = {"path": str(path), "kind": kind.name}
     if kind.name == "gguf":
         info["format"] = "gguf"
-        info["gguf"] = gguf_files(path)
+        info["gguf"] = describe_gguf_files(path)
         info["written_with"] = {k: written[k] for k in ("gguf", "llama_cpp_python") if k in written}
         return info
     try:
@@ -208,7 +209,7 @@ def describe_artifact(path: Path) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError) as e:
         raise UsageError(f"{path / 'config.json'} is unreadable: {e}") from None
     info.update(checkpoint_quantization(path))
-    q = cfg.get("quantization_config") or {}
+    q = quantization_config(cfg)
     if kind.name == "compressed-tensors":
         info["quantization_config"] = q
         ct_written = q.get("version") or written.get("compressed-tensors")

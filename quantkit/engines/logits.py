@@ -113,11 +113,6 @@ def is_gguf(path: Path) -> bool:
     return path.is_file() and path.suffix == ".gguf"
 
 
-def gguf_files(path: Path) -> list[Path]:
-    """The GGUF files an artifact path stands for: the file itself, or every ``.gguf`` in a folder."""
-    return kinds.gguf_files(path)
-
-
 def check_compatible(kind: str, path: Path) -> None:
     """Refuse an engine that cannot read the path at all, before anything loads: the GGUF split here, what only
     one engine cannot read in that engine's ``refuse(path, kind)``."""

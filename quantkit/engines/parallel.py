@@ -28,7 +28,7 @@ from typing import Any
 
 from quantkit.engines.serving import Server
 from quantkit.errors import UsageError
-from quantkit.formats.kinds import read_config
+from quantkit.checkpoint import quantization_config, read_config
 
 
 def visible_gpus() -> int | None:
@@ -52,7 +52,7 @@ def visible_gpus() -> int | None:
 
 def _granules(cfg: dict[str, Any]) -> list[tuple[str, int]]:
     """The units a weight split must not cut: quantization groups (along the input dimension) and FP8 blocks."""
-    q = cfg.get("quantization_config") or {}
+    q = quantization_config(cfg)
     out: list[tuple[str, int]] = []
     for group in (q.get("config_groups") or {}).values():
         w = (group or {}).get("weights") or {}

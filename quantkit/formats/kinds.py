@@ -7,12 +7,11 @@ a folder is. Tests read only file names and ``config.json``-style files, never w
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from quantkit.checkpoint import gguf_files, quant_method, read_config
 from quantkit.errors import UsageError
 from quantkit.formats.names import LLAMACPP, TRANSFORMERS, TRTLLM, VLLM
 
@@ -30,28 +29,6 @@ class Kind:
     evaluate: str | None
     serve: str | None
     test: Callable[[Path], bool]
-
-
-def read_config(path: Path, name: str = "config.json") -> dict[str, Any]:
-    """A checkpoint folder's JSON config as a dict; ``{}`` when it is missing or unreadable (recognising a folder,
-    or checking one before an engine reads it, must not fail on a folder that is something else)."""
-    try:
-        data = json.loads((path / name).read_text())
-    except (OSError, ValueError, RecursionError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _quant_method(path: Path) -> str | None:
-    q = read_config(path).get("quantization_config")
-    return q.get("quant_method") if isinstance(q, dict) else None
-
-
-def gguf_files(path: Path) -> list[Path]:
-    """The GGUF files a path stands for: the file itself, or every ``.gguf`` in a folder."""
-    if path.is_file():
-        return [path] if path.suffix == ".gguf" else []
-    return sorted(path.glob("*.gguf")) if path.is_dir() else []
 
 
 def _is_trtllm_checkpoint(path: Path) -> bool:
@@ -72,11 +49,11 @@ KINDS: tuple[Kind, ...] = (
     Kind("trtllm-checkpoint", "TensorRT-LLM checkpoint (input of trtllm-build)", None, None,
          lambda p: p.is_dir() and _is_trtllm_checkpoint(p)),
     Kind("compressed-tensors", "compressed-tensors checkpoint", TRANSFORMERS, VLLM,
-         lambda p: p.is_dir() and _quant_method(p) == "compressed-tensors"),
-    Kind("awq", "AutoAWQ checkpoint", TRANSFORMERS, VLLM, lambda p: p.is_dir() and _quant_method(p) == "awq"),
-    Kind("gptq", "GPTQ checkpoint", TRANSFORMERS, VLLM, lambda p: p.is_dir() and _quant_method(p) == "gptq"),
+         lambda p: p.is_dir() and quant_method(p) == "compressed-tensors"),
+    Kind("awq", "AutoAWQ checkpoint", TRANSFORMERS, VLLM, lambda p: p.is_dir() and quant_method(p) == "awq"),
+    Kind("gptq", "GPTQ checkpoint", TRANSFORMERS, VLLM, lambda p: p.is_dir() and quant_method(p) == "gptq"),
     Kind("hf-quantized", "Hugging Face checkpoint with another quantization_config", TRANSFORMERS, VLLM,
-         lambda p: p.is_dir() and _quant_method(p) is not None),
+         lambda p: p.is_dir() and quant_method(p) is not None),
     Kind("hf", "Hugging Face checkpoint", TRANSFORMERS, VLLM,
          lambda p: p.is_dir() and (p / "config.json").exists()),
 )

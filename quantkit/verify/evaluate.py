@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from quantkit import artifact, outputs, source as source_mod
 from quantkit.artifact import Manifest
+from quantkit.checkpoint import gguf_files
 from quantkit.engines import logits as engines, registry
 from quantkit.engines.logits import EngineOptions
 from quantkit.errors import IntegrityError, UsageError
@@ -99,11 +100,11 @@ def options_from(recipe_path: str | None, flags: dict[str, Any], gate_flags: dic
 
 
 def _describe_format(path: Path, manifest: Manifest | None) -> str:
-    from quantkit.inspect import checkpoint_quantization, gguf_files
+    from quantkit.inspect import checkpoint_quantization, describe_gguf_files
 
     method = manifest.method if manifest else None
     if engines.is_gguf(path):
-        info = gguf_files(path)[0]
+        info = describe_gguf_files(path)[0]
         text = f"gguf {str(info.get('type', '?')).removeprefix('ALL_')}"
     else:
         q = checkpoint_quantization(path)
@@ -138,7 +139,7 @@ def expand_targets(paths: list[Path], engine: str) -> list[Target]:
         path = Path(raw)
         if not path.exists():
             raise UsageError(f"artifact {path} does not exist")
-        if path.is_dir() and not (path / "config.json").exists() and not engines.gguf_files(path):
+        if path.is_dir() and not (path / "config.json").exists() and not gguf_files(path):
             subs = sorted(p.parent for p in path.glob(f"*/{artifact.MANIFEST}"))
             if not subs:
                 raise UsageError(f"{path} is not a checkpoint, a GGUF artifact or a release folder of artifacts",
@@ -149,7 +150,7 @@ def expand_targets(paths: list[Path], engine: str) -> list[Target]:
         manifest = _manifest_of(home)
         kind = registry.evaluating_engine(path) if engine == "auto" else engine
         engines.check_compatible(kind, path)
-        files = engines.gguf_files(path) if kind == LLAMACPP else [path]
+        files = gguf_files(path) if kind == LLAMACPP else [path]
         for f in files:
             label = f"{home.name}/{f.name}" if f != home else home.name
             out.append(Target(label=label, path=f, engine=kind, manifest_dir=home if manifest else None,
@@ -174,7 +175,7 @@ def resolve_baseline(given: str | None, targets: list[Target]) -> source_mod.Sou
             raise UsageError(f"the artifacts come from different source models ({', '.join(sorted(found))}); "
                              "evaluating them together needs one baseline", hint="pass --baseline MODEL")
         given = found.pop()
-    if engines.gguf_files(Path(given)):
+    if gguf_files(Path(given)):
         raise UsageError(f"the baseline {given} is GGUF; the baseline must be a Hugging Face checkpoint (its "
                          "tokenizer defines the protocol's tokens)")
     src = source_mod.resolve(ModelSpec(source=given))

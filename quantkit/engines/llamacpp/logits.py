@@ -16,7 +16,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from quantkit.engines.logits import EngineOptions, LogProbs, Window, gguf_files, log_softmax
+from quantkit.checkpoint import gguf_files
+from quantkit.engines.logits import EngineOptions, LogProbs, Window, log_softmax
 from quantkit.errors import BackendError, UsageError
 from quantkit.formats.kinds import Kind
 from quantkit.formats.names import LLAMACPP

@@ -21,6 +21,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from quantkit.checkpoint import quantization_config, read_config
+
 _QUANTIZED = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx")
 INDEX = "model.safetensors.index.json"
 
@@ -30,11 +32,8 @@ def needed(path: Path) -> bool:
     weight-only scheme has zero points."""
     from quantkit.producers import moe
 
-    try:
-        cfg = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    qc = cfg.get("quantization_config") or {}
+    cfg = read_config(path)
+    qc = quantization_config(cfg)
     groups = list((qc.get("config_groups") or {}).values())
     if qc.get("quant_method") != "compressed-tensors" or not groups or moe.family(cfg) is None:
         return False
@@ -46,11 +45,8 @@ def refusal(path: Path) -> str | None:
     """Why transformers cannot score ``path`` at all (None when it can, maybe through a dense copy)."""
     from quantkit.producers import moe
 
-    try:
-        cfg = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    qc = cfg.get("quantization_config") or {}
+    cfg = read_config(path)
+    qc = quantization_config(cfg)
     formats = {qc.get("format"), *((g or {}).get("format") for g in (qc.get("config_groups") or {}).values())}
     if qc.get("quant_method") == "compressed-tensors" and "int-quantized" in formats and moe.family(cfg):
         return (f"{path} has int-quantized (INT8) mixture-of-experts weights, which transformers 5.17 cannot reload "

@@ -11,12 +11,13 @@ The engine's Python is ``--python``, then ``QUANTKIT_TRTLLM_PYTHON``, then the i
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
 
+from quantkit import artifact
 from quantkit.engines.serving import ServeOptions, Server
+from quantkit.errors import QuantkitError
 from quantkit.formats.names import TRTLLM
 
 DEFAULT_KV_FRACTION = 0.4
@@ -34,11 +35,11 @@ def tokenizer_dir(path: Path) -> Path | None:
     if (path / "tokenizer.json").exists() or (path / "tokenizer_config.json").exists():
         return path
     try:
-        src = json.loads((path / "quantkit.json").read_text()).get("source") or {}
-    except (OSError, json.JSONDecodeError):
+        src = artifact.read_manifest(path).source
+    except QuantkitError:  # no manifest, or one that is not quantkit's: no tokenizer to point at
         return None
-    p = Path(src.get("path") or "")
-    return p if src.get("path") and p.exists() else None
+    p = Path(src.path)
+    return p if src.path and p.exists() else None
 
 
 class TrtllmServer(Server):

@@ -36,6 +36,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quantkit.architectures import EXPERT_COUNT_KEYS
+from quantkit.checkpoint import quantization_config
 from quantkit.engines import registry
 from quantkit.formats.names import VLLM
 
@@ -83,7 +85,6 @@ class Quantization:
         return asdict(self)
 
 
-_MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 _MODELOPT_FP8 = {
     "FP8": ("fp8", "ModelOptFp8LinearMethod", "tensor", "tensor"),
     "FP8_PER_CHANNEL_PER_TOKEN": ("fp8", "ModelOptFp8PcPtLinearMethod", "channel", "token"),
@@ -128,8 +129,8 @@ def read_quantization(artifact: Path) -> Quantization:
     text = cfg.get("text_config") or cfg
     dtype = str(cfg.get("dtype") or cfg.get("torch_dtype") or text.get("dtype") or text.get("torch_dtype")
                 or "bfloat16")
-    moe = any(int(text.get(k) or 0) > 1 for k in _MOE_KEYS)
-    q = cfg.get("quantization_config") or {}
+    moe = any(int(text.get(k) or 0) > 1 for k in EXPERT_COUNT_KEYS)
+    q = quantization_config(cfg)
     if (artifact / "hf_quant_config.json").exists() or q.get("quant_method") == "modelopt":
         algo = _modelopt_algo(artifact) or q.get("quant_algo")
         return Quantization("modelopt", (_modelopt_scheme(str(algo)),), dtype, moe)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.engines.serving import ServeOptions, Server
-from quantkit.formats.kinds import read_config
+from quantkit.checkpoint import read_config
 from quantkit.formats.names import VLLM
 
 DEFAULT_MAX_MODEL_LEN = 4096
