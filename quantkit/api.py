@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quantkit import artifact, calibration, formats, outputs, plan as plan_mod, producers, recipe as recipe_mod, \
     source as source_mod, versions
@@ -25,6 +25,14 @@ from quantkit.errors import RecipeError
 from quantkit.producers.base import ProduceContext
 from quantkit.progress import Reporter
 from quantkit.recipe import Recipe
+
+if TYPE_CHECKING:  # the modules behind the lazy imports below, for their result types
+    from quantkit.engines.doctor import Report
+    from quantkit.engines.smoke import SmokeResult
+    from quantkit.engines.vllm.kernel_sweep import SweepResult
+    from quantkit.formats.specs import MethodBase
+    from quantkit.verify.evaluate import EvalOptions
+    from quantkit.verify.results import EvalReport
 
 __all__ = ["MANIFEST", "ArtifactResult", "Manifest", "build_trt", "calibration_sets", "doctor", "evaluate",
            "eval_options", "fmt_bytes", "fmt_num", "inspect", "load_recipe", "plan", "preview_calibration", "publish",
@@ -83,7 +91,7 @@ def recipe_schema() -> dict[str, Any]:
 # Producing artifacts
 
 
-def quantize_one(recipe: Recipe, spec: Any, out: Path, *, force: bool = False, reporter: Reporter | None = None,
+def quantize_one(recipe: Recipe, spec: MethodBase, out: Path, *, force: bool = False, reporter: Reporter | None = None,
                  source: source_mod.SourceModel | None = None) -> ArtifactResult:
     """Produce one output of a recipe into ``out`` (atomically, with its manifest)."""
     rep = reporter or Reporter(quiet=True)
@@ -155,7 +163,7 @@ def build_trt(r: Recipe, *, force: bool = False, reporter: Reporter | None = Non
 
 
 def plan(recipe: Recipe, *, force: bool = False, pipeline: bool = False, evaluate: bool = True,
-         smoke: bool = True, method: str | None = None) -> Any:
+         smoke: bool = True, method: str | None = None) -> plan_mod.Plan:
     """What making a recipe's outputs would do, checked and estimated without loading a weight (``--dry-run``;
     :mod:`quantkit.plan`). ``pipeline``: as ``quantkit run`` would (reuse, evaluation, smoke test); ``method``:
     only the outputs of that method (``build-trt``)."""
@@ -218,7 +226,7 @@ def verify_all(path: Path) -> list[artifact.VerifyResult]:
 
 
 def eval_options(recipe_path: str | None = None, *, flags: dict[str, Any] | None = None,
-                 gate_flags: dict[str, float | None] | None = None, **engine: Any) -> tuple[Any, str | None]:
+                 gate_flags: dict[str, float | None] | None = None, **engine: Any) -> tuple[EvalOptions, str | None]:
     """The evaluation options from a recipe's ``verify`` block and flags (flags win), and the recipe's model.
 
     Without a recipe the artifacts' own recipes (then the schema defaults) decide the gates."""
@@ -227,8 +235,8 @@ def eval_options(recipe_path: str | None = None, *, flags: dict[str, Any] | None
     return options_from(recipe_path, flags or {}, gate_flags or {}, **engine)
 
 
-def evaluate(artifacts: list[Path], baseline: str | None = None, options: Any = None,
-             reporter: Reporter | None = None) -> Any:
+def evaluate(artifacts: list[Path], baseline: str | None = None, options: EvalOptions | None = None,
+             reporter: Reporter | None = None) -> EvalReport:
     """Perplexity, KLD and top-1 of artifacts against their baseline (:mod:`quantkit.verify.evaluate`).
 
     Returns an ``EvalReport``; gates are checked and recorded, not raised: call ``report.raise_for_gates()``.
@@ -245,7 +253,7 @@ def inspect(path: Path) -> dict[str, Any]:
     return describe(Path(path))
 
 
-def smoke(path: Path, *, reporter: Reporter | None = None, **options: Any) -> Any:
+def smoke(path: Path, *, reporter: Reporter | None = None, **options: Any) -> SmokeResult:
     """Serve an artifact in its real engine and check it answers (see :class:`quantkit.engines.smoke.SmokeOptions`
     for the keywords); returns a :class:`quantkit.engines.smoke.SmokeResult` whose ``ok`` says whether every run
     passed."""
@@ -255,7 +263,7 @@ def smoke(path: Path, *, reporter: Reporter | None = None, **options: Any) -> An
 
 
 def doctor(path: Path | None = None, *, engine: str = "auto", python: str | None = None,
-           env: dict[str, str] | None = None) -> Any:
+           env: dict[str, str] | None = None) -> Report:
     """Versions of quantkit's backends and the engine's, and whether the engine can read ``path``
     (a :class:`quantkit.engines.doctor.Report`)."""
     from quantkit.engines import doctor as doctor_mod
@@ -263,7 +271,7 @@ def doctor(path: Path | None = None, *, engine: str = "auto", python: str | None
     return doctor_mod.check(Path(path) if path is not None else None, engine, python=python, env=env)
 
 
-def tune(path: Path, *, reporter: Reporter | None = None, **options: Any) -> Any:
+def tune(path: Path, *, reporter: Reporter | None = None, **options: Any) -> SweepResult:
     """Measure every vLLM kernel configuration for an artifact and record the fastest ``vllm serve`` command in its
     manifest (:mod:`quantkit.engines.vllm.tune`; keywords: :class:`quantkit.engines.vllm.tune.TuneOptions`). Returns
     the sweep's result."""

@@ -17,10 +17,10 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import re
-from typing import Any
 
 from quantkit.architectures import router_patterns
 from quantkit.errors import UsageError
+from quantkit.formats.specs import MethodBase
 from quantkit.source import SourceModel, safetensors_header
 
 # Kept in full precision unless default_ignore is off (and the routers of an MoE family: quantkit.architectures).
@@ -61,7 +61,7 @@ def _is_class_name(pattern: str) -> bool:
     return not pattern.startswith("re:") and "." not in pattern and pattern[:1].isupper()
 
 
-def effective(spec: Any, source: SourceModel, *, wildcards: bool = False) -> list[str]:
+def effective(spec: MethodBase, source: SourceModel, *, wildcards: bool = False) -> list[str]:
     """The ignore list a producer passes on: the defaults that apply to this model, then the user's patterns.
 
     Raises :class:`UsageError` (exit 2) naming the nearest module names when a user pattern matches nothing."""

@@ -25,6 +25,8 @@ from quantkit import calibration, formats, producers, source as source_mod
 from quantkit.artifact import fmt_bytes
 from quantkit.engines.registry import engine_unavailable
 from quantkit.errors import HostMemoryError
+from quantkit.formats.kinds import Kind
+from quantkit.formats.specs import MethodBase
 from quantkit.recipe import Recipe
 from quantkit.reuse import reusable
 from quantkit.source import SourceModel, safetensors_header
@@ -108,7 +110,7 @@ def make(recipe: Recipe, *, force: bool = False, pipeline: bool = False, evaluat
     return out
 
 
-def _evaluate(kind: Any, recipe: Recipe, asked: bool) -> str:
+def _evaluate(kind: Kind, recipe: Recipe, asked: bool) -> str:
     if not asked:
         return "not part of this command"
     if not recipe.verify.enabled:
@@ -118,7 +120,7 @@ def _evaluate(kind: Any, recipe: Recipe, asked: bool) -> str:
     return f"{kind.evaluate}, {recipe.verify.dataset}, ctx {recipe.verify.ctx}"
 
 
-def _smoke(kind: Any, recipe: Recipe, asked: bool) -> str:
+def _smoke(kind: Kind, recipe: Recipe, asked: bool) -> str:
     if not asked:
         return "not part of this command"
     if not recipe.smoke.enabled:
@@ -155,7 +157,7 @@ _AWQ_BYTES_PER_TOKEN_AND_HIDDEN = 46
 _AWQ_OFFLOADED_SHARE = 0.79
 
 
-def _memory(row: formats.Format, spec: Any, recipe: Recipe, src: SourceModel, layer: int) -> tuple[int, int]:
+def _memory(row: formats.Format, spec: MethodBase, recipe: Recipe, src: SourceModel, layer: int) -> tuple[int, int]:
     """(host, GPU) peak bytes, by producer family.
 
     * llm-compressor: the whole model sits on the host in its load dtype, plus the calibration activations between
@@ -189,7 +191,7 @@ def _memory(row: formats.Format, spec: Any, recipe: Recipe, src: SourceModel, la
     return model + acts, _GPU_FIXED + _GPU_LAYER_COPIES * layer + hessians + awq
 
 
-def memory(recipe: Recipe, spec: Any, src: SourceModel) -> tuple[int, int]:
+def memory(recipe: Recipe, spec: MethodBase, src: SourceModel) -> tuple[int, int]:
     """(host, GPU) peak bytes of one output, the floor that ``--dry-run`` shows."""
     return _memory(formats.for_spec(spec), spec, recipe, src, _largest_layer_bytes(src))
 
@@ -212,7 +214,7 @@ def host_limit() -> tuple[int, str] | None:
     return limit if limit[0] > 0 else None
 
 
-def check_host_memory(recipe: Recipe, spec: Any, src: SourceModel) -> None:
+def check_host_memory(recipe: Recipe, spec: MethodBase, src: SourceModel) -> None:
     """Refuse, before any weight is loaded, an output whose host-memory floor exceeds what this machine holds.
 
     Not for ``--num-gpus`` 2 or more: that path loads through compressed-tensors' ``auto_offload``, which keeps on

@@ -22,7 +22,7 @@ from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
 from quantkit import artifact, formats
 from quantkit.errors import RecipeError
-from quantkit.formats.specs import Strict
+from quantkit.formats.specs import MethodBase, Strict
 
 
 PATH_LENGTH = 4096  # Linux's PATH_MAX
@@ -149,7 +149,7 @@ class Recipe(Strict):
             return [(self.quantize, Path(self.output))]
         return [(o, Path(self.output) / formats.folder(o)) for o in self.outputs or []]
 
-    def output_sha256(self, spec: Any) -> str:
+    def output_sha256(self, spec: MethodBase) -> str:
         """Hash of what decides one output's bytes: the source, that output's spec, and the calibration data and
         seed only when the output reads calibration data.
 

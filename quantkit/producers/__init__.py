@@ -7,12 +7,12 @@ of each row); modules are imported only when used, so a missing backend only mat
 from __future__ import annotations
 
 import importlib
-from typing import Any
 
 from quantkit import formats
+from quantkit.formats.specs import MethodBase
 from quantkit.producers.base import Producer
 
 
-def get(spec: Any) -> Producer:
+def get(spec: MethodBase) -> Producer:
     """The producer that makes ``spec`` (its registry row's module)."""
     return importlib.import_module(formats.for_spec(spec).producer).PRODUCER
