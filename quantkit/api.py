@@ -22,6 +22,7 @@ from quantkit import artifact, calibration, formats, outputs, plan as plan_mod, 
     source as source_mod, versions
 from quantkit.artifact import MANIFEST, Manifest, fmt_bytes, fmt_num, size_bytes
 from quantkit.errors import RecipeError
+from quantkit.formats.names import Method
 from quantkit.producers.base import ProduceContext
 from quantkit.progress import Reporter
 from quantkit.recipe import Recipe
@@ -140,7 +141,7 @@ def trt_recipe(recipe_name: str, *, checkpoint_only: bool = False, python: str |
     override the recipe like any flag; ``checkpoint_only`` stops every TensorRT-LLM output after its checkpoints."""
     path = recipe_mod.find(recipe_name)
     r = load_recipe(path, {"runtime.python|--python": python, "output|--output": output})
-    specs = [(spec, out) for spec, out in r.artifacts() if spec.method == "trt"]
+    specs = [(spec, out) for spec, out in r.artifacts() if spec.method == Method.TRT]
     if not specs:
         got = r.quantize.method if r.quantize else ", ".join(sorted({o.method for o in r.outputs or []}))
         raise RecipeError(f"{path} has no TensorRT-LLM output (method: trt); it is {got}",
@@ -154,7 +155,7 @@ def trt_recipe(recipe_name: str, *, checkpoint_only: bool = False, python: str |
 def build_trt(r: Recipe, *, force: bool = False, reporter: Reporter | None = None) -> list[ArtifactResult]:
     """A recipe's TensorRT-LLM outputs (see :func:`trt_recipe`): ModelOpt checkpoints, and the engine where it
     builds."""
-    specs = [(spec, out) for spec, out in r.artifacts() if spec.method == "trt"]
+    specs = [(spec, out) for spec, out in r.artifacts() if spec.method == Method.TRT]
     outputs.check_recipe(r, force=force)
     rep = reporter or Reporter(quiet=True)
     with rep.timed("check_source"):

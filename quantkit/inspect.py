@@ -14,6 +14,7 @@ from quantkit import artifact
 from quantkit.checkpoint import gguf_files, quantization_config
 from quantkit.errors import IntegrityError
 from quantkit.formats import kinds
+from quantkit.formats.names import KindName
 from quantkit.source import MAX_CONFIG_BYTES
 
 
@@ -92,7 +93,7 @@ def describe(path: Path) -> dict[str, Any]:
     """Everything ``inspect`` prints, as data."""
     kind = kinds.detect(path)
     info: dict[str, Any] = {"path": str(path), "kind": kind.name, "size_bytes": artifact.size_bytes(path)}
-    if kind.name == "gguf":
+    if kind.name == KindName.GGUF:
         info["format"] = "gguf"
         info["gguf"] = describe_gguf_files(path)
     elif path.is_dir():
@@ -109,7 +110,7 @@ def describe(path: Path) -> dict[str, Any]:
         if src.size_bytes:
             info["compression"] = round(src.size_bytes / max(1, info["size_bytes"]), 2)
         if src.parameters:
-            if kind.name == "gguf":
+            if kind.name == KindName.GGUF:
                 for g in info["gguf"]:
                     g["bits_per_weight"] = round(8 * g["size"] / src.parameters, 2)
             elif info["size_bytes"]:

@@ -22,6 +22,7 @@ from quantkit.artifact import Manifest
 from quantkit.engines.registry import engine_unavailable
 from quantkit.engines.vllm import tune as tune_mod
 from quantkit.errors import GateFailedError, OutputExistsError, QuantkitError, UsageError
+from quantkit.formats.names import KindName
 from quantkit.progress import Reporter
 from quantkit.recipe import Recipe
 from quantkit.reuse import reusable
@@ -246,9 +247,9 @@ def write_model_card(r: OutputResult, recipe: Recipe, src: source_mod.SourceMode
     assert m is not None, "only built or reused outputs get a model card"
     base = src.spec
     tags = ["quantkit", r.method, m.format]
-    if m.format == "gguf":
+    if m.format == KindName.GGUF:
         tags.append("llama.cpp")
-    if m.format == "compressed-tensors":
+    if m.format == KindName.COMPRESSED_TENSORS:
         tags += ["vllm", "llm-compressor"]
     header = {"base_model": base, "base_model_relation": "quantized", "library_name": _library(m.format),
               "tags": sorted({t for t in tags if t}), "pipeline_tag": "text-generation"}
@@ -288,7 +289,7 @@ def imatrix_line(im: dict[str, Any]) -> str:
 
 
 def _library(fmt: str | None) -> str:
-    return {"gguf": "gguf", "compressed-tensors": "transformers"}.get(fmt or "", "transformers")
+    return {KindName.GGUF: "gguf", KindName.COMPRESSED_TENSORS: "transformers"}.get(fmt or "", "transformers")
 
 
 def _eval_table(ev: dict[str, Any]) -> list[str]:

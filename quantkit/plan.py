@@ -26,6 +26,7 @@ from quantkit.artifact import fmt_bytes
 from quantkit.engines.registry import engine_unavailable
 from quantkit.errors import HostMemoryError
 from quantkit.formats.kinds import Kind
+from quantkit.formats.names import KindName, Method
 from quantkit.formats.specs import MethodBase
 from quantkit.recipe import Recipe
 from quantkit.reuse import reusable
@@ -173,19 +174,19 @@ def _memory(row: formats.Format, spec: MethodBase, recipe: Recipe, src: SourceMo
     width = max(int(cfg.get("intermediate_size") or 0), int(cfg.get("moe_intermediate_size") or 0), hidden)
     model = src.size_bytes if recipe.model.dtype == "auto" else src.num_parameters * (
         4 if recipe.model.dtype == "float32" else 2)
-    if row.producer.startswith("quantkit.producers.gguf"):
+    if row.kind == KindName.GGUF:
         return (64 << 20) + layer * 2, 0
     device = recipe.runtime.device
     on_gpu = device.startswith("cuda") or (device == "auto" and _cuda())
-    if row.producer.startswith("quantkit.producers.trt"):
+    if row.kind == KindName.TENSORRT_LLM:
         return model, model if on_gpu else 0
     c = recipe.calibration
     tokens = c.samples * c.seq_len if row.calibrates(spec) else 0
     acts = tokens * hidden * 2 * 2
-    hessians = 4 * width * width * 4 if spec.method == "gptq" or getattr(spec, "weights", None) == "gptq" else 0
+    hessians = 4 * width * width * 4 if Method.GPTQ in (spec.method, getattr(spec, "weights", None)) else 0
     if not on_gpu:
         return model + acts + acts // max(c.samples, 1) * 8 + hessians, 0
-    awq = tokens * hidden * _AWQ_BYTES_PER_TOKEN_AND_HIDDEN if spec.method == "awq" else 0
+    awq = tokens * hidden * _AWQ_BYTES_PER_TOKEN_AND_HIDDEN if spec.method == Method.AWQ else 0
     if getattr(spec, "offload_activations", False):
         awq = int(awq * _AWQ_OFFLOADED_SHARE)
     return model + acts, _GPU_FIXED + _GPU_LAYER_COPIES * layer + hessians + awq

@@ -32,7 +32,7 @@ from quantkit.engines import registry, serving
 from quantkit.engines.serving import Server
 from quantkit.errors import QuantkitError, UsageError
 from quantkit.formats import kinds
-from quantkit.formats.names import LLAMACPP, VLLM
+from quantkit.formats.names import LLAMACPP, VLLM, KindName
 
 # What ``doctor`` reports for an environment: quantkit's backends and the engines.
 DISTS = ("torch", "transformers", "accelerate", "llmcompressor", "compressed-tensors", "safetensors", "gguf",
@@ -199,7 +199,7 @@ def describe_artifact(path: Path) -> dict[str, Any]:
         except QuantkitError:  # an unreadable manifest is verify's business; doctor reads the configs
             written = {}
     info: dict[str, Any] = {"path": str(path), "kind": kind.name}
-    if kind.name == "gguf":
+    if kind.name == KindName.GGUF:
         info["format"] = "gguf"
         info["gguf"] = describe_gguf_files(path)
         info["written_with"] = {k: written[k] for k in ("gguf", "llama_cpp_python") if k in written}
@@ -210,7 +210,7 @@ def describe_artifact(path: Path) -> dict[str, Any]:
         raise UsageError(f"{path / 'config.json'} is unreadable: {e}") from None
     info.update(checkpoint_quantization(path))
     q = quantization_config(cfg)
-    if kind.name == "compressed-tensors":
+    if kind.name == KindName.COMPRESSED_TENSORS:
         info["quantization_config"] = q
         ct_written = q.get("version") or written.get("compressed-tensors")
         info["written_with"] = {"compressed-tensors": ct_written,
@@ -316,8 +316,8 @@ def check(path: Path | None, engine_name: str = "auto", *, python: str | None = 
         engine_name = registry.serving_engine(Path(path)) if path is not None else ""
     engine = serving.get(engine_name) if engine_name else None
     engine_python = engine.python(python) if engine else None
-    is_ct = bool(art and art["kind"] == "compressed-tensors")
-    is_gguf = bool(art and art["kind"] == "gguf")
+    is_ct = bool(art and art["kind"] == KindName.COMPRESSED_TENSORS)
+    is_gguf = bool(art and art["kind"] == KindName.GGUF)
     # What to ask the engine's environment; when it is quantkit's own, one probe answers for both.
     ask = {"torch": engine is not None and engine.name != LLAMACPP,
            "quantization_config": art["quantization_config"] if art is not None and is_ct else None,

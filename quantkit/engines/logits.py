@@ -24,7 +24,7 @@ import numpy as np
 from quantkit.engines import registry
 from quantkit.errors import UsageError
 from quantkit.formats import kinds
-from quantkit.formats.names import LLAMACPP, TRANSFORMERS, VLLM
+from quantkit.formats.names import LLAMACPP, TRANSFORMERS, VLLM, KindName
 
 
 @dataclass(frozen=True)
@@ -119,10 +119,10 @@ def check_compatible(kind: str, path: Path) -> None:
     if kind not in registry.EVALUATING:
         raise UsageError(f"unknown engine {kind!r}; choose one of auto, {', '.join(registry.EVALUATING)}")
     found = kinds.detect(path)
-    if kind == LLAMACPP and found.name != "gguf":
+    if kind == LLAMACPP and found.name != KindName.GGUF:
         raise UsageError(f"llama.cpp reads GGUF files; {path} holds none",
                          hint="use --engine transformers (or auto) for Hugging Face checkpoints")
-    if kind in (TRANSFORMERS, VLLM) and found.name == "gguf":
+    if kind in (TRANSFORMERS, VLLM) and found.name == KindName.GGUF:
         raise UsageError(f"{path} is GGUF; evaluate it with --engine llama.cpp (or auto)")
     _module(kind).refuse(path, found)
 

@@ -1,10 +1,43 @@
-"""The engines' names, spelled once: the kinds table, the engines registry, messages and manifests use these.
+"""The names quantkit spells once: engines, quantization methods and artifact kinds. The kinds table, the engines
+registry, messages and manifests use these; code outside the registries compares against them, never a bare string.
 
 The bottom floor, below :mod:`quantkit.formats.kinds` (which names the engine that evaluates and serves each kind)
-and :mod:`quantkit.engines.registry` (one row per engine). Plain strings: they go into JSON and manifests as they are.
+and :mod:`quantkit.engines.registry` (one row per engine). Plain strings (a :class:`StrEnum` member is one): they go
+into JSON and manifests as they are. ``tests/test_names.py`` holds the methods and kinds equal to the registries'.
 """
+
+from enum import StrEnum
 
 TRANSFORMERS = "transformers"
 LLAMACPP = "llama.cpp"
 VLLM = "vllm"
 TRTLLM = "trtllm"
+
+
+class Method(StrEnum):
+    """The recipe's ``method:`` values: one per method of the formats registry (:data:`quantkit.formats.FORMATS`)."""
+
+    AWQ = "awq"
+    GPTQ = "gptq"
+    AUTOROUND = "autoround"
+    FP8 = "fp8"
+    INT8 = "int8"
+    W4A8 = "w4a8"
+    RTN = "rtn"
+    GGUF = "gguf"
+    TRT = "trt"
+
+
+class KindName(StrEnum):
+    """The artifact kinds' names (:data:`quantkit.formats.kinds.KINDS`), as manifests record them (``format``)."""
+
+    TENSORRT_LLM = "tensorrt-llm"
+    GGUF = "gguf"
+    TRTLLM_ENGINE = "trtllm-engine"
+    MODELOPT = "modelopt"
+    TRTLLM_CHECKPOINT = "trtllm-checkpoint"
+    COMPRESSED_TENSORS = "compressed-tensors"
+    AWQ = "awq"
+    GPTQ = "gptq"
+    HF_QUANTIZED = "hf-quantized"
+    HF = "hf"

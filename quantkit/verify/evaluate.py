@@ -32,7 +32,7 @@ from quantkit.checkpoint import gguf_files
 from quantkit.engines import logits as engines, registry
 from quantkit.engines.logits import EngineOptions
 from quantkit.errors import IntegrityError, UsageError
-from quantkit.formats.names import LLAMACPP, TRANSFORMERS, VLLM
+from quantkit.formats.names import LLAMACPP, TRANSFORMERS, VLLM, Method
 from quantkit.progress import Reporter
 from quantkit.recipe import GateSpec, ModelSpec, VerifySpec
 from quantkit.verify import gates as gates_mod, protocol as protocol_mod, report as report_mod
@@ -116,7 +116,7 @@ def _describe_format(path: Path, manifest: Manifest | None) -> str:
             text = f"hf {q.get('dtype') or '?'}"
         else:
             text = f"{fmt} {q.get('scheme') or ''}".strip()
-    return f"{method}: {text}" if method and method != "gguf" else text
+    return f"{method}: {text}" if method and method != Method.GGUF else text
 
 
 def _manifest_of(folder: Path) -> Manifest | None:

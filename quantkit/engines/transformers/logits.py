@@ -29,7 +29,7 @@ from quantkit.engines.logits import EngineOptions, LogProbs, Window, check_compa
 from quantkit.engines.transformers import dense_copy
 from quantkit.errors import BackendError, UsageError
 from quantkit.formats.kinds import Kind
-from quantkit.formats.names import TRANSFORMERS
+from quantkit.formats.names import TRANSFORMERS, KindName
 from quantkit.versions import require
 
 
@@ -101,7 +101,7 @@ def refuse(path: Path, kind: Kind) -> None:
     load): an MoE layout it cannot reload, and ModelOpt exports it would load silently wrong."""
     if why := dense_copy.refusal(path):
         raise UsageError(why, hint="evaluate it with --engine vllm (on a GPU)")
-    if kind.name == "modelopt":
+    if kind.name == KindName.MODELOPT:
         raise UsageError(f"{path} is a ModelOpt export (hf_quant_config.json): transformers ignores that file and "
                          "would load the quantized weights as plain ones, so its numbers would be wrong without any "
                          "error", hint="evaluate it with --engine vllm (on a GPU), or leave --engine auto")

@@ -26,7 +26,7 @@ from quantkit.engines import registry
 from quantkit.engines.vllm import kernels
 from quantkit.errors import BackendError, UsageError
 from quantkit.formats import kinds
-from quantkit.formats.names import VLLM
+from quantkit.formats.names import VLLM, KindName
 from quantkit.progress import Reporter
 
 
@@ -55,7 +55,7 @@ def run(path: Path, opts: TuneOptions, reporter: Reporter | None = None) -> Any:
     rep = reporter or Reporter(quiet=True)
     path = Path(path)
     kind = kinds.detect(path)
-    if kind.serve != VLLM and kind.name != "modelopt":
+    if kind.serve != VLLM and kind.name != KindName.MODELOPT:
         raise UsageError(f"quantkit tune measures vLLM's kernels; {path} holds {kind.label}, which vLLM does not "
                          "serve here",
                          hint="for GGUF, llama.cpp has one kernel per type: compare types with quantkit eval")
@@ -68,7 +68,7 @@ def run(path: Path, opts: TuneOptions, reporter: Reporter | None = None) -> Any:
                          hint="pass --python /path/to/vllm-env/bin/python (or set QUANTKIT_VLLM_PYTHON)")
     bench = kernel_sweep.Bench(batches=tuple(opts.batches), prompt_len=opts.prompt_len, gen=opts.gen,
                                max_model_len=opts.max_model_len, gpu_memory_utilization=opts.gpu_memory_utilization,
-                               engine_args={"quantization": "modelopt"} if kind.name == "modelopt" else {})
+                               engine_args={"quantization": "modelopt"} if kind.name == KindName.MODELOPT else {})
     runtime = kernel_sweep.Runtime(choice.python, {"VLLM_USE_FLASHINFER_SAMPLER": "0", **opts.env})
     root = path if (path / artifact.MANIFEST).exists() else None
     log_dir = opts.log_dir or path.parent / f"{path.name}.tune-logs"
