@@ -189,7 +189,7 @@ FAMILIES = {
     # a window shorter than the test sequence, so sliding attention is really exercised
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(head_dim=32, query_pre_attn_scalar=32, sliding_window=16)),
     # Gemma 3 4B+-style: linear rope scaling on the full-attention layers only, its own rope base on the others;
-    # five sliding layers, then a full one (llama.cpp's fixed pattern; quantkit refuses others: guards.py)
+    # five sliding layers, then a full one (llama.cpp's fixed pattern; quantkit refuses others: architectures.py)
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(
         head_dim=32, query_pre_attn_scalar=32, sliding_window=16, num_hidden_layers=6,
         layer_types=["sliding_attention"] * 5 + ["full_attention"],
@@ -362,7 +362,7 @@ def test_unsupported_architecture_is_refused(tmp_path: Path, cli: Callable) -> N
 
 def test_gemma3_layer_pattern_llamacpp_does_not_compute_is_refused(tmp_path: Path) -> None:
     """llama.cpp fixes Gemma 3's sliding/full pattern (every sixth layer full) and the converter writes none: a
-    checkpoint with another pattern would convert into a file that attends differently (measured: guards.py)."""
+    checkpoint with another pattern would convert into a file that attends differently (measured: architectures.py)."""
     config_cls, model_cls, overrides = FAMILIES["gemma3"]
     model_dir = build(tmp_path / "g3", config_cls, model_cls, **{
         **overrides, "num_hidden_layers": 2, "layer_types": ["sliding_attention", "full_attention"]})

@@ -236,8 +236,8 @@ def test_hf_module_names_map_to_gguf_names(checkpoints: dict) -> None:
 # refusals: what llama.cpp would compute differently, before any work
 
 
-# quantkit.producers.gguf.guards refuses what llama.cpp's converter would convert wrong (measured there); the
-# converter itself refuses what it cannot map, naming the architecture.
+# quantkit.producers.gguf.guards refuses what llama.cpp's converter would convert wrong (the architecture table's
+# quirks, each measured there); the converter itself refuses what it cannot map, naming the architecture.
 REFUSED = {
     "no-renormalisation": ("qwen3moe", {"norm_topk_prob": False}, "norm_topk_prob is false"),
     "dense-layers": ("qwen3moe", {"mlp_only_layers": [0]},
