@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quantkit import envs
-from quantkit.envs import PythonEnv
 from quantkit.errors import UsageError
 from quantkit.formats import kinds
 from quantkit.formats.names import LLAMACPP, TRANSFORMERS, TRTLLM, VLLM
@@ -27,7 +26,7 @@ class Engine:
     name: str
     logits: str | None  # module whose load(path, options) scores token windows; None: not an evaluation engine
     server: str | None  # module whose SERVER starts the engine's server; None: not a serving engine
-    python: PythonEnv | None  # where the engine's own Python is found; None: it runs in quantkit's
+    python: envs.PythonEnv | None  # where the engine's own Python is found; None: it runs in quantkit's
     dist: str  # the distribution whose version doctor reports as the engine's
     module: str  # the import name that says the engine is installed in a Python
     gpu: bool  # needs a CUDA GPU
@@ -57,13 +56,13 @@ ENGINES: tuple[Engine, ...] = (
     Engine(TRANSFORMERS, logits="quantkit.engines.transformers.logits", server=None, python=None,
            dist="transformers", module="transformers", gpu=False, tested="5.17.0"),
     Engine(LLAMACPP, logits="quantkit.engines.llamacpp.logits", server="quantkit.engines.llamacpp.server",
-           python=PythonEnv(LLAMACPP, "QUANTKIT_LLAMACPP_PYTHON"),
+           python=envs.PythonEnv(LLAMACPP, "QUANTKIT_LLAMACPP_PYTHON"),
            dist="llama_cpp_python", module="llama_cpp", gpu=False, tested="0.3.36"),
     Engine(VLLM, logits="quantkit.engines.vllm.logits", server="quantkit.engines.vllm.server",
-           python=PythonEnv(VLLM, "QUANTKIT_VLLM_PYTHON", executable="vllm"),
+           python=envs.PythonEnv(VLLM, "QUANTKIT_VLLM_PYTHON", executable="vllm"),
            dist="vllm", module="vllm", gpu=True, tested="0.26.0"),
     Engine(TRTLLM, logits=None, server="quantkit.engines.trtllm.server",
-           python=PythonEnv(TRTLLM, "QUANTKIT_TRTLLM_PYTHON", executable="trtllm-serve"),
+           python=envs.PythonEnv(TRTLLM, "QUANTKIT_TRTLLM_PYTHON", executable="trtllm-serve"),
            dist="tensorrt_llm", module="tensorrt_llm", gpu=True, tested=None),
 )
 BY_NAME = {e.name: e for e in ENGINES}
