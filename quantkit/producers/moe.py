@@ -6,8 +6,8 @@ Each family's routers, experts and checkpoint names are rows of the architecture
 llm-compressor does the MoE work itself: its linear experts replace transformers 5's fused 3-D expert weights with
 one ``nn.Linear`` per expert projection (block by block, :func:`linearize`), and
 ``oneshot(moe_calibrate_all_experts=True)`` runs every expert on every calibration token (while keeping the
-router's output), so no expert is calibrated on nothing. What it does not do,
-and this module does, is say for each family
+router's output), so no expert is calibrated on nothing. What it does not do, and this module does from the
+family's row, is say for each family
 
 * which modules are the routers (and shared-expert gates), which must never be quantized (:func:`router_patterns`);
 * which expert projections must all come out quantized, layer by layer (:func:`expert_modules`; the coverage
