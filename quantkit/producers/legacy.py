@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.errors import BackendError, UsageError
+from quantkit.formats.specs import AwqSpec, GptqSpec
 from quantkit.producers.base import ProduceContext, Produced
 from quantkit.producers.compressed import PRODUCER as COMPRESSED
 from quantkit.producers.compressed import group_choice
@@ -326,7 +327,7 @@ class LegacyProducer:
     """``--format autoawq`` and ``--format gptq``: the compressed-tensors artifact plus the legacy layout in a
     subfolder named after it (``autoawq/``, ``gptq/``)."""
 
-    def check(self, spec: Any, source: SourceModel) -> None:
+    def check(self, spec: AwqSpec | GptqSpec, source: SourceModel) -> None:
         COMPRESSED.check(spec, source)
         if spec.format == "autoawq":
             if spec.bits != 4:
@@ -336,7 +337,7 @@ class LegacyProducer:
                 raise UsageError("--format autoawq needs a group size (AutoAWQ has no per-channel GEMM layout)",
                                  hint="use --group-size 128 (the AutoAWQ default) or drop --format autoawq")
 
-    def estimate_bytes(self, spec: Any, source: SourceModel) -> int:
+    def estimate_bytes(self, spec: AwqSpec | GptqSpec, source: SourceModel) -> int:
         return 2 * COMPRESSED.estimate_bytes(spec, source)  # the same weights twice
 
     def produce(self, ctx: ProduceContext) -> Produced:
