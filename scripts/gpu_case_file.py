@@ -20,7 +20,7 @@ from shapes import SHAPES  # noqa: E402
 CASES = Path(__file__).with_name("gpu_cases.yaml")
 ARCHITECTURES = REPO / "tests" / "data" / "architectures.yaml"  # the families arch:FAMILY names
 ARCH_FAMILIES = tuple((yaml.safe_load(ARCHITECTURES.read_text()) or {}).get("families") or ())
-VERBS = ("awq", "gptq", "fp8", "int8", "rtn", "build-trt")
+VERBS = ("awq", "gptq", "autoround", "fp8", "int8", "rtn", "build-trt")
 NEEDS = ("trt", "gpus2")  # the ModelOpt environment; two visible GPUs
 ENGINES = ("vllm", "transformers")  # quantkit eval --engine, on the GPU
 NAME = re.compile(r"^[A-Za-z0-9._-]+$")

@@ -94,6 +94,12 @@ GROUP = _f("group_size", "--group-size", int, "quantize.group_size",
            "Weights per quantization group: 32, 64, 128, 256 or -1 for per-channel \\[default: 128, or the largest "
            "of 64 and 32 that divides every layer's input width].")
 
+TARGET_BITS = _f("target_bits", "--target-bits", float, "quantize.target_bits",
+                 "Average bits per weight of the quantized layers, scales included (e.g. 5.5): each layer group's "
+                 "4-bit KLD is measured on the calibration set and the costliest go to 8 bits until the average is "
+                 "reached; the plan and the bits counted from the files go into the manifest \\[default: every "
+                 "layer at --bits].")
+
 
 @dataclass(frozen=True)
 class Format:
@@ -119,7 +125,8 @@ class Format:
 
 def _int_folder(spec: Any) -> str:
     g = DEFAULT_GROUP_SIZE if spec.group_size is None else spec.group_size  # unset: named after the default
-    return f"{spec.method}-w{spec.bits}g{g if g > 0 else 'ch'}"
+    bits = f"b{spec.target_bits:g}" if getattr(spec, "target_bits", None) is not None else f"w{spec.bits}"
+    return f"{spec.method}-{bits}g{g if g > 0 else 'ch'}"
 
 
 FORMATS: tuple[Format, ...] = (
@@ -129,7 +136,7 @@ FORMATS: tuple[Format, ...] = (
                 "quantization. Writes a compressed-tensors checkpoint vLLM and transformers load.",
            examples=("quantkit awq models/quantkit-tiny out/awq",
                      "quantkit awq org/model out/awq --samples 256 --seq-len 1024 --format autoawq"),
-           flags=(BITS, GROUP,
+           flags=(BITS, GROUP, TARGET_BITS,
                   _f("symmetric", "--symmetric/--asymmetric", bool, "quantize.symmetric",
                      "Symmetric quantization \\[default: asymmetric]."),
                   _f("format", "--format", str, "quantize.format",
@@ -148,7 +155,7 @@ FORMATS: tuple[Format, ...] = (
                 "compensation. Writes a compressed-tensors checkpoint.",
            examples=("quantkit gptq models/quantkit-tiny out/gptq",
                      "quantkit gptq org/model out/gptq --bits 8 --samples 512 --seq-len 2048 --format gptq"),
-           flags=(BITS, GROUP,
+           flags=(BITS, GROUP, TARGET_BITS,
                   _f("symmetric", "--symmetric/--asymmetric", bool, "quantize.symmetric",
                      "Symmetric quantization \\[default: symmetric, as vLLM's Marlin kernels need]."),
                   _f("act_order", "--act-order/--no-act-order", bool, "quantize.act_order",
@@ -212,16 +219,19 @@ FORMATS: tuple[Format, ...] = (
            flags=(_f("weights", "--weights", str, "quantize.weights",
                      "gptq (calibrated) or rtn (no calibration) for the int4 weights \\[default: gptq]."),
                   *LLMCOMPRESSOR)),
-    Format("rtn", RtnSpec, "quantkit.producers.compressed", "compressed-tensors", lambda s: False, _int_folder,
+    Format("rtn", RtnSpec, "quantkit.producers.compressed", "compressed-tensors",
+           lambda s: s.target_bits is not None, _int_folder,
            verb="rtn",
            help="Round-to-nearest W4A16/W8A16 with no calibration: the instant option, and the baseline AWQ and "
-                "GPTQ must beat.",
-           examples=("quantkit rtn models/quantkit-tiny out/rtn", "quantkit rtn org/model out/rtn-w8 --bits 8"),
-           flags=(BITS, GROUP,
+                "GPTQ must beat (with --target-bits, calibration tokens measure each layer's sensitivity).",
+           examples=("quantkit rtn models/quantkit-tiny out/rtn", "quantkit rtn org/model out/rtn-w8 --bits 8",
+                     "quantkit rtn org/model out/rtn-mixed --target-bits 5.5 --samples 8"),
+           flags=(BITS, GROUP, TARGET_BITS,
                   _f("symmetric", "--symmetric/--asymmetric", bool, "quantize.symmetric",
                      "Symmetric quantization \\[default: symmetric]."),
-                  *IGNORE, *REVISION, *LOADING, *DEVICE, *SEED)),
-    Format("gguf", GgufSpec, "quantkit.producers.gguf", "gguf", lambda s: s.imatrix, lambda s: "gguf",
+                  *CALIBRATION, *IGNORE, *REVISION, *LOADING, *DEVICE, *SEED)),
+    Format("gguf", GgufSpec, "quantkit.producers.gguf", "gguf", lambda s: s.imatrix or s.target_bits is not None,
+           lambda s: "gguf" if s.target_bits is None else f"gguf-b{s.target_bits:g}",
            verb="gguf",
            help="GGUF files for llama.cpp: convert once (F32/F16/BF16/Q8_0 written directly), then each --type "
                 "through llama.cpp's own quantizer, with an importance matrix when asked (computed from the "
@@ -237,6 +247,10 @@ FORMATS: tuple[Format, ...] = (
                      "IQ1_*, IQ2_*, IQ3_XXS, IQ3_XS, Q2_K_S)."),
                   _f("imatrix_file", "--imatrix-file", str, "quantize.imatrix_file",
                      "Quantize with this importance matrix (llama-imatrix's .gguf or legacy .dat)."),
+                  _f("target_bits", "--target-bits", float, "quantize.target_bits",
+                     "Average bits per weight of the transformer blocks' matrices (e.g. 5.5): the --type's own mix, "
+                     "then the layer groups whose 4-bit KLD (measured on the calibration set) costs the most per "
+                     "bit raised to Q8_0 until the average is reached \\[default: the type's mix as it is]."),
                   *CALIBRATION, *REVISION, *DEVICE, *SEED)),
     Format("trt", TrtSpec, "quantkit.producers.trt", "tensorrt-llm",
            lambda s: s.quantization != "none" or s.kv_cache != "auto", lambda s: f"trt-{s.quantization}",

@@ -20,6 +20,9 @@ GROUP_SIZES = (-1, 32, 64, 128, 256)
 DEFAULT_GROUP_SIZE = 128
 FALLBACK_GROUP_SIZES = (64, 32)
 W4A8_GROUP_SIZE = 128  # the only size llm-compressor's W4AFP8 scheme and vLLM's CUTLASS W4A8 kernel take
+TARGET_BITS_HELP = ("average bits per weight of the quantized layers (packed values, scales and zero points), "
+                    "reached by keeping the layers whose 4-bit quantization costs the most KLD (each measured on the "
+                    "calibration set) at 8 bits; unset: every layer at `bits`")
 GROUP_HELP = ("weights per quantization group: 32, 64, 128, 256, or -1 for one group per output channel; unset: 128, "
               "or the largest of 64 and 32 that divides every layer's input width (the manifest records which)")
 
@@ -34,6 +37,18 @@ def _check_group_size(v: int | None) -> int | None:
     if v is not None and v not in GROUP_SIZES:
         raise ValueError(f"must be one of {', '.join(map(str, GROUP_SIZES))} (-1 = one group per output channel)")
     return v
+
+
+def _check_target_bits(spec: "AwqSpec | GptqSpec | RtnSpec") -> None:
+    """A bits target mixes int4 and int8 layers in one compressed-tensors checkpoint: it starts from 4 bits, and the
+    legacy AutoAWQ/GPTQ layouts carry one bit width for the whole model."""
+    if spec.target_bits is None:
+        return
+    if spec.bits != 4:
+        raise ValueError("target_bits mixes int4 and int8 layers starting from int4: leave bits at 4")
+    if getattr(spec, "format", "compressed-tensors") != "compressed-tensors":
+        raise ValueError(f"target_bits makes a mixed-precision compressed-tensors checkpoint; the {spec.format} layout "
+                         "carries one bit width for every layer")
 
 
 class MethodBase(Strict):
@@ -60,7 +75,13 @@ class AwqSpec(MethodBase):
                                       "offload_device='cpu'): the same scales, less GPU memory, much more time "
                                       "(8B shape, 32 x 2048 tokens, H200: 13.5 instead of 16.0 GiB, 305 instead "
                                       "of 183 s)")
+    target_bits: float | None = Field(None, gt=0, le=16, description=TARGET_BITS_HELP)
     _g = field_validator("group_size")(_check_group_size)
+
+    @model_validator(mode="after")
+    def _target(self) -> "AwqSpec":
+        _check_target_bits(self)
+        return self
 
 
 class GptqSpec(MethodBase):
@@ -76,7 +97,13 @@ class GptqSpec(MethodBase):
                           "MSE observer (imatrix_mse: quantization error weighted by each input channel's mean "
                           "squared activation on the calibration set) instead of the group's min and max")
     format: Literal["compressed-tensors", "gptq"] = "compressed-tensors"
+    target_bits: float | None = Field(None, gt=0, le=16, description=TARGET_BITS_HELP)
     _g = field_validator("group_size")(_check_group_size)
+
+    @model_validator(mode="after")
+    def _target(self) -> "GptqSpec":
+        _check_target_bits(self)
+        return self
 
 
 class AutoRoundSpec(MethodBase):
@@ -131,7 +158,13 @@ class RtnSpec(MethodBase):
     bits: Literal[4, 8] = 4
     group_size: int | None = Field(None, description=GROUP_HELP)
     symmetric: bool = True
+    target_bits: float | None = Field(None, gt=0, le=16, description=TARGET_BITS_HELP)
     _g = field_validator("group_size")(_check_group_size)
+
+    @model_validator(mode="after")
+    def _target(self) -> "RtnSpec":
+        _check_target_bits(self)
+        return self
 
 
 class GgufSpec(MethodBase):
@@ -142,6 +175,9 @@ class GgufSpec(MethodBase):
     imatrix: bool = Field(False, description="compute llama.cpp's importance matrix from the calibration set")
     imatrix_file: str | None = Field(None, description="an importance matrix made elsewhere (llama-imatrix .gguf "
                                      "or legacy .dat)")
+    target_bits: float | None = Field(None, gt=0, le=16, description="average bits per weight of the transformer "
+                                      "blocks' matrices: the type's own mix, with the layer groups whose quantization "
+                                      "costs the most KLD (measured on the calibration set) raised to Q8_0")
 
     @field_validator("types")
     @classmethod

@@ -49,7 +49,7 @@ from typing import Any
 from quantkit import ignore as ignore_mod
 from quantkit.errors import BackendError, SourceModelError, UsageError
 from quantkit.formats.specs import DEFAULT_GROUP_SIZE, FALLBACK_GROUP_SIZES, W4A8_GROUP_SIZE
-from quantkit.producers import coverage, moe
+from quantkit.producers import coverage, mixed, moe
 from quantkit.producers.base import ProduceContext, Produced
 from quantkit.source import SourceModel
 
@@ -107,8 +107,11 @@ def _int_weights(bits: int, group_size: int, symmetric: bool) -> dict[str, Any]:
             "strategy": "group" if grouped else "channel", "group_size": group_size if grouped else None}
 
 
-def _int_scheme(bits: int, symmetric: bool) -> str:
-    return f"W{bits}A16" + ("" if symmetric else "_ASYM")
+def _int_scheme(bits: int, symmetric: bool, split: dict[int, list[str]] | None = None) -> str:
+    """The compressed-tensors preset name (``W4A16``), or the mix a bits plan makes (``W4A16+W8A16``)."""
+    widths = sorted(b for b, names in split.items() if names) if split else [bits]
+    asym = [not symmetric and not (split and b == mixed.HIGH_BITS and mixed.HIGH_SYMMETRIC) for b in widths]
+    return "+".join(f"W{b}A16" + ("_ASYM" if a else "") for b, a in zip(widths, asym))
 
 
 def _group(spec: Any) -> int:
@@ -117,9 +120,17 @@ def _group(spec: Any) -> int:
     return DEFAULT_GROUP_SIZE if spec.group_size is None else spec.group_size
 
 
-def _weight_only(spec: Any, observer: str | None = None) -> dict[str, Any]:
-    weights = _int_weights(spec.bits, _group(spec), spec.symmetric) | ({"observer": observer} if observer else {})
-    return {"config_groups": {"group_0": {"targets": ["Linear"], "weights": weights}}}
+def _weight_only(spec: Any, observer: str | None = None, split: dict[int, list[str]] | None = None) -> dict[str, Any]:
+    """One config group for every Linear, or with a bits plan (``split``: bits -> its modules' targets, from
+    :func:`quantkit.producers.mixed.targets`) one group per precision."""
+    def weights(bits: int) -> dict[str, Any]:
+        symmetric = spec.symmetric or (split is not None and bits == mixed.HIGH_BITS and mixed.HIGH_SYMMETRIC)
+        return _int_weights(bits, _group(spec), symmetric) | ({"observer": observer} if observer else {})
+
+    if split is None:
+        return {"config_groups": {"group_0": {"targets": ["Linear"], "weights": weights(spec.bits)}}}
+    return {"config_groups": {f"group_{i}": {"targets": names, "weights": weights(bits)}
+                              for i, (bits, names) in enumerate(sorted(split.items())) if names}}
 
 
 def _int_summary(spec: Any) -> dict[str, Any]:
@@ -130,19 +141,19 @@ def _int_summary(spec: Any) -> dict[str, Any]:
             "activations": "bf16/fp16 (weight-only)"}
 
 
-def _plan_awq(spec: Any) -> Plan:
+def _plan_awq(spec: Any, split: dict[int, list[str]] | None = None) -> Plan:
     # Always said, so llm-compressor's MoE-only default (offload) never decides silently. Offloading moves the same
     # tensors, so the scales do not change; on the 8B shape it saved 16% of the GPU memory for 66% more time
     # (bench/results/h200/8b/quantize_cost_8b_sealed.md), hence off unless asked.
     offload = "cpu" if spec.offload_activations else None
-    return Plan(_int_scheme(spec.bits, spec.symmetric),
+    return Plan(_int_scheme(spec.bits, spec.symmetric, split),
                 (("AWQModifier", {"duo_scaling": spec.duo_scaling, "offload_device": offload}),
-                 ("QuantizationModifier", _weight_only(spec))),
+                 ("QuantizationModifier", _weight_only(spec, split=split))),
                 calibrate=True, summary={**_int_summary(spec), "algorithm": "awq", "duo_scaling": spec.duo_scaling,
                                          "offload_activations": spec.offload_activations})
 
 
-def _plan_gptq(spec: Any) -> Plan:
+def _plan_gptq(spec: Any, split: dict[int, list[str]] | None = None) -> Plan:
     # llm-compressor 0.14 offers only "static" (weight) activation ordering: columns are quantized by decreasing
     # activation magnitude but groups stay contiguous, so the layout and kernels are unchanged (no g_idx).
     # The importance-weighted observer (llmcompressor.observers.imatrix) gathers each input channel's mean squared
@@ -150,8 +161,8 @@ def _plan_gptq(spec: Any) -> Plan:
     # the error weighted by it; GPTQ rounds inside that range as before.
     actorder = "static" if spec.act_order else None
     observer = "imatrix_mse" if spec.imatrix else None
-    return Plan(_int_scheme(spec.bits, spec.symmetric),
-                (("GPTQModifier", {**_weight_only(spec, observer), "dampening_frac": spec.damp,
+    return Plan(_int_scheme(spec.bits, spec.symmetric, split),
+                (("GPTQModifier", {**_weight_only(spec, observer, split), "dampening_frac": spec.damp,
                                    "actorder": actorder}),),
                 calibrate=True, summary={**_int_summary(spec), "algorithm": "gptq", "damp": spec.damp,
                                          "actorder": actorder, "observer": observer or "memoryless_minmax"})
@@ -169,9 +180,10 @@ def _plan_autoround(spec: Any) -> Plan:
                 signed_scales=True)
 
 
-def _plan_rtn(spec: Any) -> Plan:
-    return Plan(_int_scheme(spec.bits, spec.symmetric), (("QuantizationModifier", _weight_only(spec)),),
-                calibrate=False, summary={**_int_summary(spec), "algorithm": "rtn"})
+def _plan_rtn(spec: Any, split: dict[int, list[str]] | None = None) -> Plan:
+    return Plan(_int_scheme(spec.bits, spec.symmetric, split),
+                (("QuantizationModifier", _weight_only(spec, split=split)),),
+                calibrate=spec.target_bits is not None, summary={**_int_summary(spec), "algorithm": "rtn"})
 
 
 def _plan_fp8(spec: Any) -> Plan:
@@ -213,8 +225,11 @@ _PLANS = {"awq": _plan_awq, "gptq": _plan_gptq, "autoround": _plan_autoround, "r
           "int8": _plan_int8, "w4a8": _plan_w4a8}
 
 
-def plan(spec: Any) -> Plan:
-    """The declarative table: a recipe spec -> the llm-compressor modifiers that produce it."""
+def plan(spec: Any, split: dict[int, list[str]] | None = None) -> Plan:
+    """The declarative table: a recipe spec -> the llm-compressor modifiers that produce it; ``split`` (bits -> the
+    targets at those bits) for a spec with a bits target, once its plan is chosen (:mod:`quantkit.producers.mixed`)."""
+    if split is not None:
+        return _PLANS[spec.method](spec, split)
     return _PLANS[spec.method](spec)
 
 
@@ -330,6 +345,39 @@ def _check_tiles(spec: Any, source: SourceModel) -> None:
         raise UsageError(f"{what}, and 128 does not divide the layers' width ({', '.join(bad)})", hint=hint)
 
 
+def _check_target_bits(spec: Any, source: SourceModel, group_size: int) -> None:
+    """Refuse a bits target quantkit cannot plan here, before anything loads: on a mixture-of-experts model (vLLM's
+    fused MoE layers take one scheme for all experts of a layer, and the expert weights are most of the model), or
+    one outside what int4 and int8 layers mix to."""
+    if moe.family(source.config):
+        raise UsageError(f"--target-bits plans dense layers; {source.spec} is a mixture-of-experts model",
+                         hint="drop --target-bits (and choose --bits 4 or 8), or use fp8 / int8")
+    mixed.check_target(spec.target_bits, group_size, spec.symmetric, list(input_widths(source.config).values()))
+
+
+def _bits_plan(model: Any, spec: Any, job: dict[str, Any], device: str, rep: Any) -> tuple[list[mixed.Unit],
+                                                                                           dict[str, Any]]:
+    """Measure each layer group's 4-bit sensitivity on the model as loaded (moved to the GPU for it, when there is
+    one, and back), then choose which groups go to 8 bits; says the choice in one line."""
+    found = mixed.units(model, job["ignore"])
+    where = "cuda" if device == "cuda" else "cpu"
+    with rep.timed("sensitivity"), rep.bar(f"Measuring the 4-bit KLD of {len(found)} layer groups on {where}",
+                                           len(found)) as task:
+        model.to(where)
+        try:
+            measured, sensitivity = mixed.measure(model, found, job["samples"] or [], spec.group_size,
+                                                  spec.symmetric, task.advance)
+        finally:
+            model.to("cpu")
+    chosen = mixed.choose(measured, spec.target_bits, spec.group_size, spec.symmetric)
+    high = [u for u in chosen if u.bits == mixed.HIGH_BITS]
+    rep.log(f"bits plan: {len(high)} of {len(chosen)} layer groups at int{mixed.HIGH_BITS} "
+            f"({mixed.planned_bits(chosen, spec.group_size, spec.symmetric):.3f} bits per weight planned, "
+            f"target {spec.target_bits:g}); estimated KLD {sum(u.kld for u in chosen if u.bits == mixed.LOW_BITS):.4f}"
+            f" instead of {sum(u.kld for u in chosen):.4f} with every group at int{mixed.LOW_BITS}")
+    return chosen, sensitivity
+
+
 class CompressedProducer:
     """The ``awq``, ``gptq``, ``autoround``, ``fp8``, ``int8``, ``w4a8`` and ``rtn`` methods."""
 
@@ -340,9 +388,11 @@ class CompressedProducer:
                 f"{source.spec} is a {', '.join(archs) or 'model without architectures'}; "
                 f"`quantkit {spec.method}` quantizes causal language models (…ForCausalLM)",
                 hint="check config.json's architectures; vision-language models need their own recipe")
-        group_choice(spec, source)
+        choice = group_choice(spec, source)
         _check_tiles(spec, source)
         ignore_mod.effective(spec, source)  # a misspelt --ignore fails here, before anything loads
+        if getattr(spec, "target_bits", None) is not None and choice is not None:
+            _check_target_bits(spec, source, choice.size)
 
     def estimate_bytes(self, spec: Any, source: SourceModel) -> int:
         cfg = source.config
@@ -362,6 +412,9 @@ class CompressedProducer:
                 notes.append(choice.reason)
                 rep.warn(f"{choice.reason} (--group-size chooses another)")
         p = plan(spec)
+        if spec.method in _GROUPED and getattr(spec, "target_bits", None) is not None and ctx.runtime.num_gpus > 1:
+            raise UsageError("--target-bits measures and quantizes in one process",
+                             hint="drop --num-gpus (the model is quantized one layer at a time on one GPU anyway)")
         job = _job(ctx, spec)
         with rep.timed("setup"):  # importing torch and transformers, starting CUDA, the tokenizer
             device = _pin_device(ctx.runtime.device, ctx.runtime.num_gpus)
@@ -377,15 +430,28 @@ class CompressedProducer:
         else:
             with rep.step("load_model", f"Loading {ctx.source.spec}"), _quiet_backend():
                 model = _load_model(job)
+            bits_plan = None
+            if getattr(spec, "target_bits", None) is not None:
+                bits_plan, sensitivity = _bits_plan(model, spec, job, device, rep)
+                p = plan(spec, {b: mixed.targets(bits_plan, b) for b in (mixed.LOW_BITS, mixed.HIGH_BITS)})
+                description = f"Quantizing {spec.method} ({p.scheme}) with llm-compressor on {device}"
             with rep.layers("quantize", description), _quiet_backend():
                 info = _oneshot(model, p, job)
             with rep.step("check", "Checking that every module that should be quantized was"):
                 cov = coverage.check(model, job["ignore"], job["config"], p.signed_scales)
-            cov.raise_for_failures()
+                cov.raise_for_failures()
+                if bits_plan is not None:
+                    mixed.check_bits(model, bits_plan)
             info["coverage"] = cov.manifest()
             with rep.step("save", "Saving the compressed-tensors checkpoint"), _quiet_backend():
                 _save(model, tokenizer, ctx.workdir, job["config"], p.save_format)
             del model
+            if bits_plan is not None:
+                achieved = mixed.measured_bits(ctx.workdir, bits_plan)
+                mixed.verify(achieved, spec.target_bits)
+                info["mixed"] = mixed.manifest(bits_plan, spec.target_bits, achieved, spec.group_size, spec.symmetric,
+                                               sensitivity)
+                rep.log(f"bits per weight of the quantized layers: {achieved:.3f} (target {spec.target_bits:g})")
         tokens = (info.get("moe") or {}).get("expert_tokens")
         warning = moe.low_token_warning(tokens, "llm-compressor calibrated them on tokens routed elsewhere, so their "
                                                 "scales may not fit what they see in use") if tokens else None
@@ -698,7 +764,7 @@ def _describe(out: Path, p: Plan, info: dict[str, Any], ignore: list[str]) -> di
         q["smoothquant_mappings"] = info["smoothquant_mappings"]
     if any(name == "AutoRoundModifier" for name, _ in p.modifiers):
         q["auto_round"] = versions.version("auto-round")
-    for key in ("coverage", "moe"):
+    for key in ("coverage", "moe", "mixed"):
         if key in info:
             q[key] = info[key]
     return q

@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.errors import SourceModelError, UsageError
-from quantkit.producers import moe
+from quantkit.producers import mixed, moe
 from quantkit.producers.base import ProduceContext, Produced
-from quantkit.producers.gguf import collect, convert, guards, imatrix, quantize, tools, types
+from quantkit.producers.gguf import collect, convert, guards, imatrix, quantize, target_bits, tools, types
 from quantkit.source import SourceModel
 
 # Preferred intermediate among requested unquantized types: the most precise one.
@@ -80,6 +80,11 @@ class GgufProducer:
                 raise UsageError(f"GGUF type {t.name} is not offered: {t.refused}",
                                  hint="choose another --type (quantkit gguf --help lists them)")
         guards.refuse(source.config)
+        if spec.target_bits is not None:
+            if moe.family(source.config):
+                raise UsageError(f"--target-bits plans dense layers; {source.spec} is a mixture-of-experts model",
+                                 hint="drop --target-bits and choose a --type")
+            target_bits.check(spec)
         plan = convert.plan(source.path)
         compute, given = imatrix_request(spec)
         if compute and given:
@@ -152,6 +157,11 @@ class GgufProducer:
                     quantize.quantize(paths[intermediate], paths[t], t)
             with rep.timed(f"fallbacks_{t}"):
                 fell_back[t] = quantize.fallbacks(paths[t], t)
+        mix = None
+        if spec.target_bits is not None:
+            assert intermediate is not None and len(to_quantize) == 1  # target_bits.check
+            mix = _to_target(ctx, plan, paths[intermediate], paths[to_quantize[0]], to_quantize[0], im)
+            fell_back[to_quantize[0]] = quantize.fallbacks(paths[to_quantize[0]], to_quantize[0])
         if intermediate and intermediate not in wanted:
             paths[intermediate].unlink()
 
@@ -175,10 +185,41 @@ class GgufProducer:
                 "converter": tools.describe_converter(),
                 "intermediate": intermediate,
                 "imatrix": {**im.record, "types": to_quantize} if im else None,
+                **({"mixed": mix[0]} if mix else {}),
             },
-            calibration=im.calibration if im else None,
+            calibration=im.calibration if im else (mix[1] if mix else None),
             notes=notes,
         )
+
+
+def _to_target(ctx: ProduceContext, plan: convert.Plan, intermediate: Path, made: Path, type_name: str,
+               im: "_Made | None") -> tuple[dict[str, Any], Any]:
+    """Raise the costliest layer groups of ``made`` to Q8_0 until the bits target (:mod:`.target_bits`); replaces
+    ``made``; the manifest record and the calibration set it measured on."""
+    import torch
+    import transformers
+
+    from quantkit.engines.transformers import resolve_device
+
+    rep = ctx.reporter
+    calib = im.calibration if im and im.calibration else ctx.calibration_set(
+        transformers.AutoTokenizer.from_pretrained(str(ctx.source.path), trust_remote_code=False))
+    model = collect._load(transformers, torch, ctx.source.path, resolve_device(ctx.runtime.device), rep)
+    with rep.timed("sensitivity"):
+        record, raised = target_bits.plan(model, plan, made, intermediate, ctx.spec.target_bits, calib.samples, rep)
+    del model
+    rep.log(f"bits plan: {record['units_at_high']} of {record['units']} layer groups raised to "
+            f"{target_bits.HIGH_TYPE} ({record['planned_bits']:.3f} bits per weight planned, base "
+            f"{record['base_bits']:.3f}, target {ctx.spec.target_bits:g})")
+    with rep.step(f"quantize_{type_name}_target", f"Quantizing {type_name} again with {len(raised)} tensors at "
+                                                  f"{target_bits.HIGH_TYPE} (llama-quantize --tensor-type-file)"):
+        target_bits.requantize(intermediate, made, type_name, raised,
+                               ctx.workdir / im.record["file"] if im else None, ctx.workdir)
+    record["measured_bits"] = round(target_bits.file_bits(made), 4)
+    record["tolerance"] = mixed.TOLERANCE
+    mixed.verify(record["measured_bits"], ctx.spec.target_bits)
+    rep.log(f"bits per weight of the block matrices: {record['measured_bits']:.3f} (target {ctx.spec.target_bits:g})")
+    return record, calib
 
 
 @dataclass

@@ -1,0 +1,212 @@
+"""A bits target (``--target-bits``): a mixed int4/int8 compressed-tensors checkpoint chosen by measured sensitivity.
+
+On the reference model, through the real CLI and llm-compressor: the plan's bits equal the bits counted from the
+files and sit within the tolerance of the target; each module's stored width is the plan's; transformers loads the
+checkpoint; and the mix scores a lower KLD than int4 everywhere with the same method, on the same held-out tokens
+(``quantkit eval``). A target no mix reaches, a legacy layout, an MoE model, --bits 8 and a method that cannot mix
+are refused in one line, before anything loads. The real model's figures are in bench/results/quality_4bit_*.md.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("llmcompressor")
+
+from quantkit.producers import mixed  # noqa: E402
+from quantkit.source import safetensors_header  # noqa: E402
+
+from conftest import TINY, quantkit  # noqa: E402
+from moe_models import make_moe  # noqa: E402
+
+CALIB = ["--samples", "4", "--seq-len", "256"]
+TARGET = 5.0
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory) -> dict[str, Path]:
+    """RTN and GPTQ on the reference model: int4 everywhere and with a bits target."""
+    root = tmp_path_factory.mktemp("target-bits")
+    out = {}
+    for name, argv in {"rtn": ["rtn"], "rtn-mixed": ["rtn", "--target-bits", str(TARGET), *CALIB],
+                       "gptq-mixed": ["gptq", "--target-bits", str(TARGET), *CALIB]}.items():
+        out[name] = root / name
+        proc = quantkit(*argv[:1], TINY, out[name], *argv[1:], "--json", env={"OMP_NUM_THREADS": "1"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def _manifest(path: Path) -> dict:
+    return json.loads((path / "quantkit.json").read_text())
+
+
+def _stored_bits(path: Path) -> dict[str, int]:
+    """Each quantized module's weight width as stored: its packed int32 columns x 32 over its input width."""
+    from safetensors import safe_open
+
+    out = {}
+    for file in path.glob("*.safetensors"):
+        header, _ = safetensors_header(file)
+        with safe_open(str(file), "pt") as f:
+            for name, info in header.items():
+                if name.endswith(".weight_packed"):
+                    module = name.removesuffix(".weight_packed")
+                    in_features = int(f.get_tensor(f"{module}.weight_shape")[1])
+                    out[module] = info["shape"][1] * 32 // in_features
+    return out
+
+
+@pytest.mark.parametrize("name", ["rtn-mixed", "gptq-mixed"])
+def test_bits_counted_from_the_files_meet_the_target(made: dict[str, Path], name: str) -> None:
+    m = _manifest(made[name])["quantization"]["mixed"]
+    assert abs(m["measured_bits"] - TARGET) <= mixed.TOLERANCE
+    assert m["measured_bits"] == pytest.approx(m["planned_bits"], abs=1e-3)
+    assert 0 < m["units_at_high"] < m["units"]  # a mix, not all of one precision
+    assert m["estimated_kld"] < m["estimated_kld_all_low"]
+
+
+@pytest.mark.parametrize("name", ["rtn-mixed", "gptq-mixed"])
+def test_every_module_is_stored_at_the_width_the_plan_gave_it(made: dict[str, Path], name: str) -> None:
+    plan = {mod: u["bits"] for u in _manifest(made[name])["quantization"]["mixed"]["plan"] for mod in u["modules"]}
+    stored = _stored_bits(made[name])
+    assert stored == plan
+    assert set(stored.values()) == {4, 8}
+
+
+def test_plan_takes_the_costliest_units_per_bit(made: dict[str, Path]) -> None:
+    """The greedy order: every unit kept at 8 bits saves at least as much KLD per weight as any unit that would have
+    fitted in the budget left."""
+    plan = _manifest(made["rtn-mixed"])["quantization"]["mixed"]["plan"]
+    high = [u["kld"] / u["params"] for u in plan if u["bits"] == 8]
+    low = [u["kld"] / u["params"] for u in plan if u["bits"] == 4]
+    assert len(high) + len(low) == len(plan)
+    assert sorted(high)[0] >= sorted(low)[len(low) // 2]  # above the median of what stayed at 4 bits
+
+
+def test_fused_layers_share_one_width(made: dict[str, Path]) -> None:
+    """vLLM fuses q/k/v and gate/up into one layer with one scheme: a unit is whole."""
+    stored = _stored_bits(made["rtn-mixed"])
+    for layer in {re.sub(r"\.(self_attn|mlp)\..*", "", n) for n in stored}:
+        assert len({stored[f"{layer}.self_attn.{p}_proj"] for p in "qkv"}) == 1
+        assert len({stored[f"{layer}.mlp.{p}_proj"] for p in ("gate", "up")}) == 1
+
+
+def test_mixed_checkpoint_scores_better_than_int4_everywhere(made: dict[str, Path]) -> None:
+    proc = quantkit("eval", made["rtn"], made["rtn-mixed"], "--baseline", TINY, "--dataset", "heldout",
+                    "--max-tokens", "2048", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kld = {Path(r["path"]).name: r["kld"] for r in json.loads(proc.stdout)["results"]}
+    assert math.isfinite(kld["rtn-mixed"])
+    assert kld["rtn-mixed"] < 0.75 * kld["rtn"], kld
+
+
+def test_transformers_loads_the_mixed_checkpoint(made: dict[str, Path]) -> None:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(made["gptq-mixed"], dtype="auto")
+    bits = {n: m.quantization_scheme.weights.num_bits for n, m in model.named_modules()
+            if getattr(m, "quantization_scheme", None) is not None}
+    plan = {mod: u["bits"] for u in _manifest(made["gptq-mixed"])["quantization"]["mixed"]["plan"]
+            for mod in u["modules"]}
+    assert bits == plan
+    out = model(torch.tensor([[1, 2, 3, 4]])).logits
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["rtn", "--target-bits", "9.5"], "outside what int4 and int8 layers mix to"),
+    (["rtn", "--target-bits", "3"], "outside what int4 and int8 layers mix to"),
+    (["gptq", "--target-bits", "5", "--bits", "8"], "leave bits at 4"),
+    (["gptq", "--target-bits", "5", "--format", "gptq"], "carries one bit width"),
+    (["autoround", "--target-bits", "5"], "No such option"),
+])
+def test_refused_before_loading(tmp_path: Path, argv: list[str], words: str) -> None:
+    proc = quantkit(argv[0], TINY, tmp_path / "out", *argv[1:])
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert words in proc.stderr + proc.stdout
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_refused_on_a_mixture_of_experts_model(tmp_path: Path) -> None:
+    model = make_moe("qwen3moe", tmp_path / "moe")
+    proc = quantkit("rtn", model, tmp_path / "out", "--target-bits", "5")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "mixture-of-experts" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_targets_name_exactly_the_planned_modules() -> None:
+    """The compressed-tensors target expressions match the modules at their width and nothing else."""
+    names = [f"model.layers.{i}.{p}" for i in range(12) for p in ("self_attn.q_proj", "self_attn.o_proj",
+                                                                  "mlp.down_proj")]
+    plan = [mixed.Unit(n, (n,), 1, 64, bits=8 if i % 3 == 0 else 4) for i, n in enumerate(names)]
+    for bits in (4, 8):
+        patterns = [re.compile(t.removeprefix("re:")) for t in mixed.targets(plan, bits)]
+        hit = {n for n in names if any(p.match(n) for p in patterns)}
+        assert hit == {u.name for u in plan if u.bits == bits}
+
+
+# --- GGUF: llama.cpp's mix with the costliest layer groups raised to Q8_0
+
+
+@pytest.fixture(scope="module")
+def gguf_made(tmp_path_factory) -> dict[str, Path]:
+    """Q4_K_M on the reference model as llama.cpp mixes it, and raised to a bits target."""
+    pytest.importorskip("gguf")
+    root = tmp_path_factory.mktemp("gguf-target")
+    out = {}
+    for name, flags in {"q4km": [], "q4km-mixed": ["--target-bits", "5.5", *CALIB]}.items():
+        out[name] = root / name
+        proc = quantkit("gguf", TINY, out[name], "-t", "Q4_K_M", *flags, "--json", env={"OMP_NUM_THREADS": "1"})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def test_gguf_bits_counted_from_the_file_meet_the_target(gguf_made: dict[str, Path]) -> None:
+    from quantkit.producers.gguf import target_bits
+
+    m = _manifest(gguf_made["q4km-mixed"])["quantization"]["mixed"]
+    file = next(gguf_made["q4km-mixed"].glob("*.gguf"))
+    assert target_bits.file_bits(file) == pytest.approx(m["measured_bits"], abs=1e-3)
+    assert abs(m["measured_bits"] - 5.5) <= mixed.TOLERANCE
+    assert m["base_bits"] == pytest.approx(target_bits.file_bits(next(gguf_made["q4km"].glob("*.gguf"))), abs=1e-3)
+    assert 0 < m["units_at_high"] < m["units"]
+
+
+def test_gguf_raised_tensors_are_q8_0_and_the_rest_keep_llama_cpp_mix(gguf_made: dict[str, Path]) -> None:
+    from quantkit.producers.gguf import target_bits
+
+    plan = _manifest(gguf_made["q4km-mixed"])["quantization"]["mixed"]["plan"]
+    raised = {t for u in plan if u["type"] == "Q8_0" for t in u["tensors"]}
+    base = target_bits.block_matrices(next(gguf_made["q4km"].glob("*.gguf")))
+    got = target_bits.block_matrices(next(gguf_made["q4km-mixed"].glob("*.gguf")))
+    assert raised and {n for n, t in got.items() if t.type == "Q8_0"} >= raised
+    assert all(got[n].type == base[n].type for n in got if n not in raised)
+
+
+def test_gguf_mix_scores_better_in_llama_cpp(gguf_made: dict[str, Path]) -> None:
+    proc = quantkit("eval", gguf_made["q4km"], gguf_made["q4km-mixed"], "--baseline", TINY, "--dataset", "heldout",
+                    "--max-tokens", "2048", "--json")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kld = {Path(r["path"]).name: r["kld"] for r in json.loads(proc.stdout)["results"]}
+    assert kld["q4km-mixed"] < kld["q4km"], kld
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["-t", "Q4_K_M", "-t", "Q6_K"], "exactly one --type"),
+    (["-t", "Q8_0"], "exactly one --type"),
+    (["-t", "Q4_K_M", "--target-bits", "9"], "above Q8_0"),
+])
+def test_gguf_target_refused_before_any_work(tmp_path: Path, flags: list[str], words: str) -> None:
+    flags = flags if "--target-bits" in flags else [*flags, "--target-bits", "5.5"]
+    proc = quantkit("gguf", TINY, tmp_path / "out", *flags)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert words in proc.stderr
+    assert not (tmp_path / "out").exists()
