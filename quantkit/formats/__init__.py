@@ -223,13 +223,14 @@ FORMATS: tuple[Format, ...] = (
            lambda s: s.target_bits is not None, _int_folder,
            verb="rtn",
            help="Round-to-nearest W4A16/W8A16 with no calibration: the instant option, and the baseline AWQ and "
-                "GPTQ must beat (with --target-bits, calibration tokens measure each layer's sensitivity).",
+                "GPTQ must beat (with --target-bits, the first 2,048 tokens of the default calibration set measure "
+                "each layer's sensitivity).",
            examples=("quantkit rtn models/quantkit-tiny out/rtn", "quantkit rtn org/model out/rtn-w8 --bits 8",
-                     "quantkit rtn org/model out/rtn-mixed --target-bits 5.5 --samples 8"),
+                     "quantkit rtn org/model out/rtn-mixed --target-bits 5.5"),
            flags=(BITS, GROUP, TARGET_BITS,
                   _f("symmetric", "--symmetric/--asymmetric", bool, "quantize.symmetric",
                      "Symmetric quantization \\[default: symmetric]."),
-                  *CALIBRATION, *IGNORE, *REVISION, *LOADING, *DEVICE, *SEED)),
+                  *IGNORE, *REVISION, *LOADING, *DEVICE, *SEED)),
     Format("gguf", GgufSpec, "quantkit.producers.gguf", "gguf", lambda s: s.imatrix or s.target_bits is not None,
            lambda s: "gguf" if s.target_bits is None else f"gguf-b{s.target_bits:g}",
            verb="gguf",

@@ -16,7 +16,7 @@ from quantkit.formats import gguf_types
 GROUP_SIZES = (-1, 32, 64, 128, 256)
 # An unset group_size is 128, or where 128 does not divide every layer's input width (SmolLM2's hidden_size is 576),
 # the largest of these that does: the group sizes vLLM 0.26's int4/int8 weight-only kernels take (Machete, Hopper's
-# first choice: -1, 64, 128; Marlin: -1, 32, 64, 128; see quantkit.serve.kernels). -1 when none divides.
+# first choice: -1, 64, 128; Marlin: -1, 32, 64, 128; see quantkit.engines.vllm.kernels). -1 when none divides.
 DEFAULT_GROUP_SIZE = 128
 FALLBACK_GROUP_SIZES = (64, 32)
 W4A8_GROUP_SIZE = 128  # the only size llm-compressor's W4AFP8 scheme and vLLM's CUTLASS W4A8 kernel take

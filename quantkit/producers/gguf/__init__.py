@@ -34,7 +34,8 @@ from typing import Any
 from quantkit.errors import SourceModelError, UsageError
 from quantkit.producers import mixed, moe
 from quantkit.producers.base import ProduceContext, Produced
-from quantkit.producers.gguf import collect, convert, guards, imatrix, quantize, target_bits, tools, types
+from quantkit.formats import gguf_types as types
+from quantkit.producers.gguf import collect, convert, guards, imatrix, quantize, target_bits, tools
 from quantkit.source import SourceModel
 
 # Preferred intermediate among requested unquantized types: the most precise one.
@@ -199,7 +200,7 @@ def _to_target(ctx: ProduceContext, plan: convert.Plan, intermediate: Path, made
     import torch
     import transformers
 
-    from quantkit.engines.transformers import resolve_device
+    from quantkit.devices import resolve_device
 
     rep = ctx.reporter
     calib = im.calibration if im and im.calibration else ctx.calibration_set(

@@ -31,7 +31,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from quantkit.errors import BackendError
-from quantkit.producers.gguf import tools, types
+from quantkit.formats import gguf_types as types
+from quantkit.producers.gguf import tools
 
 
 

@@ -31,7 +31,8 @@ from typing import Any
 
 from quantkit.errors import UsageError
 from quantkit.producers import mixed
-from quantkit.producers.gguf import quantize, tools, types
+from quantkit.formats import gguf_types as types
+from quantkit.producers.gguf import quantize, tools
 
 HIGH_TYPE = "Q8_0"
 HIGH_BITS = 8.5  # Q8_0: 32 int8 values and one f16 scale per block
@@ -151,9 +152,15 @@ def plan(model: Any, convert_plan: Any, base: Path, intermediate: Path, target: 
 
 def requantize(intermediate: Path, dest: Path, type_name: str, raised: list[str], imatrix: Path | None,
                work: Path) -> None:
-    """``llama-quantize --tensor-type-file``: the type's mix with ``raised`` at Q8_0 (same importance matrix)."""
+    """``llama-quantize --tensor-type-file``: the type's mix with ``raised`` at Q8_0 (same importance matrix).
+
+    Every other block matrix is named too, with the type the mix gave it in ``dest``: llama.cpp's mix counts the
+    tensors it chooses for (``use_more_bits`` over the ffn_down and attn_v it has seen), so tensors taken out of it
+    would shift which of the rest it keeps at 6 bits."""
+    kept = {n: t.type for n, t in block_matrices(dest).items() if n not in set(raised)}
     listing = work / ".tensor-types.txt"
-    listing.write_text("".join(f"^{re.escape(n)}$={HIGH_TYPE.lower()}\n" for n in raised))
+    listing.write_text("".join(f"^{re.escape(n)}$={HIGH_TYPE.lower()}\n" for n in raised)
+                       + "".join(f"^{re.escape(n)}$={t.lower()}\n" for n, t in sorted(kept.items())))
     args = ["--tensor-type-file", str(listing)] + (["--imatrix", str(imatrix)] if imatrix else [])
     try:
         tools.run("llama-quantize", [*args, str(intermediate), str(dest), types.get(type_name).name,
