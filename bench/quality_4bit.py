@@ -39,9 +39,9 @@ CACHE = Path.home() / ".cache" / "quantkit" / "bench" / "quality_4bit"
 # name -> (what it is, verb, its own flags); calibration flags are added to every calibrating verb.
 VARIANTS: dict[str, tuple[str, str, list[str]]] = {
     "rtn": ("RTN W4A16 (symmetric)", "rtn", []),
-    "gptq": ("GPTQ W4A16, static act-order (quantkit's default)", "gptq", []),
-    "gptq-no-actorder": ("GPTQ W4A16, no act-order", "gptq", ["--no-act-order"]),
-    "gptq-imatrix": ("GPTQ W4A16, static act-order, imatrix_mse observer", "gptq", ["--imatrix"]),
+    "gptq": ("GPTQ W4A16, static act-order, min-max group ranges", "gptq", ["--no-imatrix"]),
+    "gptq-no-actorder": ("GPTQ W4A16, no act-order", "gptq", ["--no-act-order", "--no-imatrix"]),
+    "gptq-imatrix": ("GPTQ W4A16, static act-order, imatrix_mse observer (quantkit's default)", "gptq", ["--imatrix"]),
     "awq": ("AWQ W4A16 (asymmetric)", "awq", []),
     "autoround": ("AutoRound W4A16 (symmetric)", "autoround", []),
     "gguf": ("llama.cpp Q4_K_M, no imatrix", "gguf", ["-t", "Q4_K_M"]),

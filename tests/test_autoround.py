@@ -142,8 +142,10 @@ def test_gptq_imatrix_observer_gets_importance(tmp_path):
     layer's activations during GPTQ's own calibration pass: without them it falls back to uniform MSE and warns."""
     p = compressed.plan(GptqSpec(method="gptq", imatrix=True))
     assert p.modifiers[0][1]["config_groups"]["group_0"]["weights"]["observer"] == "imatrix_mse"
-    assert "observer" not in compressed.plan(GptqSpec(method="gptq")).modifiers[0][1]["config_groups"]["group_0"][
-        "weights"]
+    assert compressed.plan(GptqSpec(method="gptq")).modifiers[0][1]["config_groups"]["group_0"]["weights"][
+        "observer"] == "imatrix_mse"  # the default
+    assert "observer" not in compressed.plan(GptqSpec(method="gptq", imatrix=False)).modifiers[0][1][
+        "config_groups"]["group_0"]["weights"]
     out = tmp_path / "gptq-imatrix"
     proc = quantkit("gptq", TINY, out, "--samples", "4", "--seq-len", "64", "--imatrix",
                     env={"LLM_COMPRESSOR_LOG_LEVEL": "WARNING", "OMP_NUM_THREADS": "1"})

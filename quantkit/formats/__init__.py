@@ -164,7 +164,7 @@ FORMATS: tuple[Format, ...] = (
                   _f("damp", "--damp", float, "quantize.damp", "Hessian dampening fraction \\[default: 0.01]."),
                   _f("imatrix", "--imatrix/--no-imatrix", bool, "quantize.imatrix",
                      "Choose each group's range by llm-compressor's importance-weighted MSE observer (error weighted "
-                     "by each input channel's mean squared activation) instead of its min and max \\[default: off]."),
+                     "by each input channel's mean squared activation) instead of its min and max \\[default: on]."),
                   _f("format", "--format", str, "quantize.format",
                      "compressed-tensors, or gptq to also write the legacy GPTQ layout."),
                   *LLMCOMPRESSOR)),

@@ -93,9 +93,11 @@ class GptqSpec(MethodBase):
     symmetric: bool = True
     act_order: bool = Field(True, description="GPTQ activation ordering (static: no g_idx, no runtime cost)")
     damp: float = Field(0.01, gt=0, lt=1, description="dampening as a fraction of the Hessian diagonal mean")
-    imatrix: bool = Field(False, description="choose each group's range with llm-compressor's importance-weighted "
+    imatrix: bool = Field(True, description="choose each group's range with llm-compressor's importance-weighted "
                           "MSE observer (imatrix_mse: quantization error weighted by each input channel's mean "
-                          "squared activation on the calibration set) instead of the group's min and max")
+                          "squared activation on the calibration set) instead of the group's min and max; on by "
+                          "default since it lowered KLD on both measured models (SmolLM2-135M 0.160 -> 0.097, the "
+                          "reference model 0.0430 -> 0.0379) for about 6% more time")
     format: Literal["compressed-tensors", "gptq"] = "compressed-tensors"
     target_bits: float | None = Field(None, gt=0, le=16, description=TARGET_BITS_HELP)
     _g = field_validator("group_size")(_check_group_size)

@@ -1,0 +1,116 @@
+"""Bits per weight against KLD on the real model (issue 25): every 4-bit recipe and bits target, on the same tokens.
+
+    python bench/bits_frontier.py            # reads the committed results, writes bench/results/bits_frontier_smollm2.*
+
+Inputs, all committed:
+
+* ``bench/results/h200/bits/``: the H200 run of ``scripts/gpu_cases.py --only bits`` (SmolLM2-135M-Instruct, every
+  artifact made by the CLI with its default 128 x 512 calibration, scored by ``quantkit eval`` in vLLM and, exactly,
+  in transformers on the GPU), the GPTQ ``--imatrix --target-bits`` sweep, and each artifact's measured bits
+  (``artifacts.json``, from the manifests);
+* ``bench/results/h200/bits/gguf_cpu_eval.json``: llama.cpp's Q4_K_M with and without an importance matrix (the
+  same 128 x 512 calibration) scored by llama.cpp on this machine's CPU on the same 32,768 held-out tokens (ctx 2048)
+  against the same bf16 model, with the bits of its block matrices counted from the file.
+
+Every KLD here is exact (full distributions): transformers for compressed-tensors (vLLM's top-20 figures are a lower
+bound, listed beside), llama.cpp for GGUF. Writes bench/results/bits_frontier_smollm2.{md,json,png}.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import meta  # noqa: E402
+
+BITS = meta.ROOT / "bench" / "results" / "h200" / "bits"
+OUT = meta.ROOT / "bench" / "results" / "bits_frontier_smollm2"
+LABELS = {"smollm2-gptq-imatrix": "GPTQ W4A16 --imatrix", "smollm2-autoround": "AutoRound W4A16 (200 steps)",
+          "smollm2-gptq-imatrix-b5.53": "GPTQ --imatrix --target-bits 5.53",
+          "smollm2-awq-b5.53-rerun": "AWQ --target-bits 5.53", "smollm2-rtn-b5.53": "RTN --target-bits 5.53"}
+
+
+def _load(name: str) -> Any:
+    return json.loads((BITS / name).read_text())
+
+
+def rows() -> list[dict[str, Any]]:
+    """One row per artifact: what it is, its bits, its exact KLD, top-1, ppl ratio (and vLLM's bound when served)."""
+    made = _load("artifacts.json")
+    cases = {c["name"]: c for c in _load("gpu_cases.json")["cases"]}
+    cases |= {c["name"] + "-rerun": c for c in _load("gpu_cases_awq_rerun.json")["cases"]}
+    out = []
+    for name, label in LABELS.items():
+        c, ev = cases[name], cases[name]["eval_transformers"]
+        out.append({"artifact": label, "engine": "transformers (vLLM loads and serves it)",
+                    "bits": made[name]["measured_bits"], "kld": ev["kld"], "top1": ev["top1"],
+                    "ppl_ratio": ev["ppl_ratio"], "kld_vllm_top20": c["eval"].get("kld"),
+                    "quantize_s": made[name]["total_s"], "family": "gptq-sweep" if "gptq-imatrix" in name else name})
+    plans = _load("gptq_imatrix_sweep_plans.json")
+    for r in _load("gptq_imatrix_sweep_eval.json")["results"]:
+        folder = r["path"]
+        out.append({"artifact": f"GPTQ --imatrix --target-bits {folder.rsplit('-b', 1)[1]}", "engine": "transformers",
+                    "bits": plans[folder]["mixed"]["measured_bits"], "kld": r["kld"], "top1": r["top1"],
+                    "ppl_ratio": r["ppl_ratio"], "kld_vllm_top20": None,
+                    "quantize_s": plans[folder]["timings"]["total"], "family": "gptq-sweep"})
+    gguf = _load("gguf_cpu_eval.json")
+    for r in gguf["results"]:
+        out.append({"artifact": r["label"], "engine": "llama.cpp (CPU)", "bits": r["bits"], "kld": r["kld"],
+                    "top1": r["top1"], "ppl_ratio": r["ppl_ratio"], "kld_vllm_top20": None, "quantize_s": None,
+                    "family": "gguf"})
+    return sorted(out, key=lambda r: (r["bits"], r["kld"]))
+
+
+def markdown(table: list[dict[str, Any]]) -> str:
+    lines = ["# Bits per weight against KLD: SmolLM2-135M-Instruct (issue 25)", "",
+             f"- command: `python bench/bits_frontier.py` (inputs: {BITS.relative_to(meta.ROOT)}/, see its README)",
+             "- tokens: 32,768 held-out (ctx 2048), exact KLD against the bf16 model (ppl 8.364)",
+             "- bits: of the quantized linear layers (compressed-tensors: packed values, scales, zero points; GGUF: "
+             "the block matrices' tensor bytes), counted from the files", "",
+             "| artifact | scored by | bits/weight | KLD | top-1 | ppl ratio | vLLM KLD (top-20 bound) "
+             "| quantize s (H200) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in table:
+        vllm = f"{r['kld_vllm_top20']:.4f}" if r["kld_vllm_top20"] is not None else "-"
+        secs = f"{r['quantize_s']:.0f}" if r["quantize_s"] is not None else "-"
+        lines.append(f"| {r['artifact']} | {r['engine']} | {r['bits']:.3f} | {r['kld']:.4f} | {r['top1']:.3f} | "
+                     f"{r['ppl_ratio']:.3f} | {vllm} | {secs} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(table: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    sweep = sorted((r for r in table if r["family"] == "gptq-sweep"), key=lambda r: r["bits"])
+    ax.plot([r["bits"] for r in sweep], [r["kld"] for r in sweep], "o-", label="GPTQ --imatrix (--target-bits)")
+    for fam, marker, label in (("gguf", "s", None), ("smollm2-autoround", "^", None),
+                               ("smollm2-awq-b5.53-rerun", "v", None), ("smollm2-rtn-b5.53", "x", None)):
+        for r in (r for r in table if r["family"] == fam):
+            ax.plot(r["bits"], r["kld"], marker, label=label or r["artifact"])
+    ax.set_xlabel("bits per weight of the quantized layers (from the files)")
+    ax.set_ylabel("KLD vs bf16 (nats/token, exact)")
+    ax.set_yscale("log")
+    ax.set_title("SmolLM2-135M-Instruct, 32,768 held-out tokens")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main() -> None:
+    table = rows()
+    OUT.with_suffix(".json").write_text(json.dumps({"rows": table}, indent=1) + "\n")
+    OUT.with_suffix(".md").write_text(markdown(table))
+    plot(table, OUT.with_suffix(".png"))
+    print(markdown(table))
+
+
+if __name__ == "__main__":
+    main()
