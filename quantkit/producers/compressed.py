@@ -359,8 +359,17 @@ def _bits_plan(model: Any, spec: Any, job: dict[str, Any], device: str, rep: Any
                                                                                            dict[str, Any]]:
     """Measure each layer group's 4-bit sensitivity on the model as loaded (moved to the GPU for it, when there is
     one, and back), then choose which groups go to 8 bits; says the choice in one line."""
+    import torch
+
     found = mixed.units(model, job["ignore"])
     where = "cuda" if device == "cuda" else "cpu"
+    if where == "cuda":
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        free, _ = torch.cuda.mem_get_info()
+        if weights * 1.2 > free:  # the weights, the kept reference log-probabilities and one forward's activations
+            raise UsageError(f"--target-bits measures each layer group with the whole model on one GPU, and its "
+                             f"{weights / 2**30:.1f} GiB of weights do not fit in the {free / 2**30:.1f} GiB free",
+                             hint="use a GPU with more memory, or drop --target-bits")
     with rep.timed("sensitivity"), rep.bar(f"Measuring the 4-bit KLD of {len(found)} layer groups on {where}",
                                            len(found)) as task:
         model.to(where)

@@ -105,11 +105,11 @@ def units(model: Any, ignore: list[str]) -> list[Unit]:
     return out
 
 
-def _fake_quantize(weight: Any, bits: int, group_size: int, symmetric: bool) -> Any:
+def fake_quantize(weight: Any, bits: int, group_size: int, symmetric: bool) -> Any:
     """Round-to-nearest with compressed-tensors' own arithmetic: what the weight looks like once quantized."""
     import torch
     from compressed_tensors.quantization import QuantizationArgs
-    from compressed_tensors.quantization.lifecycle.forward import fake_quantize
+    from compressed_tensors.quantization.lifecycle.forward import fake_quantize as qdq
     from compressed_tensors.quantization.utils import calculate_qparams
 
     grouped = group_size > 0
@@ -121,7 +121,7 @@ def _fake_quantize(weight: Any, bits: int, group_size: int, symmetric: bool) -> 
     if not grouped:
         scale, zero = scale.view(-1, 1), zero.view(-1, 1)
     with torch.no_grad():
-        return fake_quantize(w, scale, zero, args).to(weight.dtype)
+        return qdq(w, scale, zero, args).to(weight.dtype)
 
 
 def measure(model: Any, found: list[Unit], samples: list[list[int]], group_size: int, symmetric: bool,
@@ -160,7 +160,7 @@ def measure(model: Any, found: list[Unit], samples: list[list[int]], group_size:
     for unit in found:
         originals = {m: modules[m].weight.data.clone() for m in unit.modules}
         for m in unit.modules:
-            modules[m].weight.data = _fake_quantize(originals[m], LOW_BITS, group_size, symmetric)
+            modules[m].weight.data = fake_quantize(originals[m], LOW_BITS, group_size, symmetric)
         try:
             kld = sum(float(torch.nn.functional.kl_div(q, p, log_target=True, reduction="sum"))
                       for p, q in zip(reference, logprobs())) / scored

@@ -113,7 +113,7 @@ def plan(model: Any, convert_plan: Any, base: Path, intermediate: Path, target: 
     proxy = {}
     for m, gguf_name in names.items():
         w = modules[m].weight.data.float()
-        dq = mixed._fake_quantize(w, mixed.LOW_BITS, PROXY_GROUP, False).float()
+        dq = mixed.fake_quantize(w, mixed.LOW_BITS, PROXY_GROUP, False).float()
         proxy[gguf_name] = float(((dq - w) ** 2).sum() / torch.clamp((w ** 2).sum(), min=1e-30))
     actual = relative_errors(base, intermediate, set(names.values()))
     gain, extra, rows = {}, {}, []
