@@ -207,14 +207,16 @@ def _to_target(ctx: ProduceContext, plan: convert.Plan, intermediate: Path, made
         transformers.AutoTokenizer.from_pretrained(str(ctx.source.path), trust_remote_code=False))
     model = collect._load(transformers, torch, ctx.source.path, resolve_device(ctx.runtime.device), rep)
     with rep.timed("sensitivity"):
-        record, raised = target_bits.plan(model, plan, made, intermediate, ctx.spec.target_bits, calib.samples, rep)
+        record, assignment = target_bits.plan(model, plan, made, intermediate, ctx.spec.target_bits, calib.samples,
+                                              rep)
     del model
     rep.log(f"bits plan: {record['units_at_high']} of {record['units']} layer groups raised to "
             f"{target_bits.HIGH_TYPE} ({record['planned_bits']:.3f} bits per weight planned, base "
             f"{record['base_bits']:.3f}, target {ctx.spec.target_bits:g})")
-    with rep.step(f"quantize_{type_name}_target", f"Quantizing {type_name} again with {len(raised)} tensors at "
-                                                  f"{target_bits.HIGH_TYPE} (llama-quantize --tensor-type-file)"):
-        target_bits.requantize(intermediate, made, type_name, raised,
+    with rep.step(f"quantize_{type_name}_target", f"Quantizing {type_name} again with {record['units_at_high']} "
+                                                  f"layer groups at {target_bits.HIGH_TYPE} "
+                                                  "(llama-quantize --tensor-type-file)"):
+        target_bits.requantize(intermediate, made, type_name, assignment,
                                ctx.workdir / im.record["file"] if im else None, ctx.workdir)
     record["measured_bits"] = round(target_bits.file_bits(made), 4)
     record["tolerance"] = mixed.TOLERANCE

@@ -99,7 +99,8 @@ def relative_errors(quantized: Path, reference: Path, names: set[str]) -> dict[s
 
 def plan(model: Any, convert_plan: Any, base: Path, intermediate: Path, target: float, samples: list[list[int]],
          reporter: Any) -> tuple[dict[str, Any], list[str]]:
-    """Measure, estimate and choose; returns the manifest record and the tensors to raise to Q8_0."""
+    """Measure, estimate and choose; returns the manifest record and every block matrix's type: Q8_0 for those
+    raised, the type the mix gave it in ``base`` for the rest."""
     import torch
 
     in_file = block_matrices(base)
@@ -135,7 +136,7 @@ def plan(model: Any, convert_plan: Any, base: Path, intermediate: Path, target: 
                          hint=f"choose a target of at least {base_bits:.2f}, or a smaller --type")
     high = mixed.greedy({k: v for k, v in gain.items() if extra[k] > 0}, extra,
                         target * weights - stored)
-    raised = sorted(t for r in rows if r["name"] in high for t in r["tensors"])
+    raised = {t for r in rows if r["name"] in high for t in r["tensors"]}
     for r in rows:
         r["type"] = HIGH_TYPE if r["name"] in high else "+".join(r["types"])
     record = {"target_bits": target, "base_bits": round(base_bits, 4), "high_type": HIGH_TYPE,
@@ -147,20 +148,19 @@ def plan(model: Any, convert_plan: Any, base: Path, intermediate: Path, target: 
                                                       "scaled by each tensor's error in the file",
                               "seconds": round(time.monotonic() - t0, 1)},
               "plan": rows}
-    return record, raised
+    return record, {n: HIGH_TYPE if n in raised else t.type for n, t in sorted(in_file.items())}
 
 
-def requantize(intermediate: Path, dest: Path, type_name: str, raised: list[str], imatrix: Path | None,
+def requantize(intermediate: Path, dest: Path, type_name: str, assignment: dict[str, str], imatrix: Path | None,
                work: Path) -> None:
-    """``llama-quantize --tensor-type-file``: the type's mix with ``raised`` at Q8_0 (same importance matrix).
+    """``llama-quantize --tensor-type-file``: every block matrix at the type :func:`plan` gave it (same importance
+    matrix).
 
-    Every other block matrix is named too, with the type the mix gave it in ``dest``: llama.cpp's mix counts the
-    tensors it chooses for (``use_more_bits`` over the ffn_down and attn_v it has seen), so tensors taken out of it
-    would shift which of the rest it keeps at 6 bits."""
-    kept = {n: t.type for n, t in block_matrices(dest).items() if n not in set(raised)}
+    The ones not raised are named too, at the type the mix gave them: llama.cpp's mix counts the tensors it chooses
+    for (``use_more_bits`` over the ffn_down and attn_v it has seen), so tensors taken out of it would shift which of
+    the rest it keeps at 6 bits."""
     listing = work / ".tensor-types.txt"
-    listing.write_text("".join(f"^{re.escape(n)}$={HIGH_TYPE.lower()}\n" for n in raised)
-                       + "".join(f"^{re.escape(n)}$={t.lower()}\n" for n, t in sorted(kept.items())))
+    listing.write_text("".join(f"^{re.escape(n)}$={t.lower()}\n" for n, t in assignment.items()))
     args = ["--tensor-type-file", str(listing)] + (["--imatrix", str(imatrix)] if imatrix else [])
     try:
         tools.run("llama-quantize", [*args, str(intermediate), str(dest), types.get(type_name).name,
