@@ -9,7 +9,10 @@ vLLM's and llama.cpp's converter's registry name) and says, as data:
 * ``trt_decoder``: ModelOpt's ``decoder_type`` for the TensorRT-LLM export, for the architectures it is tested with
   (:mod:`quantkit.producers.trt`);
 * ``llama_cpp_refuses``: configurations llama.cpp's converter takes but converts wrong, each measured
-  (:mod:`quantkit.producers.gguf.guards` refuses them before any work).
+  (:mod:`quantkit.producers.gguf.guards` refuses them before any work);
+* ``vision``: a vision-language model's parts kept as they are (:class:`VisionLanguage`): the vision tower and the
+  projector stay in the source's precision while the language model is quantized (the default ignore list, the
+  check that they left the quantizer byte for byte unchanged, the manifest's list of them).
 
 An architecture that needs none of these (Llama-like dense decoders: most of ``tests/data/architectures.yaml``, the
 matrix they are tested on) has no row. Standard library only, the bottom floor: it imports nothing of quantkit.
@@ -138,6 +141,36 @@ _YARN_MSCALE = LlamaCppQuirk(
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# Vision-language models
+
+
+@dataclass(frozen=True)
+class VisionLanguage:
+    """A vision-language family: which top-level parts of the model are its vision side, kept unquantized.
+
+    ``keep`` are module names under the model (transformers 5.17's in-memory ``model.<part>``, also the checkpoint's
+    ``<part>`` and vLLM's): every tensor under them is left as the source has it. Quantizing a vision tower saves
+    little (it is a few percent of the weights) and its activations are nothing like the text calibration
+    samples; llm-compressor's examples, vLLM's and llama.cpp's mmproj files all keep it in 16 bits. The language
+    model is ``model.language_model`` in every family transformers 5 has.
+    """
+
+    family: str  # recorded in the manifest (quantization.vision.family)
+    keep: tuple[str, ...]  # the vision tower and projector parts, as named under the model
+
+    def ignore_patterns(self) -> list[str]:
+        """The parts as llm-compressor ignore patterns that match the in-memory, checkpoint and vLLM names."""
+        return [f"re:(.*\\.)?{re.escape(part)}\\..*" for part in self.keep]
+
+    def kept(self, tensor: str) -> bool:
+        """Whether a tensor name (in-memory or checkpoint spelling) belongs to a part kept as it is."""
+        return any(re.match(f"(.*\\.)?{re.escape(part)}\\.", tensor) for part in self.keep)
+
+
+_TOWER = ("vision_tower", "multi_modal_projector")
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # The table
 
 
@@ -150,6 +183,7 @@ class Architecture:
     moe: MoeFamily | None = None
     trt_decoder: str | None = None  # ModelOpt's decoder_type for the TensorRT-LLM export (tested ones only)
     llama_cpp_refuses: tuple[LlamaCppQuirk, ...] = ()  # checked in this order
+    vision: VisionLanguage | None = None
 
 
 _QWEN_EXPERTS = ("num_experts", "num_local_experts")
@@ -170,6 +204,16 @@ TABLE: tuple[Architecture, ...] = (
                  llama_cpp_refuses=(_MLA_BIAS, _ROPE_HALF, _NO_SCORING, _YARN_MSCALE)),
     Architecture("DeepseekV2ForCausalLM", "deepseek_v2", llama_cpp_refuses=(_MLA_BIAS, _ROPE_HALF, _YARN_MSCALE)),
     Architecture("Gemma3ForCausalLM", "gemma3_text", llama_cpp_refuses=(_GEMMA3_LAYERS,)),
+    # Vision-language models: the families transformers 5.17 and vLLM 0.26 both have (tests/vlm_models.py makes the
+    # first three; the others share their part names).
+    Architecture("LlavaForConditionalGeneration", "llava", vision=VisionLanguage("llava", _TOWER)),
+    Architecture("Qwen2_5_VLForConditionalGeneration", "qwen2_5_vl", vision=VisionLanguage("qwen2.5-vl", ("visual",))),
+    Architecture("Gemma3ForConditionalGeneration", "gemma3", vision=VisionLanguage("gemma3", _TOWER),
+                 llama_cpp_refuses=(_GEMMA3_LAYERS,)),
+    Architecture("Qwen2VLForConditionalGeneration", "qwen2_vl", vision=VisionLanguage("qwen2-vl", ("visual",))),
+    Architecture("Qwen3VLForConditionalGeneration", "qwen3_vl", vision=VisionLanguage("qwen3-vl", ("visual",))),
+    Architecture("Mistral3ForConditionalGeneration", "mistral3", vision=VisionLanguage("mistral3", _TOWER)),
+    Architecture("InternVLForConditionalGeneration", "internvl", vision=VisionLanguage("internvl", _TOWER)),
 )
 BY_NAME = {a.name: a for a in TABLE}
 # ModelOpt's decoder per tested architecture, in the table's order (the export refuses the rest, naming these).
@@ -183,6 +227,19 @@ def get(config: Config) -> Architecture | None:
     """The row of a model's architecture (its ``config.json``), or None when quantkit needs nothing special."""
     archs = config.get("architectures") or []
     return BY_NAME.get(archs[0]) if archs else None
+
+
+def vision_language(config: Config) -> VisionLanguage | None:
+    """The vision side of a vision-language model (its ``config.json``), or None for a text-only model."""
+    row = get(config)
+    return row.vision if row else None
+
+
+def text_config(config: Config) -> Config:
+    """The language model's config: a vision-language model's ``text_config`` (widths, layers, vocabulary), else
+    the config itself."""
+    nested = config.get("text_config")
+    return nested if isinstance(nested, dict) and nested else config
 
 
 def moe_family(config: Config) -> MoeFamily | None:
