@@ -3,7 +3,9 @@
 ``--ignore`` (recipe ``ignore:``) *adds* to the defaults, it never replaces them: a user who keeps one extra
 layer in bf16 must not get an int4 ``lm_head`` as a side effect. The defaults are ``lm_head`` and, in
 mixture-of-experts models, the router gates and shared-expert gates (quantizing a router changes which experts
-every token goes to); ``default_ignore: false`` (``--no-default-ignore``) turns them off.
+every token goes to); ``default_ignore: false`` (``--no-default-ignore``) turns them off. A vision-language model's
+vision tower and projector (its family's parts in :mod:`quantkit.architectures`) are always kept, whatever
+``default_ignore`` says: only its language model is quantized (:mod:`quantkit.producers.vision` checks it).
 
 Every pattern the user gives must match at least one module of the source checkpoint, read from its safetensors
 headers before any weight loads: a misspelt name is an error listing the nearest real names, never a pattern that
@@ -18,7 +20,7 @@ import difflib
 import fnmatch
 import re
 
-from quantkit.architectures import router_patterns
+from quantkit.architectures import router_patterns, vision_language
 from quantkit.errors import UsageError
 from quantkit.formats.specs import MethodBase
 from quantkit.source import SourceModel, safetensors_header
@@ -71,6 +73,9 @@ def effective(spec: MethodBase, source: SourceModel, *, wildcards: bool = False)
         defaults = list(ALWAYS) + router_patterns(source.config)
         if wildcards:
             defaults = [p if not p.startswith("re:") else _as_wildcard(p) for p in defaults]
+    vl = vision_language(source.config)
+    if vl is not None:
+        defaults += [f"*{part}.*" for part in vl.keep] if wildcards else vl.ignore_patterns()
     for pattern in spec.ignore:
         if _is_class_name(pattern) or pattern in ALWAYS:
             continue

@@ -49,7 +49,8 @@ from typing import Any
 from quantkit import ignore as ignore_mod
 from quantkit.errors import BackendError, SourceModelError, UsageError
 from quantkit.formats.specs import DEFAULT_GROUP_SIZE, FALLBACK_GROUP_SIZES, W4A8_GROUP_SIZE
-from quantkit.producers import coverage, mixed, moe
+from quantkit.architectures import text_config
+from quantkit.producers import coverage, mixed, moe, vision
 from quantkit.producers.base import ProduceContext, Produced
 from quantkit.source import SourceModel
 
@@ -392,11 +393,16 @@ class CompressedProducer:
 
     def check(self, spec: Any, source: SourceModel) -> None:
         archs = source.config.get("architectures") or []
-        if not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+        if not vision.family(source.config) and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
+            from quantkit.architectures import TABLE
+
+            known = ", ".join(a.name for a in TABLE if a.vision)
             raise SourceModelError(
                 f"{source.spec} is a {', '.join(archs) or 'model without architectures'}; "
-                f"`quantkit {spec.method}` quantizes causal language models (…ForCausalLM)",
-                hint="check config.json's architectures; vision-language models need their own recipe")
+                f"`quantkit {spec.method}` quantizes causal language models (…ForCausalLM) and the vision-language "
+                f"families of its architecture table ({known})",
+                hint="check config.json's architectures; another vision-language family needs a row in "
+                     "quantkit/architectures.py naming its vision parts (DESIGN.md: adding an architecture)")
         choice = group_choice(spec, source)
         _check_tiles(spec, source)
         ignore_mod.effective(spec, source)  # a misspelt --ignore fails here, before anything loads
@@ -404,7 +410,7 @@ class CompressedProducer:
             _check_target_bits(spec, source, choice.size)
 
     def estimate_bytes(self, spec: Any, source: SourceModel) -> int:
-        cfg = source.config
+        cfg = text_config(source.config)
         vocab, hidden = int(cfg.get("vocab_size") or 0), int(cfg.get("hidden_size") or 0)
         unquantized = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
         params = source.num_parameters or source.size_bytes // 2
@@ -454,6 +460,8 @@ class CompressedProducer:
             info["coverage"] = cov.manifest()
             with rep.step("save", "Saving the compressed-tensors checkpoint"), _quiet_backend():
                 _save(model, tokenizer, ctx.workdir, job["config"], p.save_format)
+                if vision.family(ctx.source.config):
+                    vision.record_ignored(ctx.workdir, model, job["ignore"])
             del model
             if bits_plan is not None:
                 achieved = mixed.measured_bits(ctx.workdir, bits_plan)
@@ -461,6 +469,13 @@ class CompressedProducer:
                 info["mixed"] = mixed.manifest(bits_plan, spec.target_bits, achieved, spec.group_size, spec.symmetric,
                                                sensitivity)
                 rep.log(f"bits per weight of the quantized layers: {achieved:.3f} (target {spec.target_bits:g})")
+        vl = vision.family(ctx.source.config)
+        if vl is not None:
+            with rep.step("check_vision", "Checking that the vision tower and projector are as the source has them"):
+                vision.copy_processor(ctx.source.path, ctx.workdir)
+                info["vision"] = vision.check_kept(ctx.source, ctx.workdir, vl)
+            rep.log(f"kept as the source has them: {', '.join(vl.keep)} ({info['vision']['tensors']} tensors, "
+                    f"{info['vision']['parameters'] / 1e6:.1f}M parameters, {'/'.join(info['vision']['dtypes'])})")
         tokens = (info.get("moe") or {}).get("expert_tokens")
         warning = moe.low_token_warning(tokens, "llm-compressor calibrated them on tokens routed elsewhere, so their "
                                                 "scales may not fit what they see in use") if tokens else None
@@ -565,8 +580,11 @@ def _load_model(job: dict[str, Any], distributed: bool = False) -> Any:
     """
     _quiet_llmcompressor_log()
     import torch
-    from transformers import AutoModelForCausalLM
+    import transformers
 
+    # A vision-language checkpoint loads as the class it names (its language model, vision tower and projector).
+    auto = transformers.AutoModelForImageTextToText if vision.family(job["config"]) else \
+        transformers.AutoModelForCausalLM
     dtype = job["dtype"]
     kwargs: dict[str, Any] = {"dtype": "auto" if dtype == "auto" else getattr(torch, dtype),
                               "trust_remote_code": job["trust_remote_code"]}
@@ -575,9 +593,9 @@ def _load_model(job: dict[str, Any], distributed: bool = False) -> Any:
             from compressed_tensors.offload import load_offloaded_model
 
             with load_offloaded_model():
-                model = AutoModelForCausalLM.from_pretrained(job["source"], device_map="auto_offload", **kwargs)
+                model = auto.from_pretrained(job["source"], device_map="auto_offload", **kwargs)
         else:
-            model, info = AutoModelForCausalLM.from_pretrained(job["source"], output_loading_info=True, **kwargs)
+            model, info = auto.from_pretrained(job["source"], output_loading_info=True, **kwargs)
             missing = sorted(info.get("missing_keys") or [])
             if missing:
                 raise SourceModelError(
@@ -676,6 +694,14 @@ def _oneshot(model: Any, p: Plan, job: dict[str, Any]) -> dict[str, Any]:
 
         kwargs |= {"dataset": Dataset.from_dict({"input_ids": samples}), "num_calibration_samples": len(samples),
                    "max_seq_length": job["seq_len"], "shuffle_calibration_samples": False}
+    scoped: list[str] = []
+    if vision.family(job["config"]):
+        from transformers import AutoTokenizer
+
+        scoped = vision.scope_modifiers(modifiers, model)
+        # The samples are token ids already; without a processor oneshot builds the checkpoint's own, whose image
+        # and video processors may need torchvision only to be thrown away.
+        kwargs["processor"] = AutoTokenizer.from_pretrained(job["source"], trust_remote_code=job["trust_remote_code"])
     fam = moe.family(job["config"])
     split = _split_awq_router(modifiers, model, fam, job["config"])
     # Under torchrun each rank routes only its share of the samples: counted in one process only.
@@ -708,12 +734,16 @@ def _oneshot(model: Any, p: Plan, job: dict[str, Any]) -> dict[str, Any]:
                                      "a layer where the smooth layer's outputs are not the balance layers' inputs "
                                      "(v_proj -> o_proj with fewer key-value heads than heads)")
             info["awq_mappings_source"] = _awq_mapping_source(model) + (
-                ", its router mapping split into MoE and dense layers by quantkit" if split else "")
+                ", its router mapping split into MoE and dense layers by quantkit" if split else "") + (
+                ", each scoped to the language model by quantkit" if "AWQModifier" in scoped else "")
             info["notes"].append(f"AWQ smoothing mappings chosen by llm-compressor: {info['awq_mappings_source']}")
             if not torch.accelerator.is_available():
                 info["notes"].append("AWQ on CPU: llm-compressor 0.14's activation pinning skipped (no accelerator)")
         if type(m).__name__ == "SmoothQuantModifier":
             info["smoothquant_mappings"] = [[list(b), s] for b, s in (m.mappings or [])]
+            if "SmoothQuantModifier" in scoped:
+                info["notes"].append("SmoothQuant mappings: llm-compressor's for the architecture, each scoped to the "
+                                     "language model by quantkit")
     return info
 
 
@@ -773,7 +803,7 @@ def _describe(out: Path, p: Plan, info: dict[str, Any], ignore: list[str]) -> di
         q["smoothquant_mappings"] = info["smoothquant_mappings"]
     if any(name == "AutoRoundModifier" for name, _ in p.modifiers):
         q["auto_round"] = versions.version("auto-round")
-    for key in ("coverage", "moe", "mixed"):
+    for key in ("coverage", "moe", "mixed", "vision"):
         if key in info:
             q[key] = info[key]
     return q
@@ -823,6 +853,8 @@ def _worker(job_path: str) -> None:
     if dist.get_rank() == 0:
         AutoTokenizer.from_pretrained(job["source"], trust_remote_code=job["trust_remote_code"]).save_pretrained(
             job["out"])
+        if vision.family(job["config"]):
+            vision.record_ignored(Path(job["out"]), model, job["ignore"])
         Path(job["result"]).write_text(json.dumps(info))
     dist.barrier()
     dist.destroy_process_group()

@@ -11,6 +11,9 @@ in the checkpoint's own dtype, as a serving engine would.
 A mixture-of-experts checkpoint with asymmetric int4 experts, which transformers 5.17 cannot reload, is scored
 through a dense copy (:mod:`.dense_copy`), said in the engine's info.
 
+A vision-language checkpoint (a family of :mod:`quantkit.architectures` with a vision side) loads as
+``AutoModelForImageTextToText``, the class it names, and is scored on text: its language model's log-probabilities.
+
 ModelOpt exports (``hf_quant_config.json``) are refused: transformers ignores that file and would load the
 quantized tensors as if they were plain weights, giving numbers that look valid and are not.
 """
@@ -24,6 +27,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from quantkit.architectures import vision_language
+from quantkit.checkpoint import read_config
 from quantkit.devices import resolve_device
 from quantkit.engines.logits import EngineOptions, LogProbs, Window, check_compatible
 from quantkit.engines.transformers import dense_copy
@@ -34,7 +39,8 @@ from quantkit.versions import require
 
 
 class TransformersEngine:
-    """A causal LM loaded with ``AutoModelForCausalLM``; one forward pass per window."""
+    """A causal LM loaded with ``AutoModelForCausalLM`` (or a vision-language model with its own class); one forward
+    pass per window."""
 
     name = TRANSFORMERS
 
@@ -51,8 +57,10 @@ class TransformersEngine:
         hf_logging = transformers.utils.logging
         bars = hf_logging.is_progress_bar_enabled()
         hf_logging.disable_progress_bar()  # quantkit draws its own progress; transformers' would interleave
+        auto = transformers.AutoModelForImageTextToText if vision_language(read_config(path)) else \
+            transformers.AutoModelForCausalLM
         try:
-            self.model = transformers.AutoModelForCausalLM.from_pretrained(
+            self.model = auto.from_pretrained(
                 str(self._dense or path), dtype=self.dtype, device_map=None if self.device == "cpu" else self.device,
                 trust_remote_code=False)
         except Exception as e:  # transformers raises many types for unreadable or unsupported checkpoints
