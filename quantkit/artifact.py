@@ -136,6 +136,9 @@ class CalibrationInfo(Section):
     chat_template_setting: bool | str | None = None  # what was asked: auto, true, false (None: older)
     tokens: int
     tokens_sha256: str
+    images: int = 0  # image+text samples of a vision-language model: how many images, their bytes' sha256
+    images_source: str | None = None
+    images_sha256: str | None = None
 
 
 class FileInfo(Section):

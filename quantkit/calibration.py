@@ -31,7 +31,7 @@ import gzip
 import hashlib
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -205,13 +205,18 @@ class CalibrationSet:
         return sum(len(s) for s in self.samples)
 
     chat: bool = False  # whether the samples went through the chat template (what ``auto`` resolved to)
+    pictures: list[Any] = field(default_factory=list)  # image+text calibration: the quantkit.images.Picture used
 
     def manifest(self) -> CalibrationInfo:
+        from quantkit import images
+
         return CalibrationInfo(dataset=self.spec.dataset, kind=self.documents.kind,
                                source_sha256=self.documents.file_sha256, samples=len(self.samples),
                                seq_len=self.spec.seq_len, seed=self.spec.seed, chat_template=self.chat,
                                chat_template_setting=self.spec.chat_template, tokens=self.num_tokens,
-                               tokens_sha256=self.tokens_sha256)
+                               tokens_sha256=self.tokens_sha256, images=len(self.pictures),
+                               images_source=self.spec.images if self.pictures else None,
+                               images_sha256=images.sha256(self.pictures) if self.pictures else None)
 
     def texts(self, tokenizer: Any) -> list[str]:
         """The samples decoded back to text, for backends that want strings."""

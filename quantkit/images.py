@@ -14,7 +14,9 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from quantkit.checkpoint import read_config
 from quantkit.errors import UsageError
 
 SHIPPED = Path(__file__).resolve().parents[1] / "calibration" / "images"
@@ -47,6 +49,13 @@ class Picture:
             return img.convert("RGB")
 
 
+def folder(setting: str) -> Path:
+    """A recipe's ``calibration.images``: ``shipped`` is the shipped set, anything else a folder path."""
+    import os
+
+    return SHIPPED if setting == "shipped" else Path(os.path.expanduser(setting))
+
+
 def load(folder: Path | None = None, limit: int | None = None) -> list[Picture]:
     """The images of ``folder`` (the shipped set by default), sorted by name; ``limit`` keeps the first N."""
     folder = folder or SHIPPED
@@ -72,3 +81,40 @@ def openai_message(picture: Picture, question: str = QUESTION) -> dict:
     """One user message with the image and the question, as the OpenAI chat API takes it."""
     return {"role": "user", "content": [{"type": "image_url", "image_url": {"url": picture.data_url()}},
                                         {"type": "text", "text": question}]}
+
+
+def _messages(question: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+
+
+def prompt_inputs(path: Path, picture: Picture, question: str = QUESTION) -> tuple[dict[str, Any], str]:
+    """One image prompt's tensors (a user turn with the image and ``question``, the generation prompt after it) and
+    what built them: the checkpoint's own processor (``AutoProcessor``: its chat template, image processor and
+    image-token expansion), or for Qwen2-VL's family, whose processor needs torchvision for its video half (no CPU
+    wheel on PyPI), its PIL image processor and tokenizer with the image placeholder expanded as the processor
+    would."""
+    import transformers
+
+    try:
+        proc = transformers.AutoProcessor.from_pretrained(str(path))
+        text = proc.apply_chat_template(_messages(question), add_generation_prompt=True)
+        return dict(proc(text=[text], images=[picture.open()], return_tensors="pt")), "its processor"
+    except ImportError as e:
+        if "torchvision" not in str(e).lower() or read_config(path).get("model_type") not in ("qwen2_vl",
+                                                                                              "qwen2_5_vl"):
+            raise
+    return _qwen_inputs(path, picture, question), ("its PIL image processor and tokenizer (AutoProcessor needs "
+                                                   "torchvision for its video processor)")
+
+
+def _qwen_inputs(path: Path, picture: Picture, question: str) -> dict[str, Any]:
+    """Qwen2-VL's processor without its video half: pixel patches, then one ``<|image_pad|>`` per merged patch."""
+    import transformers
+
+    image_proc = transformers.Qwen2VLImageProcessorPil.from_pretrained(str(path))
+    tok = transformers.AutoTokenizer.from_pretrained(str(path))
+    pixels = image_proc(images=[picture.open()], return_tensors="pt")
+    n = int(pixels["image_grid_thw"].prod()) // image_proc.merge_size ** 2
+    text = tok.apply_chat_template(_messages(question), add_generation_prompt=True, tokenize=False)
+    text = text.replace("<|image_pad|>", "<|image_pad|>" * n, 1)
+    return {**dict(tok(text, return_tensors="pt", add_special_tokens=False)), **dict(pixels)}

@@ -54,6 +54,9 @@ class CalibrationSpec(Strict):
                                                   "it gained nothing (docs/calibration.md)")
     min_expert_tokens: int = Field(16, ge=0, description="warn when the router sends an MoE expert fewer "
                                    "calibration tokens than this")
+    images: str | None = Field(None, max_length=PATH_LENGTH, description="vision-language models: calibrate on "
+                               "image+text samples, each text sample after an image and its question: 'shipped' "
+                               "(calibration/images) or a folder of images; unset = text only")
 
 
 class GateSpec(Strict):

@@ -64,6 +64,9 @@ CALIBRATION = (
        "Render calibration samples with the model's chat template (a recipe's calibration.chat_template: auto "
        "does it for an instruct model, whose EOS ends the template's turns) \\[default: off].",
        "Calibration"),
+    _f("calib_images", "--calib-images", str, "calibration.images",
+       "Vision-language models: calibrate on image+text samples, each text sample placed after an image and its "
+       "question: shipped (calibration/images) or a folder of images \\[default: text only].", "Calibration"),
     _f("min_expert_tokens", "--min-expert-tokens", int, "calibration.min_expert_tokens",
        "Warn when the router sends a mixture-of-experts expert fewer calibration tokens than this "
        "\\[default: 16].", "Calibration"),

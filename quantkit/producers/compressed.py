@@ -438,6 +438,8 @@ class CompressedProducer:
             tokenizer = AutoTokenizer.from_pretrained(ctx.source.path, trust_remote_code=job["trust_remote_code"])
         calib = ctx.calibration_set(tokenizer) if p.calibrate else None
         job["samples"] = calib.samples if calib else None
+        if ctx.calibration.images:
+            job["images"] = _calibration_images(ctx, p, calib)
         description = f"Quantizing {spec.method} ({p.scheme}) with llm-compressor on {device}"
         if ctx.runtime.num_gpus > 1:
             with rep.step("quantize", description + f" x{ctx.runtime.num_gpus} (torchrun)"):
@@ -487,6 +489,23 @@ class CompressedProducer:
 
 
 PRODUCER = CompressedProducer()
+
+
+def _calibration_images(ctx: ProduceContext, p: Plan, calib: Any) -> list[str]:
+    """The image files of an image+text calibration (recorded with their sha256 in the calibration's manifest);
+    refused where no image can be used."""
+    from quantkit import images
+
+    if not vision.family(ctx.source.config):
+        raise UsageError(f"--calib-images: {ctx.source.spec} is not a vision-language model",
+                         hint="drop --calib-images (text calibration is what a language model takes)")
+    if calib is None:
+        raise UsageError(f"--calib-images: {ctx.spec.method} ({p.scheme}) takes no calibration data",
+                         hint="drop --calib-images")
+    if ctx.runtime.num_gpus > 1:
+        raise UsageError("--calib-images calibrates in one process", hint="drop --num-gpus")
+    calib.pictures = images.load(images.folder(ctx.calibration.images))
+    return [str(pic.path) for pic in calib.pictures]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -689,7 +708,16 @@ def _oneshot(model: Any, p: Plan, job: dict[str, Any]) -> dict[str, Any]:
                          f"torch.compile ({'an' if m.enable_torch_compile else 'no'} accelerator)")
     kwargs: dict[str, Any] = {"moe_calibrate_all_experts": True}
     samples = job.get("samples")
-    if samples:
+    if samples and job.get("images"):
+        from torch.utils.data import DataLoader
+
+        from quantkit import images
+
+        pictures = images.load(Path(job["images"][0]).parent)
+        pictures = [pic for pic in pictures if str(pic.path) in job["images"]]
+        kwargs["dataset"] = DataLoader(vision.image_samples(Path(job["source"]), samples, pictures, job["seq_len"]),
+                                       batch_size=1, collate_fn=lambda batch: batch[0])
+    elif samples:
         from datasets import Dataset
 
         kwargs |= {"dataset": Dataset.from_dict({"input_ids": samples}), "num_calibration_samples": len(samples),

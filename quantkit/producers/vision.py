@@ -170,3 +170,31 @@ def record_ignored(out: Path, model: Any, ignore: list[str]) -> int:
         config["quantization_config"] = qc
         path.write_text(json.dumps(config, indent=2) + "\n")
     return len(added)
+
+
+def image_samples(source: Path, samples: list[list[int]], pictures: list[Any], seq_len: int) -> list[dict[str, Any]]:
+    """Image+text calibration samples: sample ``i`` is picture ``i mod n`` with the shipped question (the model's
+    own prompt format, :func:`quantkit.images.prompt_inputs`), followed by text sample ``i`` cut so the whole is
+    ``seq_len`` tokens. Every sample carries an image: llm-compressor traces the model once, on the first sample's
+    inputs, and a text-only sample after an image one would not fit that graph."""
+    import torch
+
+    from quantkit import images
+    from quantkit.errors import UsageError
+
+    out = []
+    prompts = [images.prompt_inputs(source, p)[0] for p in pictures]
+    for i, text in enumerate(samples):
+        prompt = prompts[i % len(prompts)]
+        room = seq_len - prompt["input_ids"].shape[1]
+        if room < 16:
+            raise UsageError(f"--seq-len {seq_len} leaves no room for text after an image prompt of "
+                             f"{prompt['input_ids'].shape[1]} tokens", hint="raise --seq-len")
+        tail = torch.tensor([text[:room]], dtype=torch.long)
+        ids = torch.cat([prompt["input_ids"], tail], 1)
+        sample = {**prompt, "input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        if "token_type_ids" in prompt:  # Gemma 3 marks the image's tokens; the text after it is text
+            sample["token_type_ids"] = torch.cat([prompt["token_type_ids"], torch.zeros_like(tail)], 1)
+        out.append(sample)
+    return out
+

@@ -35,7 +35,7 @@ from quantkit.errors import IntegrityError, UsageError
 from quantkit.formats.names import LLAMACPP, TRANSFORMERS, VLLM, Method
 from quantkit.progress import Reporter
 from quantkit.recipe import GateSpec, ModelSpec, VerifySpec
-from quantkit.verify import gates as gates_mod, protocol as protocol_mod, report as report_mod
+from quantkit.verify import gates as gates_mod, images as images_mod, protocol as protocol_mod, report as report_mod
 from quantkit.verify.metrics import Accumulator, BaselineStore, Metrics
 from quantkit.verify.results import EvalReport, Result, Target
 
@@ -58,6 +58,7 @@ class EvalOptions:
     vllm_topk: int = 20
     kld_topk: int | None = None
     write: bool = True
+    image_prompts: int = images_mod.DEFAULT_PROMPTS  # a vision-language model's image prompts scored (0: none)
 
     @classmethod
     def from_verify(cls, spec: VerifySpec, **overrides: Any) -> "EvalOptions":
@@ -248,6 +249,28 @@ def _score(label: str, kind: str, path: Path, proto: protocol_mod.Protocol, opti
     return acc.result(), info, time.perf_counter() - start
 
 
+def _score_images(source: Path, results: list[Result], options: EvalOptions, rep: Reporter) -> None:
+    """A vision-language model's image prompts: the baseline answers once, each artifact scored in transformers
+    is compared over those answers; another engine's result says it was not scored there."""
+    from quantkit.devices import resolve_device
+
+    device = resolve_device(options.device)
+    with rep.step("images:baseline", f"answering {options.image_prompts} image prompts with the baseline"):
+        base = images_mod.baseline(source, device, options.image_prompts)
+    if base.reason:
+        rep.warn(f"image prompts not scored: {base.reason}")
+    for r in results:
+        if r.target.engine != TRANSFORMERS:
+            r.images = base.manifest_base() | {"scored": False, "reason": f"image prompts are scored in transformers; "
+                                                                          f"{r.target.engine} scored text only"}
+            continue
+        with rep.step(f"images:{r.target.label}", f"scoring {r.target.label} on the baseline's image answers"):
+            r.images = images_mod.score(r.target.path, base, device)
+        if r.images.get("scored"):
+            rep.log(f"{r.target.label}: image prompts KLD {r.images['kld']:.4f}, top-1 {r.images['top1']:.3f} over "
+                    f"{r.images['answer_tokens']} answer tokens of {r.images['prompts']} images")
+
+
 def _bpw(size_bytes: int, params: int) -> float | None:
     return round(8 * size_bytes / params, 3) if params and size_bytes else None
 
@@ -313,6 +336,8 @@ def evaluate(paths: list[Path], baseline: str | None, options: EvalOptions | Non
             r.gates = gates_mod.check(r.figures(), t.gates or GateSpec())
             results.append(r)
         kld_method = store.kld_method
+    if options.image_prompts > 0 and images_mod.is_vision_language(src.path):
+        _score_images(src.path, results, options, rep)
     report = EvalReport(protocol=proto, baseline=base, results=results, kld_method=kld_method)
     if options.write:
         report_mod.write(report, _report_dir(options, targets), rep)

@@ -65,6 +65,7 @@ class Result:
     seconds: float
     gates: list[gates_mod.GateResult] = field(default_factory=list)
     kld_method: str | None = None  # set when it differs from the run's (a sparse engine's bound)
+    images: dict[str, Any] | None = None  # a vision-language model's image prompts (quantkit.verify.images)
 
     @property
     def passed(self) -> bool:
@@ -79,7 +80,8 @@ class Result:
                 "size_bytes": t.size_bytes, "bits_per_weight": self.bits_per_weight, **self.metrics.to_json(),
                 "ppl_ratio": self.ppl_ratio, "seconds": round(self.seconds, 2),
                 "gates": [g.to_json() for g in self.gates], "passed": self.passed,
-                **({"kld_method": self.kld_method} if self.kld_method else {})}
+                **({"kld_method": self.kld_method} if self.kld_method else {}),
+                **({"images": self.images} if self.images is not None else {})}
 
 
 @dataclass
