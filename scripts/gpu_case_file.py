@@ -20,6 +20,10 @@ from shapes import SHAPES  # noqa: E402
 CASES = Path(__file__).with_name("gpu_cases.yaml")
 ARCHITECTURES = REPO / "tests" / "data" / "architectures.yaml"  # the families arch:FAMILY names
 ARCH_FAMILIES = tuple((yaml.safe_load(ARCHITECTURES.read_text()) or {}).get("families") or ())
+# The tiny vision-language families vlm:FAMILY names (tests/vlm_models.py, read without importing torch).
+VLM_FAMILIES = tuple(__import__("ast").literal_eval(next(
+    line.split("=", 1)[1].strip() for line in (REPO / "tests" / "vlm_models.py").read_text().splitlines()
+    if line.startswith("FAMILIES = "))))
 VERBS = ("awq", "gptq", "autoround", "fp8", "int8", "rtn", "build-trt")
 NEEDS = ("trt", "gpus2")  # the ModelOpt environment; two visible GPUs
 ENGINES = ("vllm", "transformers")  # quantkit eval --engine, on the GPU
@@ -243,6 +247,10 @@ class _Reader:
             if c.model[5:] not in ARCH_FAMILIES:
                 self.fail(where + ("model",), f"unknown family {c.model[5:]!r}; {ARCHITECTURES.relative_to(REPO)} "
                           "has " + ", ".join(ARCH_FAMILIES))
+        elif c.model.startswith("vlm:"):
+            if c.model[4:] not in VLM_FAMILIES:
+                self.fail(where + ("model",), f"unknown vision-language family {c.model[4:]!r}; tests/vlm_models.py "
+                          "has " + ", ".join(VLM_FAMILIES))
         elif not (REPO / c.model / "config.json").is_file() and c.pending is None:
             self.fail(where + ("model",), f"no checkpoint (config.json) at {c.model} (a model still to come goes "
                       "under pending_models)")
@@ -287,7 +295,7 @@ def load_cases(path: Path) -> list[Case]:
             reader.fail((key,), "unknown key; expected defaults, pending_models or cases")
     pending = data.get("pending_models") or {}
     if not isinstance(pending, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                and not k.startswith(("shape:", "arch:"))
+                                                and not k.startswith(("shape:", "arch:", "vlm:"))
                                                 for k, v in pending.items()):
         reader.fail(("pending_models",), "expected a mapping of model folder to why it is not there yet")
     defaults = data.get("defaults") or {}

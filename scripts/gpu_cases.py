@@ -103,6 +103,8 @@ class Paths:
             return self.models / f"src-{c.model[6:]}"
         if c.model.startswith("arch:"):
             return self.models / f"arch-{c.model[5:]}"
+        if c.model.startswith("vlm:"):
+            return self.models / f"vlm-{c.model[4:]}"
         return (REPO / c.model).resolve()
 
     def artifact(self, c: Case) -> Path:
@@ -154,9 +156,13 @@ def produce_argv(c: Case, p: Paths) -> list[str]:
 
 
 def shape_argv(c: Case, p: Paths) -> list[str]:
-    """The command that builds a case's random-weight model (``shape:`` or ``arch:``)."""
+    """The command that builds a case's random-weight model (``shape:``, ``arch:`` or ``vlm:``)."""
     if c.model.startswith("arch:"):
         return [p.python, str(REPO / "scripts" / "arch_matrix.py"), "build", c.model[5:], str(p.model(c))]
+    if c.model.startswith("vlm:"):  # a tiny vision-language checkpoint of tests/vlm_models.py, with its processor
+        code = ("import sys; from pathlib import Path; sys.path.insert(0, sys.argv[3]); "
+                "from vlm_models import make_vlm; make_vlm(sys.argv[1], Path(sys.argv[2]))")
+        return [p.python, "-c", code, c.model[4:], str(p.model(c)), str(REPO / "tests")]
     code = ("import sys; from pathlib import Path; sys.path.insert(0, sys.argv[3]); "
             "from quantize_cost import make_checkpoint; make_checkpoint(sys.argv[1], Path(sys.argv[2]))")
     return [p.python, "-c", code, c.model[6:], str(p.model(c)), str(REPO / "bench")]
@@ -247,7 +253,7 @@ def plan(cases: list[Case], p: Paths, opts: argparse.Namespace) -> str:
                    + (", exclusive" if c.exclusive else ""))
         if reason := missing_needs(c, p):
             out.append(f"   skipped on this machine: {reason}")
-        if c.model.startswith(("shape:", "arch:")):
+        if c.model.startswith(("shape:", "arch:", "vlm:")):
             out.append(f"   model:   {sh(shape_argv(c, p))}  (reused when built)")
         state = "reuse" if reusable(c, p) and not opts.rebuild else "build"
         out.append(f"   produce ({state}): {sh(produce_argv(c, p))}")
@@ -422,7 +428,7 @@ class Run:
         p = self.p
         logs = p.logs(c)
         logs.mkdir(parents=True, exist_ok=True)
-        if c.model.startswith(("shape:", "arch:")):
+        if c.model.startswith(("shape:", "arch:", "vlm:")):
             with self.once(f"model:{c.model}"), self.gate.use():
                 if self.process(c, "model", shape_argv(c, p), p.quantkit_env(), logs / "model.log", 900):
                     raise StepFailed(f"model: building {c.model} failed: {tail(logs / 'model.log')}")
