@@ -95,6 +95,7 @@ def prompt_inputs(path: Path, picture: Picture, question: str = QUESTION) -> tup
     would."""
     import transformers
 
+    path = Path(path)
     try:
         proc = transformers.AutoProcessor.from_pretrained(str(path))
         text = proc.apply_chat_template(_messages(question), add_generation_prompt=True)

@@ -58,9 +58,14 @@ def is_vision_language(path: Path) -> bool:
 
 
 def _load(path: Path, device: str, dtype: Any) -> Any:
+    import torch
     import transformers
 
+    from quantkit.engines.transformers.logits import all_float32
+
     model = transformers.AutoModelForImageTextToText.from_pretrained(str(path), dtype=dtype)
+    if dtype is torch.float32:  # a compressed-tensors checkpoint may load partly in bf16 (the transformers engine)
+        all_float32(model)
     return model.to(device).eval()
 
 
