@@ -71,6 +71,8 @@ class TransformersEngine:
             if bars:
                 hf_logging.enable_progress_bar()
         self.model.eval()
+        if self.dtype is torch.float32:
+            all_float32(self.model)
         self._torch = torch
         self._versions = {"transformers": transformers.__version__, "torch": torch.__version__}
 
@@ -113,6 +115,20 @@ def refuse(path: Path, kind: Kind) -> None:
         raise UsageError(f"{path} is a ModelOpt export (hf_quant_config.json): transformers ignores that file and "
                          "would load the quantized weights as plain ones, so its numbers would be wrong without any "
                          "error", hint="evaluate it with --engine vllm (on a GPU), or leave --engine auto")
+
+
+def all_float32(model: Any) -> None:
+    """Cast the parameters and buffers that loaded in bfloat16 or float16 to float32 (exactly).
+
+    transformers 5.17 loading a compressed-tensors Qwen2.5-VL with ``dtype=float32`` leaves its body in bfloat16
+    and its ``lm_head`` in float32, and the first matmul between them fails. Packed integer and FP8 weights are
+    left as they are: compressed-tensors decompresses them into the model's dtype itself."""
+    import torch
+
+    half = (torch.bfloat16, torch.float16)
+    for t in [*model.parameters(), *model.buffers()]:
+        if t.dtype in half:
+            t.data = t.data.float()
 
 
 def _first_line(e: BaseException) -> str:
