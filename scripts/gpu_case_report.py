@@ -198,7 +198,9 @@ def smoke_summary(data: Any, rc: int, log: Path) -> dict[str, Any]:
             "quantization": facts.get("quantization"), "doctor_ok": doctor.get("ok"),
             "doctor": [f"{ch['status']}: {ch['name']}: {ch['message']}" for ch in doctor.get("checks") or []
                        if ch.get("status") != "ok"],
-            "completion": (run.get("completion") or {}).get("text"), "error": run.get("error"), "log": run.get("log")}
+            "completion": (run.get("completion") or {}).get("text"), "error": run.get("error"), "log": run.get("log"),
+            **({"image": {k: run["image"].get(k) for k in ("image", "text", "image_tokens", "prompt_tokens")}}
+               if isinstance(run.get("image"), dict) else {})}
 
 
 def eval_summary(data: Any, rc: int, log: Path) -> dict[str, Any]:
