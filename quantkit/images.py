@@ -119,3 +119,19 @@ def _qwen_inputs(path: Path, picture: Picture, question: str) -> dict[str, Any]:
     text = tok.apply_chat_template(_messages(question), add_generation_prompt=True, tokenize=False)
     text = text.replace("<|image_pad|>", "<|image_pad|>" * n, 1)
     return {**dict(tok(text, return_tensors="pt", add_special_tokens=False)), **dict(pixels)}
+
+
+def extend(prompt: dict[str, Any], tail: Any) -> dict[str, Any]:
+    """A prompt's tensors with ``tail`` (token ids, [1, n]) appended as text: ``input_ids`` grows, the attention
+    mask covers it, and every other per-token tensor the processor gave (Gemma 3's ``token_type_ids``, Qwen's
+    ``mm_token_type_ids``: which tokens are the image's) grows by zeros, text."""
+    import torch
+
+    ids = prompt["input_ids"]
+    out = dict(prompt)
+    for key, value in prompt.items():
+        if key not in ("input_ids", "attention_mask") and torch.is_tensor(value) and value.shape == ids.shape:
+            out[key] = torch.cat([value, torch.zeros_like(tail, dtype=value.dtype)], 1)
+    out["input_ids"] = torch.cat([ids, tail.to(ids.dtype)], 1)
+    out["attention_mask"] = torch.ones_like(out["input_ids"])
+    return out

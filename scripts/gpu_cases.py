@@ -161,7 +161,7 @@ def shape_argv(c: Case, p: Paths) -> list[str]:
         return [p.python, str(REPO / "scripts" / "arch_matrix.py"), "build", c.model[5:], str(p.model(c))]
     if c.model.startswith("vlm:"):  # a tiny vision-language checkpoint of tests/vlm_models.py, with its processor
         code = ("import sys; from pathlib import Path; sys.path.insert(0, sys.argv[3]); "
-                "from vlm_models import make_vlm; make_vlm(sys.argv[1], Path(sys.argv[2]))")
+                "from vlm_models import make_vlm; make_vlm(sys.argv[1], Path(sys.argv[2]), reuse=True)")
         return [p.python, "-c", code, c.model[4:], str(p.model(c)), str(REPO / "tests")]
     code = ("import sys; from pathlib import Path; sys.path.insert(0, sys.argv[3]); "
             "from quantize_cost import make_checkpoint; make_checkpoint(sys.argv[1], Path(sys.argv[2]))")

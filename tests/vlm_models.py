@@ -64,6 +64,8 @@ def _tokenizer(family: str, tokenizer_from: Path) -> Any:
     tok = AutoTokenizer.from_pretrained(tokenizer_from, **({"extra_special_tokens": named} if named else {}))
     tok.add_special_tokens({"additional_special_tokens": _IMAGE_TOKENS[family]},
                            replace_extra_special_tokens=False)
+    if family == "gemma3":  # vLLM's Gemma 3 processor looks up "\n" and "\n\n" as tokens, as Gemma's vocabulary has
+        tok.add_tokens(["\n", "\n\n"])
     assert len(tok) <= VOCAB, len(tok)
     return tok
 
@@ -155,11 +157,14 @@ def _copy_reference_text(model: Any, tiny: Path) -> None:
                 target.copy_(tensor)
 
 
-def make_vlm(family: str, path: Path, *, seed: int = 0, tokenizer_from: Path = TINY) -> Path:
-    """Write a ``family`` checkpoint (one of :data:`FAMILIES`) with its processor to ``path``; return ``path``."""
+def make_vlm(family: str, path: Path, *, seed: int = 0, tokenizer_from: Path = TINY, reuse: bool = False) -> Path:
+    """Write a ``family`` checkpoint (one of :data:`FAMILIES`) with its processor to ``path``; return ``path``.
+    ``reuse``: keep a checkpoint already there (GPU cases sharing one, built by whichever starts first)."""
     import torch
     import transformers
 
+    if (path / "model.safetensors").is_file() and (path / "config.json").is_file() and reuse:
+        return path
     tok = _tokenizer(family, tokenizer_from)
     config = _config(family, _ids(tok, family))
     torch.manual_seed(seed)

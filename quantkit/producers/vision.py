@@ -191,10 +191,6 @@ def image_samples(source: Path, samples: list[list[int]], pictures: list[Any], s
             raise UsageError(f"--seq-len {seq_len} leaves no room for text after an image prompt of "
                              f"{prompt['input_ids'].shape[1]} tokens", hint="raise --seq-len")
         tail = torch.tensor([text[:room]], dtype=torch.long)
-        ids = torch.cat([prompt["input_ids"], tail], 1)
-        sample = {**prompt, "input_ids": ids, "attention_mask": torch.ones_like(ids)}
-        if "token_type_ids" in prompt:  # Gemma 3 marks the image's tokens; the text after it is text
-            sample["token_type_ids"] = torch.cat([prompt["token_type_ids"], torch.zeros_like(tail)], 1)
-        out.append(sample)
+        out.append(images.extend(prompt, tail))
     return out
 

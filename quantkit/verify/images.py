@@ -98,10 +98,7 @@ def baseline(path: Path, device: str, n_prompts: int = DEFAULT_PROMPTS, question
                 out = model.generate(**{k: v.to(device) for k, v in inputs.items()}, max_new_tokens=answer_tokens,
                                      do_sample=False, min_new_tokens=answer_tokens)
             ids = out[:, :start + answer_tokens].cpu()
-            full = {**inputs, "input_ids": ids, "attention_mask": torch.ones_like(ids)}
-            if "token_type_ids" in inputs:  # Gemma 3 marks image tokens; the answer is text
-                full["token_type_ids"] = torch.cat(
-                    [inputs["token_type_ids"], torch.zeros((1, ids.shape[1] - start), dtype=torch.long)], 1)
+            full = images_mod.extend(inputs, ids[:, start:])  # the answer appended as text
             prompts.append(Prompt(pic, full, start, tok_decode(ids[0, start:], skip_special_tokens=True)))
             logprobs.append(_answer_logprobs(model, full, start, device))
     finally:
