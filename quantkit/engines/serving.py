@@ -32,6 +32,7 @@ from typing import Any
 from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from quantkit.checkpoint import read_config
 from quantkit.engines import client, registry
 from quantkit.errors import BackendError, QuantkitError, UsageError, exit_text
 from quantkit.progress import Reporter
@@ -110,6 +111,11 @@ class Server:
     def health_path_for(self, argv: list[str]) -> str:
         """The health endpoint of the server ``argv`` starts (an engine with two servers answers per server)."""
         return self.health_path
+
+    def takes_images(self, target: Path) -> bool:
+        """Whether the server answers image prompts for ``target``: a vision-language checkpoint (``config.json``
+        with a ``vision_config``), which the smoke test then asks about an image."""
+        return target.is_dir() and bool(read_config(target).get("vision_config"))
 
     def speed_extra(self, max_tokens: int) -> dict[str, Any]:
         """Request fields that keep the throughput request decoding to ``max_tokens`` (past an early EOS)."""

@@ -17,7 +17,10 @@ For each thing to serve (the artifact folder; for GGUF, each ``.gguf`` file or t
    with ``expect``, the chat answer (the completion where the checkpoint has no chat template) must contain that
    text, case-insensitively: a question with one right answer ("What is the capital of France?" -> "Paris") is
    the check that a real instruct model still knows what it knew, which non-empty answers alone cannot show;
-6. stop the server (always: success, failure, Ctrl-C, SIGTERM) and record the results in quantkit.json's
+6. where the server takes images (a vision-language checkpoint; a GGUF with its mmproj file), one image question,
+   the same for every engine (:mod:`quantkit.engines.image_question`): a non-empty answer, an image that took
+   prompt tokens, and with a baseline transformers' greedy answer to the same picture and question, recorded;
+7. stop the server (always: success, failure, Ctrl-C, SIGTERM) and record the results in quantkit.json's
    ``smoke`` section, keyed by engine (and GGUF file).
 
 Tested with llama.cpp b11312's llama-server, llama-cpp-python 0.3.36 (fallback server) and transformers 5.17.0
@@ -36,8 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantkit import artifact
-from quantkit.engines import client, doctor, parallel, registry, serving
+from quantkit import artifact, images
+from quantkit.checkpoint import read_config
+from quantkit.engines import client, doctor, image_question, parallel, registry, serving
 from quantkit.engines.serving import HOST, ServeOptions, Server, ServerProcess
 from quantkit.engines.vllm import kernels
 from quantkit.errors import BackendError, GateFailedError, Interrupted, QuantkitError, UsageError
@@ -71,6 +75,8 @@ class SmokeOptions:
     require_match: bool = False
     expect: str | None = None
     file: str | None = None
+    image: Path | None = None  # the picture of the image question (the first shipped one when unset)
+    image_prompt: str = images.QUESTION
     log_dir: Path | None = None
     check_versions: bool = True
 
@@ -192,8 +198,9 @@ def run(path: Path, opts: SmokeOptions, reporter: Reporter | None = None) -> Smo
             result.manifest_updated = _record(path, result)
             return result
 
+    pic = image_question.picture(opts.image) if any(engine.takes_images(t) for t in targets) else None
     if opts.baseline:
-        result.baseline, result.tokenizer = baseline_generation(path, opts, rep)
+        result.baseline, result.tokenizer = baseline_generation(path, opts, rep, pic)
 
     for target in targets:
         r = SmokeRun(target, engine.name, log_path(path, engine.name, target, opts.log_dir))
@@ -202,7 +209,8 @@ def run(path: Path, opts: SmokeOptions, reporter: Reporter | None = None) -> Smo
         r.data["tp"] = opts.tp
         r.data["engine_version"] = (result.doctor or {}).get("engine_version")
         try:
-            _serve_and_ask(engine, target, python, serve_opts, opts, r, result, rep)
+            _serve_and_ask(engine, target, python, serve_opts, opts, r, result, rep,
+                           pic if engine.takes_images(target) else None)
         except (KeyboardInterrupt, Interrupted) as e:
             r.status = "interrupted"
             raise Interrupted(f"{e or 'stopped by SIGINT'}; the {engine.name} server was stopped; "
@@ -221,7 +229,8 @@ def run(path: Path, opts: SmokeOptions, reporter: Reporter | None = None) -> Smo
 
 
 def _serve_and_ask(engine: Server, target: Path, python: str, serve_opts: ServeOptions,
-                   opts: SmokeOptions, r: SmokeRun, result: SmokeResult, rep: Reporter) -> None:
+                   opts: SmokeOptions, r: SmokeRun, result: SmokeResult, rep: Reporter,
+                   pic: images.Picture | None) -> None:
     def argv(port: int) -> list[str]:
         return engine.argv(target, python, HOST, port, serve_opts)
 
@@ -235,7 +244,7 @@ def _serve_and_ask(engine: Server, target: Path, python: str, serve_opts: ServeO
             r.data["healthy_after_s"] = srv.healthy_after
             with rep.step("smoke_requests", f"Asking {engine.name} ({target.name})"):
                 try:
-                    ask(srv.url, opts, engine, r, chat=engine.has_chat_template(target))
+                    ask(srv.url, opts, engine, r, chat=engine.has_chat_template(target), pic=pic)
                 except BackendError:
                     crash = srv.died(r.data.get("stage", "requests"))
                     if crash is None:
@@ -248,6 +257,11 @@ def _serve_and_ask(engine: Server, target: Path, python: str, serve_opts: ServeO
     if result.baseline is not None:
         r.data["baseline"] = compare(result.baseline, result.tokenizer, r.data["completion"]["text"],
                                      opts.match_tokens)
+        seen = (result.baseline.get("image") or {})
+        if "image" in r.data and seen:
+            r.data["image"]["baseline"] = {"skipped": seen["skipped"]} if "skipped" in seen else \
+                compare({**seen, "model": result.baseline["model"]}, result.tokenizer, r.data["image"]["text"],
+                        opts.match_tokens)
         if opts.require_match and not r.data["baseline"]["agree"]:
             b = r.data["baseline"]
             raise MatchFailed(f"greedy output differs from the baseline within the first {b['compared']} tokens "
@@ -256,8 +270,10 @@ def _serve_and_ask(engine: Server, target: Path, python: str, serve_opts: ServeO
     r.status = "passed"
 
 
-def ask(url: str, opts: SmokeOptions, engine: Server, r: SmokeRun, chat: bool = True) -> None:
-    """The smoke questions: models, a greedy completion and chat (non-empty), a streamed timing request.
+def ask(url: str, opts: SmokeOptions, engine: Server, r: SmokeRun, chat: bool = True,
+        pic: images.Picture | None = None) -> None:
+    """The smoke questions: models, a greedy completion and chat (non-empty), the image question when ``pic`` is
+    given, a streamed timing request.
 
     ``chat=False`` (a checkpoint without a chat template) records the chat question as skipped."""
     timeout = max(60.0, min(opts.timeout, 600.0))
@@ -292,6 +308,9 @@ def ask(url: str, opts: SmokeOptions, engine: Server, r: SmokeRun, chat: bool = 
         r.data["chat"] = {"skipped": "the checkpoint has no chat template"}
     if opts.expect is not None:
         check_expected(opts.expect, r.data["chat"].get("text", text), "chat answer" if chat else "completion", r)
+    if pic is not None:
+        r.data["stage"] = "POST /v1/chat/completions (image)"
+        r.data["image"] = image_question.ask(url, greedy, pic, opts.image_prompt, timeout)
 
     r.data["stage"] = "POST /v1/completions (streamed)"
     r.data.update(measure_speed(url, ids[0], opts, engine, timeout))
@@ -351,9 +370,11 @@ def baseline_model(path: Path, baseline: str) -> Path:
     return local
 
 
-def baseline_generation(path: Path, opts: SmokeOptions, rep: Reporter) -> tuple[dict[str, Any], Any]:
+def baseline_generation(path: Path, opts: SmokeOptions, rep: Reporter,
+                        pic: images.Picture | None = None) -> tuple[dict[str, Any], Any]:
     """Greedy continuation of the prompt by the unquantized model, in transformers (before any server starts,
-    so the GPU is free for the engine afterwards)."""
+    so the GPU is free for the engine afterwards); with ``pic``, also its answer to the image question (a
+    vision-language model is loaded as ``AutoModelForImageTextToText`` for both)."""
     from quantkit.versions import require
 
     torch = require("torch", "eval", "the --baseline comparison")
@@ -364,7 +385,9 @@ def baseline_generation(path: Path, opts: SmokeOptions, rep: Reporter) -> tuple[
         device = "cuda" if torch.cuda.is_available() else "cpu"
         # float32 on CPU: the reference should be the most exact greedy path, not bf16 CPU kernels
         dtype = "auto" if device == "cuda" else torch.float32
-        model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+        vlm = bool(read_config(model_dir).get("vision_config"))
+        auto = transformers.AutoModelForImageTextToText if vlm else transformers.AutoModelForCausalLM
+        model = auto.from_pretrained(model_dir, dtype=dtype).to(device).eval()
         enc = tok(opts.prompt, return_tensors="pt").to(device)
         gen = transformers.GenerationConfig(max_new_tokens=opts.max_tokens, do_sample=False,
                                             eos_token_id=model.generation_config.eos_token_id,
@@ -372,11 +395,13 @@ def baseline_generation(path: Path, opts: SmokeOptions, rep: Reporter) -> tuple[
         with torch.no_grad():
             out = model.generate(**enc, generation_config=gen)
         ids = out[0, enc["input_ids"].shape[1]:].tolist()
+        seen = image_question.baseline_answer(model, tok, model_dir, pic, opts.image_prompt, opts.max_tokens,
+                                              device) if pic is not None and vlm else None
         del model
         if device == "cuda":
             torch.cuda.empty_cache()
     info = {"model": str(model_dir), "prompt": opts.prompt, "ids": ids,
-            "text": tok.decode(ids, skip_special_tokens=True)}
+            "text": tok.decode(ids, skip_special_tokens=True), **({"image": seen} if seen else {})}
     return info, tok
 
 

@@ -8,6 +8,9 @@ the template stored in the file; without one llama.cpp falls back to its default
 slot (``--parallel 1``) and the context asked for: a smoke test needs no more KV cache. Its log is kept at trace
 verbosity (``--log-verbosity 4``), which names the build, the file type and the chat template it uses.
 
+A vision-language artifact's text files are served with the vision side its manifest names
+(``quantization.mmproj``, :func:`mmproj`: ``--mmproj FILE``), and then take images in OpenAI ``image_url`` parts.
+
 Where the binary is missing, the server is llama-cpp-python's (``python -m llama_cpp.server``, which has no
 ``/health``: it binds its port only once the model is loaded, so ``/v1/models`` is its health check), and the
 run's facts say it was the fallback. A ``--server-cmd`` running ``llama_cpp.server`` is checked the same way.
@@ -22,6 +25,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from quantkit import artifact
 from quantkit.engines.serving import ServeOptions, Server
 from quantkit.errors import UsageError
 from quantkit.formats.names import LLAMACPP
@@ -41,6 +45,22 @@ def gguf_chat_template(path: Path) -> str | None:
         return None if field is None else bytes(field.parts[field.data[0]]).decode()
     except Exception:  # an unreadable file: the server reports it properly when it tries to load it
         return None
+
+
+def mmproj(target: Path) -> Path | None:
+    """The vision side (mmproj file) a GGUF artifact's manifest names for its text files, or None (a text model,
+    or a file outside a quantkit artifact)."""
+    root = target.parent
+    if target.suffix != ".gguf" or not (root / artifact.MANIFEST).is_file():
+        return None
+    record = artifact.read_manifest(root).quantization.get("mmproj")
+    if not isinstance(record, dict) or not record.get("file"):
+        return None
+    path = root / record["file"]
+    if not path.is_file():
+        raise UsageError(f"{root}'s manifest names the mmproj file {record['file']}, which is not there",
+                         hint="quantkit verify checks the artifact's files; make it again with quantkit gguf")
+    return path
 
 
 def _is_python_server(argv: list[str]) -> bool:
@@ -70,9 +90,17 @@ class LlamaCppServer(Server):
     def has_chat_template(self, target: Path) -> bool:
         return True  # the GGUF's template, else llama.cpp's default (noted in the run's facts)
 
+    def takes_images(self, target: Path) -> bool:
+        return mmproj(target) is not None
+
     def command(self, target: Path, python: str, host: str, port: int, opts: ServeOptions) -> list[str]:
         ctx = str(opts.max_model_len or DEFAULT_CTX)
         server = tools.find("llama-server")
+        vision = mmproj(target)
+        if vision is not None:  # the fallback server takes no mmproj file without a model-specific chat handler
+            binary = tools.require("llama-server", f"serving {target.name} with its vision side {vision.name}")
+            return [str(binary), "--model", str(target), "--mmproj", str(vision), "--host", host, "--port", str(port),
+                    "--ctx-size", ctx, "--parallel", "1", "--jinja", "--log-verbosity", "4"]
         if server is not None:
             return [str(server.path), "--model", str(target), "--host", host, "--port", str(port), "--ctx-size", ctx,
                     "--parallel", "1", "--jinja", "--log-verbosity", "4"]

@@ -19,6 +19,10 @@ The converter's plan of the file (:func:`.convert.plan`: no weight read) is made
 so an architecture, tokenizer or tensor it cannot take is refused before any work; the importance matrix is named
 and checked against it.
 
+A vision-language model (``vision_config``) is its language model, made as above (the importance matrix and the
+bits target measured on it), plus its vision side as llama.cpp's ``mmproj`` file in F16 (:mod:`.mmproj`:
+``mmproj/mmproj-<model>-F16.gguf``, named in the manifest's ``quantization.mmproj``), planned in ``check`` too.
+
 Tested with gguf 0.19.0, llama-cpp-python 0.3.36 and its llama.cpp's tools and converter (b11312),
 transformers 5.17.0, torch 2.13.
 """
@@ -35,7 +39,7 @@ from quantkit.errors import SourceModelError, UsageError
 from quantkit.producers import mixed, moe
 from quantkit.producers.base import ProduceContext, Produced
 from quantkit.formats import gguf_types as types
-from quantkit.producers.gguf import collect, convert, guards, imatrix, quantize, target_bits, tools
+from quantkit.producers.gguf import collect, convert, guards, imatrix, mmproj, quantize, target_bits, tools
 from quantkit.source import SourceModel
 
 # Preferred intermediate among requested unquantized types: the most precise one.
@@ -87,6 +91,8 @@ class GgufProducer:
                                  hint="drop --target-bits and choose a --type")
             target_bits.check(spec)
         plan = convert.plan(source.path)
+        if mmproj.wanted(source.config):
+            mmproj.plan(source.path)
         compute, given = imatrix_request(spec)
         if compute and given:
             raise UsageError(f"{imatrix.COMPUTE_FLAG} (compute an importance matrix) and {imatrix.FILE_FLAG} (use "
@@ -122,7 +128,8 @@ class GgufProducer:
         bits = sum(t.bits for t in wanted)
         if any(t.quantized_by_llama_cpp for t in wanted) and not any(t.name in _INTERMEDIATE_ORDER for t in wanted):
             bits += 16.0  # the intermediate lives in the folder until the quantized files exist
-        return int(source.num_parameters * bits / 8) + (64 << 20)
+        vision = mmproj.plan(source.path).parameters * 2 if mmproj.wanted(source.config) else 0
+        return int(source.num_parameters * bits / 8) + vision + (64 << 20)
 
     def produce(self, ctx: ProduceContext) -> Produced:
         """Make the importance matrix (if asked), convert each directly written type (and the intermediate), then
@@ -165,9 +172,13 @@ class GgufProducer:
             fell_back[to_quantize[0]] = quantize.fallbacks(paths[to_quantize[0]], to_quantize[0])
         if intermediate and intermediate not in wanted:
             paths[intermediate].unlink()
+        vision, vision_notes = None, []
+        if mmproj.wanted(source.config):
+            with rep.timed("convert_mmproj"):
+                vision, vision_notes = mmproj.produce(source.path, ctx.workdir, name, rep)
 
         assert done is not None  # at least one file was converted
-        notes = list(plan.notes) + (im.notes if im else [])
+        notes = list(plan.notes) + (im.notes if im else []) + vision_notes
         for t in wanted:
             if fell_back[t]:
                 notes.append(_fallback_note(t, fell_back[t]))
@@ -187,6 +198,7 @@ class GgufProducer:
                 "intermediate": intermediate,
                 "imatrix": {**im.record, "types": to_quantize} if im else None,
                 **({"mixed": mix[0]} if mix else {}),
+                **({"mmproj": vision} if vision else {}),
             },
             calibration=im.calibration if im else (mix[1] if mix else None),
             notes=notes,

@@ -44,6 +44,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from quantkit.checkpoint import read_config
 from quantkit.devices import resolve_device
 from quantkit.errors import BackendError, SourceModelError, UsageError
 from quantkit.producers.gguf.imatrix import COMPUTE_FLAG, FILE_FLAG, Entry, Imatrix
@@ -129,14 +130,18 @@ def compute(model_dir: Path, plan: Any, samples: list[list[int]], *, device: str
 
 
 def _load(transformers: Any, torch: Any, model_dir: Path, dev: str, reporter: Reporter) -> Any:
-    """The checkpoint in transformers, in eval mode: float32 on CPU, its own dtype on a GPU."""
+    """The checkpoint in transformers, in eval mode: float32 on CPU, its own dtype on a GPU. A vision-language
+    model loads whole (``AutoModelForImageTextToText``; its language model is ``model.language_model``, named in
+    the file as upstream names it, :meth:`.convert.Plan.gguf_name`) and runs on text tokens alone."""
     dtype = torch.float32 if dev == "cpu" else "auto"
+    auto = transformers.AutoModelForImageTextToText if read_config(model_dir).get("vision_config") else \
+        transformers.AutoModelForCausalLM
     hf_logging = transformers.utils.logging
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # quantkit draws its own progress; transformers' would interleave
     with reporter.step("imatrix_load", f"Loading {model_dir.name} in transformers on {dev}"):
         try:
-            model = transformers.AutoModelForCausalLM.from_pretrained(
+            model = auto.from_pretrained(
                 str(model_dir), dtype=dtype, device_map=None if dev == "cpu" else dev, trust_remote_code=False)
         except Exception as e:  # transformers raises many types for checkpoints it cannot load
             first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""

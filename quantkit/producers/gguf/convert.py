@@ -69,8 +69,11 @@ class Plan:
     notes: list[str] = field(default_factory=list)
 
     def gguf_name(self, hf_module: str, suffix: str = ".weight") -> str | None:
-        """The GGUF tensor a Hugging Face module's weight becomes, by gguf-py's own map; None when unmapped."""
-        base = self.name_map.get(hf_module)
+        """The GGUF tensor a Hugging Face module's weight becomes, by gguf-py's own map; None when unmapped.
+
+        A vision-language model's language model (``model.language_model.layers...`` in transformers 5) is named
+        as upstream names it, without ``language_model.``; its vision modules have no name in the text file."""
+        base = self.name_map.get(hf_module.replace("language_model.", ""))
         return base + suffix if base is not None else None
 
 
@@ -87,9 +90,10 @@ class Converted:
     fallbacks: dict[str, str]  # tensor -> the type it got instead of the requested one (row size)
 
 
-def _run(model_dir: Path, args: list[str], *, plan_only: bool, reporter: Reporter | None = None,
-         label: str = "") -> dict[str, Any]:
-    """Run the wrapper; returns its result, or raises SourceModelError (the converter refused) / BackendError."""
+def run_wrapper(model_dir: Path, args: list[str], *, plan_only: bool, reporter: Reporter | None = None,
+         label: str = "", part: str = "") -> dict[str, Any]:
+    """Run the wrapper; returns its result, or raises SourceModelError (the converter refused) / BackendError.
+    ``part`` names what of the checkpoint is converted in a refusal ("the vision side (mmproj) of ")."""
     conv = tools.require_converter("GGUF conversion").path
     pre, _ = tokenizer.match(model_dir)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(conv), str(conv / "gguf-py")]),
@@ -104,7 +108,7 @@ def _run(model_dir: Path, args: list[str], *, plan_only: bool, reporter: Reporte
                                f"{tools.tail(log)}", hint=f"the command was: {' '.join(argv)}")
         out = json.loads(result.read_text())
     if "error" in out:
-        raise _refusal(out, log, model_dir)
+        raise _refusal(out, log, model_dir, part)
     return out
 
 
@@ -135,8 +139,8 @@ def _stream(argv: list[str], env: dict[str, str], reporter: Reporter | None, lab
     return "".join(chunks)
 
 
-def _refusal(out: dict[str, Any], log: str, model_dir: Path) -> SourceModelError:
-    """One line: the architecture, and why llama.cpp's converter cannot convert it."""
+def _refusal(out: dict[str, Any], log: str, model_dir: Path, part: str = "") -> SourceModelError:
+    """One line: the architecture (``part`` of it), and why llama.cpp's converter cannot convert it."""
     arch = out.get("architecture") or "this checkpoint"
     err = out["error"]
     logged = _LOG_ERROR.findall(log)
@@ -148,7 +152,7 @@ def _refusal(out: dict[str, Any], log: str, model_dir: Path) -> SourceModelError
             f"quantkit cannot match it: {why[0] if why else 'no tokenizer.json'}",
             hint=f"llama.cpp implements these splitters (quantkit matches them by regex): {tokenizer.names()}; "
                  "or use the checkpoint's original tokenizer files")
-    return SourceModelError(f"llama.cpp's converter cannot convert {arch}: {reason}",
+    return SourceModelError(f"llama.cpp's converter cannot convert {part}{arch}: {reason}",
                             hint="`python convert_hf_to_gguf.py --print-supported-models` (in "
                                  f"{tools.CONVERT_CACHE}) lists what it converts; or choose another method")
 
@@ -161,7 +165,7 @@ def plan(model_dir: Path) -> Plan:
     stamp = max((p.stat().st_mtime for p in model_dir.iterdir() if p.is_file()), default=0.0)
     key = (str(model_dir.resolve()), stamp)
     if key not in _plans:
-        out = _run(model_dir, [], plan_only=True)
+        out = run_wrapper(model_dir, [], plan_only=True)
         _, notes = tokenizer.match(model_dir)
         _plans[key] = Plan(
             architecture=out.get("architecture"), gguf_arch=out["gguf_arch"], model_class=out["model_class"],
@@ -176,7 +180,7 @@ def plan(model_dir: Path) -> Plan:
 def convert(model_dir: Path, out: Path, type_name: str, *, name: str, reporter: Reporter) -> Converted:
     """Write ``out`` as a GGUF of ``type_name`` with llama.cpp's converter, ``name`` as its ``general.name``."""
     args = ["--outtype", OUTTYPES[type_name], "--outfile", str(out), "--model-name", safe_name(name, plan(model_dir))]
-    res = _run(model_dir, args, plan_only=False,
+    res = run_wrapper(model_dir, args, plan_only=False,
                reporter=reporter, label=f"Converting to GGUF {type_name} (llama.cpp's convert_hf_to_gguf.py)")
     import gguf
 
@@ -186,11 +190,18 @@ def convert(model_dir: Path, out: Path, type_name: str, *, name: str, reporter: 
         f = reader.fields.get(key)
         return bytes(f.parts[f.data[0]]).decode("utf-8") if f is not None and f.data else None
 
+    notes = plan(model_dir).notes
     if res.get("scores_from") == "quantkit":
         note = ("token scores from tokenizer.json's BPE merge ranks (no tokenizer.model): llama.cpp's converter "
                 "scores such a vocabulary -1000 throughout, and llama.cpp would then split text differently")
-        if note not in plan(model_dir).notes:
-            plan(model_dir).notes.append(note)
+        if note not in notes:
+            notes.append(note)
+    if res.get("embedding_rows_from") == "quantkit":
+        note = ("token_embd keeps every row of the checkpoint (no tokenizer.model): llama.cpp's Gemma 3 converter "
+                "cuts it to the tokenizer's tokens but writes a vocabulary padded to vocab_size, and llama.cpp would "
+                "refuse the file")
+        if note not in notes:
+            notes.append(note)
     return Converted(out, gguf_arch=text("general.architecture") or "", tokenizer=text("tokenizer.ggml.model"),
                      pre=text("tokenizer.ggml.pre"), pre_from=res.get("pre_from"), n_tensors=len(reader.tensors),
                      fallbacks=quantize.fallbacks(out, type_name))

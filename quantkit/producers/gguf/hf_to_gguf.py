@@ -13,6 +13,9 @@ Two modes:
   name, shape and type, computed lazily: no weight is read), nothing written. quantkit checks a checkpoint with it
   before any work, and names importance-matrix entries from it.
 
+Either mode with ``--mmproj`` among ``CONVERTER-ARGS`` is about a vision-language model's vision side, the
+``mmproj`` file upstream writes for ``llama-server --mmproj``.
+
 llama.cpp recognises a BPE pre-tokenizer by hashing the token ids of a fixed text, so a tokenizer trained
 locally with a standard splitter (quantkit's reference model) is refused. ``--pre NAME`` is the pre-tokenizer
 quantkit matched from ``tokenizer.json``'s own regex; it is used only when upstream's check raised, and the
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -36,7 +40,9 @@ UNKNOWN_PRE = "BPE pre-tokenizer was not recognized"
 PHI3_TOKENS = ("</s>", "<unk>", "<s>", "<|endoftext|>")
 FAILED = 3
 
-_seen: dict[str, Any] = {"pre_tokenizer": None, "pre_from": None, "scores_from": None}
+_seen: dict[str, Any] = {"pre_tokenizer": None, "pre_from": None, "scores_from": None, "vision_names": [],
+                         "embedding_rows_from": None}
+MMPROJ = "--mmproj"
 
 
 def _answer_pre(fallback: str | None) -> None:
@@ -89,6 +95,78 @@ def _score_by_merge_rank() -> None:
     gguf.LlamaHfVocab.get_token_score = get_token_score  # type: ignore[method-assign]
 
 
+def _keep_gemma3_rows() -> None:
+    """Keep every embedding row of a Gemma 3 whose vocabulary is read from tokenizer.json.
+
+    Upstream's Gemma 3 class cuts ``token_embd`` to the tokenizer's own tokens (``len(vocab) + len(added_tokens)``,
+    the rows past them being unused in Google's checkpoints), but its tokenizer.json path (no ``tokenizer.model``,
+    as transformers 5 saves a tokenizer) writes a vocabulary padded to ``vocab_size``, so llama.cpp refuses the
+    file ("tensor 'token_embd.weight' has wrong shape; expected 256, 8256, got 256, 8199": tests/vlm_models.py's
+    Gemma 3). Without ``tokenizer.model`` the rows stay as the checkpoint has them, one per token written
+    (``embedding_rows_from``); with one, upstream's cut and its SentencePiece vocabulary agree and nothing changes.
+    """
+    from conversion.base import TextModel
+    from conversion.gemma import Gemma3Model
+
+    original = Gemma3Model.modify_tensors
+
+    def modify_tensors(self: Any, data_torch: Any, name: str, bid: int | None) -> Any:
+        if "embed_tokens.weight" in name and not (self.dir_model / "tokenizer.model").is_file():
+            _seen["embedding_rows_from"] = "quantkit"
+            return TextModel.modify_tensors(self, data_torch, name, bid)
+        return original(self, data_torch, name, bid)
+
+    Gemma3Model.modify_tensors = modify_tensors  # type: ignore[method-assign]
+
+
+def _hub_spelling(name: str, block_count: int) -> tuple[str, int, str] | None:
+    """The spelling upstream's vision name map knows for a tensor it could not map, the blocks the map needs, and
+    why (``vision_names``); None when quantkit knows no other spelling."""
+    tower = "vision_tower."
+    if name.startswith(tower) and not name.startswith(tower + "vision_model."):
+        return tower + "vision_model." + name[len(tower):], block_count, "transformers5_tower"
+    merger = re.match(r"visual\.merger\.mlp\.(\d+)\.", name)
+    if merger and int(merger.group(1)) >= block_count:
+        return name, int(merger.group(1)) + 1, "merger_index"
+    return None
+
+
+def _name_vision_tensors() -> None:
+    """Name, after upstream's own map failed, the vision tensors of a checkpoint it cannot name (measured: the tiny
+    checkpoints of tests/vlm_models.py):
+
+    * a CLIP or SigLIP tower saved by transformers 5 (``vision_tower.encoder.layers.0...``): transformers 5.17 drops
+      the towers' ``vision_model`` level when it loads a hub checkpoint (``vision_tower.vision_model.encoder...``)
+      and ``save_pretrained`` does not put it back, while upstream's map knows only the hub spelling (Gemma 3:
+      "Can not map tensor 'vision_tower.embeddings.patch_embedding.bias'");
+    * Qwen2-VL's patch merger ``visual.merger.mlp.0``/``mlp.2``, which upstream names through its per-block map, so
+      a vision tower of fewer than three blocks has no name for ``mlp.2`` ("Can not map tensor
+      'visual.merger.mlp.2.bias'").
+    """
+    import gguf
+    from conversion.base import MmprojModel
+
+    original = MmprojModel.map_tensor_name
+
+    def map_tensor_name(self: Any, name: str, try_suffixes: Any = (".weight", ".bias")) -> str:
+        try:
+            return original(self, name, try_suffixes)
+        except ValueError:
+            other = _hub_spelling(name, self.block_count)
+            if other is None:
+                raise
+        spelled, blocks, why = other
+        found = gguf.get_tensor_name_map(gguf.MODEL_ARCH.MMPROJ, blocks).get_name(key=spelled,
+                                                                                 try_suffixes=try_suffixes)
+        if found is None:
+            raise ValueError(f"Can not map tensor {name!r} (nor {spelled!r})")
+        if why not in _seen["vision_names"]:
+            _seen["vision_names"].append(why)
+        return found
+
+    MmprojModel.map_tensor_name = map_tensor_name  # type: ignore[method-assign]
+
+
 def _architecture(model: Path) -> str | None:
     try:
         archs = json.loads((model / "config.json").read_text()).get("architectures") or []
@@ -97,21 +175,32 @@ def _architecture(model: Path) -> str | None:
     return archs[0] if archs else None
 
 
-def _plan(model: Path) -> dict[str, Any]:
-    """Build the model as upstream's main() does for a text model, run it up to the writing, and describe it."""
+def _plan(model: Path, mmproj: bool) -> dict[str, Any]:
+    """Build the model as upstream's main() does for a text model (or, ``mmproj``, the vision side), run it up to
+    the writing, and describe it."""
     import gguf
     import torch
     from conversion import ModelBase, ModelType, get_model_architecture, get_model_class
 
     with torch.inference_mode():
         hparams = ModelBase.load_hparams(model, False)
-        arch = get_model_architecture(hparams, ModelType.TEXT)
-        cls = get_model_class(arch)
+        arch = get_model_architecture(hparams, ModelType.MMPROJ if mmproj else ModelType.TEXT)
+        try:
+            cls = get_model_class(arch, mmproj=mmproj)
+        except NotImplementedError:
+            if not mmproj:
+                raise
+            raise NotImplementedError(f"it has no vision (mmproj) converter class for {arch}") from None
         m = cls(model, gguf.LlamaFileType.MOSTLY_F16, model / "plan.gguf", dry_run=True)
         m.prepare_tensors()
         m.prepare_metadata(vocab_only=False)
     infos = m.gguf_writer.tensors[0]
     kv = m.gguf_writer.kv_data[0]
+    if mmproj:
+        projector = kv.get(gguf.Keys.Clip.PROJECTOR_TYPE) or kv.get(gguf.Keys.ClipVision.PROJECTOR_TYPE)
+        return {"gguf_arch": gguf.MODEL_ARCH_NAMES[m.model_arch], "model_class": cls.__name__,
+                "block_count": m.block_count, "projector": projector.value if projector else None,
+                "tensors": [[name, [int(d) for d in ti.shape], ti.dtype.name] for name, ti in infos.items()]}
     tokens = set(kv["tokenizer.ggml.tokens"].value) if "tokenizer.ggml.tokens" in kv else set()
     return {"gguf_arch": gguf.MODEL_ARCH_NAMES[m.model_arch], "model_class": cls.__name__,
             "block_count": m.block_count,
@@ -130,17 +219,22 @@ def main() -> int:
     args = parser.parse_args()
     rest = [a for a in args.rest if a != "--"] if args.rest[:1] == ["--"] else args.rest
     model = Path(next(a for a in rest if not a.startswith("-")) if not args.plan else rest[0])
+    mmproj = MMPROJ in rest
     result: dict[str, Any] = {"architecture": _architecture(model)}
     try:
         import convert_hf_to_gguf
 
         _answer_pre(args.pre)
         _score_by_merge_rank()
+        if mmproj:
+            _name_vision_tensors()
+        else:
+            _keep_gemma3_rows()
         if args.plan:
             import logging
 
             logging.basicConfig(level=logging.WARNING)
-            result.update(_plan(model))
+            result.update(_plan(model, mmproj))
         else:
             sys.argv = ["convert_hf_to_gguf.py", *rest]
             convert_hf_to_gguf.main()
