@@ -64,8 +64,8 @@ def _tokenizer(family: str, tokenizer_from: Path) -> Any:
     tok = AutoTokenizer.from_pretrained(tokenizer_from, **({"extra_special_tokens": named} if named else {}))
     tok.add_special_tokens({"additional_special_tokens": _IMAGE_TOKENS[family]},
                            replace_extra_special_tokens=False)
-    if family == "gemma3":  # vLLM's Gemma 3 processor looks up "\n" and "\n\n" as tokens, as Gemma's vocabulary has
-        tok.add_tokens(["\n", "\n\n"])
+    if family == "gemma3":  # vLLM's Gemma 3 processor looks up runs of newlines as tokens, as Gemma's vocabulary has
+        tok.add_tokens(["\n" * n for n in range(1, 5)])
     assert len(tok) <= VOCAB, len(tok)
     return tok
 
