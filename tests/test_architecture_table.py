@@ -5,7 +5,8 @@ tests/test_architectures.py)."""
 from __future__ import annotations
 
 import pytest
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+from transformers.models.auto.modeling_auto import (MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+                                                    MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES)
 
 from quantkit import architectures
 from quantkit.architectures import TABLE
@@ -15,8 +16,11 @@ from quantkit.producers.gguf import guards
 
 
 def test_each_row_is_the_architecture_transformers_builds_for_its_model_type() -> None:
+    """A causal LM's row is named as AutoModelForCausalLM builds it, a vision-language model's as
+    AutoModelForImageTextToText does (the class quantkit loads it with)."""
     for row in TABLE:
-        assert MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(row.model_type) == row.name, row.name
+        names = MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES if row.vision else MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        assert names.get(row.model_type) == row.name, row.name
 
 
 def test_no_architecture_model_type_or_moe_family_is_listed_twice() -> None:
