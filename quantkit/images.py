@@ -108,6 +108,21 @@ def prompt_inputs(path: Path, picture: Picture, question: str = QUESTION) -> tup
                                                    "torchvision for its video processor)")
 
 
+def prompt_text(path: Path, question: str = QUESTION) -> str:
+    """The image prompt as text with its image as one placeholder: what an engine expands with its own processor
+    (vLLM), given the same picture."""
+    import transformers
+
+    try:
+        proc = transformers.AutoProcessor.from_pretrained(str(path))
+        return proc.apply_chat_template(_messages(question), add_generation_prompt=True)
+    except ImportError as e:
+        if "torchvision" not in str(e).lower():
+            raise
+    tok = transformers.AutoTokenizer.from_pretrained(str(path))
+    return tok.apply_chat_template(_messages(question), add_generation_prompt=True, tokenize=False)
+
+
 def _qwen_inputs(path: Path, picture: Picture, question: str) -> dict[str, Any]:
     """Qwen2-VL's processor without its video half: pixel patches, then one ``<|image_pad|>`` per merged patch."""
     import transformers

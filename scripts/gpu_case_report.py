@@ -210,7 +210,9 @@ def eval_summary(data: Any, rc: int, log: Path) -> dict[str, Any]:
     r = data["results"][0]
     return {"kld": r.get("kld"), "ppl_ratio": r.get("ppl_ratio"), "top1": r.get("top1"), "ppl": r.get("ppl"),
             "baseline_ppl": (data.get("baseline") or {}).get("ppl"), "tokens": r.get("tokens"),
-            "engine": r.get("engine"), "exit": rc}
+            "engine": r.get("engine"), "exit": rc,
+            **({"images": {k: r["images"].get(k) for k in ("scored", "kld", "top1", "answer_tokens", "reason")}}
+               if isinstance(r.get("images"), dict) else {})}
 
 
 def tail(log: Path, n: int = 3) -> str:

@@ -251,7 +251,8 @@ def _score(label: str, kind: str, path: Path, proto: protocol_mod.Protocol, opti
 
 def _score_images(source: Path, results: list[Result], options: EvalOptions, rep: Reporter) -> None:
     """A vision-language model's image prompts: the baseline answers once, each artifact scored in transformers
-    is compared over those answers; another engine's result says it was not scored there."""
+    (exact) or vLLM (a top-k lower bound) is compared over those answers; another engine's result says it was not
+    scored there."""
     from quantkit.devices import resolve_device
 
     device = resolve_device(options.device)
@@ -260,12 +261,13 @@ def _score_images(source: Path, results: list[Result], options: EvalOptions, rep
     if base.reason:
         rep.warn(f"image prompts not scored: {base.reason}")
     for r in results:
-        if r.target.engine != TRANSFORMERS:
-            r.images = base.manifest_base() | {"scored": False, "reason": f"image prompts are scored in transformers; "
-                                                                          f"{r.target.engine} scored text only"}
+        if r.target.engine not in (TRANSFORMERS, VLLM):
+            r.images = base.manifest_base() | {"scored": False, "reason": f"image prompts are scored in transformers "
+                                                                          f"and vLLM; {r.target.engine} scored text only"}
             continue
         with rep.step(f"images:{r.target.label}", f"scoring {r.target.label} on the baseline's image answers"):
-            r.images = images_mod.score(r.target.path, base, device)
+            r.images = images_mod.score(r.target.path, base, device) if r.target.engine == TRANSFORMERS else \
+                images_mod.score_vllm(r.target.path, base, _engine_options(options))
         if r.images.get("scored"):
             rep.log(f"{r.target.label}: image prompts KLD {r.images['kld']:.4f}, top-1 {r.images['top1']:.3f} over "
                     f"{r.images['answer_tokens']} answer tokens of {r.images['prompts']} images")

@@ -35,6 +35,7 @@ class Prompt:
     inputs: dict[str, Any]  # tensors: input_ids (prompt + answer), attention_mask, pixel_values...
     answer_start: int
     answer: str
+    placeholder_ids: list[int]  # the prompt with its image as one placeholder, then the answer (for vLLM)
 
 
 @dataclass
@@ -86,11 +87,10 @@ def baseline(path: Path, device: str, n_prompts: int = DEFAULT_PROMPTS, question
     except Exception as e:  # a processor that cannot be built: recorded as the reason, never a crash of eval
         return BaselineImages([], [], built_by, question, reason=f"{type(e).__name__}: {str(e).strip()[:200]}")
     model = _load(path, device, dtype)
-    tok_decode = None
     try:
         import transformers
 
-        tok_decode = transformers.AutoTokenizer.from_pretrained(str(path)).decode
+        tok = transformers.AutoTokenizer.from_pretrained(str(path))
         logprobs = []
         for pic, inputs in raw:
             start = inputs["input_ids"].shape[1]
@@ -99,7 +99,9 @@ def baseline(path: Path, device: str, n_prompts: int = DEFAULT_PROMPTS, question
                                      do_sample=False, min_new_tokens=answer_tokens)
             ids = out[:, :start + answer_tokens].cpu()
             full = images_mod.extend(inputs, ids[:, start:])  # the answer appended as text
-            prompts.append(Prompt(pic, full, start, tok_decode(ids[0, start:], skip_special_tokens=True)))
+            answer = ids[0, start:].tolist()
+            plain = tok(images_mod.prompt_text(path, question), add_special_tokens=False)["input_ids"] + answer
+            prompts.append(Prompt(pic, full, start, tok.decode(answer, skip_special_tokens=True), plain))
             logprobs.append(_answer_logprobs(model, full, start, device))
     finally:
         del model
@@ -134,3 +136,35 @@ def score(path: Path, base: BaselineImages, device: str) -> dict[str, Any]:
         del model
     return record | {"scored": True, "answer_tokens": n, "kld": round(klds / n, 6), "top1": round(agree / n, 4),
                      "kld_method": "exact (whole distributions, transformers)"}
+
+
+def score_vllm(path: Path, base: BaselineImages, options: Any) -> dict[str, Any]:
+    """The artifact's KLD and top-1 over the baseline's answers in vLLM: each prompt goes in with its image as one
+    placeholder, which vLLM's own processor expands, and the answer's positions come back as vLLM's top-k, so the
+    KLD is a lower bound (the text evaluation's bins) and top-1 is exact."""
+    import numpy as np
+
+    from quantkit.engines import logits as engines
+    from quantkit.formats.names import VLLM
+    from quantkit.verify.metrics import BaselineWindow, kld_rows
+
+    record = base.manifest_base()
+    if base.reason:
+        return record | {"scored": False, "reason": base.reason}
+    engine = engines.open_engine(VLLM, path, options)
+    try:
+        got = engine.image_logprobs([(p.placeholder_ids, p.picture.path, p.inputs["input_ids"].shape[1] - p.answer_start)
+                                     for p in base.prompts])
+    finally:
+        engine.close()
+    klds, agree, n = 0.0, 0, 0
+    for lp_base, lp in zip(base.logprobs, got, strict=True):
+        dense = lp_base.numpy()
+        bw = BaselineWindow(argmax=dense.argmax(-1), dense=dense)
+        klds += float(kld_rows(bw, lp).sum())
+        agree += int((lp.ids[:, 0] == bw.argmax).sum())
+        n += len(bw.argmax)
+    return record | {"scored": True, "answer_tokens": n, "kld": round(klds / n, 6), "top1": round(agree / n, 4),
+                     "kld_method": f"lower bound: vLLM's top-{options.topk} log-probabilities as bins plus one bin "
+                                   "for the rest of the vocabulary; the image expanded by vLLM's processor"}
+

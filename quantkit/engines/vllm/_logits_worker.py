@@ -8,8 +8,11 @@ Protocol: ``python _logits_worker.py REQUEST.json``. The request names the model
 extra ``LLM`` keyword arguments. The worker loads the model, prints ``READY <json info>``, then reads lines from
 stdin: each names a ``.npz`` of windows (``tokens`` concatenated, ``offsets``, ``score_from``, ``index``) and an
 output folder. For each window it writes ``w<index>.npz`` (``target`` [n], ``ids`` [n, k], ``values`` [n, k] for
-the scored positions) and prints ``WINDOW <index>``; after the last it prints ``DONE``. An empty line or end of
-input ends the worker. Protocol lines go to the original stdout; everything else vLLM prints goes to stderr.
+the scored positions) and prints ``WINDOW <index>``; after the last it prints ``DONE``. A line that is a JSON
+object ``{"images": FILE, "out": DIR}`` scores image prompts instead: FILE lists ``tokens`` (the prompt with one image
+placeholder, which vLLM's own processor expands, then the answer), ``image`` (a file) and ``answer`` (how many of
+the last tokens to score); each writes ``i<index>.npz`` (the same arrays, for the answer's positions) and prints
+``IMAGE <index>``, then ``DONE``. An empty line or end of input ends the worker. Protocol lines go to the original stdout; everything else vLLM prints goes to stderr.
 """
 
 import json
@@ -76,7 +79,11 @@ def main():
         line = line.strip()
         if not line:
             break
-        windows_path, out_dir = json.loads(line)
+        request = json.loads(line)
+        if isinstance(request, dict):
+            _images(np, llm, params, request, k, proto)
+            continue
+        windows_path, out_dir = request
         data = np.load(windows_path)
         offsets, score_from, flat, index = data["offsets"], data["score_from"], data["tokens"], data["index"]
         count = len(score_from)
@@ -92,6 +99,29 @@ def main():
                 os.replace(dest + ".tmp.npz", dest)
                 _emit(proto, f"WINDOW {int(index[i])}")
         _emit(proto, "DONE")
+
+
+def _images(np, llm, params, request, k, proto):
+    """Image prompts: each prompt's answer positions, scored with the image in vLLM's multimodal input."""
+    from PIL import Image
+    from vllm.inputs import TokensPrompt
+
+    with open(request["images"]) as f:
+        prompts = json.load(f)
+    for p in prompts:
+        with Image.open(p["image"]) as img:
+            image = img.convert("RGB")
+        out = llm.generate([TokensPrompt(prompt_token_ids=p["tokens"], multi_modal_data={"image": image})], params,
+                           use_tqdm=False)[0]
+        tokens = list(out.prompt_token_ids)  # after vLLM expanded the image placeholder
+        if tokens[-p["answer"]:] != p["tokens"][-p["answer"]:]:
+            raise RuntimeError("vLLM's expanded prompt does not end with the answer tokens it was given")
+        target, ids, values = _window_arrays(np, out.prompt_logprobs, tokens, len(tokens) - p["answer"], k)
+        dest = os.path.join(request["out"], "i%d.npz" % p["index"])
+        np.savez(dest + ".tmp.npz", target=target, ids=ids, values=values)
+        os.replace(dest + ".tmp.npz", dest)
+        _emit(proto, "IMAGE %d" % p["index"])
+    _emit(proto, "DONE")
 
 
 if __name__ == "__main__":

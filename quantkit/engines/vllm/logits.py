@@ -157,6 +157,25 @@ class VllmEngine:
             yield lp
         self._expect("DONE")
 
+    def image_logprobs(self, prompts: Sequence[tuple[list[int], Path, int]]) -> list[LogProbs]:
+        """Top-k log-probabilities at the answer positions of image prompts: (prompt with one image placeholder
+        followed by the answer, the image file, answer length) each; vLLM's own processor expands the image."""
+        assert self.proc.stdin is not None
+        out_dir = self.tmp / "images"
+        out_dir.mkdir(exist_ok=True)
+        request = self.tmp / "images.json"
+        request.write_text(json.dumps([{"tokens": list(map(int, t)), "image": str(img), "answer": int(n), "index": i}
+                                       for i, (t, img, n) in enumerate(prompts)]))
+        self.proc.stdin.write(json.dumps({"images": str(request), "out": str(out_dir)}) + "\n")
+        self.proc.stdin.flush()
+        out = []
+        for i in range(len(prompts)):
+            self._expect(f"IMAGE {i}")
+            with np.load(out_dir / f"i{i}.npz") as data:
+                out.append(LogProbs(ids=data["ids"].astype(np.int64), values=data["values"], target=data["target"]))
+        self._expect("DONE")
+        return out
+
     def close(self) -> None:
         proc = getattr(self, "proc", None)
         if proc is not None and proc.poll() is None:
