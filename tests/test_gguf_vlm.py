@@ -139,7 +139,8 @@ def _llama_embeddings(text: Path, mmproj: Path, image: Any) -> np.ndarray:
     chunks = mtmd_cpp.mtmd_input_chunks_init()
     try:
         data = np.asarray(image, dtype=np.uint8).tobytes()
-        bitmap = mtmd_cpp.mtmd_bitmap_init(image.width, image.height, (ctypes.c_uint8 * len(data)).from_buffer_copy(data))
+        pixels = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        bitmap = mtmd_cpp.mtmd_bitmap_init(image.width, image.height, pixels)
         prompt = mtmd_cpp.mtmd_input_text()
         prompt.text = mtmd_cpp.mtmd_default_marker()
         prompt.text_len, prompt.add_special, prompt.parse_special = len(prompt.text), False, True
