@@ -171,6 +171,10 @@ def make_vlm(family: str, path: Path, *, seed: int = 0, tokenizer_from: Path = T
     model = transformers.AutoModelForImageTextToText.from_config(config).to(torch.bfloat16).eval()
     if family == "llava":
         _copy_reference_text(model, tokenizer_from)
+    if family == "gemma3":  # transformers initialises Gemma 3's projector at zero: every image would embed to zero
+        with torch.no_grad():
+            proj = model.model.multi_modal_projector.mm_input_projection_weight
+            proj.normal_(0.0, proj.shape[0] ** -0.5)
     if path.exists():
         shutil.rmtree(path)
     model.save_pretrained(path)
