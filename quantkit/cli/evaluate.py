@@ -56,12 +56,13 @@ def eval_cmd(
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Score only the first N tokens of the text.",
                                              rich_help_panel=PANEL_PROTOCOL),
     engine: Optional[str] = typer.Option(None, "--engine", help="auto (llama.cpp for GGUF, vllm for ModelOpt "
-                                         "exports, else transformers), transformers, vllm or llama.cpp.",
+                                         "exports, else transformers), transformers, vllm, llama.cpp or sglang.",
                                          rich_help_panel=PANEL_ENGINE),
     device: Optional[str] = typer.Option(None, "--device", help="auto, cpu, cuda or cuda:N \\[default: auto].",
                                          rich_help_panel=PANEL_ENGINE),
-    python: Optional[str] = typer.Option(None, "--python", help="vLLM's own Python interpreter \\[default: "
-                                         "$QUANTKIT_VLLM_PYTHON, else this one].", rich_help_panel=PANEL_ENGINE),
+    python: Optional[str] = typer.Option(None, "--python", help="vLLM's or SGLang's own Python interpreter "
+                                         "\\[default: $QUANTKIT_VLLM_PYTHON / $QUANTKIT_SGLANG_PYTHON, else this "
+                                         "one].", rich_help_panel=PANEL_ENGINE),
     max_ppl_ratio: Optional[float] = typer.Option(None, "--max-ppl-ratio", help="Fail when artifact ppl / baseline "
                                                   "ppl exceeds X \\[default: recipe's, else 1.5].",
                                                   rich_help_panel=PANEL_GATES),

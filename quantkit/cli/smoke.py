@@ -13,11 +13,13 @@ from quantkit import api
 from quantkit.cli.common import JSON_OPT, command, console, emit_json, reporter
 from quantkit.errors import BackendError, UsageError
 
-ENGINES = ("auto", "vllm", "llama.cpp", "trtllm")
-ENGINE_OPT = typer.Option("auto", "--engine", "-e", help="auto (from the artifact's files), vllm, llama.cpp or trtllm.")
+ENGINES = ("auto", "vllm", "llama.cpp", "trtllm", "sglang")
+ENGINE_OPT = typer.Option("auto", "--engine", "-e", help="auto (from the artifact's files), vllm, llama.cpp, trtllm "
+                          "or sglang.")
 PYTHON_OPT = typer.Option(None, "--python", help="The engine's own Python (its environment, so its pins never fight "
                           "quantkit's) \\[default: QUANTKIT_VLLM_PYTHON / QUANTKIT_LLAMACPP_PYTHON / "
-                          "QUANTKIT_TRTLLM_PYTHON, else the engine's script on PATH, else this Python].")
+                          "QUANTKIT_TRTLLM_PYTHON / QUANTKIT_SGLANG_PYTHON, else the engine's script on PATH, else "
+                          "this Python].")
 ENV_OPT = typer.Option(None, "--env", metavar="KEY=VALUE", help="Set for the engine only (repeatable), e.g. "
                        "--env PYTHONPATH=/tmp/site --env VLLM_USE_FLASHINFER_SAMPLER=0.")
 
@@ -75,16 +77,16 @@ def smoke_cmd(
     max_model_len: Optional[int] = typer.Option(None, "--max-model-len", help="Context the server allocates "
                                                 "\\[default: vLLM min(4096, model's); llama.cpp 2048]."),
     gpu_memory_utilization: Optional[float] = typer.Option(
-        None, "--gpu-memory-utilization", help="vLLM's GPU memory share (TensorRT-LLM: KV-cache share) "
-        "\\[default: 0.4]."),
+        None, "--gpu-memory-utilization", help="vLLM's GPU memory share (TensorRT-LLM: KV-cache share; SGLang: "
+        "--mem-fraction-static) \\[default: 0.4]."),
     tp: int = typer.Option(1, "--tp", min=1, help="Tensor-parallel size: GPUs one server spans (vLLM "
-                           "--tensor-parallel-size, trtllm-serve --tp_size). Checked first against the GPUs visible and "
-                           "the artifact's heads, intermediate sizes and quantization groups."),
+                           "--tensor-parallel-size, trtllm-serve --tp_size, SGLang --tp-size). Checked first against "
+                           "the GPUs visible and the artifact's heads, intermediate sizes and quantization groups."),
     skip_doctor: bool = typer.Option(False, "--skip-doctor", help="Start the server even when doctor predicts it "
                                      "cannot load the artifact (to see the engine's own error)."),
     json: bool = JSON_OPT,
 ) -> None:
-    """Serve ARTIFACT in its real engine's OpenAI-compatible server (vLLM, llama.cpp, TensorRT-LLM) on a free
+    """Serve ARTIFACT in its real engine's OpenAI-compatible server (vLLM, llama.cpp, TensorRT-LLM, SGLang) on a free
     loopback port, check /v1/models, a greedy completion and a chat answer, time the first token and decoding,
     then stop the server (always, also on Ctrl-C). Results go into quantkit.json; the server log is kept beside
     the artifact. Exits 1 if the server does not start or answers badly, 3 on a --require-match mismatch or

@@ -30,15 +30,21 @@ from quantkit import artifact as artifact_mod
 from quantkit.checkpoint import quantization_config
 from quantkit.engines import registry, serving
 from quantkit.engines.serving import Server
+from quantkit.engines.sglang import loads as sglang_loads
 from quantkit.errors import QuantkitError, UsageError
 from quantkit.formats import kinds
-from quantkit.formats.names import LLAMACPP, VLLM, KindName
+from quantkit.formats.names import LLAMACPP, SGLANG, VLLM, KindName
 
 # What ``doctor`` reports for an environment: quantkit's backends and the engines.
 DISTS = ("torch", "transformers", "accelerate", "llmcompressor", "compressed-tensors", "safetensors", "gguf",
-         "llama_cpp_python", "autoawq", "nvidia-modelopt", "vllm", "tensorrt_llm", "numpy", "tokenizers")
+         "llama_cpp_python", "autoawq", "nvidia-modelopt", "vllm", "tensorrt_llm", "sglang", "sglang-kernel",
+         "flashinfer-python", "numpy", "tokenizers")
 MODULES = ("torch", "transformers", "llmcompressor", "compressed_tensors", "gguf", "llama_cpp", "vllm",
-           "modelopt", "tensorrt_llm")
+           "modelopt", "tensorrt_llm", "sglang")
+# What else doctor asks an engine's Python: the distributions whose declared requirements it reports (their pins),
+# and modules whose presence matters to that engine (a transformers that defines a model SGLang registers itself).
+REQUIRES_OF = {SGLANG: ("sglang",)}
+ENGINE_MODULES = {SGLANG: (sglang_loads.CONFLICTING_MODULE,)}
 PROBE_TIMEOUT = 300.0
 
 # Runs inside the environment being asked (``python -c PROBE REQUEST_JSON``); standard library at the top, each
@@ -56,8 +62,14 @@ for d in req["dists"]:
 for m in req["modules"]:
     try:
         out["modules"][m] = importlib.util.find_spec(m) is not None
-    except (ImportError, ValueError):
+    except Exception:  # a submodule's parent that fails to import: the module is not there for the engine either
         out["modules"][m] = False
+out["requires"] = {}
+for d in req.get("requires_of", []):
+    try:
+        out["requires"][d] = metadata.requires(d) or []
+    except metadata.PackageNotFoundError:
+        pass
 if req.get("torch"):
     try:
         import torch
@@ -158,14 +170,16 @@ class Report:
 
 def probe(python: str | None = None, env: dict[str, str] | None = None, *, torch: bool = True,
           quantization_config: dict[str, Any] | None = None, gguf_file_types: bool = False,
-          timeout: float = PROBE_TIMEOUT) -> dict[str, Any]:
-    """Ask a Python environment what it has installed (and, given an artifact's config, whether it reads it).
+          engine: str | None = None, timeout: float = PROBE_TIMEOUT) -> dict[str, Any]:
+    """Ask a Python environment what it has installed (and, given an artifact's config, whether it reads it; given
+    an engine, that engine's declared requirements and the modules it cares about).
 
     Returns ``{"error": ...}`` instead of raising when that Python cannot be run or crashes.
     """
     python = python or sys.executable
-    req = {"dists": list(DISTS), "modules": list(MODULES), "torch": torch,
-           "quantization_config": quantization_config, "gguf_file_types": gguf_file_types}
+    req = {"dists": list(DISTS), "modules": [*MODULES, *ENGINE_MODULES.get(engine or "", ())], "torch": torch,
+           "quantization_config": quantization_config, "gguf_file_types": gguf_file_types,
+           "requires_of": list(REQUIRES_OF.get(engine or "", ()))}
     try:
         proc = subprocess.run([python, "-c", PROBE, json.dumps(req)], capture_output=True, text=True,
                               timeout=timeout, env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
@@ -298,6 +312,10 @@ def _gguf_checks(art: dict[str, Any], env_info: dict[str, Any]) -> list[Check]:
     return checks
 
 
+def _finding_check(f: sglang_loads.Finding) -> Check:
+    return Check(f.name, f.status, f.message, f.hint)
+
+
 def _llama_tools_check() -> Check:
     """llama.cpp's tools (llama-quantize for GGUF importance matrices, llama-server for smoke): which build."""
     from quantkit.producers.gguf import tools
@@ -321,7 +339,7 @@ def check(path: Path | None, engine_name: str = "auto", *, python: str | None = 
     # What to ask the engine's environment; when it is quantkit's own, one probe answers for both.
     ask = {"torch": engine is not None and engine.name != LLAMACPP,
            "quantization_config": art["quantization_config"] if art is not None and is_ct else None,
-           "gguf_file_types": is_gguf}
+           "gguf_file_types": is_gguf, "engine": engine.name if engine else None}
     same_env = engine_python in (None, sys.executable) and not env
     if include_quantkit:
         report.quantkit = probe(**{**ask, "torch": True}) if same_env else probe(torch=True)
@@ -333,16 +351,24 @@ def check(path: Path | None, engine_name: str = "auto", *, python: str | None = 
     report.engine = {"name": engine.name, "python": engine_python, "env": dict(env or {}),
                      "version": (info.get("versions") or {}).get(engine.dist), **info}
     report.checks.append(_installed_check(engine, info))
-    if engine.name == VLLM and "error" not in info:
+    if engine.name in (VLLM, SGLANG) and "error" not in info:
         t = info.get("torch") or {}
         if not t.get("cuda_available"):
-            report.checks.append(Check("cuda", "fail", f"vLLM needs a CUDA GPU; torch {t.get('version', '?')} in "
-                                       f"{engine_python} sees none{': ' + t['error'] if t.get('error') else ''}",
+            report.checks.append(Check("cuda", "fail", f"{'vLLM' if engine.name == VLLM else 'SGLang'} needs a "
+                                       f"CUDA GPU; torch "
+                                       f"{t.get('version', '?')} in {engine_python} sees none"
+                                       f"{': ' + t['error'] if t.get('error') else ''}",
                                        hint="run on a GPU machine"))
         else:
             report.checks.append(Check("cuda", "ok", f"torch {t.get('version')} (CUDA {t.get('cuda')}): "
                                                      f"{', '.join(t.get('devices', []))}"))
+    if engine.name == SGLANG and "error" not in info and info.get("modules", {}).get(engine.module):
+        report.engine["pins"] = info.get("requires", {}).get(engine.dist, [])
+        report.checks.extend(_finding_check(f) for f in sglang_loads.env_findings(
+            report.engine["pins"], info.get("versions", {}), info.get("modules", {}), report.engine["version"]))
     if art is not None:
+        if engine.name == SGLANG:
+            report.checks.extend(_finding_check(f) for f in sglang_loads.findings(Path(art["path"])))
         for skew in KNOWN_SKEWS:
             if skew.engine == engine.name and skew.applies(art):
                 report.checks.append(Check("known incompatibility", "fail", skew.message, hint=skew.hint))

@@ -16,7 +16,7 @@ from pathlib import Path
 from quantkit import envs
 from quantkit.errors import UsageError
 from quantkit.formats import kinds
-from quantkit.formats.names import LLAMACPP, TRANSFORMERS, TRTLLM, VLLM
+from quantkit.formats.names import LLAMACPP, SGLANG, TRANSFORMERS, TRTLLM, VLLM
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,10 @@ ENGINES: tuple[Engine, ...] = (
     Engine(TRTLLM, logits=None, server="quantkit.engines.trtllm.server",
            python=envs.PythonEnv(TRTLLM, "QUANTKIT_TRTLLM_PYTHON", executable="trtllm-serve"),
            dist="tensorrt_llm", module="tensorrt_llm", gpu=True, tested=None),
+    # Written for SGLang 0.5.17 (quantkit.engines.sglang.loads holds what that version's source says it loads).
+    Engine(SGLANG, logits="quantkit.engines.sglang.logits", server="quantkit.engines.sglang.server",
+           python=envs.PythonEnv(SGLANG, "QUANTKIT_SGLANG_PYTHON", executable="sglang"),
+           dist="sglang", module="sglang", gpu=True, tested=None),
 )
 BY_NAME = {e.name: e for e in ENGINES}
 EVALUATING = tuple(e.name for e in ENGINES if e.logits)

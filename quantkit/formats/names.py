@@ -12,6 +12,7 @@ TRANSFORMERS = "transformers"
 LLAMACPP = "llama.cpp"
 VLLM = "vllm"
 TRTLLM = "trtllm"
+SGLANG = "sglang"
 
 
 class Method(StrEnum):

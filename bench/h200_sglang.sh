@@ -1,0 +1,294 @@
+#!/usr/bin/env bash
+# Issue 28 on one lent H200: SGLang 0.5.17 beside vLLM 0.26.0 on the reference model's artifacts (models/quantkit-tiny,
+# which travels with the tree): every compressed-tensors format, the legacy AutoAWQ/GPTQ layouts, ModelOpt FP8 and
+# W4A8 (which SGLang's load table refuses), each scored by `quantkit eval --engine sglang` and `--engine vllm` on the
+# same tokens and served by `quantkit smoke --engine sglang`. One background job, started by the first call, while
+# later calls bring the parts.
+#
+#   here first: PART_MIB=25 bash ../shared/device/vllm/build.sh        # .vw00 ... .vw13 (vLLM's set)
+#               bash scripts/sglang_wheels/build.sh                    # .sw00 .sw01 (FA3=1: also .sf00 ... .sf05)
+#               .whl-llmc as in ../shared/device/llmcompressor/README.md (the job quantizes on the GPU)
+#               bash bench/h200_sglang.sh pack-modelopt                 # optional, .smo: the ModelOpt FP8 export of
+#                                                                       # the reference model, made here (.venv-trt)
+#   there, every call:  bash bench/h200_sglang.sh take                  # moves what it carried to /tmp
+#               bash bench/h200_sglang.sh start [MINUTES]               # once: the job; nothing starts after MINUTES
+#               bash bench/h200_sglang.sh vllm                          # in the call that brings the last .vw part
+#               bash bench/h200_sglang.sh sglang                        # once vLLM is assembled and every .sw (and
+#                                                                       # .sf) part is there
+#               bash bench/h200_sglang.sh status | wait SECONDS "$OUT" | collect "$OUT"
+#
+# The job (from a snapshot, /tmp/qk-sgl-snap): the artifacts, quantized on the GPU while parts arrive; once SGLang is
+# assembled, imports one by one (sgl_kernel and its GPU kernel, flashinfer, SGLang's server modules) and a first
+# server on the bf16 model (it compiles SGLang's JIT kernels): any failure is recorded with its error and ends the
+# SGLang branch; then per artifact doctor, eval with each engine (SGLang's and vLLM's series side by side on the GPU,
+# the tokens fixed by the protocol) and smoke. Each step writes its JSON (or its error) under results/ as soon as it
+# ends. Without FA3's parts SGLang runs with --attention-backend triton (recorded). SPEED=1 adds batch-1 decode
+# tok/s of the 8B shape (bf16, random weights) in both engines' servers, if 8 minutes are left.
+set -uo pipefail
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+. "$REPO/bench/device.sh"
+SNAP=/tmp/qk-sgl-snap
+LOGS=/tmp/qk-sgl-logs
+WORK=/tmp/qk-sgl-work
+SITE_SGL=/tmp/site-sgl
+MODELOPT=/tmp/qk-sgl-modelopt  # the carried ModelOpt FP8 export (.smo)
+TINY=models/quantkit-tiny
+EVAL_ARGS=(--baseline "$TINY" --dataset heldout --max-tokens 32768 --ctx 2048 --json)
+
+pack() {  # here: the reference model's ModelOpt FP8 export (build-trt --checkpoint-only) into .smo
+  local out; out=$(mktemp -d)/modelopt-fp8
+  cd "$REPO" || exit 1
+  "$REPO/.venv/bin/python" -m quantkit build-trt "$REPO/recipes/trt-fp8.yaml" --checkpoint-only -o "$out" --quiet \
+    --python "$REPO/.venv-trt/bin/python" || exit 1
+  rm -rf "$REPO/.smo" && mkdir -p "$REPO/.smo" && cp -r "$out/hf" "$REPO/.smo/hf"
+  grep -qxF '/.smo/' "$REPO/.git/info/exclude" 2>/dev/null || echo '/.smo/' >> "$REPO/.git/info/exclude"
+  du -sh "$REPO/.smo"
+}
+
+take() {  # every call: what it carried leaves the tree before the next call lays the tree anew
+  [ -d "$REPO/.whl-llmc" ] && install_llmc && echo "llm-compressor installed"
+  if [ -d "$REPO/.smo" ]; then rm -rf "$MODELOPT" && cp -r "$REPO/.smo" "$MODELOPT" && echo "ModelOpt export taken"; fi
+  if ls "$REPO"/.sw[0-9]*/p[0-9]* > /dev/null 2>&1; then
+    mkdir -p /tmp/swp && mv "$REPO"/.sw[0-9]*/p[0-9]* /tmp/swp/ && echo "sglang parts: $(ls /tmp/swp | tr '\n' ' ')"
+  fi
+  if ls "$REPO"/.sf[0-9]*/p[0-9]* > /dev/null 2>&1; then
+    mkdir -p /tmp/sfp && mv "$REPO"/.sf[0-9]*/p[0-9]* /tmp/sfp/ && echo "FA3 parts: $(ls /tmp/sfp | tr '\n' ' ')"
+  fi
+  take_parts
+}
+
+assemble_sglang() {  # every .sw part there (and .sf, for FA3), vLLM assembled: SGLang's set into /tmp/site-sgl
+  [ -f /tmp/site/.assembled ] || { echo "error: assemble vLLM first (bash $0 vllm)" >&2; return 1; }
+  rm -rf /tmp/sw /tmp/sf && mkdir -p /tmp/sw /tmp/sf
+  cat /tmp/swp/p* | tar xf - -C /tmp/sw || { echo "error: the .sw parts do not make a whole archive" >&2; return 1; }
+  if ls /tmp/sfp/p* > /dev/null 2>&1; then
+    cat /tmp/sfp/p* | tar xf - -C /tmp/sf || { echo "error: the .sf parts do not make a whole archive" >&2; return 1; }
+  fi
+  SITE="$SITE_SGL" FA3_DIR=/tmp/sf/fa3 bash /tmp/sw/set/assemble.sh 2>&1 | tee /tmp/qk-sgl-assemble.log
+  [ -f "$SITE_SGL/.assembled" ] && echo "SGLang assembled"
+}
+
+sglang_python() {  # bench/.sglang-python: SGLang's folder alone on the path (vLLM's set linked into it, vLLM left out)
+  printf '#!/bin/sh\nexport PYTHONPATH=%s HF_HUB_OFFLINE=1\nexec python3 "$@"\n' \
+    "$SITE_SGL" > bench/.sglang-python
+  chmod +x bench/.sglang-python
+}
+
+step() {  # step NAME CMD...: run, its stdout to results/NAME.json (or .txt), stderr to logs/NAME.err, logged
+  local name=$1; shift
+  local t0=$SECONDS
+  "$@" > "$LOGS/results/$name.json" 2> "$LOGS/steps/$name.err"
+  local rc=$?
+  log "$name: exit $rc ($(( SECONDS - t0 )) s)$([ $rc -ne 0 ] && echo ": $(grep -v '^\s*$' "$LOGS/steps/$name.err" | tail -n 1 | cut -c1-300)")"
+  return $rc
+}
+
+make_artifacts() {  # the reference model's artifacts, four at a time; each verb's JSON is its record
+  local specs=("rtn-w4g128 rtn" "awq-w4g128 awq" "gptq-w4g128 gptq" "gptq-w8g128 gptq --bits 8" "fp8-static fp8"
+               "fp8-dynamic fp8 --scheme dynamic" "fp8-block fp8 --scheme block" "int8-sq int8"
+               "awq-legacy awq --format autoawq" "gptq-legacy gptq --format gptq" "w4a8 w4a8 --weights rtn")
+  local s n=0
+  for s in "${specs[@]}"; do
+    set -- $s
+    step "make-$1" python3 -m quantkit "$2" "$TINY" "$WORK/$1" "${@:3}" --force --json &
+    n=$((n + 1)); [ $((n % 4)) -eq 0 ] && wait
+  done
+  wait
+  if [ -d "$MODELOPT/hf" ]; then ln -sfn "$MODELOPT" "$WORK/modelopt-fp8"; log "modelopt-fp8: the carried export"; fi
+}
+
+target() {  # target ROOT NAME: the folder an engine loads (the legacy layouts' and ModelOpt's subfolders)
+  case "$2" in
+    awq-legacy) echo "$1/$2/autoawq" ;; gptq-legacy) echo "$1/$2/gptq" ;; modelopt-fp8) echo "$1/$2/hf" ;;
+    *) echo "$1/$2" ;;
+  esac
+}
+
+imports() {  # each piece alone, so the first that fails is the one named; exit 1 on any failure
+  bench/.sglang-python - <<'EOF'
+import importlib.metadata as md, json, sys, time, traceback
+out, ok = {}, True
+def attempt(name, fn):
+    global ok
+    t0 = time.time()
+    try:
+        out[name] = {"ok": True, "value": fn(), "s": round(time.time() - t0, 1)}
+    except BaseException as e:
+        ok = False
+        out[name] = {"ok": False, "error": "".join(traceback.format_exception_only(type(e), e)).strip()[-2000:],
+                     "traceback": traceback.format_exc()[-4000:]}
+def versions():
+    return {d: md.version(d) for d in ("sglang", "sglang-kernel", "flashinfer-python", "transformers", "tokenizers",
+                                       "apache-tvm-ffi", "compressed-tensors", "xgrammar", "torch", "triton")}
+def kernel():
+    import torch, sgl_kernel
+    x = torch.randn(4, 256, device="cuda", dtype=torch.bfloat16); w = torch.ones(256, device="cuda", dtype=torch.bfloat16)
+    y = sgl_kernel.rmsnorm(x, w, 1e-6); torch.cuda.synchronize()
+    ref = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)
+    return {"rmsnorm_max_err": float((y.float() - ref).abs().max()), "device": torch.cuda.get_device_name(0)}
+def fa3():
+    from sgl_kernel import flash_attn
+    return flash_attn.is_fa3_supported()
+attempt("versions", versions)
+attempt("sgl_kernel", kernel)
+attempt("flashinfer", lambda: __import__("flashinfer").__version__)
+attempt("sglang.srt.entrypoints.http_server", lambda: bool(__import__("sglang.srt.entrypoints.http_server")))
+attempt("fa3", fa3)
+out["fa3"]["required"] = False
+ok = all(v["ok"] for k, v in out.items() if k != "fa3")
+print(json.dumps(out, indent=1))
+sys.exit(0 if ok else 1)
+EOF
+}
+
+# SGLang sizes its pool as what is free minus (1 - mem-fraction-static) of the whole GPU, so its servers run one at
+# a time with the default 0.4, beside one vLLM process at 0.3 (what vLLM asks is checked against what is free).
+SMOKE_ARGS=(--engine sglang --python bench/.sglang-python --timeout 900 --json
+            --chat-prompt "What is the capital of France?")
+
+sglang_series() {  # sglang_series DEADLINE ARTIFACT...: per artifact doctor, eval, smoke (SGLang), one at a time
+  local deadline=$1 a t; shift
+  for a in "$@"; do
+    [ "$(left "$deadline")" -le 60 ] && { log "sglang: no time left for $a"; continue; }
+    t=$(target "$WORK" "$a"); [ -e "$t" ] || { log "sglang: $a was not made"; continue; }
+    step "doctor-$a-sglang" python3 -m quantkit doctor "$t" --engine sglang --python bench/.sglang-python --json
+    step "eval-$a-sglang" python3 -m quantkit eval "$t" --engine sglang --python bench/.sglang-python \
+      --report-dir "$WORK/report-$a-sglang" "${EVAL_ARGS[@]}"
+    step "smoke-$a-sglang" python3 -m quantkit smoke "$t" --log-dir "$LOGS/servers" "${SMOKE_ARGS[@]}" "${ATTN_ARGS[@]}"
+  done
+}
+
+vllm_series() {  # vllm_series DEADLINE ARTIFACT...: per artifact eval (vLLM), the same protocol, on copies of the
+  # artifacts (each eval re-seals its artifact's manifest; the SGLang series writes its own copies' at the same time)
+  local deadline=$1 a t; shift
+  for a in "$@"; do
+    [ "$(left "$deadline")" -le 60 ] && { log "vllm: no time left for $a"; continue; }
+    t=$(target "$WORK-vllm" "$a"); [ -e "$t" ] || continue
+    step "eval-$a-vllm" env QUANTKIT_VLLM_ARGS='{"gpu_memory_utilization": 0.3}' python3 -m quantkit eval "$t" \
+      --engine vllm --python bench/.vllm-python --report-dir "$WORK/report-$a-vllm" "${EVAL_ARGS[@]}"
+  done
+}
+
+speed() {  # SPEED=1: batch-1 decode of the 8B shape (bf16, random weights) in each engine's server
+  python3 bench/quantize_cost.py --shape 8b --samples 1 --seq-len 16 --prepare > "$LOGS/steps/prepare-8b.log" 2>&1
+  log "8b shape prepared: exit $?"
+  local src; src=$(ls -d /tmp/quantkit-bench-qcost/src-8b 2>/dev/null)
+  [ -n "$src" ] || { log "speed: no 8B source"; return; }
+  step "speed-8b-sglang" python3 -m quantkit smoke "$src" --engine sglang --python bench/.sglang-python \
+    --timeout 900 --speed-tokens 256 --max-model-len 2048 --json "${ATTN_ARGS[@]}"
+  step "speed-8b-vllm" python3 -m quantkit smoke "$src" --engine vllm --python bench/.vllm-python \
+    --timeout 900 --speed-tokens 256 --gpu-memory-utilization 0.5 --max-model-len 2048 --json
+}
+
+job() {  # $1 = epoch second after which no step starts
+  local deadline=$1
+  enter_snapshot
+  sglang_python
+  mkdir -p "$LOGS/steps" "$LOGS/servers" "$WORK"
+  log "1: the reference model's artifacts (GPU), while parts arrive"
+  make_artifacts
+  rm -rf "$WORK-vllm" && cp -r "$WORK" "$WORK-vllm"
+  log "artifacts: $(ls "$WORK" | tr '\n' ' ')"
+  until [ -f "$SITE_SGL/.assembled" ] || [ "$(left "$deadline")" -le 240 ]; do sleep 5; done
+  cp /tmp/qk-sgl-assemble.log "$LOGS/steps/" 2>/dev/null
+  local arts=(rtn-w4g128 fp8-dynamic int8-sq awq-w4g128 gptq-w4g128 fp8-static fp8-block gptq-w8g128 awq-legacy
+              gptq-legacy modelopt-fp8 w4a8)
+  if [ ! -f "$SITE_SGL/.assembled" ]; then
+    log "SGLang not assembled in time: only vLLM's series"
+    [ -f /tmp/site/.assembled ] && vllm_series "$deadline" "${arts[@]}"
+    log "done"; return
+  fi
+  ATTN_ARGS=()
+  if [ ! -f "$SITE_SGL/sgl_kernel/flash_ops.abi3.so" ]; then
+    ATTN_ARGS=(--server-arg=--attention-backend --server-arg=triton)
+    export QUANTKIT_SGLANG_ARGS='["--attention-backend", "triton"]'
+    log "no FA3 library: SGLang runs with --attention-backend triton"
+  fi
+  log "2: imports, then SGLang's first server (bf16; compiles its JIT kernels)"
+  if ! step imports imports; then
+    log "SGLang does not import: its branch ends here (results/imports.json has the error)"
+    vllm_series "$deadline" "${arts[@]}"; log "done"; return
+  fi
+  step doctor-env-sglang python3 -m quantkit doctor --engine sglang --python bench/.sglang-python --json
+  if ! step "smoke-bf16-sglang" python3 -m quantkit smoke "$TINY" --log-dir "$LOGS/servers" "${SMOKE_ARGS[@]}" \
+      "${ATTN_ARGS[@]}"; then
+    log "SGLang's first server failed: its branch ends here (results/smoke-bf16-sglang.json, servers/)"
+    vllm_series "$deadline" "${arts[@]}"; log "done"; return
+  fi
+  log "3: per artifact: doctor, eval, smoke (SGLang) beside eval (vLLM)"
+  vllm_series "$deadline" "${arts[@]}" &
+  sglang_series "$deadline" "${arts[@]}"
+  wait
+  cp /tmp/quantkit-sglang-*.log "$LOGS/servers/" 2>/dev/null  # the eval servers' logs, kept only when they failed
+  if [ "${SPEED:-0}" = 1 ] && [ "$(left "$deadline")" -gt 480 ]; then log "4: the 8B shape's decode"; speed; fi
+  log "done"
+}
+
+summary() {  # results/sglang_vs_vllm.{json,md}: the two engines' figures per artifact, from the step files
+  python3 - "$LOGS/results" <<'EOF'
+import json, sys
+from pathlib import Path
+res = Path(sys.argv[1])
+def load(name):
+    p = res / f"{name}.json"
+    try:
+        return json.loads(p.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+rows = []
+for make in sorted(res.glob("make-*.json")):
+    a = make.stem[len("make-"):]
+    row = {"artifact": a}
+    for eng in ("sglang", "vllm"):
+        ev = load(f"eval-{a}-{eng}")
+        r = (ev or {}).get("results", [{}])[0] if ev else {}
+        row[eng] = {k: r.get(k) for k in ("ppl", "kld", "top1", "ppl_ratio")} if r else None
+        if eng == "sglang" and r:
+            row["sglang_engine"] = r.get("engine")
+    sm = load(f"smoke-{a}-sglang")
+    run = ((sm or {}).get("runs") or [{}])[0]
+    row["smoke"] = {k: run.get(k) for k in ("status", "error", "decode_tokens_per_s", "healthy_after_s", "facts")}
+    doc = load(f"doctor-{a}-sglang") or {}
+    row["doctor"] = [c for c in doc.get("checks", []) if c.get("status") != "ok"]
+    if row["sglang"] and row["vllm"]:
+        s, v = row["sglang"], row["vllm"]
+        row["diff"] = {k: (abs(s[k] - v[k]) if s.get(k) is not None and v.get(k) is not None else None)
+                       for k in ("ppl_ratio", "kld", "top1")}
+    rows.append(row)
+(res / "sglang_vs_vllm.json").write_text(json.dumps(rows, indent=1))
+f = lambda x, d=4: "-" if x is None else f"{x:.{d}f}"
+lines = ["| artifact | SGLang ppl ratio / KLD / top-1 | vLLM ppl ratio / KLD / top-1 | SGLang smoke | notes |",
+         "| --- | --- | --- | --- | --- |"]
+for r in rows:
+    s, v, sm = r["sglang"] or {}, r["vllm"] or {}, r["smoke"]
+    note = "; ".join(c["message"][:160] for c in r["doctor"] if c.get("status") == "fail") or \
+        (sm.get("error") or "")[:160]
+    lines.append(f"| {r['artifact']} | {f(s.get('ppl_ratio'))} / {f(s.get('kld'))} / {f(s.get('top1'), 3)} | "
+                 f"{f(v.get('ppl_ratio'))} / {f(v.get('kld'))} / {f(v.get('top1'), 3)} | {sm.get('status') or '-'} | "
+                 f"{note.replace('|', '/')} |")
+(res / "sglang_vs_vllm.md").write_text("\n".join(lines) + "\n")
+print("\n".join(lines))
+EOF
+}
+
+case "${1:-}" in
+  pack-modelopt) pack ;;
+  take) take ;;
+  start) start_job h200_sglang.sh job "${2:-24}" ;;
+  job) job "$2" ;;
+  vllm) assemble_vllm ;;
+  sglang) assemble_sglang ;;
+  status)
+    cat "$LOGS/job.log" 2>/dev/null
+    nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader ;;
+  wait)  # wait SECONDS DEST: until the job logs "done" (or SECONDS pass), then collect into DEST
+    end=$(( $(date +%s) + $2 ))
+    until grep -q "] done$" "$LOGS/job.log" 2>/dev/null || [ "$(date +%s)" -ge "$end" ]; do sleep 5; done
+    "$0" collect "$3" ;;
+  collect)
+    mkdir -p "$2"
+    summary > "$LOGS/steps/summary.log" 2>&1
+    cp "$LOGS/job.log" "$LOGS/results/sglang_vs_vllm.md" "$2/" 2>/dev/null
+    collect_results "$2" ;;
+  *) sed -n '2,27p' "$0"; exit 2 ;;
+esac

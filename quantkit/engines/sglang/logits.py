@@ -1,0 +1,219 @@
+"""The SGLang engine: prompt log-probabilities of the protocol's token windows, through SGLang's own server.
+
+SGLang runs in its own Python (``--python``, ``QUANTKIT_SGLANG_PYTHON``, or this interpreter when SGLang imports
+here) as the server :mod:`quantkit.engines.sglang.server` starts, on a free loopback port, with its radix (prefix)
+cache off so every window is computed whole, and a context of ``ctx + 1`` tokens. Each batch of windows is one
+``POST /generate`` with the token ids themselves (``input_ids``: the protocol's tokens, never re-tokenized),
+``max_new_tokens`` 1 at temperature 0, ``return_logprob``, ``top_logprobs_num`` k and ``logprob_start_len`` one
+before the window's first scored position. ``QUANTKIT_SGLANG_ARGS`` (a JSON list) adds server flags
+(``["--tp-size", "2"]``, ``["--attention-backend", "triton"]``).
+
+What SGLang 0.5.17 answers (``managers/scheduler_components/logprob_result_processor.py``
+``_process_input_token_logprobs`` and ``_process_input_top_logprobs``; ``managers/tokenizer_manager.py``
+``add_logprob_to_meta_info`` and ``detokenize_logprob_tokens``): in each result's ``meta_info``,
+``input_token_logprobs`` holds one ``[logprob, token_id, text]`` per prompt token from ``logprob_start_len`` on, the
+first with logprob ``null`` ("add None at start, remove last (sampling token)"), so entry ``j`` is log p(token
+``start + j`` | the tokens before it); ``input_top_logprobs`` holds, aligned the same way, the top-k
+``[logprob, token_id, text]`` of that same distribution (``null`` first). The log-probabilities are a plain
+log-softmax of the logits (``layers/logprob_processor.py``: no temperature on prompt positions). Token ids at or
+above ``vocab_size - 1`` come back as 0 in ``input_token_logprobs`` (its "clip padded hash values" step); the
+log-probability next to them is still the real token's.
+
+So, as with vLLM: perplexity and top-1 agreement are exact (the actual token's log-probability is returned for
+every position), KL divergence is a lower bound computed over the top-k bins plus one bin for the rest of the
+vocabulary (:func:`quantkit.verify.metrics.kld_rows`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from quantkit import envs
+from quantkit.engines import client, registry
+from quantkit.engines.logits import EngineOptions, LogProbs, Window
+from quantkit.engines.serving import HOST, ServeOptions, ServerProcess
+from quantkit.engines.sglang import loads
+from quantkit.engines.sglang.server import SERVER
+from quantkit.errors import BackendError, UsageError
+from quantkit.formats.kinds import Kind
+from quantkit.formats.names import SGLANG
+from quantkit.progress import Reporter
+
+ROW = registry.get(SGLANG)
+PYTHON_ENV = ROW.env_var
+ARGS_ENV = "QUANTKIT_SGLANG_ARGS"
+TIMEOUT_ENV = "QUANTKIT_SGLANG_TIMEOUT"
+BATCH = 8  # windows per /generate request (SGLang schedules them together)
+DEFAULT_TIMEOUT = 900.0  # seconds to health: the first start compiles SGLang's JIT kernels
+REQUEST_TIMEOUT = 1800.0
+# The server's own environment: a window of exactly max_position_embeddings tokens needs one position more for the
+# single sampled token (thrown away), which SGLang refuses unless told it is intended.
+SERVER_ENV = {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
+
+
+def find_python(explicit: str | None) -> str:
+    """SGLang's interpreter (:func:`quantkit.envs.find`); refused early when it does not exist, or when it is this
+    one and SGLang does not import here."""
+    choice = ROW.find_python(explicit)
+    if not choice.fallback:
+        if shutil.which(choice.python) is None and not Path(choice.python).is_file():
+            raise UsageError(f"SGLang's Python {choice.python!r} (from {choice.origin}) does not exist",
+                             hint=f"pass --python /path/to/sglang-env/bin/python or set {PYTHON_ENV}")
+        return choice.python
+    if envs.importable_here(ROW.module):
+        return choice.python
+    raise UsageError("the SGLang engine needs SGLang, which is not installed in this environment",
+                     hint=f"pass --python /path/to/sglang-env/bin/python (or set {PYTHON_ENV}) to use the Python "
+                          "of an environment where SGLang is installed")
+
+
+def refuse(path: Path, kind: Kind) -> None:
+    """What SGLang cannot score at all, by its load table (:mod:`quantkit.engines.sglang.loads`), before any load."""
+    if why := loads.refusal(path):
+        raise UsageError(why, hint="evaluate it with --engine vllm (or auto)")
+
+
+def server_args() -> list[str]:
+    """``QUANTKIT_SGLANG_ARGS``: extra server flags, a JSON list of strings."""
+    raw = os.environ.get(ARGS_ENV)
+    if not raw:
+        return []
+    try:
+        args = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{ARGS_ENV} is not valid JSON: {e}") from None
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise UsageError(f"{ARGS_ENV} must be a JSON list of strings (server flags), e.g. [\"--tp-size\", \"2\"]")
+    return args
+
+
+def generate_request(windows: Sequence[Window], topk: int) -> dict[str, Any]:
+    """The ``/generate`` body for a batch of windows (one list per window in every per-request field)."""
+    if any(w.score_from < 1 for w in windows):
+        raise ValueError("a window's first scored position needs one token of context")
+    return {"input_ids": [list(w.tokens) for w in windows],
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+            "return_logprob": [True] * len(windows),
+            "logprob_start_len": [start(w) for w in windows],
+            "top_logprobs_num": [topk] * len(windows)}
+
+
+def start(window: Window) -> int:
+    """``logprob_start_len`` for a window: SGLang's first entry there is null, so one before the first scored token."""
+    return window.score_from - 1
+
+
+def parse_result(result: Mapping[str, Any], window: Window, topk: int) -> LogProbs:
+    """One window's rows from one ``/generate`` result, checked against the window's own tokens."""
+    meta = result.get("meta_info") or {}
+    tokens = meta.get("input_token_logprobs")
+    tops = meta.get("input_top_logprobs")
+    first = start(window)
+    expected = len(window.tokens) - first
+    if not isinstance(tokens, list) or not isinstance(tops, list):
+        raise BackendError(f"SGLang answered window {window.index} without input_token_logprobs/input_top_logprobs "
+                           f"(keys: {sorted(meta)})")
+    if len(tokens) != expected or len(tops) != expected:
+        raise BackendError(f"SGLang answered window {window.index} with {len(tokens)} token and {len(tops)} top-k "
+                           f"entries from position {first}; {expected} expected")
+    n = window.n_scored
+    target = np.empty(n, dtype=np.float32)
+    ids = np.full((n, topk), -1, dtype=np.int64)
+    values = np.full((n, topk), -np.inf, dtype=np.float32)
+    for row in range(n):
+        j = row + 1  # entry 0 is the null one, at the token before the first scored position
+        pos = first + j
+        lp, tok = tokens[j][0], tokens[j][1]
+        if lp is None or tok not in (window.tokens[pos], 0):
+            raise BackendError(f"SGLang's entry for position {pos} of window {window.index} is {tokens[j][:2]}, "
+                               f"not token {window.tokens[pos]} with a log-probability")
+        target[row] = lp
+        ranked = sorted((e for e in (tops[j] or [])), key=lambda e: -e[0])[:topk]
+        if not ranked:
+            raise BackendError(f"SGLang returned no top-k log-probabilities at position {pos} of window "
+                               f"{window.index}")
+        for k, entry in enumerate(ranked):
+            values[row, k], ids[row, k] = entry[0], entry[1]
+        if target[row] > values[row, 0] + 1e-3:
+            raise BackendError(f"SGLang's log-probability of token {window.tokens[pos]} at position {pos} of window "
+                               f"{window.index} ({target[row]:.4f}) exceeds its own top-1 ({values[row, 0]:.4f})")
+    return LogProbs(ids=ids, values=values, target=target)
+
+
+class SglangEngine:
+    """An SGLang server holding the model; windows go in as token ids, top-k log-probs come out."""
+
+    name = SGLANG
+
+    def __init__(self, path: Path, options: EngineOptions) -> None:
+        if options.device == "cpu":
+            raise UsageError("the SGLang engine runs on a GPU; --device cpu cannot be honoured",
+                             hint="use --engine transformers for CPU evaluation")
+        self.path = path
+        self.topk = options.topk
+        self.python = find_python(options.python)
+        fd, log = tempfile.mkstemp(prefix="quantkit-sglang-", suffix=".log")  # kept when the server fails
+        os.close(fd)
+        self.log_path = Path(log)
+        self._failed = False
+        opts = ServeOptions(python=self.python, max_model_len=options.ctx + 1)
+        extra = ["--disable-radix-cache", *server_args()]
+
+        def argv(port: int) -> list[str]:
+            return SERVER.argv(path, self.python, HOST, port, opts) + extra
+
+        timeout = float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT)
+        self.server = ServerProcess(SGLANG, argv, log_path=self.log_path, env=SERVER_ENV,
+                                    health_path=SERVER.health_path, timeout=timeout, reporter=Reporter(quiet=True))
+        try:
+            self.server.__enter__()
+            self._info = client.get_json(self.server.url + "/server_info", timeout=120)
+        except BaseException:
+            self._failed = True
+            self.close()
+            raise
+
+    def info(self) -> dict[str, Any]:
+        facts = SERVER.log_facts(self.log_path.read_text(errors="replace")) if self.log_path.exists() else {}
+        return {"engine": self.name, "version": self._info.get("version"), "device": "cuda",
+                "model": str(self.path), "python": self.python, "topk": self.topk,
+                "attention_backend": self._info.get("attention_backend"),
+                "quantization": facts.get("quantization") or self._info.get("quantization"),
+                "tp": self._info.get("tp_size")}
+
+    def logits(self, windows: Sequence[Window]) -> Iterator[LogProbs]:
+        for i in range(0, len(windows), BATCH):
+            batch = windows[i:i + BATCH]
+            try:
+                results = client.post_json(self.server.url + "/generate", generate_request(batch, self.topk),
+                                           timeout=REQUEST_TIMEOUT)
+            except BackendError as e:
+                self._failed = True
+                raise (self.server.died("/generate") or e) from None
+            if not isinstance(results, list) or len(results) != len(batch):
+                self._failed = True
+                raise BackendError(f"SGLang answered a batch of {len(batch)} windows with "
+                                   f"{len(results) if isinstance(results, list) else 'no list of'} results")
+            for w, result in zip(batch, results):
+                try:
+                    yield parse_result(result, w, self.topk)
+                except BackendError:
+                    self._failed = True
+                    raise
+
+    def close(self) -> None:
+        self.server.stop()
+        if not self._failed:
+            self.log_path.unlink(missing_ok=True)
+
+
+def load(path: Path, options: EngineOptions) -> SglangEngine:
+    return SglangEngine(path, options)
