@@ -22,7 +22,9 @@
 # server on the bf16 model (it compiles SGLang's JIT kernels): any failure is recorded with its error and ends the
 # SGLang branch; then per artifact doctor, eval with each engine (SGLang's and vLLM's series side by side on the GPU,
 # the tokens fixed by the protocol) and smoke. Each step writes its JSON (or its error) under results/ as soon as it
-# ends. Without FA3's parts SGLang runs with --attention-backend triton (recorded). SPEED=1 adds batch-1 decode
+# ends. Without FA3's parts SGLang runs with --attention-backend triton (recorded). Where bench/h200_real.sh built
+# SmolLM2-135M in the same lease, its RTN W4A16 is served with --skip-doctor: doctor predicts SGLang's Marlin kernel
+# has no tile for its 576-wide layers, and SGLang's own answer is recorded beside. SPEED=1 adds batch-1 decode
 # tok/s of the 8B shape (bf16, random weights) in both engines' servers, if 8 minutes are left.
 set -uo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
@@ -33,6 +35,7 @@ WORK=/tmp/qk-sgl-work
 SITE_SGL=/tmp/site-sgl
 MODELOPT=/tmp/qk-sgl-modelopt  # the carried ModelOpt FP8 export (.smo)
 TINY=models/quantkit-tiny
+SMOLLM2=/tmp/qk-real/SmolLM2-135M-Instruct
 EVAL_ARGS=(--baseline "$TINY" --dataset heldout --max-tokens 32768 --ctx 2048 --json)
 
 pack() {  # here: the reference model's ModelOpt FP8 export (build-trt --checkpoint-only) into .smo
@@ -95,6 +98,9 @@ make_artifacts() {  # the reference model's artifacts, four at a time; each verb
   done
   wait
   if [ -d "$MODELOPT/hf" ]; then ln -sfn "$MODELOPT" "$WORK/modelopt-fp8"; log "modelopt-fp8: the carried export"; fi
+  if [ -f "$SMOLLM2/config.json" ]; then  # built by bench/h200_real.sh in the same lease
+    step make-smollm2-rtn python3 -m quantkit rtn "$SMOLLM2" "$WORK/smollm2-rtn" --force --json
+  fi
 }
 
 target() {  # target ROOT NAME: the folder an engine loads (the legacy layouts' and ModelOpt's subfolders)
@@ -218,6 +224,13 @@ job() {  # $1 = epoch second after which no step starts
   log "3: per artifact: doctor, eval, smoke (SGLang) beside eval (vLLM)"
   vllm_series "$deadline" "${arts[@]}" &
   sglang_series "$deadline" "${arts[@]}"
+  if [ -d "$WORK/smollm2-rtn" ] && [ "$(left "$deadline")" -gt 120 ]; then
+    # doctor refuses SmolLM2's W4A16 in SGLang (no Marlin tile fits its 576-wide layers): SGLang's own answer
+    step doctor-smollm2-rtn-sglang python3 -m quantkit doctor "$WORK/smollm2-rtn" --engine sglang \
+      --python bench/.sglang-python --json
+    step smoke-smollm2-rtn-sglang python3 -m quantkit smoke "$WORK/smollm2-rtn" --skip-doctor --log-dir \
+      "$LOGS/servers" "${SMOKE_ARGS[@]}" "${ATTN_ARGS[@]}"
+  fi
   wait
   cp /tmp/quantkit-sglang-*.log "$LOGS/servers/" 2>/dev/null  # the eval servers' logs, kept only when they failed
   if [ "${SPEED:-0}" = 1 ] && [ "$(left "$deadline")" -gt 480 ]; then log "4: the 8B shape's decode"; speed; fi
@@ -290,5 +303,5 @@ case "${1:-}" in
     summary > "$LOGS/steps/summary.log" 2>&1
     cp "$LOGS/job.log" "$LOGS/results/sglang_vs_vllm.md" "$2/" 2>/dev/null
     collect_results "$2" ;;
-  *) sed -n '2,27p' "$0"; exit 2 ;;
+  *) sed -n '2,28p' "$0"; exit 2 ;;
 esac

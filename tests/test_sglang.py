@@ -107,13 +107,16 @@ def test_the_table_follows_sglangs_branches(tmp_path: Path) -> None:
         return [f.status for f in loads.findings(config_folder(tmp_path, name, config, hf_quant))]
 
     assert status("fp8", preset_config("FP8", "float-quantized")) == ["ok"]
-    # SmolLM2-135M's shapes (576 wide): Marlin's rule broken, which SGLang's W4A16 path does not act on.
-    smollm2 = loads.findings(config_folder(tmp_path, "w4-576", preset_config(
-        "W4A16", "pack-quantized", hidden_size=576, intermediate_size=1536, num_attention_heads=9,
-        num_key_value_heads=3)))
-    assert [f.status for f in smollm2] == ["ok", "warn"]
-    assert "q_proj 576->576, k_proj 576->192, v_proj 576->192, o_proj 576->576, gate_proj 576->1536" in \
-        smollm2[1].message and "down_proj" not in smollm2[1].message
+    # SmolLM2-135M's shapes (576 wide, 9 heads, 3 KV heads): SGLang fuses q/k/v into 576->960, and no tile of its
+    # Marlin kernel divides that or o_proj's 576->576; gate_up (576->3072) and down (1536->576) fit one.
+    smollm2 = dict(hidden_size=576, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3)
+    w4 = loads.findings(config_folder(tmp_path, "w4-576", preset_config("W4A16", "pack-quantized", **smollm2)))
+    assert [(f.name, f.status) for f in w4] == [("sglang scheme", "ok"), ("sglang marlin", "fail")]
+    assert "qkv_proj 576->960, o_proj 576->576: its first forward stops with \"Invalid thread config\"" in w4[1].message
+    legacy = {"quant_method": "gptq", "bits": 4, "group_size": 64, "desc_act": False, "sym": True}
+    assert status("gptq-576", {**smollm2, "quantization_config": legacy}) == ["ok", "fail"]
+    assert status("fp8-576", preset_config("FP8_DYNAMIC", "float-quantized", **smollm2)) == ["ok"]
+    assert loads.marlin_misfits(smollm2, tp=3) == ["qkv_proj 576->320", "o_proj 192->576"]
     assert status("fp8-block", preset_config("FP8_BLOCK", "float-quantized")) == ["ok"]
     assert status("int8", preset_config("W8A8", "int-quantized")) == ["ok"]
     # Fused experts: SGLang's W8A8 INT8 MoE scheme exists for NPUs only; FP8 experts load.
@@ -123,8 +126,13 @@ def test_the_table_follows_sglangs_branches(tmp_path: Path) -> None:
     kv["quantization_config"]["kv_cache_scheme"] = {"num_bits": 8, "type": "float", "strategy": "tensor"}
     assert status("kv", kv) == ["ok", "warn"]
     assert status("modelopt-fp8", {}, {"quantization": {"quant_algo": "FP8"}}) == ["ok"]
-    refused = loads.findings(config_folder(tmp_path, "modelopt-int8", {}, {"quantization": {"quant_algo": "INT8_SQ"}}))
-    assert refused[0].status == "fail" and "load the checkpoint as if it were unquantized" in refused[0].message
+    # ModelOpt 0.47 writes quant_method "modelopt" into config.json too: SGLang reads that with its FP8 config class.
+    modelopt = {"quantization_config": {"quant_method": "modelopt", "quant_algo": "W4A8_AWQ"}}
+    refused = loads.findings(config_folder(tmp_path, "modelopt-w4a8", modelopt,
+                                           {"quantization": {"quant_algo": "W4A8_AWQ"}}))
+    assert refused[0].status == "fail" and "ModelOptFp8Config only supports static FP8" in refused[0].message
+    only = loads.findings(config_folder(tmp_path, "modelopt-int8", {}, {"quantization": {"quant_algo": "INT8_SQ"}}))
+    assert only[0].status == "fail" and "load the checkpoint as if it were unquantized" in only[0].message
     assert status("awq8", {"quantization_config": {"quant_method": "awq", "bits": 8, "group_size": 128}}) == ["fail"]
     assert status("plain", {"architectures": ["LlamaForCausalLM"]}) == ["ok"]
     assert loads.refusal(TINY / "tokenizer.json") is not None  # a file: quantkit serves only GGUF files, in llama.cpp
@@ -198,7 +206,8 @@ def test_the_answer_becomes_the_windows_rows(score_from: int) -> None:
     window = Window(index=3, tokens=tuple(tokens), score_from=score_from)
     request = logits.generate_request([window], k)
     assert request["logprob_start_len"] == [score_from - 1] and request["input_ids"] == [tokens]
-    assert request["sampling_params"] == {"max_new_tokens": 1, "temperature": 0.0} and request["top_logprobs_num"] == [k]
+    assert request["sampling_params"] == {"max_new_tokens": 1, "temperature": 0.0}
+    assert request["top_logprobs_num"] == [k] and request["return_logprob"] == [True]
     got = logits.parse_result(sglang_generate_result(tokens, rows, score_from - 1, k, vocab), window, k)
     expect = log_softmax(rows)[score_from - 1:len(tokens) - 1]  # row i: the distribution of token score_from + i
     assert np.allclose(got.target, expect[np.arange(window.n_scored), window.targets], atol=1e-6)

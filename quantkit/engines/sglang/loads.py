@@ -11,13 +11,22 @@ Read from ``sglang-0.5.17-cp312-cp312-manylinux_2_34_x86_64.whl`` (paths under `
   :data:`MOE`), and ``from_config``, which passes no ``kv_cache_scheme`` on;
 - ``layers/quantization/compressed_tensors/utils.py``: ``is_activation_quantization_format``
   -> :data:`ACTIVATION_FORMATS`;
-- ``.../schemes/compressed_tensors_wNa16.py``: ``WNA16_SUPPORTED_TYPES_MAP`` (4 and 8 bits) and its Marlin-only path,
-  which calls ``check_marlin_supports_shape`` and ignores the answer;
-- ``layers/quantization/marlin_utils.py``: ``query_marlin_supported_quant_types`` (with zero points only ``uint4``),
-  ``verify_marlin_supports_shape`` (input features a multiple of 128, output features of 64);
+- ``.../schemes/compressed_tensors_wNa16.py``: ``WNA16_SUPPORTED_TYPES_MAP`` (4 and 8 bits, with or without zero
+  points) and its Marlin-only path (``apply_gptq_marlin_linear``; ``check_marlin_supports_shape`` is called and its
+  answer ignored), which GPTQ's ``gptq_marlin`` takes too;
+- ``sglang/kernels/jit/csrc/gemm/marlin/gptq_marlin.cuh`` (the kernel that path compiles): the thread tiles of
+  ``small_batch_thread_configs`` and ``large_batch_thread_configs`` -> :data:`MARLIN_TILES`; a layer whose (input,
+  output) features no tile divides stops at its first forward ("Invalid thread config");
 - ``layers/quantization/awq/awq.py`` (``AWQConfig``: 4 bits only) and ``gptq/gptq.py`` (``GPTQConfig``: 2, 3, 4, 8);
-- ``configs/model_config.py``: ``_parse_modelopt_quant_config`` (:data:`MODELOPT`; any other ``quant_algo`` gives no
-  quantization config at all, so the checkpoint would load as if it were unquantized).
+- ``configs/model_config.py``: ``_parse_quant_hf_config`` and ``_parse_modelopt_quant_config`` (:data:`MODELOPT`): a
+  ModelOpt export whose config.json says quant_method "modelopt" (as ModelOpt 0.47's do) with another quant_algo stays
+  "modelopt", whose class ``ModelOptFp8Config`` refuses it (``layers/quantization/modelopt_quant.py``); one with only
+  hf_quant_config.json gets no quantization config at all, and would load as if it were unquantized.
+
+Checked on a CPU against SGLang 0.5.17's own ``CompressedTensorsConfig`` (CUDA answered as an H200 would): for every
+compressed-tensors preset quantkit writes, and the variants above, its ``_get_scheme_from_parts`` and
+``get_moe_scheme`` chose the scheme (or raised the error) these rules give; the one rule beyond what construction
+shows is dense block FP8 with static activations, refused later by ``process_weights_after_loading``.
 
 The rules are tried in SGLang's order; the first that matches decides, as in its ``if`` chains. A rule without a
 scheme is a branch where SGLang raises: its message is quoted. Nothing here imports SGLang, so the table must be
@@ -46,11 +55,11 @@ QUANT_METHODS = frozenset({
 
 ACTIVATION_FORMATS = ("naive-quantized", "int-quantized", "float-quantized", "nvfp4-pack-quantized", "pack-quantized")
 
-# ModelOpt's hf_quant_config.json quant_algo -> SGLang's method (model_config._parse_modelopt_quant_config): FP8 or
-# FP4 anywhere in the name, or MIXED_PRECISION; quantkit's build-trt writes FP8, INT8_SQ, W4A16_AWQ and W4A8_AWQ.
+# ModelOpt's quant_algo -> SGLang's method (model_config._parse_modelopt_quant_config): FP8 or FP4 anywhere in the
+# name, or MIXED_PRECISION; of what quantkit's build-trt writes only FP8 is one of them.
 MODELOPT = (("MIXED_PRECISION", "w4afp8"), ("FP4", "modelopt_fp4"), ("FP8", "modelopt_fp8"))
 
-MARLIN_IN_MULTIPLE, MARLIN_OUT_MULTIPLE = 128, 64  # marlin_utils.GPTQ_MARLIN_MIN_THREAD_K / _N
+MARLIN_TILES = ((128, 128), (64, 128), (128, 64), (64, 256))  # (thread_k, thread_n): input, output features
 
 
 @dataclass(frozen=True)
@@ -110,11 +119,8 @@ _NO_SCHEME = "No compressed-tensors compatible scheme was found."
 LINEAR: tuple[Rule, ...] = (
     Rule(Args(strategies=_WNA16.strategies, dynamic=False, bits=(4, 8), symmetric=True), None, ("pack-quantized",),
          "CompressedTensorsWNA16"),
-    Rule(Args(strategies=_WNA16.strategies, dynamic=False, bits=(4,), symmetric=False), None, ("pack-quantized",),
+    Rule(Args(strategies=_WNA16.strategies, dynamic=False, bits=(4, 8), symmetric=False), None, ("pack-quantized",),
          "CompressedTensorsWNA16"),
-    Rule(Args(strategies=_WNA16.strategies, dynamic=False, bits=(8,), symmetric=False), None, ("pack-quantized",),
-         None, "Marlin has no 8-bit kernel with zero points (marlin_utils.query_marlin_supported_quant_types: uint4 "
-         "only); quantize 8-bit weights symmetric"),
     Rule(_WNA16, None, None, None, "Other method (CompressedTensorsW4A16Sparse24) is not supported now"),
     Rule(_NVFP4, Args(type="float", bits=(4,), strategies=("tensor_group",), symmetric=True), ACTIVATION_FORMATS,
          None, "Current platform does not support w4a4 nvfp4 quantization. (NVFP4 needs a Blackwell GPU)"),
@@ -136,23 +142,23 @@ LINEAR: tuple[Rule, ...] = (
 MOE: tuple[Rule, ...] = (
     Rule(Args(strategies=_WNA16.strategies, dynamic=False, bits=(4, 8), symmetric=True), None, ("pack-quantized",),
          "CompressedTensorsWNA16MoE"),
-    Rule(Args(strategies=_WNA16.strategies, dynamic=False, bits=(4,), symmetric=False), None, ("pack-quantized",),
+    Rule(Args(strategies=_WNA16.strategies, dynamic=False, bits=(4, 8), symmetric=False), None, ("pack-quantized",),
          "CompressedTensorsWNA16MoE"),
     Rule(_WNA16, None, None, None, "For Fused MoE layers, only pack-quantized is supported for the following bits: "
-         "[4, 8] (with zero points: 4)"),
-    Rule(_NVFP4, Args(type="float", bits=(4,), strategies=("tensor_group",), symmetric=True), None,
-         "CompressedTensorsW4A4Nvfp4MoE"),
+         "[4, 8]"),
+    Rule(_NVFP4, Args(type="float", bits=(4,), strategies=("tensor_group",), symmetric=True), None, None,
+         "Current platform does not support NVFP4 quantization. Please use Blackwell and above."),
     # _is_fp8_w8a8, then the constructor: tensor weights with tensor activations, channel weights with dynamic
-    # per-token activations, or block weights; any other pairing trips its assertion.
+    # per-token activations, or block weights; any other pairing trips its assertion. (Dense block weights with static
+    # activations pass construction and trip process_weights_after_loading's assertion: the LINEAR rule above.)
     Rule(Args(type="float", symmetric=True, dynamic=False, strategies=("tensor",)),
          Args(type="float", strategies=("tensor",)), None, "CompressedTensorsW8A8Fp8MoE"),
     Rule(Args(type="float", symmetric=True, dynamic=False, strategies=("channel",)),
          Args(type="float", strategies=("token",), dynamic=True), None, "CompressedTensorsW8A8Fp8MoE"),
-    Rule(Args(type="float", symmetric=True, dynamic=False, strategies=("block",)), Args(type="float", dynamic=True),
-         None, "CompressedTensorsW8A8Fp8MoE"),
+    Rule(Args(type="float", symmetric=True, dynamic=False, strategies=("block",)), Args(type="float"), None,
+         "CompressedTensorsW8A8Fp8MoE"),
     Rule(_FP8_W, Args(type="float"), None, None, "AssertionError in CompressedTensorsW8A8Fp8MoE: it takes tensor "
-         "weights with tensor activations, channel weights with dynamic per-token activations, or block weights "
-         "with dynamic activations"),
+         "weights with tensor activations, channel weights with dynamic per-token activations, or block weights"),
     Rule(Args(bits=(8,), symmetric=True, dynamic=False, strategies=("tensor", "channel")),
          Args(bits=(8,), strategies=("token",), dynamic=True), None, None,
          "The W8A8Int8 Fused MoE scheme is implemented only for NPU for now."),
@@ -204,8 +210,9 @@ def _is_moe(cfg: Mapping[str, Any]) -> bool:
     return any(int(text.get(k) or 0) > 1 for k in EXPERT_COUNT_KEYS)
 
 
-def _marlin_shapes(cfg: Mapping[str, Any]) -> list[str]:
-    """The dense linear shapes (in, out) of a Llama-like decoder that break Marlin's rule, as ``name in->out``."""
+def marlin_misfits(cfg: Mapping[str, Any], tp: int = 1) -> list[str]:
+    """The linear layers of a Llama-like decoder, as SGLang fuses them (qkv_proj, gate_up_proj) and splits them over
+    ``tp`` GPUs, whose (input, output) features no Marlin tile divides, as ``name in->out``."""
     text = cfg.get("text_config") or cfg
     try:
         hidden, inter = int(text["hidden_size"]), int(text.get("intermediate_size") or 0)
@@ -214,11 +221,23 @@ def _marlin_shapes(cfg: Mapping[str, Any]) -> list[str]:
         kv = int(text.get("num_key_value_heads") or heads)
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return []
-    shapes = {"q_proj": (hidden, heads * head_dim), "k_proj": (hidden, kv * head_dim),
-              "v_proj": (hidden, kv * head_dim), "o_proj": (heads * head_dim, hidden)}
+    layers = {"qkv_proj": (hidden, (heads + 2 * kv) * head_dim // tp), "o_proj": (heads * head_dim // tp, hidden)}
     if inter:
-        shapes |= {"gate_proj": (hidden, inter), "up_proj": (hidden, inter), "down_proj": (inter, hidden)}
-    return [f"{n} {i}->{o}" for n, (i, o) in shapes.items() if i % MARLIN_IN_MULTIPLE or o % MARLIN_OUT_MULTIPLE]
+        layers |= {"gate_up_proj": (hidden, 2 * inter // tp), "down_proj": (inter // tp, hidden)}
+    return [f"{name} {k}->{n}" for name, (k, n) in layers.items()
+            if not any(k % tk == 0 and n % tn == 0 for tk, tn in MARLIN_TILES)]
+
+
+def _marlin_finding(cfg: Mapping[str, Any]) -> Finding | None:
+    bad = marlin_misfits(cfg)
+    if not bad:
+        return None
+    return Finding("sglang marlin", "fail",
+                   f"SGLang {VERSION} runs W4A16 and W8A16 layers in its Marlin kernel only, and no Marlin tile "
+                   f"(input x output features {', '.join(f'{k}x{n}' for k, n in MARLIN_TILES)}; "
+                   "sglang/kernels/jit/csrc/gemm/marlin/gptq_marlin.cuh) divides these: "
+                   f"{', '.join(bad)}: its first forward stops with \"Invalid thread config\"",
+                   "serve it with vLLM, whose other W4A16 kernels take these shapes, or serve FP8 or INT8 in SGLang")
 
 
 def _ct_findings(q: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[Finding]:
@@ -243,12 +262,8 @@ def _ct_findings(q: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[Finding]:
             else:
                 out.append(Finding("sglang scheme", "ok", f"{name} ({what}): {rule.scheme} in the {layers}"))
                 wna16 |= rule.scheme == "CompressedTensorsWNA16"
-    if wna16 and (bad := _marlin_shapes(cfg)):
-        out.append(Finding("sglang marlin shapes", "warn",
-                           f"SGLang {VERSION} runs every W4A16 and W8A16 layer in Marlin, whose shape rule (input "
-                           f"features a multiple of {MARLIN_IN_MULTIPLE}, output of {MARLIN_OUT_MULTIPLE}) these "
-                           f"break: {', '.join(bad)}; it does not act on that check (compressed_tensors_wNa16.py "
-                           "process_weights_after_loading), so only the scores say whether they are right"))
+    if wna16 and (marlin := _marlin_finding(cfg)):
+        out.append(marlin)
     if q.get("kv_cache_scheme"):
         out.append(Finding("sglang kv cache", "warn",
                            f"SGLang {VERSION} does not read compressed-tensors' kv_cache_scheme (from_config passes "
@@ -262,30 +277,44 @@ def _modelopt_method(algo: str | None) -> str | None:
     return next((method for key, method in MODELOPT if key in name), None)
 
 
+def _modelopt_findings(q: Mapping[str, Any], hf_quant: Path) -> list[Finding]:
+    """A ModelOpt export: its quantization_config (ModelOpt 0.47 writes quant_method "modelopt" into config.json), else
+    its hf_quant_config.json, as SGLang's _parse_quant_hf_config reads them."""
+    algo = q.get("quant_algo")
+    if algo is None and hf_quant.is_file():
+        try:
+            algo = (json.loads(hf_quant.read_text()).get("quantization") or {}).get("quant_algo")
+        except (OSError, json.JSONDecodeError, AttributeError) as e:
+            return [Finding("sglang modelopt", "fail", f"{hf_quant} is unreadable: {e}")]
+    method = _modelopt_method(algo)
+    if method is not None:
+        return [Finding("sglang modelopt", "ok", f"ModelOpt {algo} -> SGLang's {method}")]
+    hint = "serve it with TensorRT-LLM (--engine trtllm)"
+    if q:  # kept as "modelopt", whose config class is ModelOptFp8Config
+        return [Finding("sglang modelopt", "fail", f"SGLang {VERSION} reads ModelOpt's quant_method 'modelopt' with "
+                        f"its FP8 config, which refuses quant_algo {algo}: \"ModelOptFp8Config only supports static "
+                        "FP8 quantization in SGLang.\" (layers/quantization/modelopt_quant.py)", hint)]
+    return [Finding("sglang modelopt", "fail", f"SGLang {VERSION} does not recognise ModelOpt quant_algo {algo} "
+                    "(configs/model_config.py _parse_modelopt_quant_config knows FP8, FP4 and MIXED_PRECISION): it "
+                    "would load the checkpoint as if it were unquantized", hint)]
+
+
 def findings(path: Path) -> list[Finding]:
     """What SGLang makes of an artifact folder (or file), before any server starts."""
     path = Path(path)
     if path.is_file() or not (path / "config.json").exists() and list(path.glob("*.gguf")):
         return [Finding("sglang format", "fail", "quantkit serves and scores GGUF files with llama.cpp (SGLang's GGUF "
                         "loader is not what quantkit tests)", "use --engine llama.cpp")]
-    hf_quant = path / "hf_quant_config.json"
-    if hf_quant.is_file():
-        try:
-            algo = (json.loads(hf_quant.read_text()).get("quantization") or {}).get("quant_algo")
-        except (OSError, json.JSONDecodeError, AttributeError) as e:
-            return [Finding("sglang modelopt", "fail", f"{hf_quant} is unreadable: {e}")]
-        method = _modelopt_method(algo)
-        if method is None:
-            return [Finding("sglang modelopt", "fail",
-                            f"SGLang {VERSION} does not recognise ModelOpt quant_algo {algo} (configs/model_config.py "
-                            "_parse_modelopt_quant_config knows FP8, FP4 and MIXED_PRECISION): it would load the "
-                            "checkpoint as if it were unquantized", "serve it with TensorRT-LLM (--engine trtllm)")]
-        return [Finding("sglang modelopt", "ok", f"ModelOpt {algo} -> SGLang's {method}")]
     cfg = read_config(path)
+    q = quantization_config(cfg)
+    hf_quant = path / "hf_quant_config.json"
+    # _parse_quant_hf_config: a quantization_config without quant_method, or with "modelopt", is ModelOpt's; without
+    # any, hf_quant_config.json is read.
+    if (q and q.get("quant_method", "modelopt") == "modelopt") or (not q and hf_quant.is_file()):
+        return _modelopt_findings(q, hf_quant)
     if not cfg:
         return [Finding("sglang format", "fail", f"{path} has no readable config.json: SGLang serves Hugging Face "
                         "checkpoints")]
-    q = quantization_config(cfg)
     method = q.get("quant_method")
     if not q:
         return [Finding("sglang format", "ok", "an unquantized checkpoint")]
@@ -301,7 +330,12 @@ def findings(path: Path) -> list[Finding]:
     if method == "gptq" and bits not in (None, 2, 3, 4, 8):
         return [Finding("sglang method", "fail", f"SGLang {VERSION}'s GPTQ reads 2, 3, 4 and 8-bit checkpoints "
                         f"(gptq/gptq.py GPTQConfig), this one is {bits}-bit")]
-    return [Finding("sglang method", "ok", f"quant_method {method}")]
+    out = [Finding("sglang method", "ok", f"quant_method {method}")]
+    # gptq_marlin (GPTQMarlinConfig.override_quantization_method: 4 or 8 bits, symmetric) runs the same Marlin kernel,
+    # without a per-layer fallback; AutoAWQ's awq_marlin falls back to AWQ's own kernels layer by layer.
+    if method == "gptq" and bits in (None, 4, 8) and q.get("sym", True) and (marlin := _marlin_finding(cfg)):
+        out.append(marlin)
+    return out
 
 
 def refusal(path: Path) -> str | None:
