@@ -152,8 +152,8 @@ def record_ignored(out: Path, model: Any, ignore: list[str]) -> int:
     ``language_model.lm_head`` for LLaVA), which vLLM reads (its name mapper works from that spelling), while
     transformers 5.17 matches the list against its in-memory names (``model.vision_tower.…``, ``lm_head``): with
     only the first, transformers would wrap the vision tower and ``lm_head`` as quantized layers and initialise them
-    at random (a load warning, then wrong numbers). Both spellings make both engines keep them. Returns how many
-    names were added."""
+    at random (a load warning, then wrong numbers). Both spellings make both engines keep them, and the family's
+    ``re:`` patterns cover the spellings of engines that nest the tower further. Returns how many were added."""
     import json
 
     import torch
@@ -164,7 +164,11 @@ def record_ignored(out: Path, model: Any, ignore: list[str]) -> int:
     qc = config.get("quantization_config") or {}
     written = list(qc.get("ignore") or [])
     names = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and is_match(n, m, ignore)]
-    added = [n for n in names if n not in written]
+    # And the vision parts as patterns: vLLM 0.26 names Gemma 3's tower vision_tower.vision_model.encoder..., a
+    # spelling neither list has, and took its layers for quantized ones (measured on the H200).
+    vl = family(config)
+    patterns = vl.ignore_patterns() if vl else []
+    added = [n for n in names + patterns if n not in written]
     if added:
         qc["ignore"] = written + added
         config["quantization_config"] = qc
