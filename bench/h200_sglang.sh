@@ -20,8 +20,10 @@
 # The job (from a snapshot, /tmp/qk-sgl-snap): the artifacts, quantized on the GPU while parts arrive; once SGLang is
 # assembled, imports one by one (sgl_kernel and its GPU kernel, flashinfer, SGLang's server modules) and a first
 # server on the bf16 model (it compiles SGLang's JIT kernels): any failure is recorded with its error and ends the
-# SGLang branch; then per artifact doctor, eval with each engine (SGLang's and vLLM's series side by side on the GPU,
-# the tokens fixed by the protocol) and smoke. Each step writes its JSON (or its error) under results/ as soon as it
+# SGLang branch; then per artifact doctor, eval and (for those SMOKE names) smoke in SGLang, one server at a time,
+# beside one `quantkit eval --engine vllm` of them all (VLLM=0: none), the tokens fixed by the protocol; a server
+# start costs 30-110 s (the first run: imports 63 s, first SGLang server 102 s, a vLLM eval 107 s). Each step writes
+# its JSON (or its error) under results/ as soon as it
 # ends. Without FA3's parts SGLang runs with --attention-backend triton (recorded). Where bench/h200_real.sh built
 # SmolLM2-135M in the same lease, its RTN W4A16 is served with --skip-doctor: doctor predicts SGLang's Marlin kernel
 # has no tile for its 576-wide layers, and SGLang's own answer is recorded beside. SPEED=1 adds batch-1 decode
@@ -37,6 +39,11 @@ MODELOPT=/tmp/qk-sgl-modelopt  # the carried ModelOpt FP8 export (.smo)
 TINY=models/quantkit-tiny
 SMOLLM2=/tmp/qk-real/SmolLM2-135M-Instruct
 EVAL_ARGS=(--baseline "$TINY" --dataset heldout --max-tokens 32768 --ctx 2048 --json)
+# The artifacts in the order they are served (each eval and each smoke is one server start, 30-60 s); SMOKE names
+# those also smoke-tested (all: every one), VLLM=0 leaves vLLM's series out.
+ARTS=(rtn-w4g128 fp8-dynamic int8-sq awq-legacy modelopt-fp8 gptq-legacy awq-w4g128 gptq-w4g128 fp8-static fp8-block
+      gptq-w8g128 w4a8)
+SMOKE="${SMOKE:-rtn-w4g128 fp8-dynamic awq-legacy modelopt-fp8 w4a8}"
 
 pack() {  # here: the reference model's ModelOpt FP8 export (build-trt --checkpoint-only) into .smo
   local out; out=$(mktemp -d)/modelopt-fp8
@@ -82,7 +89,9 @@ step() {  # step NAME CMD...: run, its stdout to results/NAME.json (or .txt), st
   local t0=$SECONDS
   "$@" > "$LOGS/results/$name.json" 2> "$LOGS/steps/$name.err"
   local rc=$?
-  log "$name: exit $rc ($(( SECONDS - t0 )) s)$([ $rc -ne 0 ] && echo ": $(grep -v '^\s*$' "$LOGS/steps/$name.err" | tail -n 1 | cut -c1-300)")"
+  local why=""
+  [ $rc -ne 0 ] && why=": $(grep -v '^\s*$' "$LOGS/steps/$name.err" | tail -n 1 | cut -c1-300)"
+  log "$name: exit $rc ($(( SECONDS - t0 )) s)$why"
   return $rc
 }
 
@@ -128,7 +137,8 @@ def versions():
                                        "apache-tvm-ffi", "compressed-tensors", "xgrammar", "torch", "triton")}
 def kernel():
     import torch, sgl_kernel
-    x = torch.randn(4, 256, device="cuda", dtype=torch.bfloat16); w = torch.ones(256, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(4, 256, device="cuda", dtype=torch.bfloat16)
+    w = torch.ones(256, device="cuda", dtype=torch.bfloat16)
     y = sgl_kernel.rmsnorm(x, w, 1e-6); torch.cuda.synchronize()
     ref = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)
     return {"rmsnorm_max_err": float((y.float() - ref).abs().max()), "device": torch.cuda.get_device_name(0)}
@@ -160,19 +170,20 @@ sglang_series() {  # sglang_series DEADLINE ARTIFACT...: per artifact doctor, ev
     step "doctor-$a-sglang" python3 -m quantkit doctor "$t" --engine sglang --python bench/.sglang-python --json
     step "eval-$a-sglang" python3 -m quantkit eval "$t" --engine sglang --python bench/.sglang-python \
       --report-dir "$WORK/report-$a-sglang" "${EVAL_ARGS[@]}"
-    step "smoke-$a-sglang" python3 -m quantkit smoke "$t" --log-dir "$LOGS/servers" "${SMOKE_ARGS[@]}" "${ATTN_ARGS[@]}"
+    case " $SMOKE " in
+      *" $a "*|" all ") step "smoke-$a-sglang" python3 -m quantkit smoke "$t" --log-dir "$LOGS/servers" \
+        "${SMOKE_ARGS[@]}" "${ATTN_ARGS[@]}" ;;
+    esac
   done
 }
 
-vllm_series() {  # vllm_series DEADLINE ARTIFACT...: per artifact eval (vLLM), the same protocol, on copies of the
-  # artifacts (each eval re-seals its artifact's manifest; the SGLang series writes its own copies' at the same time)
-  local deadline=$1 a t; shift
-  for a in "$@"; do
-    [ "$(left "$deadline")" -le 60 ] && { log "vllm: no time left for $a"; continue; }
-    t=$(target "$WORK-vllm" "$a"); [ -e "$t" ] || continue
-    step "eval-$a-vllm" env QUANTKIT_VLLM_ARGS='{"gpu_memory_utilization": 0.3}' python3 -m quantkit eval "$t" \
-      --engine vllm --python bench/.vllm-python --report-dir "$WORK/report-$a-vllm" "${EVAL_ARGS[@]}"
-  done
+vllm_series() {  # vllm_series DEADLINE ARTIFACT...: one `quantkit eval --engine vllm` of every artifact (the baseline
+  # scored once), on copies of them (each eval re-seals its artifact's manifest, as the SGLang series does its own)
+  local deadline=$1 a t targets=(); shift
+  for a in "$@"; do t=$(target "$WORK-vllm" "$a"); [ -e "$t" ] && targets+=("$t"); done
+  [ "$(left "$deadline")" -le 120 ] && { log "vllm: no time left"; return; }
+  step eval-all-vllm env QUANTKIT_VLLM_ARGS='{"gpu_memory_utilization": 0.3}' python3 -m quantkit eval "${targets[@]}" \
+    --engine vllm --python bench/.vllm-python --report-dir "$WORK/report-vllm" "${EVAL_ARGS[@]}"
 }
 
 speed() {  # SPEED=1: batch-1 decode of the 8B shape (bf16, random weights) in each engine's server
@@ -197,8 +208,7 @@ job() {  # $1 = epoch second after which no step starts
   log "artifacts: $(ls "$WORK" | tr '\n' ' ')"
   until [ -f "$SITE_SGL/.assembled" ] || [ "$(left "$deadline")" -le 240 ]; do sleep 5; done
   cp /tmp/qk-sgl-assemble.log "$LOGS/steps/" 2>/dev/null
-  local arts=(rtn-w4g128 fp8-dynamic int8-sq awq-w4g128 gptq-w4g128 fp8-static fp8-block gptq-w8g128 awq-legacy
-              gptq-legacy modelopt-fp8 w4a8)
+  local arts=("${ARTS[@]}")
   if [ ! -f "$SITE_SGL/.assembled" ]; then
     log "SGLang not assembled in time: only vLLM's series"
     [ -f /tmp/site/.assembled ] && vllm_series "$deadline" "${arts[@]}"
@@ -221,9 +231,6 @@ job() {  # $1 = epoch second after which no step starts
     log "SGLang's first server failed: its branch ends here (results/smoke-bf16-sglang.json, servers/)"
     vllm_series "$deadline" "${arts[@]}"; log "done"; return
   fi
-  log "3: per artifact: doctor, eval, smoke (SGLang) beside eval (vLLM)"
-  vllm_series "$deadline" "${arts[@]}" &
-  sglang_series "$deadline" "${arts[@]}"
   if [ -d "$WORK/smollm2-rtn" ] && [ "$(left "$deadline")" -gt 120 ]; then
     # doctor refuses SmolLM2's W4A16 in SGLang (no Marlin tile fits its 576-wide layers): SGLang's own answer
     step doctor-smollm2-rtn-sglang python3 -m quantkit doctor "$WORK/smollm2-rtn" --engine sglang \
@@ -231,6 +238,9 @@ job() {  # $1 = epoch second after which no step starts
     step smoke-smollm2-rtn-sglang python3 -m quantkit smoke "$WORK/smollm2-rtn" --skip-doctor --log-dir \
       "$LOGS/servers" "${SMOKE_ARGS[@]}" "${ATTN_ARGS[@]}"
   fi
+  log "3: per artifact: doctor, eval, smoke (SGLang) beside eval (vLLM)"
+  [ "${VLLM:-1}" = 1 ] && vllm_series "$deadline" "${arts[@]}" &
+  sglang_series "$deadline" "${arts[@]}"
   wait
   cp /tmp/quantkit-sglang-*.log "$LOGS/servers/" 2>/dev/null  # the eval servers' logs, kept only when they failed
   if [ "${SPEED:-0}" = 1 ] && [ "$(left "$deadline")" -gt 480 ]; then log "4: the 8B shape's decode"; speed; fi
@@ -252,9 +262,11 @@ rows = []
 for make in sorted(res.glob("make-*.json")):
     a = make.stem[len("make-"):]
     row = {"artifact": a}
+    batch = [r for r in (load("eval-all-vllm") or {}).get("results", [])
+             if Path(r.get("path", "")).parts[3:4] == (a,)]  # /tmp/qk-sgl-work-vllm/ARTIFACT[/subfolder]
     for eng in ("sglang", "vllm"):
         ev = load(f"eval-{a}-{eng}")
-        r = (ev or {}).get("results", [{}])[0] if ev else {}
+        r = (ev or {}).get("results", [{}])[0] if ev else (batch[0] if eng == "vllm" and batch else {})
         row[eng] = {k: r.get(k) for k in ("ppl", "kld", "top1", "ppl_ratio")} if r else None
         if eng == "sglang" and r:
             row["sglang_engine"] = r.get("engine")
@@ -303,5 +315,5 @@ case "${1:-}" in
     summary > "$LOGS/steps/summary.log" 2>&1
     cp "$LOGS/job.log" "$LOGS/results/sglang_vs_vllm.md" "$2/" 2>/dev/null
     collect_results "$2" ;;
-  *) sed -n '2,28p' "$0"; exit 2 ;;
+  *) sed -n '2,30p' "$0"; exit 2 ;;
 esac
