@@ -20,7 +20,7 @@
 # The job (from a snapshot, /tmp/qk-sgl-snap): the artifacts, quantized on the GPU while parts arrive; once SGLang is
 # assembled, imports one by one (sgl_kernel and its GPU kernel, flashinfer, SGLang's server modules) and a first
 # server on the bf16 model (it compiles SGLang's JIT kernels): any failure is recorded with its error and ends the
-# SGLang branch; then per artifact doctor, eval and (for those SMOKE names) smoke in SGLang, one server at a time,
+# SGLang branch; then per artifact eval, then smoke (those SMOKE names) or doctor in SGLang, one server at a time,
 # beside one `quantkit eval --engine vllm` of them all (VLLM=0: none), the tokens fixed by the protocol; a server
 # start costs 30-110 s (the first run: imports 63 s, first SGLang server 102 s, a vLLM eval 107 s). Each step writes
 # its JSON (or its error) under results/ as soon as it
@@ -39,10 +39,11 @@ MODELOPT=/tmp/qk-sgl-modelopt  # the carried ModelOpt FP8 export (.smo)
 TINY=models/quantkit-tiny
 SMOLLM2=/tmp/qk-real/SmolLM2-135M-Instruct
 EVAL_ARGS=(--baseline "$TINY" --dataset heldout --max-tokens 32768 --ctx 2048 --json)
-# The artifacts in the order they are served (each eval and each smoke is one server start, 30-60 s); SMOKE names
-# those also smoke-tested (all: every one), VLLM=0 leaves vLLM's series out.
-ARTS=(rtn-w4g128 fp8-dynamic int8-sq awq-legacy modelopt-fp8 gptq-legacy awq-w4g128 gptq-w4g128 fp8-static fp8-block
-      gptq-w8g128 w4a8)
+# The artifacts in the order they are served (ARTS_LIST: another list), each eval and each smoke one server start;
+# SMOKE names those also smoke-tested (all: every one; smoke runs doctor first, the others get doctor alone), VLLM=0
+# leaves vLLM's side out.
+read -r -a ARTS <<< "${ARTS_LIST:-rtn-w4g128 fp8-dynamic int8-sq awq-legacy modelopt-fp8 gptq-legacy awq-w4g128 \
+gptq-w4g128 fp8-static fp8-block gptq-w8g128 w4a8}"
 SMOKE="${SMOKE:-rtn-w4g128 fp8-dynamic awq-legacy modelopt-fp8 w4a8}"
 
 pack() {  # here: the reference model's ModelOpt FP8 export (build-trt --checkpoint-only) into .smo
@@ -167,12 +168,12 @@ sglang_series() {  # sglang_series DEADLINE ARTIFACT...: per artifact doctor, ev
   for a in "$@"; do
     [ "$(left "$deadline")" -le 60 ] && { log "sglang: no time left for $a"; continue; }
     t=$(target "$WORK" "$a"); [ -e "$t" ] || { log "sglang: $a was not made"; continue; }
-    step "doctor-$a-sglang" python3 -m quantkit doctor "$t" --engine sglang --python bench/.sglang-python --json
     step "eval-$a-sglang" python3 -m quantkit eval "$t" --engine sglang --python bench/.sglang-python \
       --report-dir "$WORK/report-$a-sglang" "${EVAL_ARGS[@]}"
     case " $SMOKE " in
       *" $a "*|" all ") step "smoke-$a-sglang" python3 -m quantkit smoke "$t" --log-dir "$LOGS/servers" \
         "${SMOKE_ARGS[@]}" "${ATTN_ARGS[@]}" ;;
+      *) step "doctor-$a-sglang" python3 -m quantkit doctor "$t" --engine sglang --python bench/.sglang-python --json ;;
     esac
   done
 }
@@ -273,8 +274,8 @@ for make in sorted(res.glob("make-*.json")):
     sm = load(f"smoke-{a}-sglang")
     run = ((sm or {}).get("runs") or [{}])[0]
     row["smoke"] = {k: run.get(k) for k in ("status", "error", "decode_tokens_per_s", "healthy_after_s", "facts")}
-    doc = load(f"doctor-{a}-sglang") or {}
-    row["doctor"] = [c for c in doc.get("checks", []) if c.get("status") != "ok"]
+    checks = (load(f"doctor-{a}-sglang") or {}).get("checks") or ((sm or {}).get("doctor") or {}).get("checks") or []
+    row["doctor"] = [c for c in checks if c.get("status") != "ok"]
     if row["sglang"] and row["vllm"]:
         s, v = row["sglang"], row["vllm"]
         row["diff"] = {k: (abs(s[k] - v[k]) if s.get(k) is not None and v.get(k) is not None else None)
