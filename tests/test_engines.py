@@ -31,7 +31,7 @@ def test_every_row_has_its_modules_and_a_name_of_its_own() -> None:
             assert isinstance(server, serving.Server) and server.name == row.name, row.server
             assert row.python is not None and row.python.env_var == f"QUANTKIT_{row.name.upper().replace('.', '')}" \
                 "_PYTHON", row.name
-        assert row.gpu == (row.name in (names.VLLM, names.TRTLLM)), row.name
+        assert row.gpu == (row.name in (names.VLLM, names.TRTLLM, names.SGLANG)), row.name
 
 
 def test_kinds_name_only_engines_that_can_do_it_and_every_engine_has_a_kind() -> None:
@@ -39,6 +39,9 @@ def test_kinds_name_only_engines_that_can_do_it_and_every_engine_has_a_kind() ->
         assert kind.evaluate is None or kind.evaluate in registry.EVALUATING, kind.name
         assert kind.serve is None or kind.serve in registry.SERVING, kind.name
     for row in registry.ENGINES:
+        if row.name == names.SGLANG:  # never picked by --engine auto: it is asked for by name
+            assert not row.evaluates() and not row.serves()
+            continue
         assert bool(row.evaluates()) == bool(row.logits), row.name
         assert bool(row.serves()) == bool(row.server), row.name
     assert registry.get(names.LLAMACPP).evaluates() == registry.get(names.LLAMACPP).serves() == ("gguf",)

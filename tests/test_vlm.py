@@ -229,3 +229,18 @@ def test_refusals_in_one_line(tmp_path, checkpoint, tiny):
     assert r.returncode == 2 and "vision-language families of its architecture table" in r.stderr
     assert "Traceback" not in r.stderr
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_doctor_refuses_llava_in_vllm_026_with_transformers_517():
+    """The skew measured on the H200: vLLM 0.26's LLaVA family cannot be inspected with transformers 5.17."""
+    from quantkit.engines import doctor
+
+    skew = doctor.VERSION_SKEWS[0]
+    bad = {"vllm": "0.26.0", "transformers": "5.17.0"}
+    found = skew.check("vllm", bad, "LlavaForConditionalGeneration")
+    assert found is not None and found.status == "fail" and "PixtralRotaryEmbedding" in found.message
+    assert skew.check("vllm", bad, "Qwen2_5_VLForConditionalGeneration") is None
+    assert skew.check("vllm", {"vllm": "0.26.0", "transformers": "5.16.2"}, "LlavaForConditionalGeneration") is None
+    assert skew.check("vllm", {"vllm": "0.27.0", "transformers": "5.17.0"}, "LlavaForConditionalGeneration") is None
+    assert skew.check("sglang", bad, "LlavaForConditionalGeneration") is None
+

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from quantkit import artifact as artifact_mod
-from quantkit.checkpoint import quantization_config
+from quantkit.checkpoint import quantization_config, read_config
 from quantkit.engines import registry, serving
 from quantkit.engines.serving import Server
 from quantkit.engines.sglang import loads as sglang_loads
@@ -146,6 +146,48 @@ KNOWN_SKEWS: list[Skew] = [
 ]
 
 
+@dataclass(frozen=True)
+class VersionSkew:
+    """A known incompatibility of an engine release with a library of its environment, for some architectures:
+    the engine's version starts with ``engine_version``, the library is at least ``library_at_least``."""
+
+    engine: str
+    engine_version: str
+    library: str
+    library_at_least: tuple[int, ...]
+    architectures: tuple[str, ...]
+    message: str
+    hint: str
+
+    def check(self, engine: str, versions: dict[str, Any], architecture: str | None) -> Check | None:
+        """The failing check when this skew applies to an engine environment (its versions) and an architecture."""
+        lib = versions.get(self.library)
+        if (engine != self.engine or architecture not in self.architectures
+                or not str(versions.get(engine_dist(engine)) or "").startswith(self.engine_version)
+                or not lib or _vtuple(lib) < self.library_at_least):
+            return None
+        return Check("known incompatibility", "fail",
+                     self.message.format(arch=architecture, engine=versions.get(engine_dist(engine)), lib=lib),
+                     hint=self.hint)
+
+
+def engine_dist(engine: str) -> str:
+    return registry.get(engine).dist
+
+
+# Measured on the H200 (bench/results/h200/vlm/): vLLM 0.26.0's pixtral module, which its LLaVA-family models import,
+# imports PixtralRotaryEmbedding, renamed PixtralVisionRotaryEmbedding in transformers 5.17.0; the architecture
+# cannot even be inspected, quantized or not.
+VERSION_SKEWS: tuple[VersionSkew, ...] = (
+    VersionSkew(VLLM, "0.26.", "transformers", (5, 17),
+                ("LlavaForConditionalGeneration", "Mistral3ForConditionalGeneration"),
+                "vLLM {engine} cannot load {arch} with transformers {lib}: its pixtral module imports "
+                "PixtralRotaryEmbedding, which transformers renamed PixtralVisionRotaryEmbedding",
+                "score it with quantkit eval --engine transformers; serve it with a vLLM release made for this "
+                "transformers, or with transformers < 5.17 in vLLM's environment"),
+)
+
+
 @dataclass
 class Report:
     """Everything doctor found, as data (``--json`` prints :meth:`to_json`)."""
@@ -200,6 +242,11 @@ def _vtuple(v: str | None) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"\d+", (v or "").split("+")[0])[:3])
 
 
+def _architecture(path: Path) -> str | None:
+    archs = read_config(path if path.is_dir() else path.parent).get("architectures") or [None]
+    return archs[0]
+
+
 def describe_artifact(path: Path) -> dict[str, Any]:
     """What doctor needs to know about an artifact: its kind, scheme, and the library versions that wrote it."""
     from quantkit.inspect import checkpoint_quantization, describe_gguf_files
@@ -212,7 +259,7 @@ def describe_artifact(path: Path) -> dict[str, Any]:
             written = artifact_mod.read_manifest(root).versions
         except QuantkitError:  # an unreadable manifest is verify's business; doctor reads the configs
             written = {}
-    info: dict[str, Any] = {"path": str(path), "kind": kind.name}
+    info: dict[str, Any] = {"path": str(path), "kind": kind.name, "architecture": _architecture(path)}
     if kind.name == KindName.GGUF:
         info["format"] = "gguf"
         info["gguf"] = describe_gguf_files(path)
@@ -372,6 +419,9 @@ def check(path: Path | None, engine_name: str = "auto", *, python: str | None = 
         for skew in KNOWN_SKEWS:
             if skew.engine == engine.name and skew.applies(art):
                 report.checks.append(Check("known incompatibility", "fail", skew.message, hint=skew.hint))
+        if "error" not in info:
+            found = (v.check(engine.name, info.get("versions") or {}, art.get("architecture")) for v in VERSION_SKEWS)
+            report.checks.extend(c for c in found if c is not None)
         if is_ct and "error" not in info:
             report.checks.extend(_ct_checks(art, engine.name, info))
         if is_gguf and engine.name == LLAMACPP and "error" not in info:

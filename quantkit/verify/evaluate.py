@@ -32,7 +32,7 @@ from quantkit.checkpoint import gguf_files
 from quantkit.engines import logits as engines, registry
 from quantkit.engines.logits import EngineOptions
 from quantkit.errors import IntegrityError, UsageError
-from quantkit.formats.names import LLAMACPP, TRANSFORMERS, VLLM, Method
+from quantkit.formats.names import LLAMACPP, SGLANG, TRANSFORMERS, VLLM, Method
 from quantkit.progress import Reporter
 from quantkit.recipe import GateSpec, ModelSpec, VerifySpec
 from quantkit.verify import gates as gates_mod, images as images_mod, protocol as protocol_mod, report as report_mod
@@ -218,6 +218,10 @@ def _preflight(kinds: set[str], options: EvalOptions) -> None:
         from quantkit.engines.vllm.logits import find_python
 
         find_python(options.python)
+    if SGLANG in kinds:
+        from quantkit.engines.sglang.logits import find_python as find_sglang_python
+
+        find_sglang_python(options.python)
 
 
 def _engine_options(options: EvalOptions) -> EngineOptions:
@@ -332,9 +336,10 @@ def evaluate(paths: list[Path], baseline: str | None, options: EvalOptions | Non
             ratio = m.ppl / base.metrics.ppl if base.metrics.ppl else None
             r = Result(target=t, engine=info, metrics=m, ppl_ratio=ratio,
                        bits_per_weight=_bpw(t.size_bytes, src.num_parameters), seconds=secs)
-            if t.engine == VLLM:
-                r.kld_method = (f"lower bound: vLLM returns the artifact's top-{options.vllm_topk} log-probabilities, "
-                                "used as bins plus one bin for the rest of the vocabulary")
+            if t.engine in (VLLM, SGLANG):
+                r.kld_method = (f"lower bound: {'vLLM' if t.engine == VLLM else 'SGLang'} returns the artifact's "
+                                f"top-{options.vllm_topk} log-probabilities, used as bins plus one bin for the rest "
+                                "of the vocabulary")
             r.gates = gates_mod.check(r.figures(), t.gates or GateSpec())
             results.append(r)
         kld_method = store.kld_method
