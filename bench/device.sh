@@ -75,3 +75,25 @@ collect_results() {
   done
   ls -la "$dest"
 }
+
+# gpu_cases_verb status|wait SECONDS DEST|collect DEST [EXTRA_LOG...]: the scripts/gpu_cases.py job's verbs (after
+# SNAP, LOGS and GPU_OUT are set): its table, a wait for its end then collect, or its results with job.log and the
+# EXTRA_LOG files of LOGS copied into DEST
+gpu_cases_verb() {
+  local gc=("python3" "$SNAP/scripts/gpu_cases.py")
+  case "$1" in
+    status)
+      PYTHONPATH="$SNAP:/tmp/site-llmc" "${gc[@]}" --status --out "$GPU_OUT" 2>/dev/null | tail -n 30
+      nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader ;;
+    wait)
+      PYTHONPATH="$SNAP:/tmp/site-llmc" "${gc[@]}" --wait "$2" --out "$GPU_OUT" | tail -n 30
+      gpu_cases_verb collect "${@:3}" ;;
+    collect)
+      local dest=$2 f; shift 2
+      mkdir -p "$dest"
+      for f in job.log "$@"; do cp "$LOGS/$f" "$dest/" 2>/dev/null; done
+      PYTHONPATH="$SNAP:/tmp/site-llmc" "${gc[@]}" --collect "$dest" --out "$GPU_OUT"
+      ls -la "$dest" ;;
+  esac
+}
+

@@ -112,16 +112,11 @@ case "${1:-}" in
     assemble_vllm ;;
   status)
     cat "$LOGS/job.log" 2>/dev/null; tail -n 2 "$LOGS/model.log" 2>/dev/null
-    PYTHONPATH="$SNAP:/tmp/site-llmc" python3 "$SNAP/scripts/gpu_cases.py" --status --out "$GPU_OUT" 2>/dev/null | tail -n 30
-    nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader ;;
+    gpu_cases_verb status ;;
   wait)  # wait SECONDS DEST: block until the cases end (or SECONDS), then collect into DEST
-    PYTHONPATH="$SNAP:/tmp/site-llmc" python3 "$SNAP/scripts/gpu_cases.py" --wait "$2" --out "$GPU_OUT" | tail -n 30
-    "$0" collect "$3" ;;
+    gpu_cases_verb wait "$2" "$3" model.log ;;
   collect)
-    mkdir -p "$2"
-    cp "$LOGS/job.log" "$LOGS/model.log" "$2/" 2>/dev/null
-    PYTHONPATH="$SNAP:/tmp/site-llmc" python3 "$SNAP/scripts/gpu_cases.py" --collect "$2" --out "$GPU_OUT"
-    ls -la "$2" ;;
+    gpu_cases_verb collect "$2" model.log ;;
   *)
     sed -n '2,23p' "$0"; exit 2 ;;
 esac

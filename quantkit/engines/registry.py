@@ -10,6 +10,7 @@ kinds an engine evaluates and serves is said once, by the kinds table (:mod:`qua
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,10 +33,28 @@ class Engine:
     gpu: bool  # needs a CUDA GPU
     tested: str | None  # the version of ``dist`` its modules were tested with (or written for); None: never run
 
+    label: str = ""  # how messages spell it (vLLM, SGLang); the name when empty
+
     def find_python(self, explicit: str | None = None) -> envs.Choice:
         """The engine's own Python and the rule that chose it (:func:`quantkit.envs.find`)."""
         assert self.python is not None, f"{self.name} runs in quantkit's own Python"
         return envs.find(self.python, explicit)
+
+    def require_python(self, explicit: str | None = None) -> str:
+        """The engine's Python for a worker quantkit starts in it (eval's), refused in one line before any work: a
+        path that does not exist, or this interpreter when the engine does not import here."""
+        choice = self.find_python(explicit)
+        label = self.label or self.name
+        if not choice.fallback:
+            if shutil.which(choice.python) is None and not Path(choice.python).is_file():
+                raise UsageError(f"{label}'s Python {choice.python!r} (from {choice.origin}) does not exist",
+                                 hint=f"pass --python /path/to/{self.name}-env/bin/python or set {self.env_var}")
+            return choice.python
+        if envs.importable_here(self.module):
+            return choice.python
+        raise UsageError(f"the {label} engine needs {label}, which is not installed in this environment",
+                         hint=f"pass --python /path/to/{self.name}-env/bin/python (or set {self.env_var}) to use the "
+                              f"Python of an environment where {label} is installed")
 
     @property
     def env_var(self) -> str:
@@ -60,14 +79,14 @@ ENGINES: tuple[Engine, ...] = (
            dist="llama_cpp_python", module="llama_cpp", gpu=False, tested="0.3.36"),
     Engine(VLLM, logits="quantkit.engines.vllm.logits", server="quantkit.engines.vllm.server",
            python=envs.PythonEnv(VLLM, "QUANTKIT_VLLM_PYTHON", executable="vllm"),
-           dist="vllm", module="vllm", gpu=True, tested="0.26.0"),
+           dist="vllm", module="vllm", gpu=True, tested="0.26.0", label="vLLM"),
     Engine(TRTLLM, logits=None, server="quantkit.engines.trtllm.server",
            python=envs.PythonEnv(TRTLLM, "QUANTKIT_TRTLLM_PYTHON", executable="trtllm-serve"),
            dist="tensorrt_llm", module="tensorrt_llm", gpu=True, tested=None),
     # Written for SGLang 0.5.17 (quantkit.engines.sglang.loads holds what that version's source says it loads).
     Engine(SGLANG, logits="quantkit.engines.sglang.logits", server="quantkit.engines.sglang.server",
            python=envs.PythonEnv(SGLANG, "QUANTKIT_SGLANG_PYTHON", executable="sglang"),
-           dist="sglang", module="sglang", gpu=True, tested=None),
+           dist="sglang", module="sglang", gpu=True, tested=None, label="SGLang"),
 )
 BY_NAME = {e.name: e for e in ENGINES}
 EVALUATING = tuple(e.name for e in ENGINES if e.logits)

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -36,7 +35,6 @@ from typing import Any
 
 import numpy as np
 
-from quantkit import envs
 from quantkit.engines import client, registry
 from quantkit.engines.logits import EngineOptions, LogProbs, Window
 from quantkit.engines.serving import HOST, ServeOptions, ServerProcess
@@ -60,19 +58,8 @@ SERVER_ENV = {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
 
 
 def find_python(explicit: str | None) -> str:
-    """SGLang's interpreter (:func:`quantkit.envs.find`); refused early when it does not exist, or when it is this
-    one and SGLang does not import here."""
-    choice = ROW.find_python(explicit)
-    if not choice.fallback:
-        if shutil.which(choice.python) is None and not Path(choice.python).is_file():
-            raise UsageError(f"SGLang's Python {choice.python!r} (from {choice.origin}) does not exist",
-                             hint=f"pass --python /path/to/sglang-env/bin/python or set {PYTHON_ENV}")
-        return choice.python
-    if envs.importable_here(ROW.module):
-        return choice.python
-    raise UsageError("the SGLang engine needs SGLang, which is not installed in this environment",
-                     hint=f"pass --python /path/to/sglang-env/bin/python (or set {PYTHON_ENV}) to use the Python "
-                          "of an environment where SGLang is installed")
+    """SGLang's interpreter, refused early when it cannot run the worker (:meth:`quantkit.engines.registry.Engine.require_python`)."""
+    return ROW.require_python(explicit)
 
 
 def refuse(path: Path, kind: Kind) -> None:

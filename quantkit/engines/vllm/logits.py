@@ -30,7 +30,6 @@ from typing import IO, Any
 
 import numpy as np
 
-from quantkit import envs
 from quantkit.engines import registry
 from quantkit.engines.logits import EngineOptions, LogProbs, Window
 from quantkit.engines.vllm import kernels
@@ -45,19 +44,8 @@ ARGS_ENV = "QUANTKIT_VLLM_ARGS"
 
 
 def find_python(explicit: str | None) -> str:
-    """vLLM's interpreter (:func:`quantkit.envs.find`); refused early when it does not exist, or when it is this
-    one and vLLM does not import here."""
-    choice = ROW.find_python(explicit)
-    if not choice.fallback:
-        if not Path(choice.python).is_file():
-            raise UsageError(f"vLLM's Python {choice.python!r} (from {choice.origin}) does not exist",
-                             hint=f"pass --python /path/to/vllm-env/bin/python or set {PYTHON_ENV}")
-        return choice.python
-    if envs.importable_here(ROW.module):
-        return choice.python
-    raise UsageError("the vLLM engine needs vLLM, which is not installed in this environment",
-                     hint=f"pass --python /path/to/vllm-env/bin/python (or set {PYTHON_ENV}) to use the Python "
-                          "of an environment where vLLM is installed")
+    """vLLM's interpreter, refused early when it cannot run the worker (:meth:`quantkit.engines.registry.Engine.require_python`)."""
+    return ROW.require_python(explicit)
 
 
 def refuse(path: Path, kind: Kind) -> None:
