@@ -205,6 +205,20 @@ def test_llama_server_answers_an_image_question(made: dict, cli: Callable) -> No
     assert recorded[f"llama.cpp:{made['family']}-Q8_0.gguf"]["image"]["text"] == asked["text"]
 
 
+def test_smoke_asks_about_the_image_it_is_given(made: dict, cli: Callable, tmp_path: Path) -> None:
+    """--image and --image-prompt reach the image question; a file that is no image is refused before a server."""
+    pic = images.load()[3]
+    res = cli("smoke", made["out"], "--image", pic.path, "--image-prompt", "What shapes are there?", "--json")
+    assert res.returncode == 0, res.stderr[-3000:]
+    asked = json.loads(res.stdout)["runs"][0]["image"]
+    assert asked["image"] == pic.path.name and asked["question"] == "What shapes are there?"
+    assert asked["image_sha256"] == pic.sha256
+    bad = tmp_path / "notes.txt"
+    bad.write_text("not a picture")
+    res = cli("smoke", made["out"], "--image", bad)
+    assert res.returncode == 2 and "is not an image file" in res.stderr and "Traceback" not in res.stderr
+
+
 def test_eval_scores_the_text_model_in_llamacpp(made: dict, cli: Callable) -> None:
     res = cli("eval", made["out"], "--dataset", "heldout", "--ctx", "256", "--max-tokens", "1024", "--json")
     doc = json.loads(res.stdout)

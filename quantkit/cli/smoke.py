@@ -71,6 +71,10 @@ def smoke_cmd(
                                          "answer (the completion, without a chat template) contains TEXT, "
                                          "ignoring case: --chat-prompt 'What is the capital of France?' "
                                          "--expect Paris."),
+    image: Optional[Path] = typer.Option(None, "--image", help="The picture of the image question a vision-language "
+                                         "artifact is asked \\[default: the first shipped image]."),
+    image_prompt: Optional[str] = typer.Option(None, "--image-prompt", help="The image question \\[default: "
+                                               "Describe this picture in one sentence.]."),
     file: Optional[str] = typer.Option(None, "--file", help="Only this .gguf file of the artifact \\[default: each]."),
     log_dir: Optional[Path] = typer.Option(None, "--log-dir", help="Where the server logs go \\[default: beside the "
                                            "artifact, NAME.smoke-ENGINE.log]."),
@@ -105,7 +109,7 @@ def smoke_cmd(
         max_tokens=max_tokens, speed_tokens=speed_tokens, baseline=baseline,
         match_tokens=match_tokens, require_match=require_match, chat_prompt=chat_prompt, expect=expect, file=file, log_dir=log_dir,
         max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization, tp=tp, check_versions=not skip_doctor,
-        **({"prompt": prompt} if prompt else {}))
+        image=image, **({"prompt": prompt} if prompt else {}), **({"image_prompt": image_prompt} if image_prompt else {}))
     if json:
         emit_json(result.to_json())
     else:
