@@ -27,7 +27,8 @@
 # ends. Without FA3's parts SGLang runs with --attention-backend triton (recorded). Where bench/h200_real.sh built
 # SmolLM2-135M in the same lease, its RTN W4A16 is served with --skip-doctor: doctor predicts SGLang's Marlin kernel
 # has no tile for its 576-wide layers, and SGLang's own answer is recorded beside. SPEED=1 adds batch-1 decode
-# tok/s of the 8B shape (bf16, random weights) in both engines' servers, if 8 minutes are left.
+# tok/s of the 8B shape (bf16, random weights) in both engines' servers, right after the first server, if 8 minutes
+# are left (its source is written while the parts arrive).
 set -uo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 . "$REPO/bench/device.sh"
@@ -187,9 +188,14 @@ vllm_series() {  # vllm_series DEADLINE ARTIFACT...: one `quantkit eval --engine
     --engine vllm --python bench/.vllm-python --report-dir "$WORK/report-vllm" "${EVAL_ARGS[@]}"
 }
 
-speed() {  # SPEED=1: batch-1 decode of the 8B shape (bf16, random weights) in each engine's server
+prepare_8b() {  # SPEED=1, in the background from the job's start: the 8B shape's bf16 source (random weights)
   python3 bench/quantize_cost.py --shape 8b --samples 1 --seq-len 16 --prepare > "$LOGS/steps/prepare-8b.log" 2>&1
   log "8b shape prepared: exit $?"
+}
+
+speed() {  # SPEED=1: batch-1 decode of the 8B shape in each engine's server, before the series (whose last
+  # artifacts the deadline may cut; the two engines' decode speed is measured nowhere else)
+  wait "$PREPARE_PID"
   local src; src=$(ls -d /tmp/quantkit-bench-qcost/src-8b 2>/dev/null)
   [ -n "$src" ] || { log "speed: no 8B source"; return; }
   step "speed-8b-sglang" python3 -m quantkit smoke "$src" --engine sglang --python bench/.sglang-python \
@@ -204,6 +210,8 @@ job() {  # $1 = epoch second after which no step starts
   sglang_python
   mkdir -p "$LOGS/steps" "$LOGS/servers" "$WORK"
   log "1: the reference model's artifacts (GPU), while parts arrive"
+  PREPARE_PID=
+  if [ "${SPEED:-0}" = 1 ]; then prepare_8b & PREPARE_PID=$!; fi
   make_artifacts
   rm -rf "$WORK-vllm" && cp -r "$WORK" "$WORK-vllm"
   log "artifacts: $(ls "$WORK" | tr '\n' ' ')"
@@ -239,12 +247,12 @@ job() {  # $1 = epoch second after which no step starts
     step smoke-smollm2-rtn-sglang python3 -m quantkit smoke "$WORK/smollm2-rtn" --skip-doctor --log-dir \
       "$LOGS/servers" "${SMOKE_ARGS[@]}" "${ATTN_ARGS[@]}"
   fi
-  log "3: per artifact: doctor, eval, smoke (SGLang) beside eval (vLLM)"
+  if [ "${SPEED:-0}" = 1 ] && [ "$(left "$deadline")" -gt 480 ]; then log "3: the 8B shape's decode"; speed; fi
+  log "4: per artifact: doctor, eval, smoke (SGLang) beside eval (vLLM)"
   [ "${VLLM:-1}" = 1 ] && vllm_series "$deadline" "${arts[@]}" &
   sglang_series "$deadline" "${arts[@]}"
   wait
   cp /tmp/quantkit-sglang-*.log "$LOGS/servers/" 2>/dev/null  # the eval servers' logs, kept only when they failed
-  if [ "${SPEED:-0}" = 1 ] && [ "$(left "$deadline")" -gt 480 ]; then log "4: the 8B shape's decode"; speed; fi
   log "done"
 }
 

@@ -17,12 +17,11 @@ shortfall.
 
 The chat template (``chat_template``: off, on or ``auto``) is llm-compressor's guidance for instruct models:
 calibrate on text shaped like what the model will see when served, its turn markers and system prompt included.
-``auto`` turns it on for an instruct model: its tokenizer has a chat template whose assistant turns end with its
-EOS token (:func:`instruct_template`); the manifest records what was asked and what was used. The default is off:
-measured on SmolLM2-135M-Instruct (GPTQ W4A16, 32 x 512 samples, one seed), the template lowered KLD by at most
-3.6% (documents as the assistant's reply; as the user's turn, not at all) and raised the perplexity of held-out
-text rendered through the template (docs/calibration.md): no clear win for a change of every calibrating
-verb's samples, and packing spends every token on text where a rendered sample spends some on the template.
+``auto``, the default, turns it on for an instruct model: its tokenizer has a chat template whose assistant turns
+end with its EOS token (:func:`instruct_template`); the manifest records what was asked and what was used. Measured
+on SmolLM2-135M-Instruct (docs/calibration.md): GPTQ W4A16 (importance-weighted ranges) and INT8 W8A8 calibrated on
+packed plain text answered "What is the capital of France?" in French, every time tried; calibrated through the
+template, with documents as the assistant's reply, they answer "Paris", at the same held-out-text KLD.
 """
 
 from __future__ import annotations
@@ -305,8 +304,10 @@ def uses_chat_template(spec: CalibrationSpec, tokenizer: Any, docs: Documents) -
     """Whether the samples go through the model's chat template.
 
     Chat data (conversations) always does: a conversation has no other rendering the model knows. Plain text does
-    when ``chat_template`` is on, or ``auto`` and the template is the instruct model's own
-    (:func:`instruct_template`). On with no template to use is an error, not a silent fallback.
+    when ``chat_template`` is on, or ``auto`` (the default) and the template is the instruct model's own
+    (:func:`instruct_template`), unless images calibrate too: each text sample then follows an image prompt that
+    is already the template's user turn, so the text is the reply as it stands. On with no template to use is an
+    error, not a silent fallback.
     """
     if docs.chat or spec.chat_template is True:
         if not has_chat_template(tokenizer):
@@ -314,7 +315,7 @@ def uses_chat_template(spec: CalibrationSpec, tokenizer: Any, docs: Documents) -
                                    "tokenizer has no chat template", hint="use plain-text calibration data with "
                                    "--no-chat-template")
         return True
-    return spec.chat_template == "auto" and instruct_template(tokenizer)
+    return spec.chat_template == "auto" and not spec.images and instruct_template(tokenizer)
 
 
 def _packed_samples(spec: CalibrationSpec, tokenizer: Any, docs: Documents, order: list[int]) -> list[list[int]]:

@@ -48,10 +48,11 @@ class CalibrationSpec(Strict):
     seed: int = Field(0, description="order in which documents are drawn; in a recipe it follows runtime.seed "
                       "(--seed) unless set here")
     field: str = Field("text", description="JSON/parquet field holding the text")
-    chat_template: bool | Literal["auto"] = Field(False, description="render each sample with the model's chat "
-                                                  "template; auto = for an instruct model (its EOS ends the "
-                                                  "template's turns). Off by default: on SmolLM2-135M-Instruct "
-                                                  "it gained nothing (docs/calibration.md)")
+    chat_template: bool | Literal["auto"] = Field("auto", description="render each sample with the model's "
+                                                  "chat template; auto = for an instruct model (its EOS ends the "
+                                                  "template's turns), not under images: GPTQ of "
+                                                  "SmolLM2-135M-Instruct calibrated on packed plain text answers "
+                                                  "in French (docs/calibration.md)")
     min_expert_tokens: int = Field(16, ge=0, description="warn when the router sends an MoE expert fewer "
                                    "calibration tokens than this")
     images: str | None = Field(None, max_length=PATH_LENGTH, description="vision-language models: calibrate on "

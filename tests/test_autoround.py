@@ -156,3 +156,21 @@ def test_gptq_imatrix_observer_gets_importance(tmp_path):
     q = json.loads((out / "quantkit.json").read_text())["quantization"]
     assert q["observer"] == "imatrix_mse"
     assert q["recipe"][0]["GPTQModifier"]["config_groups"]["group_0"]["weights"]["observer"] == "imatrix_mse"
+
+
+def test_gptq_after_awq_smooths_then_quantizes(tmp_path):
+    """``gptq --awq`` runs llm-compressor's AWQ smoothing, then GPTQ: the manifest's recipe has both modifiers in
+    that order, AWQ's mappings are recorded, and AWQ's scales really moved into the norms (the post-attention norm
+    differs from the source's, as it never does after GPTQ alone)."""
+    assert [name for name, _ in compressed.plan(GptqSpec(method="gptq", awq=True)).modifiers] == [
+        "AWQModifier", "GPTQModifier"]
+    assert [name for name, _ in compressed.plan(GptqSpec(method="gptq")).modifiers] == ["GPTQModifier"]
+    out = tmp_path / "awq-gptq"
+    proc = quantkit("gptq", TINY, out, "--awq", "--samples", "4", "--seq-len", "64", env={"OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    q = json.loads((out / "quantkit.json").read_text())["quantization"]
+    assert q["algorithm"] == "awq+gptq" and [next(iter(m)) for m in q["recipe"]] == ["AWQModifier", "GPTQModifier"]
+    assert q["awq_mappings"], q
+    norm = "model.layers.0.post_attention_layernorm.weight"
+    with safe_open(str(TINY / "model.safetensors"), "pt") as src, safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert not torch.equal(src.get_tensor(norm), f.get_tensor(norm))

@@ -34,7 +34,7 @@ QUESTION = "What is the capital of France?"
 # artifact -> the verb and flags after MODEL OUTPUT: the CLI's defaults, fewer calibration samples for CI's time
 ARTIFACTS: dict[str, list[str]] = {
     "rtn": ["rtn"],
-    "gptq": ["gptq", "--samples", "32", "--seq-len", "256"],  # from 8 x 256 it no longer names Paris
+    "gptq": ["gptq", "--samples", "32", "--seq-len", "256"],
     "fp8-dynamic": ["fp8", "--scheme", "dynamic"],
     "int8": ["int8", "--samples", "8", "--seq-len", "256"],
 }
@@ -43,9 +43,9 @@ ARTIFACTS: dict[str, list[str]] = {
 # library versions' rounding. A broken artifact scores several nats.
 KLD_BOUNDS = {
     "rtn": 0.45,  # 0.360, top-1 0.764 (W4A16 g64)
-    "gptq": 0.22,  # 0.144, top-1 0.855 (32 x 256; from 8 x 256: 0.222, answering "The CAPITAL OF FRANCELAURA!")
+    "gptq": 0.22,  # 0.092, top-1 0.875 (32 x 256 through the chat template, importance-weighted ranges)
     "fp8-dynamic": 0.04,  # 0.0250, top-1 0.933
-    "int8": 0.02,  # 0.0117, top-1 0.957 (SmoothQuant + GPTQ W8A8)
+    "int8": 0.02,  # 0.0136, top-1 0.959 (SmoothQuant + GPTQ W8A8, through the chat template)
 }
 EVAL_TOKENS = 4096
 
@@ -135,7 +135,7 @@ def test_gptq_beats_round_to_nearest(scores: dict[str, dict]) -> None:
 def test_auto_chat_template_is_on_for_the_instruct_model_only(smollm2: Path) -> None:
     """``auto`` renders plain documents through SmolLM2-Instruct's template (its EOS <|im_end|> ends a turn), and
     not the reference model's: its template (ChatML, which it was never trained on) ends turns with <|im_end|>,
-    its EOS is <|end_of_text|>. The default (off) packs plain text on both."""
+    its EOS is <|end_of_text|>. ``auto`` is the default; off packs plain text on both."""
     from transformers import AutoTokenizer
 
     real, tiny = AutoTokenizer.from_pretrained(smollm2), AutoTokenizer.from_pretrained(TINY)
@@ -143,18 +143,22 @@ def test_auto_chat_template_is_on_for_the_instruct_model_only(smollm2: Path) -> 
     auto = calibration.build(CalibrationSpec(**spec, chat_template="auto"), real)
     assert auto.chat and real.decode(auto.samples[0]).startswith("<|im_start|>system\n")
     assert auto.manifest().chat_template and auto.manifest().chat_template_setting == "auto"
-    off = calibration.build(CalibrationSpec(**spec), real)
+    assert calibration.build(CalibrationSpec(**spec), real).tokens_sha256 == auto.tokens_sha256  # the default
+    off = calibration.build(CalibrationSpec(**spec, chat_template=False), real)
     assert not off.chat and off.tokens_sha256 != auto.tokens_sha256 and off.manifest().chat_template_setting is False
     assert calibration.build(CalibrationSpec(**spec, chat_template=True), real).tokens_sha256 == auto.tokens_sha256
     tiny_auto = calibration.build(CalibrationSpec(**spec, chat_template="auto"), tiny)
     assert not tiny_auto.chat and not tiny_auto.manifest().chat_template
-    assert tiny_auto.tokens_sha256 == calibration.build(CalibrationSpec(**spec), tiny).tokens_sha256
+    assert tiny_auto.tokens_sha256 == calibration.build(CalibrationSpec(**spec, chat_template=False), tiny).tokens_sha256
     tiny.chat_template = None
     with pytest.raises(CalibrationError, match="has no chat template"):
         calibration.build(CalibrationSpec(**spec, chat_template=True), tiny)
 
 
 def test_calibrated_artifact_records_the_chat_template(artifacts: dict[str, Path]) -> None:
+    """By default an instruct model calibrates through its template (docs/calibration.md: from packed plain text
+    SmolLM2's GPTQ and INT8 artifacts answer in French); the manifest says what was asked and what was used."""
     for name in ("gptq", "int8"):
         info = json.loads((artifacts[name] / "quantkit.json").read_text())["calibration"]
-        assert info["chat_template"] is False and info["chat_template_setting"] is False, info
+        assert info["chat_template"] is True and info["chat_template_setting"] == "auto", info
+        assert info["tokens"] < info["samples"] * info["seq_len"], info  # one document per sample, some shorter

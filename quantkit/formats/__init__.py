@@ -61,8 +61,9 @@ CALIBRATION = (
     _f("calib_field", "--calib-field", str, "calibration.field", "JSON/parquet field holding the text "
        "\\[default: text].", "Calibration"),
     _f("chat_template", "--chat-template/--no-chat-template", bool, "calibration.chat_template",
-       "Render calibration samples with the model's chat template (a recipe's calibration.chat_template: auto "
-       "does it for an instruct model, whose EOS ends the template's turns) \\[default: off].",
+       "Render calibration samples with the model's chat template, each document as the assistant's reply "
+       "\\[default: auto: for an instruct model, whose EOS ends the template's turns, with text-only "
+       "calibration].",
        "Calibration"),
     _f("calib_images", "--calib-images", str, "calibration.images",
        "Vision-language models: calibrate on image+text samples, each text sample placed after an image and its "
@@ -168,6 +169,9 @@ FORMATS: tuple[Format, ...] = (
                   _f("imatrix", "--imatrix/--no-imatrix", bool, "quantize.imatrix",
                      "Choose each group's range by llm-compressor's importance-weighted MSE observer (error weighted "
                      "by each input channel's mean squared activation) instead of its min and max \\[default: on]."),
+                  _f("awq", "--awq/--no-awq", bool, "quantize.awq",
+                     "Smooth with AWQ first (llm-compressor's AWQModifier, duo scaling), then quantize with GPTQ "
+                     "\\[default: off]."),
                   _f("format", "--format", str, "quantize.format",
                      "compressed-tensors, or gptq to also write the legacy GPTQ layout."),
                   *LLMCOMPRESSOR)),

@@ -98,6 +98,9 @@ class GptqSpec(MethodBase):
                           "squared activation on the calibration set) instead of the group's min and max; on by "
                           "default since it lowered KLD on both measured models (SmolLM2-135M 0.160 -> 0.097, the "
                           "reference model 0.0430 -> 0.0379) for about 6% more time")
+    awq: bool = Field(False, description="smooth with AWQ first (llm-compressor's AWQModifier with duo scaling, "
+                      "its mappings for the architecture), then quantize with GPTQ inside the smoothed weights: "
+                      "llm-compressor's AWQ-then-GPTQ recipe; one more calibration pass")
     format: Literal["compressed-tensors", "gptq"] = "compressed-tensors"
     target_bits: float | None = Field(None, gt=0, le=16, description=TARGET_BITS_HELP)
     _g = field_validator("group_size")(_check_group_size)

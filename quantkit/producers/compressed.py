@@ -160,13 +160,18 @@ def _plan_gptq(spec: Any, split: dict[int, list[str]] | None = None) -> Plan:
     # The importance-weighted observer (llmcompressor.observers.imatrix) gathers each input channel's mean squared
     # activation through its own hook during GPTQ's calibration pass, then grid-searches each group's range against
     # the error weighted by it; GPTQ rounds inside that range as before.
+    # With ``awq`` AWQ's smoothing runs first, as in llm-compressor's AWQ-then-GPTQ example: its scales move into
+    # the preceding norms and layers, and GPTQ then quantizes the smoothed weights (AWQ's own search scores its
+    # scales under round-to-nearest of the same scheme, so both see one quantization).
     actorder = "static" if spec.act_order else None
     observer = "imatrix_mse" if spec.imatrix else None
+    smooth = (("AWQModifier", {"duo_scaling": True, "offload_device": None}),) if spec.awq else ()
     return Plan(_int_scheme(spec.bits, spec.symmetric, split),
-                (("GPTQModifier", {**_weight_only(spec, observer, split), "dampening_frac": spec.damp,
-                                   "actorder": actorder}),),
-                calibrate=True, summary={**_int_summary(spec), "algorithm": "gptq", "damp": spec.damp,
-                                         "actorder": actorder, "observer": observer or "memoryless_minmax"})
+                (*smooth, ("GPTQModifier", {**_weight_only(spec, observer, split), "dampening_frac": spec.damp,
+                                            "actorder": actorder})),
+                calibrate=True, summary={**_int_summary(spec), "algorithm": "awq+gptq" if spec.awq else "gptq",
+                                         "damp": spec.damp, "actorder": actorder,
+                                         "observer": observer or "memoryless_minmax"})
 
 
 def _plan_autoround(spec: Any) -> Plan:
