@@ -142,13 +142,17 @@ def _int_summary(spec: Any) -> dict[str, Any]:
             "activations": "bf16/fp16 (weight-only)"}
 
 
+def _awq_smoothing(duo_scaling: bool, offload: bool) -> tuple[str, dict[str, Any]]:
+    """AWQ's smoothing step, for ``awq`` and ``gptq --awq``. Offloading is always said, so llm-compressor's MoE-only
+    default never decides silently. Offloading moves the same tensors, so the scales do not change; on the 8B shape
+    it saved 16% of the GPU memory for 66% more time (bench/results/h200/8b/quantize_cost_8b_sealed.md), hence off
+    unless asked."""
+    return "AWQModifier", {"duo_scaling": duo_scaling, "offload_device": "cpu" if offload else None}
+
+
 def _plan_awq(spec: Any, split: dict[int, list[str]] | None = None) -> Plan:
-    # Always said, so llm-compressor's MoE-only default (offload) never decides silently. Offloading moves the same
-    # tensors, so the scales do not change; on the 8B shape it saved 16% of the GPU memory for 66% more time
-    # (bench/results/h200/8b/quantize_cost_8b_sealed.md), hence off unless asked.
-    offload = "cpu" if spec.offload_activations else None
     return Plan(_int_scheme(spec.bits, spec.symmetric, split),
-                (("AWQModifier", {"duo_scaling": spec.duo_scaling, "offload_device": offload}),
+                (_awq_smoothing(spec.duo_scaling, spec.offload_activations),
                  ("QuantizationModifier", _weight_only(spec, split=split))),
                 calibrate=True, summary={**_int_summary(spec), "algorithm": "awq", "duo_scaling": spec.duo_scaling,
                                          "offload_activations": spec.offload_activations})
@@ -165,7 +169,7 @@ def _plan_gptq(spec: Any, split: dict[int, list[str]] | None = None) -> Plan:
     # scales under round-to-nearest of the same scheme, so both see one quantization).
     actorder = "static" if spec.act_order else None
     observer = "imatrix_mse" if spec.imatrix else None
-    smooth = (("AWQModifier", {"duo_scaling": True, "offload_device": None}),) if spec.awq else ()
+    smooth = (_awq_smoothing(duo_scaling=True, offload=False),) if spec.awq else ()
     return Plan(_int_scheme(spec.bits, spec.symmetric, split),
                 (*smooth, ("GPTQModifier", {**_weight_only(spec, observer, split), "dampening_frac": spec.damp,
                                             "actorder": actorder})),
