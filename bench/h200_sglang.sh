@@ -184,7 +184,10 @@ vllm_series() {  # vllm_series DEADLINE ARTIFACT...: one `quantkit eval --engine
   local deadline=$1 a t targets=(); shift
   for a in "$@"; do t=$(target "$WORK-vllm" "$a"); [ -e "$t" ] && targets+=("$t"); done
   [ "$(left "$deadline")" -le 120 ] && { log "vllm: no time left"; return; }
-  step eval-all-vllm env QUANTKIT_VLLM_ARGS='{"gpu_memory_utilization": 0.3}' python3 -m quantkit eval "${targets[@]}" \
+  # a fixed KV cache: vLLM then skips its memory profiling, whose check ("Error in memory profiling ... other
+  # processes sharing the same container release GPU memory") an SGLang server stopping beside it would trip
+  step eval-all-vllm env QUANTKIT_VLLM_ARGS='{"gpu_memory_utilization": 0.3, "kv_cache_memory_bytes": 4294967296}' \
+    python3 -m quantkit eval "${targets[@]}" \
     --engine vllm --python bench/.vllm-python --report-dir "$WORK/report-vllm" "${EVAL_ARGS[@]}"
 }
 
@@ -252,8 +255,19 @@ job() {  # $1 = epoch second after which no step starts
   [ "${VLLM:-1}" = 1 ] && vllm_series "$deadline" "${arts[@]}" &
   sglang_series "$deadline" "${arts[@]}"
   wait
-  cp /tmp/quantkit-sglang-*.log "$LOGS/servers/" 2>/dev/null  # the eval servers' logs, kept only when they failed
+  # the eval servers' logs, kept only when they failed
+  cp /tmp/quantkit-sglang-*.log /tmp/quantkit-vllm-*.log "$LOGS/servers/" 2>/dev/null
   log "done"
+}
+
+collect() {  # collect DEST: the summary, the job's log, its results and logs, the servers' logs so far, into DEST
+  # (a function, not "$0 collect": a call runs this script through bash, and its mode need not be executable; the
+  # 2026-12-02 run's wait verb failed that way and brought nothing back)
+  mkdir -p "$1" "$LOGS/servers"
+  cp /tmp/quantkit-sglang-*.log /tmp/quantkit-vllm-*.log "$LOGS/servers/" 2>/dev/null
+  summary > "$LOGS/steps/summary.log" 2>&1
+  cp "$LOGS/job.log" "$LOGS/results/sglang_vs_vllm.md" "$1/" 2>/dev/null
+  collect_results "$1"
 }
 
 summary() {  # results/sglang_vs_vllm.{json,md}: the two engines' figures per artifact, from the step files
@@ -318,11 +332,7 @@ case "${1:-}" in
   wait)  # wait SECONDS DEST: until the job logs "done" (or SECONDS pass), then collect into DEST
     end=$(( $(date +%s) + $2 ))
     until grep -q "] done$" "$LOGS/job.log" 2>/dev/null || [ "$(date +%s)" -ge "$end" ]; do sleep 5; done
-    "$0" collect "$3" ;;
-  collect)
-    mkdir -p "$2"
-    summary > "$LOGS/steps/summary.log" 2>&1
-    cp "$LOGS/job.log" "$LOGS/results/sglang_vs_vllm.md" "$2/" 2>/dev/null
-    collect_results "$2" ;;
+    collect "$3" ;;
+  collect) collect "$2" ;;
   *) sed -n '2,30p' "$0"; exit 2 ;;
 esac

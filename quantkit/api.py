@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from quantkit import artifact, calibration, formats, outputs, plan as plan_mod, producers, recipe as recipe_mod, \
     source as source_mod, versions
@@ -186,9 +186,11 @@ def calibration_sets() -> list[dict[str, Any]]:
 
 
 def preview_calibration(source: str, *, model: str | None = None, samples: int = 8, seq_len: int = 512,
-                        seed: int = 0, field: str = "text", chat_template: bool = False,
+                        seed: int = 0, field: str = "text", chat_template: bool | Literal["auto"] = "auto",
                         show: int = 3) -> dict[str, Any]:
-    """A calibration source's documents, and with ``model`` the exact token samples and their sha256."""
+    """A calibration source's documents, and with ``model`` the exact token samples and their sha256, built as the
+    quantize verbs build them (``chat_template`` defaults to their ``auto``), so the sha256 is the one an artifact's
+    manifest will record."""
     docs = calibration.load_documents(source, field)
     info: dict[str, Any] = {"source": source, "kind": docs.kind, "documents": len(docs.items), "chat": docs.chat,
                             "source_sha256": docs.file_sha256, "preview": [str(d)[:300] for d in docs.items[:show]]}

@@ -162,3 +162,15 @@ def test_calibrated_artifact_records_the_chat_template(artifacts: dict[str, Path
         info = json.loads((artifacts[name] / "quantkit.json").read_text())["calibration"]
         assert info["chat_template"] is True and info["chat_template_setting"] == "auto", info
         assert info["tokens"] < info["samples"] * info["seq_len"], info  # one document per sample, some shorter
+
+
+def test_calib_show_previews_the_tokens_an_artifact_records(artifacts: dict[str, Path], smollm2: Path) -> None:
+    """``calib show --model`` builds the samples as the verbs do, template included by default, so the sha256 it
+    prints is the one the artifact's manifest records (before, it packed plain text and printed another)."""
+    info = json.loads((artifacts["int8"] / "quantkit.json").read_text())["calibration"]
+    args = ("calib", "show", info["dataset"], "--model", str(smollm2), "--samples", str(info["samples"]),
+            "--seq-len", str(info["seq_len"]), "--seed", str(info["seed"]), "--json")
+    shown = json.loads(quantkit(*args, check=True).stdout)["calibration"]
+    assert shown["tokens_sha256"] == info["tokens_sha256"] and shown["chat_template"] is True, (shown, info)
+    off = json.loads(quantkit(*args, "--no-chat-template", check=True).stdout)["calibration"]
+    assert off["tokens_sha256"] != info["tokens_sha256"] and off["chat_template"] is False

@@ -28,6 +28,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "models" / "quantkit-tiny"
 FAMILIES = ("llava", "qwen2_5_vl", "gemma3")
+HUB_TOWER = ("llava", "gemma3")  # CLIP / SigLIP towers, whose released checkpoints say vision_tower.vision_model.*
+HUB_TOWER_PREFIX = "vision_tower.vision_model."
 VOCAB = 8256  # the reference tokenizer's 8,192 tokens + the image tokens, rounded up to 64
 
 # Each family's image tokens, in the order they are added to the tokenizer.
@@ -157,6 +159,24 @@ def _copy_reference_text(model: Any, tiny: Path) -> None:
                 target.copy_(tensor)
 
 
+def _hub_layout(path: Path) -> None:
+    """Name the vision tower's tensors as released checkpoints do: ``vision_tower.vision_model.*``.
+
+    transformers 5 strips the ``vision_model`` level of CLIP and SigLIP towers when it loads (its conversion
+    mapping's ``PrefixChange``) and puts it back when it saves a model it loaded; a model made from a config has no
+    load to undo, so ``save_pretrained`` writes ``vision_tower.embeddings.*``, which vLLM 0.26 cannot map ("There is
+    no module or parameter named 'vision_tower.embeddings' in Gemma3ForConditionalGeneration", the H200 run of
+    2026-12-02). Released LLaVA and Gemma 3 checkpoints carry the level, and so does a quantkit artifact of them."""
+    from safetensors.torch import load_file, save_file
+
+    weights = path / "model.safetensors"
+    state = load_file(str(weights))
+    renamed = {(HUB_TOWER_PREFIX + k[len("vision_tower."):]
+                if k.startswith("vision_tower.") and not k.startswith(HUB_TOWER_PREFIX) else k): v
+               for k, v in state.items()}
+    save_file(renamed, str(weights), metadata={"format": "pt"})
+
+
 def make_vlm(family: str, path: Path, *, seed: int = 0, tokenizer_from: Path = TINY, reuse: bool = False) -> Path:
     """Write a ``family`` checkpoint (one of :data:`FAMILIES`) with its processor to ``path``; return ``path``.
     ``reuse``: keep a checkpoint already there (GPU cases sharing one, built by whichever starts first)."""
@@ -178,6 +198,8 @@ def make_vlm(family: str, path: Path, *, seed: int = 0, tokenizer_from: Path = T
     if path.exists():
         shutil.rmtree(path)
     model.save_pretrained(path)
+    if family in HUB_TOWER:
+        _hub_layout(path)
     if family == "qwen2_5_vl":
         _save_qwen_processor(path, tok)
     else:

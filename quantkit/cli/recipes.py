@@ -72,13 +72,16 @@ def calib_show(
     seq_len: int = typer.Option(512, "--seq-len", help="Tokens per sample when --model is given."),
     seed: int = typer.Option(0, "--seed"),
     field: str = typer.Option("text", "--field", help="Text field for JSON/parquet sources."),
-    chat_template: bool = typer.Option(False, "--chat-template/--no-chat-template"),
+    chat_template: Optional[bool] = typer.Option(
+        None, "--chat-template/--no-chat-template",
+        help="Render samples with the model's chat template [default: auto, as the quantize verbs: for an instruct "
+             "model, whose EOS ends the template's turns]."),
     n: int = typer.Option(3, "--show", help="Documents to preview."),
     json: bool = JSON_OPT,
 ) -> None:
     """Preview a calibration source: its documents, and with --model the exact token samples and their sha256."""
     info = api.preview_calibration(source, model=model, samples=samples, seq_len=seq_len, seed=seed, field=field,
-                                   chat_template=chat_template, show=n)
+                                   chat_template="auto" if chat_template is None else chat_template, show=n)
     if json:
         emit_json(info)
         return

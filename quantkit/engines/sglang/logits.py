@@ -2,7 +2,8 @@
 
 SGLang runs in its own Python (``--python``, ``QUANTKIT_SGLANG_PYTHON``, or this interpreter when SGLang imports
 here) as the server :mod:`quantkit.engines.sglang.server` starts, on a free loopback port, with its radix (prefix)
-cache off so every window is computed whole, and a context of ``ctx + 1`` tokens. Each batch of windows is one
+cache off so every window is computed whole, and a context of ``ctx + 7`` tokens (:data:`CONTEXT_MARGIN`: SGLang
+refuses a prompt of ``context_length - 6`` tokens or more). Each batch of windows is one
 ``POST /generate`` with the token ids themselves (``input_ids``: the protocol's tokens, never re-tokenized),
 ``max_new_tokens`` 1 at temperature 0, ``return_logprob``, ``top_logprobs_num`` k and ``logprob_start_len`` one
 before the window's first scored position. ``QUANTKIT_SGLANG_ARGS`` (a JSON list) adds server flags
@@ -52,8 +53,14 @@ TIMEOUT_ENV = "QUANTKIT_SGLANG_TIMEOUT"
 BATCH = 8  # windows per /generate request (SGLang schedules them together)
 DEFAULT_TIMEOUT = 900.0  # seconds to health: the first start compiles SGLang's JIT kernels
 REQUEST_TIMEOUT = 1800.0
-# The server's own environment: a window of exactly max_position_embeddings tokens needs one position more for the
-# single sampled token (thrown away), which SGLang refuses unless told it is intended.
+# SGLang 0.5.17 takes a prompt only when it is shorter than max_req_input_len = (context_length - 1) - 5
+# (managers/tp_worker.py get_worker_info; managers/utils.py validate_input_length): a window of ctx tokens needs a
+# context of ctx + 7. With ctx + 1, every eval of the H200 run of 2026-12-02 was refused ("Input length (2048
+# tokens) exceeds the maximum allowed length (2043 tokens)", bench/results/h200/sglang/).
+CONTEXT_MARGIN = 7
+# The server's own environment: a window of exactly max_position_embeddings tokens needs CONTEXT_MARGIN positions
+# more (the scheduler's reserve, and the single sampled token, thrown away), which SGLang refuses unless told it is
+# intended.
 SERVER_ENV = {"SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
 
 
@@ -151,7 +158,7 @@ class SglangEngine:
         os.close(fd)
         self.log_path = Path(log)
         self._failed = False
-        opts = ServeOptions(python=self.python, max_model_len=options.ctx + 1)
+        opts = ServeOptions(python=self.python, max_model_len=options.ctx + CONTEXT_MARGIN)
         extra = ["--disable-radix-cache", *server_args()]
 
         def argv(port: int) -> list[str]:

@@ -122,9 +122,6 @@ def _keep_gemma3_rows() -> None:
 def _hub_spelling(name: str, block_count: int) -> tuple[str, int, str] | None:
     """The spelling upstream's vision name map knows for a tensor it could not map, the blocks the map needs, and
     why (``vision_names``); None when quantkit knows no other spelling."""
-    tower = "vision_tower."
-    if name.startswith(tower) and not name.startswith(tower + "vision_model."):
-        return tower + "vision_model." + name[len(tower):], block_count, "transformers5_tower"
     merger = re.match(r"visual\.merger\.mlp\.(\d+)\.", name)
     if merger and int(merger.group(1)) >= block_count:
         return name, int(merger.group(1)) + 1, "merger_index"
@@ -133,16 +130,11 @@ def _hub_spelling(name: str, block_count: int) -> tuple[str, int, str] | None:
 
 def _name_vision_tensors() -> None:
     """Name, after upstream's own map failed, the vision tensors of a checkpoint it cannot name (measured: the tiny
-    checkpoints of tests/vlm_models.py):
-
-    * a CLIP or SigLIP tower saved by transformers 5 (``vision_tower.encoder.layers.0...``): transformers 5.17 drops
-      the towers' ``vision_model`` level when it loads a hub checkpoint (``vision_tower.vision_model.encoder...``)
-      and ``save_pretrained`` does not put it back, while upstream's map knows only the hub spelling (Gemma 3:
-      "Can not map tensor 'vision_tower.embeddings.patch_embedding.bias'");
-    * Qwen2-VL's patch merger ``visual.merger.mlp.0``/``mlp.2``, which upstream names through its per-block map, so
-      a vision tower of fewer than three blocks has no name for ``mlp.2`` ("Can not map tensor
-      'visual.merger.mlp.2.bias'").
-    """
+    checkpoints of tests/vlm_models.py): Qwen2-VL's patch merger ``visual.merger.mlp.0``/``mlp.2``, which upstream
+    names through its per-block map, so a vision tower of fewer than three blocks has no name for ``mlp.2`` ("Can
+    not map tensor 'visual.merger.mlp.2.bias'"). A CLIP or SigLIP tower spelled without its ``vision_model`` level
+    (what transformers 5 saves for a model made from a config, never for one it loaded) is not renamed: vLLM
+    cannot load that spelling either, and released checkpoints do not have it."""
     import gguf
     from conversion.base import MmprojModel
 

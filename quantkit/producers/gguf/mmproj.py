@@ -35,8 +35,6 @@ TYPE = "F16"
 _PART = "the vision side (mmproj) of "
 # Why quantkit's wrapper named vision tensors that upstream's map could not (:mod:`.hf_to_gguf`).
 RENAMED = {
-    "transformers5_tower": "the vision tower's tensors, saved by transformers 5 without their vision_model level, "
-                           "named as the hub spells them (llama.cpp's converter knows only that spelling)",
     "merger_index": "the patch merger's mlp.0/mlp.2 named although the tower has fewer than three blocks "
                     "(llama.cpp's converter names them through its per-block map)",
 }
