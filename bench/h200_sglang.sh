@@ -255,12 +255,11 @@ job() {  # $1 = epoch second after which no step starts
   [ "${VLLM:-1}" = 1 ] && vllm_series "$deadline" "${arts[@]}" &
   sglang_series "$deadline" "${arts[@]}"
   wait
-  # the eval servers' logs, kept only when they failed
-  cp /tmp/quantkit-sglang-*.log /tmp/quantkit-vllm-*.log "$LOGS/servers/" 2>/dev/null
   log "done"
 }
 
-collect() {  # collect DEST: the summary, the job's log, its results and logs, the servers' logs so far, into DEST
+collect() {  # collect DEST: the summary, the job's log, its results and logs, the servers' logs so far (the eval
+  # servers' logs, which quantkit keeps only when they failed), into DEST
   # (a function, not "$0 collect": a call runs this script through bash, and its mode need not be executable; the
   # 2026-12-02 run's wait verb failed that way and brought nothing back)
   mkdir -p "$1" "$LOGS/servers"

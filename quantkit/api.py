@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from quantkit import artifact, calibration, formats, outputs, plan as plan_mod, producers, recipe as recipe_mod, \
     source as source_mod, versions
@@ -186,19 +186,20 @@ def calibration_sets() -> list[dict[str, Any]]:
 
 
 def preview_calibration(source: str, *, model: str | None = None, samples: int = 8, seq_len: int = 512,
-                        seed: int = 0, field: str = "text", chat_template: bool | Literal["auto"] = "auto",
+                        seed: int = 0, field: str = "text", chat_template: bool | None = None,
                         show: int = 3) -> dict[str, Any]:
     """A calibration source's documents, and with ``model`` the exact token samples and their sha256, built as the
-    quantize verbs build them (``chat_template`` defaults to their ``auto``), so the sha256 is the one an artifact's
-    manifest will record."""
+    quantize verbs build them (``chat_template`` None: the recipe's default, as theirs), so the sha256 is the one
+    an artifact's manifest will record."""
     docs = calibration.load_documents(source, field)
     info: dict[str, Any] = {"source": source, "kind": docs.kind, "documents": len(docs.items), "chat": docs.chat,
                             "source_sha256": docs.file_sha256, "preview": [str(d)[:300] for d in docs.items[:show]]}
     if model:
         from transformers import AutoTokenizer
 
+        asked = {} if chat_template is None else {"chat_template": chat_template}
         spec = recipe_mod.CalibrationSpec(dataset=source, samples=samples, seq_len=seq_len, seed=seed, field=field,
-                                          chat_template=chat_template)
+                                          **asked)
         calibration.check_fits(spec, source_mod.resolve(recipe_mod.ModelSpec(source=model)).config, model)
         tok = AutoTokenizer.from_pretrained(model)
         cs = calibration.build(spec, tok, docs)

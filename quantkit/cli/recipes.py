@@ -81,7 +81,7 @@ def calib_show(
 ) -> None:
     """Preview a calibration source: its documents, and with --model the exact token samples and their sha256."""
     info = api.preview_calibration(source, model=model, samples=samples, seq_len=seq_len, seed=seed, field=field,
-                                   chat_template="auto" if chat_template is None else chat_template, show=n)
+                                   chat_template=chat_template, show=n)
     if json:
         emit_json(info)
         return
