@@ -74,7 +74,7 @@ def calib_show(
     field: str = typer.Option("text", "--field", help="Text field for JSON/parquet sources."),
     chat_template: Optional[bool] = typer.Option(
         None, "--chat-template/--no-chat-template",
-        help="Render samples with the model's chat template [default: auto, as the quantize verbs: for an instruct "
+        help="Render samples with the model's chat template \\[default: auto, as the quantize verbs: for an instruct "
              "model, whose EOS ends the template's turns]."),
     n: int = typer.Option(3, "--show", help="Documents to preview."),
     json: bool = JSON_OPT,
