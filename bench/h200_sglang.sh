@@ -20,15 +20,17 @@
 # The job (from a snapshot, /tmp/qk-sgl-snap): the artifacts, quantized on the GPU while parts arrive; once SGLang is
 # assembled, imports one by one (sgl_kernel and its GPU kernel, flashinfer, SGLang's server modules) and a first
 # server on the bf16 model (it compiles SGLang's JIT kernels): any failure is recorded with its error and ends the
-# SGLang branch; then per artifact eval, then smoke (those SMOKE names) or doctor in SGLang, one server at a time,
+# SGLang branch; then per artifact eval, then smoke (those SMOKE names) or doctor in SGLang,
 # beside one `quantkit eval --engine vllm` of them all (VLLM=0: none), the tokens fixed by the protocol; a server
 # start costs 30-110 s (the first run: imports 63 s, first SGLang server 102 s, a vLLM eval 107 s). Each step writes
 # its JSON (or its error) under results/ as soon as it
 # ends. Without FA3's parts SGLang runs with --attention-backend triton (recorded). Where bench/h200_real.sh built
 # SmolLM2-135M in the same lease, its RTN W4A16 is served with --skip-doctor: doctor predicts SGLang's Marlin kernel
-# has no tile for its 576-wide layers, and SGLang's own answer is recorded beside. SPEED=1 adds batch-1 decode
-# tok/s of the 8B shape (bf16, random weights) in both engines' servers, right after the first server, if 8 minutes
-# are left (its source is written while the parts arrive).
+# has no tile for its 576-wide layers, and SGLang's own answer is recorded beside. The series runs SGLANG_LANES (3)
+# SGLang servers at a time, each with a small fixed KV pool so they and vLLM's share the GPU. SPEED=1 adds decode
+# tok/s of the 8B shape (bf16, random weights; its source is written while the parts arrive) at batch 1 and 16 in
+# both engines' servers with CUDA graphs on (bench/engine_speed.py), after the series and the VLM job, in the last
+# SPEED_RESERVE seconds, which the series leaves to it.
 set -uo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 . "$REPO/bench/device.sh"
@@ -46,6 +48,7 @@ EVAL_ARGS=(--baseline "$TINY" --dataset heldout --max-tokens 32768 --ctx 2048 --
 read -r -a ARTS <<< "${ARTS_LIST:-rtn-w4g128 fp8-dynamic int8-sq awq-legacy modelopt-fp8 gptq-legacy awq-w4g128 \
 gptq-w4g128 fp8-static fp8-block gptq-w8g128 w4a8}"
 SMOKE="${SMOKE:-awq-legacy modelopt-fp8 gptq-legacy w4a8}"  # rtn-w4g128, fp8-dynamic: passed in the second run
+SPEED_RESERVE=420  # seconds of the job kept for SPEED=1 (two 8B server starts with CUDA graphs, and the figures)
 
 pack() {  # here: the reference model's ModelOpt FP8 export (build-trt --checkpoint-only) into .smo
   local out; out=$(mktemp -d)/modelopt-fp8
@@ -159,8 +162,10 @@ sys.exit(0 if ok else 1)
 EOF
 }
 
-# SGLang sizes its pool as what is free minus (1 - mem-fraction-static) of the whole GPU, so its servers run one at
-# a time with the default 0.4, beside one vLLM process at 0.3 (what vLLM asks is checked against what is free).
+# SGLang sizes its KV pool as what is free after its weights load minus (1 - mem-fraction-static) of what was free
+# before (mem_cache/kv_cache_configurator.py), so with the default 0.4 one server takes most of the GPU: the first
+# server and the speed runs run alone that way; the series' servers get 0.9 and a pool capped by --max-total-tokens,
+# so three of them fit beside one vLLM process at 0.3 (what vLLM asks is checked against what is free).
 SMOKE_ARGS=(--engine sglang --python bench/.sglang-python --timeout 900 --json
             --chat-prompt "What is the capital of France?")
 
@@ -173,7 +178,7 @@ sglang_series() {  # sglang_series DEADLINE ARTIFACT...: per artifact doctor, ev
       --report-dir "$WORK/report-$a-sglang" "${EVAL_ARGS[@]}"
     case " $SMOKE " in
       *" $a "*|" all ") step "smoke-$a-sglang" python3 -m quantkit smoke "$t" --log-dir "$LOGS/servers" \
-        "${SMOKE_ARGS[@]}" "${ATTN_ARGS[@]}" ;;
+        "${SMOKE_ARGS[@]}" "${SERIES_ARGS[@]}" ;;
       *) step "doctor-$a-sglang" python3 -m quantkit doctor "$t" --engine sglang --python bench/.sglang-python --json ;;
     esac
   done
@@ -196,15 +201,20 @@ prepare_8b() {  # SPEED=1, in the background from the job's start: the 8B shape'
   log "8b shape prepared: exit $?"
 }
 
-speed() {  # SPEED=1: batch-1 decode of the 8B shape in each engine's server, before the series (whose last
-  # artifacts the deadline may cut; the two engines' decode speed is measured nowhere else)
+speed() {  # SPEED=1: decode tok/s of the 8B shape at batch 1 and 16 in each engine's server with CUDA graphs on
+  # (bench/engine_speed.py), after the series and the VLM job (nothing else on the GPU), in the time kept for it
   wait "$PREPARE_PID"
   local src; src=$(ls -d /tmp/quantkit-bench-qcost/src-8b 2>/dev/null)
   [ -n "$src" ] || { log "speed: no 8B source"; return; }
-  step "speed-8b-sglang" python3 -m quantkit smoke "$src" --engine sglang --python bench/.sglang-python \
-    --timeout 900 --speed-tokens 256 --max-model-len 2048 --json "${ATTN_ARGS[@]}"
-  step "speed-8b-vllm" python3 -m quantkit smoke "$src" --engine vllm --python bench/.vllm-python \
-    --timeout 900 --speed-tokens 256 --gpu-memory-utilization 0.5 --max-model-len 2048 --json
+  local until=$(( $(date +%s) + 240 ))
+  until grep -q "gpu_cases exited\|no case run" /tmp/qk-vlm-logs/job.log 2>/dev/null || [ ! -f /tmp/qk-vlm-logs/job.log ] \
+    || [ "$(date +%s)" -ge "$until" ]; do sleep 5; done
+  grep -q "gpu_cases exited\|no case run" /tmp/qk-vlm-logs/job.log 2>/dev/null || [ ! -f /tmp/qk-vlm-logs/job.log ] \
+    || log "speed: the VLM job is still running beside it"
+  step "speed-8b-sglang" python3 bench/engine_speed.py "$src" --engine sglang --python bench/.sglang-python \
+    --log "$LOGS/servers/speed-8b-sglang.log" "${ATTN_ARGS[@]}"
+  step "speed-8b-vllm" python3 bench/engine_speed.py "$src" --engine vllm --python bench/.vllm-python \
+    --gpu-memory-utilization 0.5 --log "$LOGS/servers/speed-8b-vllm.log"
 }
 
 job() {  # $1 = epoch second after which no step starts
@@ -226,8 +236,9 @@ job() {  # $1 = epoch second after which no step starts
     [ -f /tmp/site/.assembled ] && vllm_series "$deadline" "${arts[@]}"
     log "done"; return
   fi
-  ATTN_ARGS=()
+  ATTN_ARGS=() ATTN_RAW=()
   if [ ! -f "$SITE_SGL/sgl_kernel/flash_ops.abi3.so" ]; then
+    ATTN_RAW=(--attention-backend triton)
     ATTN_ARGS=(--server-arg=--attention-backend --server-arg=triton)
     export QUANTKIT_SGLANG_ARGS='["--attention-backend", "triton"]'
     log "no FA3 library: SGLang runs with --attention-backend triton"
@@ -250,11 +261,21 @@ job() {  # $1 = epoch second after which no step starts
     step smoke-smollm2-rtn-sglang python3 -m quantkit smoke "$WORK/smollm2-rtn" --skip-doctor --log-dir \
       "$LOGS/servers" "${SMOKE_ARGS[@]}" "${ATTN_ARGS[@]}"
   fi
-  if [ "${SPEED:-0}" = 1 ] && [ "$(left "$deadline")" -gt 480 ]; then log "3: the 8B shape's decode"; speed; fi
-  log "4: per artifact: doctor, eval, smoke (SGLang) beside eval (vLLM)"
-  [ "${VLLM:-1}" = 1 ] && vllm_series "$deadline" "${arts[@]}" &
-  sglang_series "$deadline" "${arts[@]}"
+  local reserve=0 lanes="${SGLANG_LANES:-3}" i l
+  [ "${SPEED:-0}" = 1 ] && reserve=$SPEED_RESERVE
+  log "3: per artifact: eval, then smoke or doctor (SGLang, $lanes servers at a time) beside eval (vLLM)"
+  # the lanes' servers share the GPU: a small fixed KV pool each (--max-total-tokens), the rest left to the others
+  local share=(--mem-fraction-static 0.9 --max-total-tokens 65536)
+  export QUANTKIT_SGLANG_ARGS; QUANTKIT_SGLANG_ARGS=$(python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' \
+    "${ATTN_RAW[@]}" "${share[@]}")
+  SERIES_ARGS=("${ATTN_ARGS[@]}"); for i in "${share[@]}"; do SERIES_ARGS+=("--server-arg=$i"); done
+  [ "${VLLM:-1}" = 1 ] && vllm_series "$(( deadline - reserve ))" "${arts[@]}" &
+  for ((l = 0; l < lanes; l++)); do
+    local lane=(); for ((i = l; i < ${#arts[@]}; i += lanes)); do lane+=("${arts[$i]}"); done
+    sglang_series "$(( deadline - reserve ))" "${lane[@]}" &
+  done
   wait
+  if [ "${SPEED:-0}" = 1 ] && [ "$(left "$deadline")" -gt 60 ]; then log "4: the 8B shape's decode"; speed; fi
   log "done"
 }
 
@@ -313,6 +334,15 @@ for r in rows:
     lines.append(f"| {r['artifact']} | {f(s.get('ppl_ratio'))} / {f(s.get('kld'))} / {f(s.get('top1'), 3)} | "
                  f"{f(v.get('ppl_ratio'))} / {f(v.get('kld'))} / {f(v.get('top1'), 3)} | {sm.get('status') or '-'} | "
                  f"{note.replace('|', '/')} |")
+speed = {eng: load(f"speed-8b-{eng}") for eng in ("sglang", "vllm")}
+if any(speed.values()):
+    lines += ["", "| 8B shape, bf16 (CUDA graphs) | TTFT s | batch 1 tok/s | batch 16 tok/s | healthy after s |",
+              "| --- | --- | --- | --- | --- |"]
+    for eng, sp in speed.items():
+        b = (sp or {}).get("batches") or {}
+        lines.append(f"| {eng} | {f((sp or {}).get('ttft_s'), 3)} | "
+                     f"{f((b.get('1') or {}).get('decode_tokens_per_s'), 1)} | "
+                     f"{f((b.get('16') or {}).get('decode_tokens_per_s'), 1)} | {f((sp or {}).get('healthy_after_s'), 0)} |")
 (res / "sglang_vs_vllm.md").write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
 EOF
