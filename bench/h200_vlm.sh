@@ -23,8 +23,9 @@ job() {  # $1 = epoch second after which no step starts, $2 = gpu_cases --only
   until [ -f /tmp/site/.assembled ] || [ "$(left "$deadline")" -le 120 ]; do sleep 5; done
   [ -f /tmp/site/.assembled ] || { log "vLLM not assembled in time: no case run"; return; }
   log "gpu_cases --only $only, budget $(left "$deadline") s"
+  # --shared-gpu: the SGLang job may run beside it (its servers' exits trip vLLM's memory profiling: run 5)
   python3 scripts/gpu_cases.py --out "$GPU_OUT" --only "$only" --budget "$(left "$deadline")" --parallel "$PARALLEL" \
-    > "$LOGS/gpu_cases.log" 2>&1
+    --shared-gpu > "$LOGS/gpu_cases.log" 2>&1
   log "gpu_cases exited $?"
 }
 

@@ -35,7 +35,8 @@ ModelOpt environment in /tmp/site-trt (scripts/trt_env.sh):
 Results are rewritten after every step: OUT/results.json (everything), OUT/results.md (the table),
 OUT/progress.log, OUT/logs/CASE/ (each process's log). Cases run ``--parallel`` at once on one GPU, each vLLM with
 ``--mem-share`` of its memory and a fixed ``--kv-cache-gib`` KV cache (which skips vLLM's start-up memory
-profiling: it asserts when another process frees GPU memory meanwhile), vLLM starts ``--stagger`` seconds apart;
+profiling: it asserts when another process frees GPU memory meanwhile; ``--shared-gpu`` keeps it at ``--parallel 1``
+beside another job), vLLM starts ``--stagger`` seconds apart;
 a case marked ``exclusive`` runs its load or sweep with nothing else on the GPU (and lets vLLM size its cache).
 No case starts once the ``--budget`` left is under its ``estimate_s``: those are listed as ``not run``;
 ``--resume`` keeps the finished cases of an earlier run in the same OUT. SIGTERM stops every child process group
@@ -174,7 +175,7 @@ def share(c: Case, opts: argparse.Namespace) -> float:
 
 def kv_bytes(c: Case, opts: argparse.Namespace, timed: bool = False) -> int | None:
     """A fixed KV cache for vLLM starts that share the GPU; None for an exclusive case's load or sweep."""
-    if (timed and c.exclusive) or opts.parallel == 1:
+    if (timed and c.exclusive) or (opts.parallel == 1 and not opts.shared_gpu):
         return None
     return int(opts.kv_cache_gib * 2**30)
 
@@ -675,6 +676,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--stagger", type=float, default=5, help="seconds between two vLLM starts")
     ap.add_argument("--mem-share", type=float, default=0.12, help="GPU memory fraction per vLLM instance")
     ap.add_argument("--kv-cache-gib", type=float, default=4, help="fixed KV cache of each vLLM sharing the GPU")
+    ap.add_argument("--shared-gpu", action="store_true",
+                    help="another job uses the GPU too: a fixed KV cache even at --parallel 1")
     ap.add_argument("--python", default="python3", help="the interpreter of all three environments")
     ap.add_argument("--quantkit-site", default="/tmp/site-llmc", help="PYTHONPATH added for quantkit")
     ap.add_argument("--vllm-site", default="/tmp/site", help="PYTHONPATH of vLLM's environment")

@@ -548,3 +548,14 @@ def test_a_measurement_missing_from_a_step_that_ran_fails(cases: list) -> None:
     assert checks["tok/s b1"]["status"] == "pass"
     assert checks["kld"]["status"] == "fail" and "did not report" in checks["kld"]["note"]
     assert cr.verdict({**o, "checks": list(checks.values())}) == "fail"
+
+
+def test_a_shared_gpu_gets_a_fixed_kv_cache_at_parallel_one(cases: list) -> None:
+    """The 2026-12-02 VLM run (--parallel 1 beside the SGLang job): vLLM sized its KV cache by profiling, and an
+    SGLang server that stopped meanwhile tripped its check ("Error in memory profiling"). --shared-gpu keeps the
+    fixed cache; an exclusive timed step still lets vLLM size its own."""
+    c = by_name(cases)
+    assert gc.kv_bytes(c["vlm-gemma3-gptq"], opts("--parallel", "1")) is None
+    assert gc.kv_bytes(c["vlm-gemma3-gptq"], opts("--parallel", "1", "--shared-gpu")) == 4 * 2**30
+    exclusive = next(x for x in cases if x.exclusive)
+    assert gc.kv_bytes(exclusive, opts("--shared-gpu"), timed=True) is None
