@@ -185,16 +185,22 @@ sglang_series() {  # sglang_series DEADLINE ARTIFACT...: per artifact doctor, ev
   done
 }
 
-vllm_series() {  # vllm_series DEADLINE ARTIFACT...: one `quantkit eval --engine vllm` of every artifact (the baseline
-  # scored once), on copies of them (each eval re-seals its artifact's manifest, as the SGLang series does its own)
-  local deadline=$1 a t targets=(); shift
-  for a in "$@"; do t=$(target "$WORK-vllm" "$a"); [ -e "$t" ] && targets+=("$t"); done
+vllm_series() {  # vllm_series DEADLINE ARTIFACT...: VLLM_LANES (3) `quantkit eval --engine vllm` processes side by
+  # side, each scoring the baseline and its share of the artifacts, on copies of them (each eval re-seals its
+  # artifact's manifest, as the SGLang series does its own); one process loads its artifacts one after another
+  local deadline=$1 a t lanes="${VLLM_LANES:-3}" l i; shift
+  local found=(); for a in "$@"; do t=$(target "$WORK-vllm" "$a"); [ -e "$t" ] && found+=("$t"); done
   [ "$(left "$deadline")" -le 120 ] && { log "vllm: no time left"; return; }
-  # a fixed KV cache: vLLM then skips its memory profiling, whose check ("Error in memory profiling ... other
-  # processes sharing the same container release GPU memory") an SGLang server stopping beside it would trip
-  step eval-all-vllm env QUANTKIT_VLLM_ARGS='{"gpu_memory_utilization": 0.3, "kv_cache_memory_bytes": 4294967296, "enforce_eager": true}' \
-    python3 -m quantkit eval "${targets[@]}" \
-    --engine vllm --python bench/.vllm-python --report-dir "$WORK/report-vllm" "${EVAL_ARGS[@]}"
+  for ((l = 0; l < lanes; l++)); do
+    local targets=(); for ((i = l; i < ${#found[@]}; i += lanes)); do targets+=("${found[$i]}"); done
+    [ ${#targets[@]} -eq 0 ] && continue
+    # a fixed KV cache: vLLM then skips its memory profiling, whose check ("Error in memory profiling ... other
+    # processes sharing the same container release GPU memory") an SGLang server stopping beside it would trip
+    step "eval-vllm-$l" env QUANTKIT_VLLM_ARGS='{"gpu_memory_utilization": 0.2, "kv_cache_memory_bytes": 4294967296, "enforce_eager": true}' \
+      python3 -m quantkit eval "${targets[@]}" \
+      --engine vllm --python bench/.vllm-python --report-dir "$WORK/report-vllm-$l" "${EVAL_ARGS[@]}" &
+  done
+  wait
 }
 
 prepare_8b() {  # SPEED=1, in the background from the job's start: the 8B shape's bf16 source (random weights)
@@ -310,7 +316,7 @@ rows = []
 for make in sorted(res.glob("make-*.json")):
     a = make.stem[len("make-"):]
     row = {"artifact": a}
-    batch = [r for r in (load("eval-all-vllm") or {}).get("results", [])
+    batch = [r for f in sorted(res.glob("eval-vllm-*.json")) for r in (load(f.stem) or {}).get("results", [])
              if Path(r.get("path", "")).parts[3:4] == (a,)]  # /tmp/qk-sgl-work-vllm/ARTIFACT[/subfolder]
     for eng in ("sglang", "vllm"):
         ev = load(f"eval-{a}-{eng}")
