@@ -100,7 +100,10 @@ job() {  # $1 = epoch second after which no step starts
 }
 
 cost_job() {  # $1 = epoch second after which no step starts. Quantization cost only: no vLLM, so no part calls.
-  local deadline=$1
+  # COST_PLAN: the timed runs in order, METHOD:REPEATS each, both tools, each started only with 300 s left;
+  # WAIT_DONE=LOG: the timed runs wait until that job's log says "done" (another job sharing the lease, e.g.
+  # bench/h200_sglang.sh's), so they still run alone
+  local deadline=$1 entry m r
   enter_snapshot
   python3 bench/quantize_cost.py --shape "$SHAPE" --samples "$SAMPLES" --seq-len "$SEQ_LEN" --prepare \
     > "$LOGS/prepare.log" 2>&1 &
@@ -108,10 +111,18 @@ cost_job() {  # $1 = epoch second after which no step starts. Quantization cost 
     > "$LOGS/results/pytest_awq_gpu.log" 2>&1 &
   wait
   log "prepare $SHAPE and the AWQ GPU tests (offloaded = on-GPU weights): $(tail -n 1 "$LOGS/results/pytest_awq_gpu.log")"
-  log "E: FP8 static, both tools, two runs each, output sealed while written (timed, alone)"
-  cost "quantize_cost_${SHAPE}_sealed" fp8-static llm-compressor,quantkit 2
-  log "E: AWQ, both tools (timed, alone)"
-  cost "quantize_cost_${SHAPE}_sealed" awq llm-compressor,quantkit 1 --append
+  if [ -n "${WAIT_DONE:-}" ]; then
+    until grep -q '] done$' "$WAIT_DONE" 2>/dev/null || [ "$(left "$deadline")" -le 300 ]; do sleep 5; done
+    log "E: $WAIT_DONE says done (or the time is short): the timed runs start"
+  fi
+  local append=()
+  for entry in ${COST_PLAN:-fp8-static:2 awq:1}; do
+    m=${entry%%:*} r=${entry##*:}
+    [ "$(left "$deadline")" -gt 300 ] || { log "E: no time left for $m"; continue; }
+    log "E: $m, both tools, $r run(s) each, output sealed while written (timed, alone)"
+    cost "quantize_cost_${SHAPE}_sealed" "$m" llm-compressor,quantkit "$r" "${append[@]}"
+    append=(--append)
+  done
   if [ "$WIDE" = 1 ] && [ "$(left "$deadline")" -gt 600 ]; then
     rm -rf "$WORK/src-$SHAPE"  # the disk holds the 8B source or the 70B layer shapes, not all of them
     for s in 70b-4l 70b-8l; do
@@ -126,16 +137,6 @@ cost_job() {  # $1 = epoch second after which no step starts. Quantization cost 
     python3 bench/project.py --short "$LOGS/results/quantize_cost_70b-4l.json" \
       --long "$LOGS/results/quantize_cost_70b-8l.json" --results-dir "$LOGS/results" >> "$LOGS/quantize.log" 2>&1
     log "project exited $?"
-  fi
-  if [ "$(left "$deadline")" -gt 360 ]; then
-    [ -d "$WORK/src-$SHAPE" ] || python3 bench/quantize_cost.py --shape "$SHAPE" --samples "$SAMPLES" \
-      --seq-len "$SEQ_LEN" --prepare >> "$LOGS/prepare.log" 2>&1
-    log "E: INT8 SmoothQuant, both tools (timed, alone)"
-    cost "quantize_cost_${SHAPE}_sealed" int8-sq llm-compressor,quantkit 1 --append
-  fi
-  if [ "$(left "$deadline")" -gt 300 ]; then
-    log "E: GPTQ, both tools (timed, alone)"
-    cost "quantize_cost_${SHAPE}_sealed" gptq llm-compressor,quantkit 1 --append
   fi
   log "done"
 }

@@ -65,7 +65,8 @@ def test_command_names_sglangs_own_flags(tmp_path: Path) -> None:
     assert flags == {"--host": "127.0.0.1", "--port": "30123", "--context-length": "4096",
                      "--mem-fraction-static": "0.3", "--tp-size": "2", "--random-seed": "0",
                      "--cuda-graph-backend-decode": "disabled", "--cuda-graph-backend-prefill": "disabled",
-                     "--sampling-backend": "pytorch", "--grammar-backend": "none", "--attention-backend": "triton"}
+                     "--sampling-backend": "pytorch", "--grammar-backend": "none", "--watchdog-timeout": "1800",
+                     "--attention-backend": "triton"}
     short = config_folder(tmp_path, "short", {"max_position_embeddings": 1024})
     assert "1024" in SERVER.argv(short, "py", "127.0.0.1", 1, ServeOptions())
     assert SERVER.health_path == "/health" and SERVER.speed_extra(64) == {"min_tokens": 64, "ignore_eos": True}
@@ -87,6 +88,11 @@ def test_log_facts_read_what_sglang_logs() -> None:
     assert "error" not in facts
     crash = SERVER.log_facts(log + "Traceback (most recent call last):\nValueError: 'qwen3_asr' is already used\n")
     assert crash["error"] == "ValueError: 'qwen3_asr' is already used"
+    # the fourth H200 run's AutoAWQ server: its warm-up forward (the Marlin JIT build) ran past the watchdog
+    hung = SERVER.log_facts(log + "[2026-12-03 07:39:05] Scheduler watchdog timeout (self.watchdog_timeout=300, "
+                                  "self.soft=False)\n[2026-12-03 07:39:10] SIGQUIT received.\n")
+    assert hung["error"] == ("SGLang's scheduler watchdog stopped a forward pass that ran past 300 s "
+                             "(--watchdog-timeout)")
 
 
 # ------------------------------------------------------------------------------------------------------------------

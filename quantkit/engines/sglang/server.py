@@ -9,8 +9,12 @@ answers 503 until the server's warm-up request has run, then 200.
 Defaults are chosen for a smoke test, as vLLM's are: no CUDA graphs for decode or prefill (healthy sooner), a
 context of at most 4096 tokens, 40% of GPU memory for weights and KV cache (``--mem-fraction-static``), seed 0,
 SGLang's PyTorch sampler (greedy decoding is an argmax in either; FlashInfer's sampling kernels would be compiled
-at first use) and no grammar backend (no request is constrained; the xgrammar beside it is vLLM's, a different
-version than SGLang pins). ``--tp N`` becomes ``--tp-size N``. The attention backend is SGLang's own choice (FA3 on
+at first use), no grammar backend (no request is constrained; the xgrammar beside it is vLLM's, a different
+version than SGLang pins) and a scheduler watchdog of 30 minutes instead of 5: in the H200's fourth run (six
+servers starting at once) the AutoAWQ and GPTQ layouts' warm-up request ran past 300 s and the watchdog killed both
+servers before they were healthy (bench/results/h200/sglang). SGLang 0.5.17 compiles its Marlin kernel
+(``sglang.jit_kernel``, one build per activation dtype and weight type; these two are float16) inside that first
+forward pass. quantkit's own health timeout is what bounds a start. ``--tp N`` becomes ``--tp-size N``. The attention backend is SGLang's own choice (FA3 on
 Hopper); where its FA3 library is not installed, pass ``--server-arg=--attention-backend --server-arg=triton``.
 """
 
@@ -26,6 +30,7 @@ from quantkit.formats.names import SGLANG
 
 DEFAULT_MEM_FRACTION = 0.4
 SEED = 0
+WATCHDOG_S = 1800  # SGLang's own default is 300 s; see the module's docstring
 
 # "Load weight end. elapsed=1.23 s, type=LlamaForCausalLM, quant=compressed-tensors, avail mem=..., mem usage=0.31 GB."
 # (model_executor/model_runner.py); the quant= part comes from ModelConfig.get_quantization_config_log_str.
@@ -37,6 +42,9 @@ _QUANT_ARG = re.compile(r"server_args=ServerArgs\(.*?\bquantization='([\w-]+)'")
 # the fallback for layers Marlin cannot run ("Layer '...' is not supported by AWQMarlin. Falling back to ...").
 _SCHEMES = re.compile(r"\b(Using \w*(?:CompressedTensors|Marlin|MoE)\w*|Using \w+ kernel|"
                       r"is not supported by \w+\. Falling back to [\w ]+)")
+# "Scheduler watchdog timeout (self.watchdog_timeout=300, self.soft=False)" (managers/scheduler.py): a forward pass
+# ran past the watchdog, and the server dies without a Python error of its own
+_WATCHDOG = re.compile(r"Scheduler watchdog timeout \(self\.watchdog_timeout=([\d.]+)")
 _ERROR = re.compile(r"^(?:\S.*?\s)?((?:[A-Za-z_][\w.]*)?(?:Error|Exception): .+)$", re.M)
 
 
@@ -51,7 +59,7 @@ class SglangServer(Server):
                 "--mem-fraction-static", str(opts.gpu_memory_utilization or DEFAULT_MEM_FRACTION),
                 "--tp-size", str(opts.tp), "--random-seed", str(SEED),
                 "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled",
-                "--sampling-backend", "pytorch", "--grammar-backend", "none"]
+                "--sampling-backend", "pytorch", "--grammar-backend", "none", "--watchdog-timeout", str(WATCHDOG_S)]
 
     def speed_extra(self, max_tokens: int) -> dict[str, Any]:
         return {"min_tokens": max_tokens, "ignore_eos": True}
@@ -73,6 +81,9 @@ class SglangServer(Server):
         errors = _ERROR.findall(log_text)
         if errors:
             facts["error"] = errors[-1].strip()[:500]
+        elif m := _WATCHDOG.search(log_text):
+            facts["error"] = (f"SGLang's scheduler watchdog stopped a forward pass that ran past {m.group(1)} s "
+                              "(--watchdog-timeout)")
         return facts
 
 
