@@ -10,7 +10,10 @@ Inputs, all committed:
   (``artifacts.json``, from the manifests);
 * ``bench/results/h200/bits/gguf_cpu_eval.json``: llama.cpp's Q4_K_M with and without an importance matrix (the
   same 128 x 512 calibration) scored by llama.cpp on this machine's CPU on the same 32,768 held-out tokens (ctx 2048)
-  against the same bf16 model, with the bits of its block matrices counted from the file.
+  against the same bf16 model, with the bits of its block matrices counted from the file;
+* ``bench/results/cpu_bits_g32a/``: GPTQ ``--group-size 32 --asymmetric --target-bits 5.53``, made and scored (exactly,
+  transformers) on this repository's 2-core CPU machine on the same tokens, against the bf16 model run there (ppl
+  8.357); not loaded in vLLM.
 
 Every KLD here is exact (full distributions): transformers for compressed-tensors (vLLM's top-20 figures are a lower
 bound, listed beside), llama.cpp for GGUF. Writes bench/results/bits_frontier_smollm2.{md,json,png}.
@@ -28,6 +31,7 @@ import meta  # noqa: E402
 
 BITS = meta.ROOT / "bench" / "results" / "h200" / "bits"
 OUT = meta.ROOT / "bench" / "results" / "bits_frontier_smollm2"
+CPU_G32A = meta.ROOT / "bench" / "results" / "cpu_bits_g32a"
 LABELS = {"smollm2-gptq-imatrix": "GPTQ W4A16 --imatrix", "smollm2-autoround": "AutoRound W4A16 (200 steps)",
           "smollm2-gptq-imatrix-b5.53": "GPTQ --imatrix --target-bits 5.53",
           "smollm2-awq-b5.53-rerun": "AWQ --target-bits 5.53", "smollm2-rtn-b5.53": "RTN --target-bits 5.53"}
@@ -56,6 +60,12 @@ def rows() -> list[dict[str, Any]]:
                     "bits": plans[folder]["mixed"]["measured_bits"], "kld": r["kld"], "top1": r["top1"],
                     "ppl_ratio": r["ppl_ratio"], "kld_vllm_top20": None,
                     "quantize_s": plans[folder]["timings"]["total"], "family": "gptq-sweep"})
+    plan = json.loads((CPU_G32A / "quantkit.json").read_text())
+    ev = json.loads((CPU_G32A / "eval.json").read_text())["results"][0]
+    out.append({"artifact": "GPTQ --group-size 32 --asymmetric --target-bits 5.53", "engine": "transformers (CPU)",
+                "bits": plan["quantization"]["mixed"]["measured_bits"], "kld": ev["kld"], "top1": ev["top1"],
+                "ppl_ratio": ev["ppl_ratio"], "kld_vllm_top20": None, "quantize_s": plan["timings"]["total"],
+                "quantize_on": "2-core CPU", "family": "gptq-g32a"})
     gguf = _load("gguf_cpu_eval.json")
     for r in gguf["results"]:
         out.append({"artifact": r["label"], "engine": "llama.cpp (CPU)", "bits": r["bits"], "kld": r["kld"],
@@ -66,8 +76,10 @@ def rows() -> list[dict[str, Any]]:
 
 def markdown(table: list[dict[str, Any]]) -> str:
     lines = ["# Bits per weight against KLD: SmolLM2-135M-Instruct (issue 25)", "",
-             f"- command: `python bench/bits_frontier.py` (inputs: {BITS.relative_to(meta.ROOT)}/, see its README)",
-             "- tokens: 32,768 held-out (ctx 2048), exact KLD against the bf16 model (ppl 8.364)",
+             f"- command: `python bench/bits_frontier.py` (inputs: {BITS.relative_to(meta.ROOT)}/ and "
+             f"{CPU_G32A.relative_to(meta.ROOT)}/, see their READMEs)",
+             "- tokens: 32,768 held-out (ctx 2048), exact KLD against the bf16 model (ppl 8.364; 8.357 run by "
+             "transformers on the CPU, the baseline of the \"transformers (CPU)\" row)",
              "- bits: of the quantized linear layers (compressed-tensors: packed values, scales, zero points; GGUF: "
              "the block matrices' tensor bytes), counted from the files", "",
              "| artifact | scored by | bits/weight | KLD | top-1 | ppl ratio | vLLM KLD (top-20 bound) "
@@ -76,6 +88,8 @@ def markdown(table: list[dict[str, Any]]) -> str:
     for r in table:
         vllm = f"{r['kld_vllm_top20']:.4f}" if r["kld_vllm_top20"] is not None else "-"
         secs = f"{r['quantize_s']:.0f}" if r["quantize_s"] is not None else "-"
+        if r.get("quantize_on"):
+            secs += f" ({r['quantize_on']})"
         lines.append(f"| {r['artifact']} | {r['engine']} | {r['bits']:.3f} | {r['kld']:.4f} | {r['top1']:.3f} | "
                      f"{r['ppl_ratio']:.3f} | {vllm} | {secs} |")
     return "\n".join(lines) + "\n"
@@ -87,11 +101,12 @@ def plot(table: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    fig, ax = plt.subplots(figsize=(9.5, 4.5), dpi=110)
     sweep = sorted((r for r in table if r["family"] == "gptq-sweep"), key=lambda r: r["bits"])
     ax.plot([r["bits"] for r in sweep], [r["kld"] for r in sweep], "o-", label="GPTQ --imatrix (--target-bits)")
     for fam, marker, label in (("gguf", "s", None), ("smollm2-autoround", "^", None),
-                               ("smollm2-awq-b5.53-rerun", "v", None), ("smollm2-rtn-b5.53", "x", None)):
+                               ("smollm2-awq-b5.53-rerun", "v", None), ("smollm2-rtn-b5.53", "x", None),
+                               ("gptq-g32a", "D", "GPTQ g32 asymmetric --target-bits 5.53 (CPU)")):
         for r in (r for r in table if r["family"] == fam):
             ax.plot(r["bits"], r["kld"], marker, label=label or r["artifact"])
     ax.set_xlabel("bits per weight of the quantized layers (from the files)")
@@ -99,7 +114,7 @@ def plot(table: list[dict[str, Any]], path: Path) -> None:
     ax.set_yscale("log")
     ax.set_title("SmolLM2-135M-Instruct, 32,768 held-out tokens")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: no point hidden
     fig.tight_layout()
     fig.savefig(path)
 

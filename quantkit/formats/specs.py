@@ -121,7 +121,7 @@ class AutoRoundSpec(MethodBase):
     method: Literal["autoround"]
     bits: Literal[4, 8] = 4
     group_size: int | None = Field(None, description=GROUP_HELP)
-    symmetric: Literal[True] = Field(True, description="symmetric only (see above); as vLLM's Marlin kernels take")
+    symmetric: Literal[True] = Field(True, description="symmetric only (see above)")
     iterations: int = Field(200, ge=1, le=10_000, description="tuning steps per decoder layer (AutoRound's and "
                             "llm-compressor's default 200; each step runs one batch of calibration samples)")
     batch_size: int = Field(8, ge=1, le=1024, description="calibration samples per tuning step")
