@@ -14,8 +14,9 @@ version than SGLang pins) and a scheduler watchdog of 30 minutes instead of 5: i
 servers starting at once) the AutoAWQ and GPTQ layouts' warm-up request ran past 300 s and the watchdog killed both
 servers before they were healthy (bench/results/h200/sglang). SGLang 0.5.17 compiles its Marlin kernel
 (``sglang.jit_kernel``, one build per activation dtype and weight type; these two are float16) inside that first
-forward pass. quantkit's own health timeout is what bounds a start. ``--tp N`` becomes ``--tp-size N``. The attention backend is SGLang's own choice (FA3 on
-Hopper); where its FA3 library is not installed, pass ``--server-arg=--attention-backend --server-arg=triton``.
+forward pass. quantkit's own health timeout is what bounds a start. ``--tp N`` becomes ``--tp-size N``. The
+attention backend is SGLang's own choice (FA3 on Hopper); where its FA3 library is not installed, pass
+``--server-arg=--attention-backend --server-arg=triton``.
 """
 
 from __future__ import annotations
