@@ -96,6 +96,7 @@ job() {  # $1 = epoch second after which no step starts, $2 = gpu_cases --only
   python3 scripts/gpu_cases.py --out "$GPU_OUT" --only "$only" --budget "$(left "$deadline")" --parallel "$PARALLEL" \
     > "$LOGS/gpu_cases.log" 2>&1
   log "gpu_cases exited $?"
+  log "done"  # what another job of the lease waits for (bench/h200_hopper.sh start-cost, WAIT_DONE)
 }
 
 case "${1:-}" in
