@@ -11,9 +11,10 @@ Inputs, all committed:
 * ``bench/results/h200/bits/gguf_cpu_eval.json``: llama.cpp's Q4_K_M with and without an importance matrix (the
   same 128 x 512 calibration) scored by llama.cpp on this machine's CPU on the same 32,768 held-out tokens (ctx 2048)
   against the same bf16 model, with the bits of its block matrices counted from the file;
-* ``bench/results/cpu_bits_g32a/``: GPTQ ``--group-size 32 --asymmetric --target-bits 5.53``, made and scored (exactly,
-  transformers) on this repository's 2-core CPU machine on the same tokens, against the bf16 model run there (ppl
-  8.357); not loaded in vLLM.
+* ``bench/results/h200/bits_g32a/``: GPTQ ``--group-size 32 --asymmetric``, uniform and ``--target-bits 5.53``, the
+  H200 run of ``scripts/gpu_cases.py --only g32a`` (made, served and scored like the ``bits`` cases);
+* ``bench/results/cpu_bits_g32a/``: the same mix made and scored (exactly, transformers) on this repository's 2-core
+  CPU machine on the same tokens, against the bf16 model run there (ppl 8.357).
 
 Every KLD here is exact (full distributions): transformers for compressed-tensors (vLLM's top-20 figures are a lower
 bound, listed beside), llama.cpp for GGUF. Writes bench/results/bits_frontier_smollm2.{md,json,png}.
@@ -32,6 +33,9 @@ import meta  # noqa: E402
 BITS = meta.ROOT / "bench" / "results" / "h200" / "bits"
 OUT = meta.ROOT / "bench" / "results" / "bits_frontier_smollm2"
 CPU_G32A = meta.ROOT / "bench" / "results" / "cpu_bits_g32a"
+G32A = meta.ROOT / "bench" / "results" / "h200" / "bits_g32a"
+G32A_LABELS = {"smollm2-gptq-g32a": "GPTQ --group-size 32 --asymmetric",
+               "smollm2-gptq-g32a-b5.53": "GPTQ --group-size 32 --asymmetric --target-bits 5.53"}
 LABELS = {"smollm2-gptq-imatrix": "GPTQ W4A16 --imatrix", "smollm2-autoround": "AutoRound W4A16 (200 steps)",
           "smollm2-gptq-imatrix-b5.53": "GPTQ --imatrix --target-bits 5.53",
           "smollm2-awq-b5.53-rerun": "AWQ --target-bits 5.53", "smollm2-rtn-b5.53": "RTN --target-bits 5.53"}
@@ -60,9 +64,17 @@ def rows() -> list[dict[str, Any]]:
                     "bits": plans[folder]["mixed"]["measured_bits"], "kld": r["kld"], "top1": r["top1"],
                     "ppl_ratio": r["ppl_ratio"], "kld_vllm_top20": None,
                     "quantize_s": plans[folder]["timings"]["total"], "family": "gptq-sweep"})
+    g32a = json.loads((G32A / "artifacts.json").read_text())
+    for c in json.loads((G32A / "gpu_cases.json").read_text())["cases"]:
+        ev = c["eval_transformers"]
+        out.append({"artifact": G32A_LABELS[c["name"]], "engine": "transformers (vLLM loads and serves it)",
+                    "bits": g32a[c["name"]]["measured_bits"], "kld": ev["kld"], "top1": ev["top1"],
+                    "ppl_ratio": ev["ppl_ratio"], "kld_vllm_top20": c["eval"].get("kld"),
+                    "quantize_s": g32a[c["name"]]["timings"]["total"], "family": "gptq-g32a-gpu"})
     plan = json.loads((CPU_G32A / "quantkit.json").read_text())
     ev = json.loads((CPU_G32A / "eval.json").read_text())["results"][0]
-    out.append({"artifact": "GPTQ --group-size 32 --asymmetric --target-bits 5.53", "engine": "transformers (CPU)",
+    out.append({"artifact": "GPTQ --group-size 32 --asymmetric --target-bits 5.53, CPU run",
+                "engine": "transformers (CPU)",
                 "bits": plan["quantization"]["mixed"]["measured_bits"], "kld": ev["kld"], "top1": ev["top1"],
                 "ppl_ratio": ev["ppl_ratio"], "kld_vllm_top20": None, "quantize_s": plan["timings"]["total"],
                 "quantize_on": "2-core CPU", "family": "gptq-g32a"})
@@ -76,8 +88,8 @@ def rows() -> list[dict[str, Any]]:
 
 def markdown(table: list[dict[str, Any]]) -> str:
     lines = ["# Bits per weight against KLD: SmolLM2-135M-Instruct (issue 25)", "",
-             f"- command: `python bench/bits_frontier.py` (inputs: {BITS.relative_to(meta.ROOT)}/ and "
-             f"{CPU_G32A.relative_to(meta.ROOT)}/, see their READMEs)",
+             f"- command: `python bench/bits_frontier.py` (inputs: {BITS.relative_to(meta.ROOT)}/, "
+             f"{G32A.relative_to(meta.ROOT)}/ and {CPU_G32A.relative_to(meta.ROOT)}/, see their READMEs)",
              "- tokens: 32,768 held-out (ctx 2048), exact KLD against the bf16 model (ppl 8.364; 8.357 run by "
              "transformers on the CPU, the baseline of the \"transformers (CPU)\" row)",
              "- bits: of the quantized linear layers (compressed-tensors: packed values, scales, zero points; GGUF: "
@@ -106,7 +118,8 @@ def plot(table: list[dict[str, Any]], path: Path) -> None:
     ax.plot([r["bits"] for r in sweep], [r["kld"] for r in sweep], "o-", label="GPTQ --imatrix (--target-bits)")
     for fam, marker, label in (("gguf", "s", None), ("smollm2-autoround", "^", None),
                                ("smollm2-awq-b5.53-rerun", "v", None), ("smollm2-rtn-b5.53", "x", None),
-                               ("gptq-g32a", "D", "GPTQ g32 asymmetric --target-bits 5.53 (CPU)")):
+                               ("gptq-g32a-gpu", "P", None),
+                               ("gptq-g32a", "D", "GPTQ g32 asymmetric --target-bits 5.53 (CPU run)")):
         for r in (r for r in table if r["family"] == fam):
             ax.plot(r["bits"], r["kld"], marker, label=label or r["artifact"])
     ax.set_xlabel("bits per weight of the quantized layers (from the files)")

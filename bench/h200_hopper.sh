@@ -35,6 +35,13 @@
 #      (quantkit sealing its output while it is written); AWQ through both, once; then (WIDE=1) the 70B width with 4
 #      and 8 of its 80 layers, GPTQ and AWQ through quantkit, and bench/project.py's 70B and 405B projection; then,
 #      as time allows, INT8 SmoothQuant and GPTQ through both tools, once each.
+#
+#   bash bench/h200_hopper.sh start-last [MINUTES]   # what issue 25 left; part calls bring ModelOpt (.tw first) and vLLM
+#   I  untimed, side by side: the shape, quantkit's FP8 static artifact of it, and build-trt FP8 (ModelOpt) once
+#      ModelOpt is there; J timed, alone, once vLLM is assembled too: GPTQ and INT8 SmoothQuant through both tools,
+#      once each; L timed, alone: serve_speed of both FP8 exports, then the log says "timed runs done"
+#      (bench/h200_real.sh's job waits for it: WAIT_DONE and WAIT_MARK); K untimed, beside that job's cases: both
+#      exports scored in vLLM against the bf16 shape (QUANTKIT_VLLM_ARGS gives it 40% of the GPU).
 set -uo pipefail
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 . "$REPO/bench/device.sh"
@@ -191,6 +198,53 @@ rest_job() {  # $1 = epoch second after which no step starts. What the two lease
   log "done"
 }
 
+last_job() {  # $1 = epoch second after which no step starts. What issue 25 left of the 8B shape's measurements.
+  local deadline=$1 fp8="$WORK/out-quantkit-fp8-static" mo="$WORK/out-trt-fp8"
+  enter_snapshot
+  log "I: the 8B shape, then its FP8 static artifact and (once ModelOpt is there) build-trt FP8 (untimed)"
+  python3 bench/quantize_cost.py --shape 8b --samples "$SAMPLES" --seq-len "$SEQ_LEN" --prepare > "$LOGS/prepare.log" 2>&1
+  log "prepare 8b exited $?"
+  python3 -m quantkit fp8 "$WORK/src-8b" "$fp8" --scheme static --force --json > "$LOGS/results/make_fp8_8b.json" \
+    2> "$LOGS/make_fp8_8b.err" &
+  until [ -d /tmp/site-trt/modelopt ] || [ "$(left "$deadline")" -le 900 ]; do sleep 5; done
+  if [ -d /tmp/site-trt/modelopt ]; then
+    python3 -m quantkit build-trt bench/recipes/trt-fp8-8b.yaml -o "$mo" --checkpoint-only \
+      --python "$SNAP/bench/.trt-python" --force --json > "$LOGS/results/build_trt_8b.json" 2> "$LOGS/build_trt_8b.err"
+    log "build-trt exited $?"
+  else
+    log "ModelOpt did not arrive: build-trt not run"
+  fi
+  wait
+  log "FP8 static made: $(tail -n 1 "$LOGS/make_fp8_8b.err" | cut -c1-160)"
+  until [ -f /tmp/site/.assembled ] || [ "$(left "$deadline")" -le 600 ]; do sleep 5; done
+  log "J: GPTQ and INT8 SmoothQuant, both tools, once each (timed, alone)"
+  local append=() m
+  for m in gptq int8-sq; do
+    [ "$(left "$deadline")" -gt 300 ] || { log "J: no time left for $m"; continue; }
+    cost quantize_cost_8b_gptq_int8 "$m" llm-compressor,quantkit 1 "${append[@]}"
+    append=(--append)
+  done
+  if [ -f /tmp/site/.assembled ] && [ -d "$mo/hf" ] && [ "$(left "$deadline")" -gt 300 ]; then
+    log "L: serve_speed of ModelOpt FP8 (hf/) and quantkit's FP8 static, 8B shape, batches $BATCHES (timed, alone)"
+    timeout $(( $(left "$deadline") + 60 )) python3 bench/serve_speed.py "$mo/hf" "$fp8" --batches "$BATCHES" \
+      --python "$SNAP/bench/.vllm-python" --name serve_speed_modelopt_8b --results-dir "$LOGS/results" \
+      --logs "$LOGS/serve" >> "$LOGS/serve.log" 2>&1
+    log "serve_speed exited $?"
+  else
+    log "vLLM, the ModelOpt export or the time missing: serving not run"
+  fi
+  log "timed runs done"
+  if [ -f /tmp/site/.assembled ] && [ -d "$mo/hf" ] && [ "$(left "$deadline")" -gt 180 ]; then
+    log "K: both FP8 exports of the 8B shape scored in vLLM on the held-out text (untimed)"
+    QUANTKIT_VLLM_ARGS='{"gpu_memory_utilization": 0.4}' timeout $(( $(left "$deadline") + 120 )) \
+      python3 -m quantkit eval "$mo/hf" "$fp8" --baseline "$WORK/src-8b" --engine vllm \
+      --python "$SNAP/bench/.vllm-python" --dataset heldout --max-tokens 16384 --max-kld 10 --max-ppl-ratio 10 \
+      --min-top1 0 --report-dir "$LOGS/results/eval_fp8_8b" --json > "$LOGS/results/eval_fp8_8b.json" 2> "$LOGS/eval.err"
+    log "eval exited $?"
+  fi
+  log "done"
+}
+
 case "${1:-}" in
   llmc|part|vllm)
     device_verb "$1" ;;
@@ -200,6 +254,10 @@ case "${1:-}" in
     start_job h200_hopper.sh cost-job "${2:-25}" ;;
   start-rest)
     start_job h200_hopper.sh rest-job "${2:-25}" serve ;;
+  start-last)
+    start_job h200_hopper.sh last-job "${2:-25}" serve ;;
+  last-job)
+    last_job "$2" ;;
   rest-job)
     rest_job "$2" ;;
   job)
@@ -213,5 +271,5 @@ case "${1:-}" in
   collect)
     collect_results "$2" serve-gptq serve-w4a8 out-quantkit-fp8-static out-trt-fp8 ;;
   *)
-    sed -n '2,37p' "$0"; exit 2 ;;
+    sed -n '2,44p' "$0"; exit 2 ;;
 esac

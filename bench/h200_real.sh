@@ -11,7 +11,9 @@
 #                                                # (transformers rebuilds Gemma's tokenizer.json from tokenizer.model)
 #   there, one call each carrying .gw0, .gw1, .gw2, .gw3, then .vw00 ... .vw12, then .vw13 + .whl-llmc + .ap:
 #   bash bench/h200_real.sh take                 # install .whl-llmc; move carried parts to /tmp (every call)
-#   bash bench/h200_real.sh start [MINUTES] [ONLY]   # after .gw3: the job; nothing starts after MINUTES (25)
+#   bash bench/h200_real.sh start [MINUTES] [ONLY]   # after .gw3: the job; nothing starts after MINUTES (25);
+#                                                # WAIT_DONE=LOG [WAIT_MARK=TEXT]: the cases wait for TEXT (default
+#                                                # "done") in another job's log
 #   bash bench/h200_real.sh vllm                 # after the last .vw part: assemble vLLM into /tmp/site
 #   bash bench/h200_real.sh status | wait SECONDS "$OUT" | collect "$OUT"
 #
@@ -92,6 +94,10 @@ job() {  # $1 = epoch second after which no step starts, $2 = gpu_cases --only
   mkdir -p models/real && ln -sfn "$BUILT" "models/real/$MODEL"
   until [ -f /tmp/site/.assembled ] || [ "$(left "$deadline")" -le 120 ]; do sleep 5; done
   [ -f /tmp/site/.assembled ] || { log "vLLM not assembled in time: no case run"; return; }
+  if [ -n "${WAIT_DONE:-}" ]; then  # another job of the lease runs timed steps first (bench/h200_hopper.sh start-last)
+    until grep -q "${WAIT_MARK:-] done\$}" "$WAIT_DONE" 2>/dev/null || [ "$(left "$deadline")" -le 240 ]; do sleep 5; done
+    log "$WAIT_DONE says ${WAIT_MARK:-done} (or the time is short)"
+  fi
   log "2: gpu_cases --only $only, budget $(left "$deadline") s"
   python3 scripts/gpu_cases.py --out "$GPU_OUT" --only "$only" --budget "$(left "$deadline")" --parallel "$PARALLEL" \
     > "$LOGS/gpu_cases.log" 2>&1
@@ -119,5 +125,5 @@ case "${1:-}" in
   collect)
     gpu_cases_verb collect "$2" model.log ;;
   *)
-    sed -n '2,23p' "$0"; exit 2 ;;
+    sed -n '2,25p' "$0"; exit 2 ;;
 esac
