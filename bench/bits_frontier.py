@@ -13,8 +13,9 @@ Inputs, all committed:
   against the same bf16 model, with the bits of its block matrices counted from the file;
 * ``bench/results/h200/bits_g32a/``: GPTQ ``--group-size 32 --asymmetric``, uniform and ``--target-bits 5.53``, the
   H200 run of ``scripts/gpu_cases.py --only g32a`` (made, served and scored like the ``bits`` cases);
-* ``bench/results/cpu_bits_g32a/``: the same mix made and scored (exactly, transformers) on this repository's 2-core
-  CPU machine on the same tokens, against the bf16 model run there (ppl 8.357).
+* ``bench/results/cpu_bits_g32a/``: the same layout at --target-bits 5.0, 5.53 and 6.0, made and scored (exactly,
+  transformers) on this repository's 2-core CPU machine on the same tokens, against the bf16 model run there (ppl
+  8.357).
 
 Every KLD here is exact (full distributions): transformers for compressed-tensors (vLLM's top-20 figures are a lower
 bound, listed beside), llama.cpp for GGUF. Writes bench/results/bits_frontier_smollm2.{md,json,png}.
@@ -33,6 +34,7 @@ import meta  # noqa: E402
 BITS = meta.ROOT / "bench" / "results" / "h200" / "bits"
 OUT = meta.ROOT / "bench" / "results" / "bits_frontier_smollm2"
 CPU_G32A = meta.ROOT / "bench" / "results" / "cpu_bits_g32a"
+CPU_G32A_TARGETS = ("5.0", "5.53", "6.0")  # its quantkit-bT.json and eval-bT.json
 G32A = meta.ROOT / "bench" / "results" / "h200" / "bits_g32a"
 G32A_LABELS = {"smollm2-gptq-g32a": "GPTQ --group-size 32 --asymmetric",
                "smollm2-gptq-g32a-b5.53": "GPTQ --group-size 32 --asymmetric --target-bits 5.53"}
@@ -71,13 +73,14 @@ def rows() -> list[dict[str, Any]]:
                     "bits": g32a[c["name"]]["measured_bits"], "kld": ev["kld"], "top1": ev["top1"],
                     "ppl_ratio": ev["ppl_ratio"], "kld_vllm_top20": c["eval"].get("kld"),
                     "quantize_s": g32a[c["name"]]["timings"]["total"], "family": "gptq-g32a-gpu"})
-    plan = json.loads((CPU_G32A / "quantkit.json").read_text())
-    ev = json.loads((CPU_G32A / "eval.json").read_text())["results"][0]
-    out.append({"artifact": "GPTQ --group-size 32 --asymmetric --target-bits 5.53, CPU run",
-                "engine": "transformers (CPU)",
-                "bits": plan["quantization"]["mixed"]["measured_bits"], "kld": ev["kld"], "top1": ev["top1"],
-                "ppl_ratio": ev["ppl_ratio"], "kld_vllm_top20": None, "quantize_s": plan["timings"]["total"],
-                "quantize_on": "2-core CPU", "family": "gptq-g32a"})
+    for target in CPU_G32A_TARGETS:
+        plan = json.loads((CPU_G32A / f"quantkit-b{target}.json").read_text())
+        ev = json.loads((CPU_G32A / f"eval-b{target}.json").read_text())["results"][0]
+        out.append({"artifact": f"GPTQ --group-size 32 --asymmetric --target-bits {target}, CPU run",
+                    "engine": "transformers (CPU)",
+                    "bits": plan["quantization"]["mixed"]["measured_bits"], "kld": ev["kld"], "top1": ev["top1"],
+                    "ppl_ratio": ev["ppl_ratio"], "kld_vllm_top20": None, "quantize_s": plan["timings"]["total"],
+                    "quantize_on": "2-core CPU", "family": "gptq-g32a"})
     gguf = _load("gguf_cpu_eval.json")
     for r in gguf["results"]:
         out.append({"artifact": r["label"], "engine": "llama.cpp (CPU)", "bits": r["bits"], "kld": r["kld"],
@@ -115,11 +118,14 @@ def plot(table: list[dict[str, Any]], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(9.5, 4.5), dpi=110)
     sweep = sorted((r for r in table if r["family"] == "gptq-sweep"), key=lambda r: r["bits"])
-    ax.plot([r["bits"] for r in sweep], [r["kld"] for r in sweep], "o-", label="GPTQ --imatrix (--target-bits)")
+    ax.plot([r["bits"] for r in sweep], [r["kld"] for r in sweep], "o-",
+            label="GPTQ --imatrix group 64 symmetric (--target-bits)")
+    cpu = sorted((r for r in table if r["family"] == "gptq-g32a"), key=lambda r: r["bits"])
+    ax.plot([r["bits"] for r in cpu], [r["kld"] for r in cpu], "D--",
+            label="GPTQ g32 asymmetric (--target-bits), CPU runs")
     for fam, marker, label in (("gguf", "s", None), ("smollm2-autoround", "^", None),
                                ("smollm2-awq-b5.53-rerun", "v", None), ("smollm2-rtn-b5.53", "x", None),
-                               ("gptq-g32a-gpu", "P", None),
-                               ("gptq-g32a", "D", "GPTQ g32 asymmetric --target-bits 5.53 (CPU run)")):
+                               ("gptq-g32a-gpu", "P", None)):
         for r in (r for r in table if r["family"] == fam):
             ax.plot(r["bits"], r["kld"], marker, label=label or r["artifact"])
     ax.set_xlabel("bits per weight of the quantized layers (from the files)")

@@ -165,3 +165,16 @@ def test_tp_splits_on_9_heads_and_3_kv_heads(rtn_default: tuple[Path, str], tmp_
     if "GPU(s) visible" in proc.stderr:
         pytest.skip("this machine shows fewer than 2 GPUs to nvidia-smi; the shape check comes after that one")
     assert proc.returncode == 2 and "largest tensor-parallel size it allows is 3" in proc.stderr
+
+
+def test_gptq_bits_target_defaults_to_group_32_with_zero_points(smollm2_shape: Path) -> None:
+    """`gptq --target-bits B` with neither a group size nor a symmetry given mixes int4 in groups of 32 with zero
+    points (the lowest KLD measured at equal bits) from 5.5 bits up, and says so; a given symmetry or group size, a
+    lower target (at 5.0 bits the two layouts were level) and the other methods keep the plain default."""
+    bits_target = "a bits target: int4 in groups of 32 with zero points"
+    notes = _plan(smollm2_shape, "gptq", target_bits=5.5)["notes"]
+    assert len(notes) == 1 and notes[0].startswith(bits_target), notes
+    for method, fields in (("gptq", {"target_bits": 5.5, "symmetric": True}), ("gptq", {"target_bits": 5.4}),
+                           ("gptq", {}), ("awq", {"target_bits": 5.5}), ("rtn", {"target_bits": 5.5})):
+        assert [n[:len(REASON)] for n in _plan(smollm2_shape, method, **fields)["notes"]] == [REASON], (method, fields)
+    assert _plan(smollm2_shape, "gptq", target_bits=5.5, group_size=64)["notes"] == []

@@ -26,7 +26,7 @@ from conftest import TINY, quantkit  # noqa: E402
 from moe_models import make_moe  # noqa: E402
 
 CALIB = ["--samples", "4", "--seq-len", "256"]
-TARGET = 5.0
+TARGET = 5.5  # gptq's mix at 5.5 bits and up: int4 in groups of 32 with zero points
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +77,22 @@ def test_every_module_is_stored_at_the_width_the_plan_gave_it(made: dict[str, Pa
     stored = _stored_bits(made[name])
     assert stored == plan
     assert set(stored.values()) == {4, 8}
+
+
+def test_gptq_mix_is_int4_group_32_with_zero_points_and_symmetric_int8(made: dict[str, Path]) -> None:
+    """GPTQ's default layout under a bits target, as stored: int4 groups of 32 with zero points, int8 symmetric (vLLM
+    0.26 has no kernel for asymmetric 8-bit weights), and the manifest says why."""
+    groups = json.loads((made["gptq-mixed"] / "config.json").read_text())["quantization_config"]["config_groups"]
+    weights = {g["weights"]["num_bits"]: g["weights"] for g in groups.values()}
+    assert set(weights) == {4, 8}
+    assert (weights[4]["group_size"], weights[4]["symmetric"]) == (32, False)
+    assert (weights[8]["group_size"], weights[8]["symmetric"]) == (32, True)
+    q = _manifest(made["gptq-mixed"])["quantization"]
+    assert (q["group_size"], q["group_size_requested"], q["symmetric"]) == (32, None, False)
+    assert q["group_size_reason"].startswith("a bits target: int4 in groups of 32 with zero points")
+    zero_points = [n for f in made["gptq-mixed"].glob("*.safetensors") for n in safetensors_header(f)[0]
+                   if n.endswith(".weight_zero_point")]
+    assert len(zero_points) == sum(1 for b in _stored_bits(made["gptq-mixed"]).values() if b == 4)
 
 
 def test_plan_takes_the_costliest_units_per_bit(made: dict[str, Path]) -> None:

@@ -19,6 +19,12 @@ GROUP_SIZES = (-1, 32, 64, 128, 256)
 # first choice: -1, 64, 128; Marlin: -1, 32, 64, 128; see quantkit.engines.vllm.kernels). -1 when none divides.
 DEFAULT_GROUP_SIZE = 128
 FALLBACK_GROUP_SIZES = (64, 32)
+# `gptq --target-bits B` with neither a group size nor a symmetry given, B at least TARGET_BITS_GROUP_FROM: int4 in
+# groups of 32 with zero points (quantkit.producers.compressed.group_choice). On SmolLM2-135M it scored an exact KLD
+# of 0.0293 at 5.53 bits against 0.0370 at group 64 symmetric (bench/results/h200/bits_g32a/); at 5.0 bits the two
+# were level (0.047 and 0.049), so below 5.5 the plain default stays.
+TARGET_BITS_GROUP_SIZE = 32
+TARGET_BITS_GROUP_FROM = 5.5
 W4A8_GROUP_SIZE = 128  # the only size llm-compressor's W4AFP8 scheme and vLLM's CUTLASS W4A8 kernel take
 TARGET_BITS_HELP = ("average bits per weight of the quantized layers (packed values, scales and zero points), "
                     "reached by keeping the layers whose 4-bit quantization costs the most KLD (each measured on the "

@@ -10,7 +10,8 @@ hash, the progress and the manifest; every algorithm is llm-compressor's.
 * AWQ smoothing mappings are not ours: llm-compressor picks them from the architecture (its registry, falling
   back to its Llama-style defaults), and the manifest records them with the number of modules each was applied to.
 * Widths: an unset group size is 128, or the largest group size vLLM's kernels take that divides every layer's input
-  width (:func:`group_choice`: 64 on SmolLM2's 576), said in one warning and recorded; a given one that does not
+  width (:func:`group_choice`: 64 on SmolLM2's 576), said in one warning and recorded; for ``gptq --target-bits``
+  with no group size or symmetry given, 32 with zero points (said and recorded too); a given one that does not
   divide, and FP8 blocks or W4A8 groups of 128 where 128 does not divide (:func:`_check_tiles`), are refused before
   anything loads.
 * Memory: llm-compressor's sequential pipeline (inferred for AWQ, GPTQ, SmoothQuant and static FP8) keeps the
@@ -48,7 +49,8 @@ from typing import Any
 
 from quantkit import ignore as ignore_mod
 from quantkit.errors import BackendError, SourceModelError, UsageError
-from quantkit.formats.specs import DEFAULT_GROUP_SIZE, FALLBACK_GROUP_SIZES, W4A8_GROUP_SIZE
+from quantkit.formats.specs import (DEFAULT_GROUP_SIZE, FALLBACK_GROUP_SIZES, TARGET_BITS_GROUP_FROM,
+                                    TARGET_BITS_GROUP_SIZE, W4A8_GROUP_SIZE)
 from quantkit.architectures import text_config
 from quantkit.producers import coverage, mixed, moe, vision
 from quantkit.producers.base import ProduceContext, Produced
@@ -268,15 +270,37 @@ class GroupChoice:
     requested: int | None
     size: int
     reason: str
+    symmetric: bool | None = None  # decided with the size (a gptq bits target's default); None: the spec's own
 
     @property
     def changed(self) -> bool:
-        """Whether the default was replaced (then the user is told)."""
-        return self.requested is None and self.size != DEFAULT_GROUP_SIZE
+        """Whether the default was replaced because it does not fit the model (then the user is warned)."""
+        return self.requested is None and self.size != DEFAULT_GROUP_SIZE and self.symmetric is None
+
+    @property
+    def noted(self) -> bool:
+        """Whether the choice goes into the artifact's notes and the dry-run plan: any default but the plain 128."""
+        return self.changed or self.symmetric is not None
+
+    def apply(self, spec: Any) -> Any:
+        """The spec as this choice makes it: what the plan, the checks and a torchrun worker use."""
+        return spec.model_copy(update={"group_size": self.size,
+                                       **({} if self.symmetric is None else {"symmetric": self.symmetric})})
 
     def manifest(self) -> dict[str, Any]:
         """The keys it adds to the manifest's ``quantization`` section."""
         return {"group_size": self.size, "group_size_requested": self.requested, "group_size_reason": self.reason}
+
+
+def _bits_target_default(spec: Any) -> bool:
+    """Whether a ``gptq --target-bits`` run left its int4 layout to quantkit (neither a group size nor a symmetry
+    given) with a target of :data:`~quantkit.formats.specs.TARGET_BITS_GROUP_FROM` bits or more. There int4 in
+    groups of 32 with zero points (4.625 bits per weight by itself) leaves fewer groups to raise to int8 and still
+    scores lower: at 5.53 bits on SmolLM2-135M, 47 of 120 groups at int8 and an exact KLD of 0.0293, against 66 and
+    0.0370 at group 64 symmetric (bench/results/h200/bits_g32a/). At 5.0 bits the two were level, so lower targets
+    keep the plain default."""
+    return (spec.method == "gptq" and getattr(spec, "target_bits", None) is not None and spec.group_size is None
+            and "symmetric" not in spec.model_fields_set and spec.target_bits >= TARGET_BITS_GROUP_FROM)
 
 
 def group_choice(spec: Any, source: SourceModel) -> GroupChoice | None:
@@ -303,6 +327,11 @@ def group_choice(spec: Any, source: SourceModel) -> GroupChoice | None:
             raise UsageError(f"--group-size {g} does not divide the layers' input width ({', '.join(not_divided(g))})",
                              hint="choose a group size that divides them, or -1 for one scale per output channel")
         return GroupChoice(g, g, "given")
+    if _bits_target_default(spec) and not not_divided(TARGET_BITS_GROUP_SIZE):
+        return GroupChoice(None, TARGET_BITS_GROUP_SIZE,
+                           f"a bits target: int4 in groups of {TARGET_BITS_GROUP_SIZE} with zero points, the lowest KLD "
+                           f"quantkit has measured at equal bits (--group-size or --symmetric/--asymmetric chooses "
+                           f"another)", symmetric=False)
     bad = not_divided(DEFAULT_GROUP_SIZE)
     if not bad:
         return GroupChoice(None, DEFAULT_GROUP_SIZE, "the default")
@@ -416,7 +445,7 @@ class CompressedProducer:
         _check_tiles(spec, source)
         ignore_mod.effective(spec, source)  # a misspelt --ignore fails here, before anything loads
         if getattr(spec, "target_bits", None) is not None and choice is not None:
-            _check_target_bits(spec, source, choice.size)
+            _check_target_bits(choice.apply(spec), source, choice.size)
 
     def estimate_bytes(self, spec: Any, source: SourceModel) -> int:
         cfg = text_config(source.config)
@@ -431,10 +460,13 @@ class CompressedProducer:
         choice = group_choice(spec, ctx.source)
         notes: list[str] = []
         if choice is not None:
-            spec = spec.model_copy(update={"group_size": choice.size})  # what the plan and a torchrun worker use
-            if choice.changed:
+            spec = choice.apply(spec)
+            if choice.noted:
                 notes.append(choice.reason)
+            if choice.changed:
                 rep.warn(f"{choice.reason} (--group-size chooses another)")
+            elif choice.noted:
+                rep.log(choice.reason)
         p = plan(spec)
         if spec.method in _GROUPED and getattr(spec, "target_bits", None) is not None and ctx.runtime.num_gpus > 1:
             raise UsageError("--target-bits measures and quantizes in one process",
