@@ -349,7 +349,9 @@ def validate(data: Any, *, where: str = "recipe", lines: dict[tuple, int] | None
     problems = list(problems or [])
 
     def origin(loc: tuple) -> str:
-        field = ".".join(str(p) for p in loc) or "(top level)"
+        # a key holding a newline or another unprintable character is shown escaped: the message stays one line
+        field = ".".join(repr(p) if isinstance(p, str) and not p.isprintable() else str(p) for p in loc) \
+            or "(top level)"
         if flags and field in flags:
             return f"{field} (from {flags[field]})"
         probe = loc

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from quantkit import artifact, recipe as recipe_mod, source
 from quantkit.errors import EXIT_FAILURE, EXIT_GATE, EXIT_OK, EXIT_USAGE, IntegrityError, RecipeError, \
@@ -156,6 +156,7 @@ FIELDS = ["calibration.samples", "calibration.seq_len", "calibration.seed", "run
 
 @fast(300)
 @given(st.dictionaries(st.sampled_from(FIELDS), json_values, min_size=1, max_size=4))
+@example({"calibration.samples": {"\n": 10**40}})  # found in CI: a key's newline once broke the one-line message
 def test_any_flag_values_are_a_recipe_or_a_recipe_error(flags: dict) -> None:
     base = {"model": {"source": "m"}, "output": "o", "quantize": {"method": "rtn"}}
     try:
