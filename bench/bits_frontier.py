@@ -47,45 +47,45 @@ def _load(name: str) -> Any:
     return json.loads((BITS / name).read_text())
 
 
+def _row(artifact: str, engine: str, bits: float, scores: dict[str, Any], family: str, quantize_s: float | None,
+         kld_vllm: float | None = None, **extra: Any) -> dict[str, Any]:
+    """One row of the table: ``scores`` is the exact evaluation (kld, top1, ppl_ratio) of the engine named."""
+    return {"artifact": artifact, "engine": engine, "bits": bits, "kld": scores["kld"], "top1": scores["top1"],
+            "ppl_ratio": scores["ppl_ratio"], "kld_vllm_top20": kld_vllm, "quantize_s": quantize_s, **extra,
+            "family": family}
+
+
+def _served(artifact: str, case: dict[str, Any], bits: float, quantize_s: float, family: str) -> dict[str, Any]:
+    """A GPU case's row: scored exactly by transformers on the GPU, vLLM's top-20 bound beside it."""
+    return _row(artifact, "transformers (vLLM loads and serves it)", bits, case["eval_transformers"], family,
+                quantize_s, case["eval"].get("kld"))
+
+
 def rows() -> list[dict[str, Any]]:
     """One row per artifact: what it is, its bits, its exact KLD, top-1, ppl ratio (and vLLM's bound when served)."""
     made = _load("artifacts.json")
     cases = {c["name"]: c for c in _load("gpu_cases.json")["cases"]}
     cases |= {c["name"] + "-rerun": c for c in _load("gpu_cases_awq_rerun.json")["cases"]}
-    out = []
-    for name, label in LABELS.items():
-        c, ev = cases[name], cases[name]["eval_transformers"]
-        out.append({"artifact": label, "engine": "transformers (vLLM loads and serves it)",
-                    "bits": made[name]["measured_bits"], "kld": ev["kld"], "top1": ev["top1"],
-                    "ppl_ratio": ev["ppl_ratio"], "kld_vllm_top20": c["eval"].get("kld"),
-                    "quantize_s": made[name]["total_s"], "family": "gptq-sweep" if "gptq-imatrix" in name else name})
+    out = [_served(label, cases[name], made[name]["measured_bits"], made[name]["total_s"],
+                   "gptq-sweep" if "gptq-imatrix" in name else name) for name, label in LABELS.items()]
     plans = _load("gptq_imatrix_sweep_plans.json")
     for r in _load("gptq_imatrix_sweep_eval.json")["results"]:
-        folder = r["path"]
-        out.append({"artifact": f"GPTQ --imatrix --target-bits {folder.rsplit('-b', 1)[1]}", "engine": "transformers",
-                    "bits": plans[folder]["mixed"]["measured_bits"], "kld": r["kld"], "top1": r["top1"],
-                    "ppl_ratio": r["ppl_ratio"], "kld_vllm_top20": None,
-                    "quantize_s": plans[folder]["timings"]["total"], "family": "gptq-sweep"})
+        plan = plans[r["path"]]
+        out.append(_row(f"GPTQ --imatrix --target-bits {r['path'].rsplit('-b', 1)[1]}", "transformers",
+                        plan["mixed"]["measured_bits"], r, "gptq-sweep", plan["timings"]["total"]))
     g32a = json.loads((G32A / "artifacts.json").read_text())
     for c in json.loads((G32A / "gpu_cases.json").read_text())["cases"]:
-        ev = c["eval_transformers"]
-        out.append({"artifact": G32A_LABELS[c["name"]], "engine": "transformers (vLLM loads and serves it)",
-                    "bits": g32a[c["name"]]["measured_bits"], "kld": ev["kld"], "top1": ev["top1"],
-                    "ppl_ratio": ev["ppl_ratio"], "kld_vllm_top20": c["eval"].get("kld"),
-                    "quantize_s": g32a[c["name"]]["timings"]["total"], "family": "gptq-g32a-gpu"})
+        made_here = g32a[c["name"]]
+        out.append(_served(G32A_LABELS[c["name"]], c, made_here["measured_bits"], made_here["timings"]["total"],
+                           "gptq-g32a-gpu"))
     for target in CPU_G32A_TARGETS:
         plan = json.loads((CPU_G32A / f"quantkit-b{target}.json").read_text())
         ev = json.loads((CPU_G32A / f"eval-b{target}.json").read_text())["results"][0]
-        out.append({"artifact": f"GPTQ --group-size 32 --asymmetric --target-bits {target}, CPU run",
-                    "engine": "transformers (CPU)",
-                    "bits": plan["quantization"]["mixed"]["measured_bits"], "kld": ev["kld"], "top1": ev["top1"],
-                    "ppl_ratio": ev["ppl_ratio"], "kld_vllm_top20": None, "quantize_s": plan["timings"]["total"],
-                    "quantize_on": "2-core CPU", "family": "gptq-g32a"})
-    gguf = _load("gguf_cpu_eval.json")
-    for r in gguf["results"]:
-        out.append({"artifact": r["label"], "engine": "llama.cpp (CPU)", "bits": r["bits"], "kld": r["kld"],
-                    "top1": r["top1"], "ppl_ratio": r["ppl_ratio"], "kld_vllm_top20": None, "quantize_s": None,
-                    "family": "gguf"})
+        out.append(_row(f"GPTQ --group-size 32 --asymmetric --target-bits {target}, CPU run", "transformers (CPU)",
+                        plan["quantization"]["mixed"]["measured_bits"], ev, "gptq-g32a", plan["timings"]["total"],
+                        quantize_on="2-core CPU"))
+    out += [_row(r["label"], "llama.cpp (CPU)", r["bits"], r, "gguf", None)
+            for r in _load("gguf_cpu_eval.json")["results"]]
     return sorted(out, key=lambda r: (r["bits"], r["kld"]))
 
 

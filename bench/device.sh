@@ -9,6 +9,8 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_USE_FLASHI
 
 log() { echo "[$(date +%H:%M:%S)] $*" >> "$LOGS/job.log"; }
 left() { echo $(( $1 - $(date +%s) )); }  # seconds until epoch second $1
+# wait_log LOG PATTERN DEADLINE FLOOR: until a line of LOG (another job's) matches PATTERN, or FLOOR seconds are left
+wait_log() { until grep -q "$2" "$1" 2>/dev/null || [ "$(left "$3")" -le "$4" ]; do sleep 5; done; }
 
 # start_job SCRIPT VERB MINUTES [SUBFOLDER...]: snapshot the repository, run "SCRIPT VERB DEADLINE" in the background
 # from the snapshot (nothing starts after MINUTES), SUBFOLDERs made under LOGS

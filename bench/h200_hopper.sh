@@ -21,14 +21,6 @@
 #      batches), which records the table and the fastest `vllm serve` command in its manifest.
 #   D  timed, alone, if time is left: AWQ through both tools (one run each), then INT8 SmoothQuant.
 #
-#   bash bench/h200_hopper.sh start-rest [MINUTES]   # what is left (below); part calls bring ModelOpt and vLLM
-#   F  timed, alone: bench/seal_speed.py on this host's disk (4, 4 and 1 GB shards), FP8 static through both tools
-#      (two runs each; quantkit hashing its shards in parallel while they are written); G untimed, once ModelOpt is
-#      there (.tw parts first): build-trt FP8 of the 8B shape (bench/recipes/trt-fp8-8b.yaml) beside build-trt FP8
-#      and quantkit fp8 of the reference model; H once vLLM is there: serve_speed of the ModelOpt and the
-#      compressed-tensors FP8 8B checkpoints, and `quantkit eval --engine vllm` of both reference-model exports;
-#      then, as time allows, INT8 SmoothQuant and GPTQ through both tools.
-#
 #   bash bench/h200_hopper.sh start-cost [MINUTES]   # the quantization-cost job alone: no vLLM, no part calls
 #   E  untimed: the shape and, beside it, the AWQ GPU tests (AWQ's cached inputs offloaded to the host give the
 #      same weights bit for bit as kept on the GPU). Timed, alone: FP8 static through both tools, two runs each
@@ -36,7 +28,9 @@
 #      and 8 of its 80 layers, GPTQ and AWQ through quantkit, and bench/project.py's 70B and 405B projection; then,
 #      as time allows, INT8 SmoothQuant and GPTQ through both tools, once each.
 #
-#   bash bench/h200_hopper.sh start-last [MINUTES]   # what issue 25 left; part calls bring ModelOpt (.tw first) and vLLM
+#   bash bench/h200_hopper.sh start-last [MINUTES]   # what issue 25 left: `llmc` and `start-last` in the first call,
+#      carrying .whl-llmc alone (with a 25 MiB part beside the tree it passes 64 MiB), then part calls: .tw first
+#      (ModelOpt), then .vw (vLLM); the 2026-12-04 lease (bench/results/h200/8b/README.md, the fourth lease).
 #   I  untimed, side by side: the shape, quantkit's FP8 static artifact of it, and build-trt FP8 (ModelOpt) once
 #      ModelOpt is there; J timed, alone, once vLLM is assembled too: GPTQ and INT8 SmoothQuant through both tools,
 #      once each; L timed, alone: serve_speed of both FP8 exports, then the log says "timed runs done"
@@ -119,7 +113,7 @@ cost_job() {  # $1 = epoch second after which no step starts. Quantization cost 
   wait
   log "prepare $SHAPE and the AWQ GPU tests (offloaded = on-GPU weights): $(tail -n 1 "$LOGS/results/pytest_awq_gpu.log")"
   if [ -n "${WAIT_DONE:-}" ]; then
-    until grep -q '] done$' "$WAIT_DONE" 2>/dev/null || [ "$(left "$deadline")" -le 300 ]; do sleep 5; done
+    wait_log "$WAIT_DONE" '] done$' "$deadline" 300
     log "E: $WAIT_DONE says done (or the time is short): the timed runs start"
   fi
   local append=()
@@ -144,56 +138,6 @@ cost_job() {  # $1 = epoch second after which no step starts. Quantization cost 
     python3 bench/project.py --short "$LOGS/results/quantize_cost_70b-4l.json" \
       --long "$LOGS/results/quantize_cost_70b-8l.json" --results-dir "$LOGS/results" >> "$LOGS/quantize.log" 2>&1
     log "project exited $?"
-  fi
-  log "done"
-}
-
-rest_job() {  # $1 = epoch second after which no step starts. What the two leases of 2026-12-01 left unrun.
-  local deadline=$1
-  enter_snapshot
-  python3 bench/quantize_cost.py --shape 8b --samples "$SAMPLES" --seq-len "$SEQ_LEN" --prepare > "$LOGS/prepare.log" 2>&1
-  log "prepare 8b exited $?"
-  log "F: sealing after the save vs while writing, shards of 4, 4 and 1 GB on this host's disk (timed, alone)"
-  python3 bench/seal_speed.py --shards 4,4,1 --repeat 3 --results-dir "$LOGS/results" >> "$LOGS/quantize.log" 2>&1
-  log "seal_speed exited $?"
-  log "F: FP8 static, both tools, two runs each, shards sealed in parallel (timed, alone)"
-  cost quantize_cost_8b_rest fp8-static llm-compressor,quantkit 2 --keep quantkit
-  until [ -d /tmp/site-trt/modelopt ] || [ "$(left "$deadline")" -le 900 ]; do sleep 5; done
-  if [ -d /tmp/site-trt/modelopt ]; then
-    log "G: build-trt FP8 of the 8B shape and of the reference model (untimed, side by side)"
-    python3 -m quantkit build-trt bench/recipes/trt-fp8-8b.yaml -o "$WORK/out-trt-fp8" --checkpoint-only \
-      --python "$SNAP/bench/.trt-python" --force --json > "$LOGS/results/build_trt_8b.json" 2> "$LOGS/build_trt_8b.err" &
-    python3 -m quantkit build-trt trt-fp8 -o /tmp/qk-tiny/trt-fp8 --checkpoint-only --python "$SNAP/bench/.trt-python" \
-      --force --json > "$LOGS/results/build_trt_tiny.json" 2> "$LOGS/build_trt_tiny.err" &
-    python3 -m quantkit fp8 models/quantkit-tiny /tmp/qk-tiny/fp8-static --force --json \
-      > "$LOGS/results/make_fp8_tiny.json" 2> "$LOGS/make_fp8_tiny.err" &
-    wait
-    log "build-trt and the reference model's FP8 made: $(ls "$WORK" /tmp/qk-tiny | tr '\n' ' ')"
-  else
-    log "ModelOpt did not arrive: build-trt not run"
-  fi
-  until [ -f /tmp/site/.assembled ] || [ "$(left "$deadline")" -le 600 ]; do sleep 5; done
-  if [ -f /tmp/site/.assembled ] && [ -d "$WORK/out-trt-fp8/hf" ]; then
-    log "H: serve_speed of ModelOpt FP8 (hf/) and quantkit's FP8 static, 8B shape, batches $BATCHES (timed, alone)"
-    timeout $(( $(left "$deadline") + 120 )) python3 bench/serve_speed.py "$WORK/out-trt-fp8/hf" \
-      "$WORK/out-quantkit-fp8-static" --batches "$BATCHES" --python "$SNAP/bench/.vllm-python" \
-      --name serve_speed_modelopt_8b --results-dir "$LOGS/results" --logs "$LOGS/serve" >> "$LOGS/serve.log" 2>&1
-    log "serve_speed exited $?"
-    log "H: both FP8 exports of the reference model scored in vLLM on the held-out text"
-    python3 -m quantkit eval /tmp/qk-tiny/trt-fp8/hf /tmp/qk-tiny/fp8-static --baseline models/quantkit-tiny \
-      --engine vllm --python "$SNAP/bench/.vllm-python" --dataset heldout --max-tokens 32768 \
-      --report-dir "$LOGS/results/eval_fp8_tiny" --json > "$LOGS/results/eval_fp8_tiny.json" 2> "$LOGS/eval.err"
-    log "eval exited $?"
-  else
-    log "vLLM or the ModelOpt 8B export missing: serving not run"
-  fi
-  if [ "$(left "$deadline")" -gt 330 ]; then
-    log "F: INT8 SmoothQuant, both tools (timed, alone)"
-    cost quantize_cost_8b_rest int8-sq llm-compressor,quantkit 1 --append
-  fi
-  if [ "$(left "$deadline")" -gt 300 ]; then
-    log "F: GPTQ, both tools (timed, alone)"
-    cost quantize_cost_8b_rest gptq llm-compressor,quantkit 1 --append
   fi
   log "done"
 }
@@ -252,14 +196,10 @@ case "${1:-}" in
     start_job h200_hopper.sh job "${2:-25}" serve ;;
   start-cost)
     start_job h200_hopper.sh cost-job "${2:-25}" ;;
-  start-rest)
-    start_job h200_hopper.sh rest-job "${2:-25}" serve ;;
   start-last)
     start_job h200_hopper.sh last-job "${2:-25}" serve ;;
   last-job)
     last_job "$2" ;;
-  rest-job)
-    rest_job "$2" ;;
   job)
     job "$2" ;;
   cost-job)
@@ -271,5 +211,5 @@ case "${1:-}" in
   collect)
     collect_results "$2" serve-gptq serve-w4a8 out-quantkit-fp8-static out-trt-fp8 ;;
   *)
-    sed -n '2,44p' "$0"; exit 2 ;;
+    sed -n '2,38p' "$0"; exit 2 ;;
 esac

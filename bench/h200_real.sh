@@ -95,7 +95,7 @@ job() {  # $1 = epoch second after which no step starts, $2 = gpu_cases --only
   until [ -f /tmp/site/.assembled ] || [ "$(left "$deadline")" -le 120 ]; do sleep 5; done
   [ -f /tmp/site/.assembled ] || { log "vLLM not assembled in time: no case run"; return; }
   if [ -n "${WAIT_DONE:-}" ]; then  # another job of the lease runs timed steps first (bench/h200_hopper.sh start-last)
-    until grep -q "${WAIT_MARK:-] done\$}" "$WAIT_DONE" 2>/dev/null || [ "$(left "$deadline")" -le 240 ]; do sleep 5; done
+    wait_log "$WAIT_DONE" "${WAIT_MARK:-] done\$}" "$deadline" 240
     log "$WAIT_DONE says ${WAIT_MARK:-done} (or the time is short)"
   fi
   log "2: gpu_cases --only $only, budget $(left "$deadline") s"

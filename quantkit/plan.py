@@ -107,7 +107,7 @@ def make(recipe: Recipe, *, force: bool = False, pipeline: bool = False, evaluat
             disk_bytes=producer.estimate_bytes(spec, src), host_bytes=host, gpu_bytes=gpu,
             evaluate=_evaluate(kind, recipe, pipeline and evaluate),
             smoke=_smoke(kind, recipe, pipeline and smoke),
-            notes=[choice.reason] if choice and choice.noted else []))
+            notes=[choice.reason] if choice and choice.changed else []))
     return out
 
 

@@ -162,9 +162,9 @@ FORMATS: tuple[Format, ...] = (
            flags=(BITS, GROUP, TARGET_BITS,
                   _f("symmetric", "--symmetric/--asymmetric", bool, "quantize.symmetric",
                      "Symmetric quantization \\[default: symmetric; with --target-bits 5.5 or more and no "
-                     "--group-size, int4 in groups of 32 with zero points, which scored lowest at equal bits]. --asymmetric adds zero "
-                     "points: vLLM 0.26 serves them for 4 bits (Marlin, Machete) but has no kernel for asymmetric "
-                     "8-bit weights, so a --target-bits mix keeps its 8-bit layers symmetric."),
+                     "--group-size, int4 in groups of 32 with zero points, which scored lowest at equal bits]. "
+                     "--asymmetric adds zero points: vLLM 0.26 serves them for 4 bits (Marlin, Machete) but has no "
+                     "kernel for asymmetric 8-bit weights, so a --target-bits mix keeps its 8-bit layers symmetric."),
                   _f("act_order", "--act-order/--no-act-order", bool, "quantize.act_order",
                      "GPTQ activation ordering: quantize columns in order of decreasing activation magnitude "
                      "(llm-compressor's static ordering: no g_idx, no runtime cost) \\[default: on]."),

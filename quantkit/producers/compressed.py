@@ -274,13 +274,8 @@ class GroupChoice:
 
     @property
     def changed(self) -> bool:
-        """Whether the default was replaced because it does not fit the model (then the user is warned)."""
-        return self.requested is None and self.size != DEFAULT_GROUP_SIZE and self.symmetric is None
-
-    @property
-    def noted(self) -> bool:
-        """Whether the choice goes into the artifact's notes and the dry-run plan: any default but the plain 128."""
-        return self.changed or self.symmetric is not None
+        """Whether quantkit chose other than the plain default 128 (then the user is told, and the notes say why)."""
+        return self.requested is None and (self.size != DEFAULT_GROUP_SIZE or self.symmetric is not None)
 
     def apply(self, spec: Any) -> Any:
         """The spec as this choice makes it: what the plan, the checks and a torchrun worker use."""
@@ -293,13 +288,13 @@ class GroupChoice:
 
 
 def _bits_target_default(spec: Any) -> bool:
-    """Whether a ``gptq --target-bits`` run left its int4 layout to quantkit (neither a group size nor a symmetry
-    given) with a target of :data:`~quantkit.formats.specs.TARGET_BITS_GROUP_FROM` bits or more. There int4 in
-    groups of 32 with zero points (4.625 bits per weight by itself) leaves fewer groups to raise to int8 and still
-    scores lower: at 5.53 bits on SmolLM2-135M, 47 of 120 groups at int8 and an exact KLD of 0.0293, against 66 and
+    """Whether a ``gptq --target-bits`` run left its int4 layout to quantkit (no symmetry given; :func:`group_choice`
+    asks only when no group size was) with a target of :data:`~quantkit.formats.specs.TARGET_BITS_GROUP_FROM` bits
+    or more. There int4 in groups of 32 with zero points (4.625 bits per weight by itself) leaves fewer groups to
+    raise to int8 and still scores lower: at 5.53 bits on SmolLM2-135M, 47 of 120 groups at int8 and an exact KLD of 0.0293, against 66 and
     0.0370 at group 64 symmetric (bench/results/h200/bits_g32a/). At 5.0 bits the two were level, so lower targets
     keep the plain default."""
-    return (spec.method == "gptq" and getattr(spec, "target_bits", None) is not None and spec.group_size is None
+    return (spec.method == "gptq" and getattr(spec, "target_bits", None) is not None
             and "symmetric" not in spec.model_fields_set and spec.target_bits >= TARGET_BITS_GROUP_FROM)
 
 
@@ -329,9 +324,9 @@ def group_choice(spec: Any, source: SourceModel) -> GroupChoice | None:
         return GroupChoice(g, g, "given")
     if _bits_target_default(spec) and not not_divided(TARGET_BITS_GROUP_SIZE):
         return GroupChoice(None, TARGET_BITS_GROUP_SIZE,
-                           f"a bits target: int4 in groups of {TARGET_BITS_GROUP_SIZE} with zero points, the lowest KLD "
-                           f"quantkit has measured at equal bits (--group-size or --symmetric/--asymmetric chooses "
-                           f"another)", symmetric=False)
+                           f"a bits target: int4 in groups of {TARGET_BITS_GROUP_SIZE} with zero points, the lowest "
+                           f"KLD quantkit has measured at equal bits (--group-size or --symmetric/--asymmetric "
+                           f"chooses another)", symmetric=False)
     bad = not_divided(DEFAULT_GROUP_SIZE)
     if not bad:
         return GroupChoice(None, DEFAULT_GROUP_SIZE, "the default")
@@ -461,12 +456,12 @@ class CompressedProducer:
         notes: list[str] = []
         if choice is not None:
             spec = choice.apply(spec)
-            if choice.noted:
-                notes.append(choice.reason)
             if choice.changed:
-                rep.warn(f"{choice.reason} (--group-size chooses another)")
-            elif choice.noted:
-                rep.log(choice.reason)
+                notes.append(choice.reason)
+                if choice.symmetric is None:  # the default did not fit the model: a warning
+                    rep.warn(f"{choice.reason} (--group-size chooses another)")
+                else:  # a default chosen for the bits target: its reason names the flags
+                    rep.log(choice.reason)
         p = plan(spec)
         if spec.method in _GROUPED and getattr(spec, "target_bits", None) is not None and ctx.runtime.num_gpus > 1:
             raise UsageError("--target-bits measures and quantizes in one process",
