@@ -70,7 +70,7 @@ class Plan:
 def make(recipe: Recipe, *, force: bool = False, pipeline: bool = False, evaluate: bool = True,
          smoke: bool = True, method: str | None = None) -> Plan:
     """The plan of a recipe's outputs (``pipeline``: as ``quantkit run`` would, with reuse, eval and smoke)."""
-    from quantkit.producers.compressed import group_choice  # a producer module: imported when planning, not before
+    from quantkit.producers.groups import group_choice  # a producer module: imported when planning, not before
 
     src = source_mod.resolve(recipe.model)
     out = Plan(source={"id": src.spec, "path": str(src.path), "architecture": src.architecture,

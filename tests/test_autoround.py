@@ -27,7 +27,7 @@ from typer.testing import CliRunner  # noqa: E402
 from quantkit import calibration, recipe  # noqa: E402
 from quantkit.cli.main import app  # noqa: E402
 from quantkit.formats.specs import AutoRoundSpec, GptqSpec  # noqa: E402
-from quantkit.producers import compressed  # noqa: E402
+from quantkit.producers import modifiers  # noqa: E402
 
 from conftest import TINY, quantkit  # noqa: E402
 
@@ -121,7 +121,7 @@ def test_autoround_recipe_and_refusals(tmp_path):
     r = recipe.load(path, check_output_escape=False)
     assert r.output == "out/autoround" and r.quantize == AutoRoundSpec(method="autoround")
     assert r.calibration.samples * r.calibration.seq_len <= 8192
-    p = compressed.plan(AutoRoundSpec(method="autoround", group_size=64, iterations=50))
+    p = modifiers.plan(AutoRoundSpec(method="autoround", group_size=64, iterations=50))
     (name, kwargs), = p.modifiers
     assert name == "AutoRoundModifier" and kwargs["iters"] == 50 and p.signed_scales and p.calibrate
     assert kwargs["config_groups"]["group_0"]["weights"]["group_size"] == 64
@@ -140,11 +140,11 @@ def test_autoround_recipe_and_refusals(tmp_path):
 def test_gptq_imatrix_observer_gets_importance(tmp_path):
     """``gptq --imatrix`` puts llm-compressor's imatrix_mse observer on the weights, and the observer sees each
     layer's activations during GPTQ's own calibration pass: without them it falls back to uniform MSE and warns."""
-    p = compressed.plan(GptqSpec(method="gptq", imatrix=True))
+    p = modifiers.plan(GptqSpec(method="gptq", imatrix=True))
     assert p.modifiers[0][1]["config_groups"]["group_0"]["weights"]["observer"] == "imatrix_mse"
-    assert compressed.plan(GptqSpec(method="gptq")).modifiers[0][1]["config_groups"]["group_0"]["weights"][
+    assert modifiers.plan(GptqSpec(method="gptq")).modifiers[0][1]["config_groups"]["group_0"]["weights"][
         "observer"] == "imatrix_mse"  # the default
-    assert "observer" not in compressed.plan(GptqSpec(method="gptq", imatrix=False)).modifiers[0][1][
+    assert "observer" not in modifiers.plan(GptqSpec(method="gptq", imatrix=False)).modifiers[0][1][
         "config_groups"]["group_0"]["weights"]
     out = tmp_path / "gptq-imatrix"
     proc = quantkit("gptq", TINY, out, "--samples", "4", "--seq-len", "64", "--imatrix",
@@ -162,9 +162,9 @@ def test_gptq_after_awq_smooths_then_quantizes(tmp_path):
     """``gptq --awq`` runs llm-compressor's AWQ smoothing, then GPTQ: the manifest's recipe has both modifiers in
     that order, AWQ's mappings are recorded, and AWQ's scales really moved into the norms (the post-attention norm
     differs from the source's, as it never does after GPTQ alone)."""
-    assert [name for name, _ in compressed.plan(GptqSpec(method="gptq", awq=True)).modifiers] == [
+    assert [name for name, _ in modifiers.plan(GptqSpec(method="gptq", awq=True)).modifiers] == [
         "AWQModifier", "GPTQModifier"]
-    assert [name for name, _ in compressed.plan(GptqSpec(method="gptq")).modifiers] == ["GPTQModifier"]
+    assert [name for name, _ in modifiers.plan(GptqSpec(method="gptq")).modifiers] == ["GPTQModifier"]
     out = tmp_path / "awq-gptq"
     proc = quantkit("gptq", TINY, out, "--awq", "--samples", "4", "--seq-len", "64", env={"OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -26,7 +26,7 @@ from typer.testing import CliRunner  # noqa: E402
 
 from quantkit import calibration, recipe  # noqa: E402
 from quantkit.cli.main import app  # noqa: E402
-from quantkit.producers import compressed, legacy  # noqa: E402
+from quantkit.producers import legacy, modifiers  # noqa: E402
 
 from conftest import TINY, quantkit, requires_gpu  # noqa: E402
 
@@ -465,7 +465,7 @@ def test_shipped_recipes_are_the_verbs_defaults():
         flags = {"fp8-dynamic": {"scheme": "dynamic"}, "fp8-block": {"scheme": "block"}}.get(name, {})
         default = type(r.quantize).model_validate({"method": r.quantize.method, **flags})
         assert r.quantize == default, f"{name}.yaml differs from the defaults of `quantkit {r.quantize.method}`"
-        p = compressed.plan(r.quantize)
+        p = modifiers.plan(r.quantize)
         assert p.calibrate == ("calibration" in yaml.safe_load(path.read_text()))
         if p.calibrate:
             assert r.calibration.samples * r.calibration.seq_len <= 8192
@@ -474,22 +474,22 @@ def test_shipped_recipes_are_the_verbs_defaults():
 def test_plan_table():
     from quantkit.formats.specs import AwqSpec, Fp8Spec, GptqSpec, Int8Spec, RtnSpec
 
-    awq = compressed.plan(AwqSpec(method="awq")).modifiers
+    awq = modifiers.plan(AwqSpec(method="awq")).modifiers
     assert [n for n, _ in awq] == ["AWQModifier", "QuantizationModifier"] and awq[0][1]["offload_device"] is None
-    offloaded = compressed.plan(AwqSpec(method="awq", offload_activations=True)).build(["lm_head"])[0]
+    offloaded = modifiers.plan(AwqSpec(method="awq", offload_activations=True)).build(["lm_head"])[0]
     assert offloaded.offload_device == "cpu"
-    gptq = compressed.plan(GptqSpec(method="gptq", act_order=False, damp=0.05))
+    gptq = modifiers.plan(GptqSpec(method="gptq", act_order=False, damp=0.05))
     assert gptq.modifiers[0][1]["actorder"] is None and gptq.modifiers[0][1]["dampening_frac"] == 0.05
-    assert compressed.plan(GptqSpec(method="gptq", bits=8, group_size=-1)).scheme == "W8A16"
-    channel = compressed.plan(RtnSpec(method="rtn", group_size=-1)).modifiers[0][1]
+    assert modifiers.plan(GptqSpec(method="gptq", bits=8, group_size=-1)).scheme == "W8A16"
+    channel = modifiers.plan(RtnSpec(method="rtn", group_size=-1)).modifiers[0][1]
     assert channel["config_groups"]["group_0"]["weights"]["strategy"] == "channel"
-    assert not compressed.plan(Fp8Spec(method="fp8", scheme="dynamic")).calibrate
-    assert compressed.plan(Fp8Spec(method="fp8", scheme="dynamic", kv_cache_fp8=True)).calibrate
-    assert [n for n, _ in compressed.plan(Int8Spec(method="int8", weights="rtn")).modifiers] == \
+    assert not modifiers.plan(Fp8Spec(method="fp8", scheme="dynamic")).calibrate
+    assert modifiers.plan(Fp8Spec(method="fp8", scheme="dynamic", kv_cache_fp8=True)).calibrate
+    assert [n for n, _ in modifiers.plan(Int8Spec(method="int8", weights="rtn")).modifiers] == \
         ["SmoothQuantModifier", "QuantizationModifier"]
-    modifiers = compressed.plan(Int8Spec(method="int8")).build(["lm_head"])
-    assert type(modifiers[0]).__name__ == "SmoothQuantModifier" and modifiers[0].smoothing_strength == 0.8
-    assert modifiers[1].ignore == ["lm_head"] and modifiers[1].scheme == "W8A8"
+    built = modifiers.plan(Int8Spec(method="int8")).build(["lm_head"])
+    assert type(built[0]).__name__ == "SmoothQuantModifier" and built[0].smoothing_strength == 0.8
+    assert built[1].ignore == ["lm_head"] and built[1].scheme == "W8A8"
 
 
 @requires_gpu

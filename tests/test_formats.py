@@ -33,7 +33,8 @@ CLI_MAY_IMPORT = frozenset({"quantkit.api", "quantkit.pipeline", "quantkit.forma
                             "quantkit.progress", "quantkit.interrupts", "quantkit.__version__", "quantkit.cli"}
                            | {f"quantkit.cli.{p.stem}" for p in CLI.glob("*.py") if p.stem != "__init__"})
 HEAVY = ("torch", "transformers", "llmcompressor", "compressed_tensors", "llama_cpp", "gguf", "vllm", "modelopt",
-         "numpy", "quantkit.producers.compressed", "quantkit.producers.gguf", "quantkit.producers.trt",
+         "numpy", "quantkit.producers.compressed", "quantkit.producers.oneshot", "quantkit.producers.torchrun",
+         "quantkit.producers.gguf", "quantkit.producers.trt",
          "quantkit.engines.transformers.logits", "quantkit.engines.llamacpp.logits", "quantkit.engines.vllm.logits")
 
 

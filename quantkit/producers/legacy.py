@@ -36,7 +36,7 @@ from quantkit.errors import BackendError, UsageError
 from quantkit.formats.specs import AwqSpec, GptqSpec
 from quantkit.producers.base import ProduceContext, Produced
 from quantkit.producers.compressed import PRODUCER as COMPRESSED
-from quantkit.producers.compressed import group_choice
+from quantkit.producers.groups import group_choice
 from quantkit.source import SourceModel
 
 AWQ_PACK_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ GEMM: word slot i holds column AWQ_PACK_ORDER[i] of 8

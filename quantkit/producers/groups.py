@@ -1,0 +1,159 @@
+"""Group sizes and tiles, checked against the source's widths before anything loads.
+
+A weight group runs along a layer's input, so every quantized layer's input width must be a whole number of groups:
+:func:`group_choice` resolves a spec's group size on a source (an unset one is 128, or the largest size vLLM's
+kernels take that divides every width, or for ``gptq --target-bits`` from 5.5 bits int4 in groups of 32 with zero
+points) and refuses a given one that does not divide; :func:`check_tiles` refuses the schemes whose tiles are fixed at
+128 (W4A8, FP8 block) where 128 does not divide. The compressed-tensors producer, ``--dry-run``
+(:mod:`quantkit.plan`) and the legacy layouts (:mod:`quantkit.producers.legacy`) all read the choice from here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from quantkit.errors import UsageError
+from quantkit.formats.specs import (DEFAULT_GROUP_SIZE, FALLBACK_GROUP_SIZES, TARGET_BITS_GROUP_FROM,
+                                    TARGET_BITS_GROUP_SIZE, W4A8_GROUP_SIZE)
+
+if TYPE_CHECKING:
+    from quantkit.source import SourceModel
+
+
+def grouped(spec: Any) -> bool:
+    """Whether the spec's method takes a group size that a recipe may leave unset, for :func:`group_choice` to
+    choose (awq, gptq, rtn, autoround): read off the spec class's ``group_size`` field (optional there), so no
+    second list of method names exists. W4A8's group size is a fixed ``Literal``, checked by :func:`check_tiles`."""
+    size = type(spec).model_fields.get("group_size")
+    return size is not None and size.default is None
+
+def input_widths(config: dict[str, Any]) -> dict[str, int]:
+    """The input widths of the Linear layers that get quantized, each named by the config keys that set it: a weight
+    group runs along a layer's input, so every one of these must be a whole number of groups."""
+    cfg = config.get("text_config") or config
+    ints = {k: v for k, v in cfg.items() if isinstance(v, int) and not isinstance(v, bool)}
+    dims = {k: ints[k] for k in ("hidden_size", "intermediate_size", "moe_intermediate_size",
+                                 "shared_expert_intermediate_size", "q_lora_rank", "kv_lora_rank") if ints.get(k)}
+    value_dim = "v_head_dim" if ints.get("v_head_dim") else "head_dim"  # multi-head latent attention: v_head_dim
+    if ints.get(value_dim) and ints.get("num_attention_heads"):
+        dims[f"num_attention_heads x {value_dim} (o_proj input)"] = ints[value_dim] * ints["num_attention_heads"]
+    return dims
+
+
+@dataclass(frozen=True)
+class GroupChoice:
+    """The weight group size a run uses: what the recipe or flags asked for (None: nothing, so the default), the
+    size used, and why (for the one warning line and the manifest's quantization summary)."""
+
+    requested: int | None
+    size: int
+    reason: str
+    symmetric: bool | None = None  # decided with the size (a gptq bits target's default); None: the spec's own
+
+    @property
+    def changed(self) -> bool:
+        """Whether quantkit chose other than the plain default 128 (then the user is told, and the notes say why)."""
+        return self.requested is None and (self.size != DEFAULT_GROUP_SIZE or self.symmetric is not None)
+
+    def apply(self, spec: Any) -> Any:
+        """The spec as this choice makes it: what the plan, the checks and a torchrun worker use."""
+        return spec.model_copy(update={"group_size": self.size,
+                                       **({} if self.symmetric is None else {"symmetric": self.symmetric})})
+
+    def manifest(self) -> dict[str, Any]:
+        """The keys it adds to the manifest's ``quantization`` section."""
+        return {"group_size": self.size, "group_size_requested": self.requested, "group_size_reason": self.reason}
+
+
+def _bits_target_default(spec: Any) -> bool:
+    """Whether a ``gptq --target-bits`` run left its int4 layout to quantkit (no symmetry given; :func:`group_choice`
+    asks only when no group size was) with a target of :data:`~quantkit.formats.specs.TARGET_BITS_GROUP_FROM` bits
+    or more. There int4 in groups of 32 with zero points (4.625 bits per weight by itself) leaves fewer groups to
+    raise to int8 and still scores lower: at 5.53 bits on SmolLM2-135M, 47 of 120 groups at int8 and an exact KLD of 0.0293, against 66 and
+    0.0370 at group 64 symmetric (bench/results/h200/bits_g32a/). At 5.0 bits the two were level, so lower targets
+    keep the plain default."""
+    return (spec.method == "gptq" and getattr(spec, "target_bits", None) is not None
+            and "symmetric" not in spec.model_fields_set and spec.target_bits >= TARGET_BITS_GROUP_FROM)
+
+
+def group_choice(spec: Any, source: SourceModel) -> GroupChoice | None:
+    """The group size of an ``awq``/``gptq``/``rtn`` spec on this source (None for methods without one).
+
+    An explicit group size that does not divide a layer's input width is refused (exit 2), since llm-compressor
+    would quantize a ragged last group and vLLM would refuse the artifact only when loading it. An unset one is the
+    default 128, or the largest group size vLLM's kernels take that divides every input width
+    (:data:`quantkit.formats.specs.FALLBACK_GROUP_SIZES`), or -1 (one scale per output channel) when none does.
+    One size for every layer, not one per layer: vLLM fuses q/k/v and gate/up into single layers that must share a
+    scheme, the AutoAWQ and GPTQ layouts carry one group size, and a smaller group only adds accuracy (and 16 bits
+    of scale per group: 0.25 instead of 0.125 bits per weight at 64).
+    """
+    if not grouped(spec):
+        return None
+    widths = input_widths(source.config)
+
+    def not_divided(g: int) -> list[str]:
+        return [f"{k} = {v}" for k, v in widths.items() if g > 0 and v % g]
+
+    g = spec.group_size
+    if g is not None:
+        if not_divided(g):
+            raise UsageError(f"--group-size {g} does not divide the layers' input width ({', '.join(not_divided(g))})",
+                             hint="choose a group size that divides them, or -1 for one scale per output channel")
+        return GroupChoice(g, g, "given")
+    if _bits_target_default(spec) and not not_divided(TARGET_BITS_GROUP_SIZE):
+        return GroupChoice(None, TARGET_BITS_GROUP_SIZE,
+                           f"a bits target: int4 in groups of {TARGET_BITS_GROUP_SIZE} with zero points, the lowest "
+                           f"KLD quantkit has measured at equal bits (--group-size or --symmetric/--asymmetric "
+                           f"chooses another)", symmetric=False)
+    bad = not_divided(DEFAULT_GROUP_SIZE)
+    if not bad:
+        return GroupChoice(None, DEFAULT_GROUP_SIZE, "the default")
+    fits = next((n for n in FALLBACK_GROUP_SIZES if not not_divided(n)), -1)
+    pick = (f"{fits}, the largest group size vLLM's kernels take that divides every layer's input width" if fits > 0
+            else "-1 (one scale per output channel): no group size vLLM's kernels take divides every layer's input "
+                 "width")
+    return GroupChoice(None, fits, f"the default group size {DEFAULT_GROUP_SIZE} does not divide {', '.join(bad)}; "
+                                   f"using {pick}")
+
+
+def _fused_output_widths(config: dict[str, Any]) -> dict[str, int]:
+    """The output widths of the layers vLLM fuses (q/k/v into one qkv_proj, gate/up into one gate_up_proj) and of
+    the others (o_proj and down_proj write hidden_size)."""
+    cfg = config.get("text_config") or config
+    hidden, heads = int(cfg.get("hidden_size") or 0), int(cfg.get("num_attention_heads") or 0)
+    kv, inter = int(cfg.get("num_key_value_heads") or heads), int(cfg.get("intermediate_size") or 0)
+    head_dim = int(cfg.get("head_dim") or (hidden // heads if heads else 0))
+    dims = {"hidden_size (o_proj and down_proj output)": hidden,
+            "(num_attention_heads + 2 x num_key_value_heads) x head_dim (fused q/k/v output)":
+                (heads + 2 * kv) * head_dim,
+            "2 x intermediate_size (fused gate/up output)": 2 * inter}
+    return {k: v for k, v in dims.items() if v}
+
+
+def check_tiles(spec: Any, source: SourceModel) -> None:
+    """Refuse the two schemes whose tiles are fixed at 128 on widths 128 does not divide: there is no other size to
+    choose, and vLLM would refuse the artifact only after loading it.
+
+    * W4A8: llm-compressor's W4AFP8 scheme groups 128 weights, and vLLM 0.26's one W4A8 kernel on Hopper
+      (``CutlassW4A8LinearKernel.can_implement``) takes group 128 with every layer's input and output width (per
+      GPU) a multiple of 128.
+    * FP8 block: 128x128 weight blocks with activations quantized in groups of 128 along each layer's input, and
+      vLLM's block-scaled kernels need whole blocks along the input (compressed-tensors' ``initialize`` says so).
+      The output rows may end in a partial block, so only the input widths are checked.
+    """
+    if spec.method == "w4a8":
+        what = (f"w4a8 quantizes in groups of {W4A8_GROUP_SIZE} (the only size its scheme and vLLM's CUTLASS W4A8 "
+                "kernel take)")
+        widths = {**input_widths(source.config), **_fused_output_widths(source.config)}
+        hint = "use awq, gptq or rtn (W4A16: they choose a group size that divides) or fp8"
+    elif spec.method == "fp8" and spec.scheme == "block":
+        what = "--scheme block quantizes in 128x128 weight blocks and activation groups of 128 along each layer's input"
+        widths = input_widths(source.config)
+        hint = "use --scheme dynamic (per-channel weights, per-token activations) or static: they take any width"
+    else:
+        return
+    bad = [f"{k} = {v}" for k, v in widths.items() if v % 128]
+    if bad:
+        raise UsageError(f"{what}, and 128 does not divide the layers' width ({', '.join(bad)})", hint=hint)
+

@@ -1,0 +1,65 @@
+"""Context managers that patch llm-compressor internals for one oneshot call, each restoring what it replaced.
+
+Written for llmcompressor 0.14.0.1 (each names the private code it reaches into).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from quantkit.producers.modifiers import Plan
+
+@contextlib.contextmanager
+def awq_without_pin_memory(p: Plan) -> Iterator[None]:
+    """Skip llm-compressor's pin_memory() for AWQ when there is no accelerator.
+
+    llmcompressor 0.14.0.1's AWQModifier._apply_smoothing pins its cached activations
+    (pipelines/cache.py, IntermediatesCache.pin_memory) to speed up host-to-GPU copies; with no accelerator,
+    torch refuses ("Cannot access accelerator device when none is available") and AWQ crashes on CPU. Pinning
+    is only an optimisation for those copies, so when no accelerator exists it is skipped, for this call only.
+    """
+    import torch
+
+    if not any(name == "AWQModifier" for name, _ in p.modifiers) or torch.accelerator.is_available():
+        yield
+        return
+    from llmcompressor.pipelines.cache import IntermediatesCache
+
+    original = IntermediatesCache.pin_memory
+    IntermediatesCache.pin_memory = lambda self, batch_index, input_names=None: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        IntermediatesCache.pin_memory = original  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def awq_resolved(p: Plan) -> Iterator[list[str]]:
+    """The smooth layers AWQ's mappings resolved to, by name, as llm-compressor found them.
+
+    llmcompressor 0.14.0.1's AWQModifier resolves each mapping's patterns per layer in ``_set_resolved_mappings``
+    and skips a layer whose shapes do not fit (``_check_layers_are_compatible``: with grouped-query attention,
+    v_proj -> o_proj everywhere), then forgets the result when it finishes; its mappings alone would say every
+    mapping was used. So that method's result is read as it is made, for this call only.
+    """
+    names: list[str] = []
+    if not any(name == "AWQModifier" for name, _ in p.modifiers):
+        yield names
+        return
+    from llmcompressor.modifiers.transform.awq import AWQModifier
+
+    original = AWQModifier._set_resolved_mappings
+
+    def recording(self: Any, model: Any) -> None:
+        original(self, model)
+        names.extend(r.smooth_name for r in self._resolved_mappings)
+
+    AWQModifier._set_resolved_mappings = recording  # type: ignore[method-assign]
+    try:
+        yield names
+    finally:
+        AWQModifier._set_resolved_mappings = original  # type: ignore[method-assign]
+
