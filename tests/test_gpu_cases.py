@@ -1,12 +1,11 @@
-"""scripts/gpu_cases.py without a GPU: the case file and its validation, the plan (--dry-run), the checks against
-the H200 results kept in bench/results/h200/, the table, the scheduling gate, and a run whose budget is spent."""
+"""scripts/gpu_cases.py without a GPU: the case file and its validation, the engines' Pythons, the plan (--dry-run),
+the checks against the H200 results kept in bench/results/h200/, the table, the scheduling gate, and a stopped run."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-import tarfile
 import threading
 import time
 from pathlib import Path
@@ -23,6 +22,8 @@ import gpu_case_file as cf  # noqa: E402
 import gpu_case_report as cr  # noqa: E402
 import gpu_cases as gc  # noqa: E402
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture(scope="module")
 def cases() -> list:
@@ -37,8 +38,8 @@ def opts(*argv: str):
     return gc.parse_args(list(argv))
 
 
-def paths(tmp: Path) -> object:
-    return gc.Paths(tmp, tmp / "arts", tmp / "models", "python3", "/tmp/site-llmc", "/tmp/site", "/tmp/site-trt")
+def paths(tmp: Path, *argv: str) -> object:
+    return gc.Paths.of(opts("--out", str(tmp), "--vllm-python", sys.executable, *argv))
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -69,7 +70,8 @@ def test_two_gpu_case_needs_two_gpus(cases: list, tmp_path: Path) -> None:
 
 
 def test_the_old_scripts_are_covered(cases: list) -> None:
-    """Every artifact gpu_quantize_all.sh made, gpu_smoke.py's served artifacts, gpu_trt.sh's ModelOpt stages."""
+    """Every artifact of the reference model's H200 matrix (bench/results/h200/vllm_matrix.json), the two it served
+with smoke (gpu_smoke.json), and ModelOpt's checkpoint-only export of the reference model and the 8B shape."""
     produced = {(c.model, c.produce.verb, tuple(c.produce.args)) for c in cases}
     tiny = "models/quantkit-tiny"
     for verb, args in [("rtn", ()), ("awq", ()), ("gptq", ()), ("gptq", ("--bits", "8")), ("fp8", ()),
@@ -160,15 +162,59 @@ def test_bad_case_file_through_the_script(tmp_path: Path) -> None:
     assert p.stderr == f"error: {f}:4: cases[0].smoke.retries: unknown key; expected one of args, timeout\n"
 
 
-def test_a_python_without_pydantic_is_told_what_to_set() -> None:
-    """The GPU image's Python has no pydantic, which quantkit (imported by the runner) needs: one line naming the
-    PYTHONPATH its documented usage sets, exit 2, no traceback."""
+def test_a_python_without_quantkits_dependencies_is_told_which_to_use() -> None:
+    """A Python without pydantic (which quantkit, imported by the runner, needs): one line naming the Python to run
+    it with, exit 2, no traceback."""
     code = ("import runpy, sys; sys.modules['pydantic'] = None; sys.argv = [sys.argv[1], '--dry-run']; "
             "runpy.run_path(sys.argv[0], run_name='__main__')")
     p = subprocess.run([sys.executable, "-c", code, str(SCRIPT)], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 2 and p.stdout == "" and len(p.stderr.splitlines()) == 1, p.stderr
-    assert "no module 'pydantic'" in p.stderr and "PYTHONPATH=/tmp/site-llmc python3 scripts/gpu_cases.py" in p.stderr
-    assert "export PYTHONPATH=/tmp/site-llmc" in (gc.__doc__ or "")
+    assert "no module 'pydantic'" in p.stderr and ".venv/bin/python scripts/gpu_cases.py" in p.stderr
+    assert "python scripts/gpu_cases.py --out OUT" in (gc.__doc__ or "")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The engines' Pythons
+
+
+def test_engine_pythons_follow_quantkits_rule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The flag first, then the engine's variable of quantkit's registry (QUANTKIT_VLLM_PYTHON, QUANTKIT_TRT_PYTHON
+    for ModelOpt): the runner finds engines as quantkit does, and its results say which rule chose each."""
+    monkeypatch.setenv("QUANTKIT_VLLM_PYTHON", "/opt/vllm-env/bin/python")
+    monkeypatch.setenv("QUANTKIT_TRT_PYTHON", "/opt/modelopt-env/bin/python")
+    p = gc.Paths.of(opts("--out", str(tmp_path)))
+    assert (p.vllm.python, p.vllm.origin) == ("/opt/vllm-env/bin/python", "QUANTKIT_VLLM_PYTHON")
+    assert (p.modelopt.python, p.modelopt.origin) == ("/opt/modelopt-env/bin/python", "QUANTKIT_TRT_PYTHON")
+    p = paths(tmp_path, "--modelopt-python", "/usr/bin/python3")
+    assert (p.vllm.python, p.vllm.origin) == (sys.executable, "--vllm-python")
+    assert (p.modelopt.python, p.modelopt.origin) == ("/usr/bin/python3", "--modelopt-python")
+
+
+def test_an_engine_python_gets_its_own_paths_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Python quantkit's --python flags are given for vLLM: its --vllm-path folders on PYTHONPATH and nothing of
+    the runner's (llm-compressor's pins must not shadow vLLM's), its variables set; ModelOpt's without paths gets no
+    PYTHONPATH at all. Each is a real interpreter that the probe finds packages in."""
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "llmc-site"))
+    site = tmp_path / "vllm-site"
+    (site / "fake_engine").mkdir(parents=True)
+    (site / "fake_engine" / "__init__.py").write_text("")
+    p = paths(tmp_path, "--vllm-path", str(site), "--modelopt-python", sys.executable)
+    p.write_wrappers()
+    code = "import os, sys; print(os.environ.get('PYTHONPATH'), os.environ.get('VLLM_NO_USAGE_STATS'), sys.executable)"
+    for name, expected in ((gc.VLLM, f"{site} 1"), ("modelopt", "None None")):
+        out = subprocess.run([str(p.wrapper(name)), "-c", code], capture_output=True, text=True, check=True).stdout
+        assert out.split()[:2] == expected.split() and Path(out.split()[2]).name.startswith("python"), name
+    assert p.vllm.has("fake_engine") and not p.modelopt.has("fake_engine") and not p.vllm.has("no_such_module")
+
+
+def test_an_engine_that_is_not_installed_stops_the_run_in_one_line(tmp_path: Path) -> None:
+    """Before any case starts: exit 2 and the flags and variable that would name vLLM's Python."""
+    p = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--only", "rtn-w4g128", "--vllm-python",
+                        sys.executable, "--vllm-path", str(tmp_path / "empty")], capture_output=True, text=True)
+    assert p.returncode == 2 and p.stdout == "" and len(p.stderr.splitlines()) == 1, p.stderr
+    assert p.stderr.startswith(f"error: vLLM is not installed in {sys.executable} (--vllm-python), PYTHONPATH=") and \
+        p.stderr.endswith(": pass --vllm-python or --vllm-path, or set QUANTKIT_VLLM_PYTHON\n")
+    assert not (tmp_path / "results.json").exists()
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -177,20 +223,20 @@ def test_a_python_without_pydantic_is_told_what_to_set() -> None:
 
 def test_dry_run_prints_every_command(tmp_path: Path) -> None:
     p = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(tmp_path), "--only", "tiny",
-                        "--vllm-site", "/opt/v"], capture_output=True, text=True)
+                        "--vllm-python", "/opt/v/python", "--vllm-path", "/opt/v"], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     out = p.stdout
-    assert f"quantkit: PYTHONPATH={ROOT}:/tmp/site-llmc; vLLM: PYTHONPATH=/opt/v" in out
-    assert f"produce (build): python3 -m quantkit gptq {ROOT}/models/quantkit-tiny {tmp_path}/arts/gptq-w8g128 " \
+    assert f"vllm: /opt/v/python (--vllm-python), PYTHONPATH=/opt/v, run as {tmp_path}/bin/vllm-python" in out
+    assert f"produce (build): {sys.executable} -m quantkit gptq {ROOT}/models/quantkit-tiny {tmp_path}/arts/gptq-w8g128 " \
            "--force --json --bits 8" in out
-    assert f"smoke:   python3 -m quantkit smoke {tmp_path}/arts/awq-legacy/autoawq --engine vllm" in out
+    assert f"smoke:   {sys.executable} -m quantkit smoke {tmp_path}/arts/awq-legacy/autoawq --engine vllm" in out
     assert "QUANTKIT_VLLM_ARGS='{\"gpu_memory_utilization\": 0.12, \"quantization\": \"modelopt\", " \
            "\"kv_cache_memory_bytes\": 4294967296}'" in out
     assert "--gpu-memory-utilization 0.12 --server-arg=--kv-cache-memory-bytes=4294967296 " \
            "--server-arg=--quantization=modelopt" in out
     # parallel loads get a fixed KV cache (no memory profiling); --parallel 1 lets vLLM size it
     assert '"enforce_eager": true, "kv_cache_memory_bytes": 4294967296}' in out
-    assert f"build-trt {tmp_path}/recipes/modelopt-fp8.yaml --force --json --python {tmp_path}/bin/trt-python " \
+    assert f"build-trt {tmp_path}/recipes/modelopt-fp8.yaml --force --json --python {tmp_path}/bin/modelopt-python " \
            "--checkpoint-only" in out
     assert f"output: {tmp_path}/arts/modelopt-fp8" in out and "rtn-w4g128-8b" not in out
     assert not (tmp_path / "results.json").exists()  # nothing ran
@@ -218,7 +264,7 @@ def test_a_pending_model_skips_its_cases(tmp_path: Path) -> None:
                  "    produce: {verb: rtn}\n    expect: {kernel: Machete}\n")
     cases = cf.load_cases(f)
     p = paths(tmp_path)
-    gc.Run(cases, p, opts("--out", str(tmp_path), "--budget", "600"), {}).run()
+    gc.Run(cases, p, opts("--out", str(tmp_path)), {}).run()
     r = json.loads((tmp_path / "results.json").read_text())["cases"][0]
     assert r["status"] == "skipped" and r["reason"] == "models/later is not there yet: being trained"
     assert not (tmp_path / "logs").exists()
@@ -462,39 +508,21 @@ def test_stagger_spaces_engine_starts() -> None:
     assert time.monotonic() - t >= 0.2
 
 
-def test_spent_budget_lists_every_case_as_not_run(tmp_path: Path, cases: list) -> None:
-    """A run with no budget starts nothing and still writes its results (and skips what cannot run here)."""
-    p = paths(tmp_path)
-    o = opts("--budget", "0", "--out", str(tmp_path))
+def test_a_stopped_run_lists_every_case_left_as_not_run(tmp_path: Path, cases: list) -> None:
+    """Ctrl-C or SIGTERM: no case starts after it, each is listed as not run, the cases an earlier run finished are
+    kept (--resume), and the results are still written."""
     picked = cf.select(cases, ["legacy", "modelopt-fp8"], [])
-    run = gc.Run(picked, p, o, previous={"gptq-legacy": {"name": "gptq-legacy", "status": "pass"}})
+    run = gc.Run(picked, paths(tmp_path), opts("--out", str(tmp_path)),
+                 previous={"gptq-legacy": {"name": "gptq-legacy", "status": "pass"}})
+    run.stop.set()
     run.run()
     data = json.loads((tmp_path / "results.json").read_text())
     status = {r["name"]: (r["status"], r.get("reason", "")) for r in data["cases"]}
-    assert status["gptq-legacy"] == ("pass", "")  # kept from the earlier run (--resume)
-    assert status["awq-legacy"][0] == "not run" and "budget left" in status["awq-legacy"][1]
-    assert status["modelopt-fp8"][0] == "not run"
+    assert status == {"gptq-legacy": ("pass", ""), "awq-legacy": ("not run", "stopped"),
+                      "modelopt-fp8": ("not run", "stopped")}
     assert "| awq-legacy | - | - |" in (tmp_path / "results.md").read_text()
-    assert "awq-legacy: not run" in (tmp_path / "progress.log").read_text()
-
-
-def test_collect_brings_few_flat_files(tmp_path: Path) -> None:
-    out = tmp_path / "run"
-    (out / "logs" / "case").mkdir(parents=True)
-    (out / "results.json").write_text("{}")
-    (out / "results.md").write_text("# t\n")
-    (out / "logs" / "case" / "load.log").write_text("x" * 300_000)
-    files = gc.collect(out, tmp_path / "dest")
-    assert sorted(f.name for f in files) == ["logs.tar.gz", "results.json", "results.md"]
-    with tarfile.open(tmp_path / "dest" / "logs.tar.gz") as tar:
-        assert tar.getmember("logs/case/load.log").size == 256 * 1024  # the end of each log
-
-
-def test_status_of_a_run(tmp_path: Path) -> None:
-    (tmp_path / "progress.log").write_text("[ 1s] a: started\n")
-    (tmp_path / "results.md").write_text("| case |\n")
-    text = gc.status(tmp_path)
-    assert text.startswith("running") and "a: started" in text and "| case |" in text
+    assert "awq-legacy: not run (stopped)" in (tmp_path / "progress.log").read_text()
+    assert not (tmp_path / "logs").exists()  # nothing was started
 
 
 @pytest.mark.slow
@@ -503,8 +531,7 @@ def test_a_case_end_to_end_without_vllm(tmp_path: Path) -> None:
     loads check fails with that reason; a second run reuses the artifact."""
     f = tmp_path / "cases.yaml"
     f.write_text("cases:\n  - name: rtn\n    produce: {verb: rtn}\n    expect: {kernel: Machete, min_tok_s: {1: 1}}\n")
-    p = gc.Paths(tmp_path, tmp_path / "arts", tmp_path / "models", sys.executable, "", str(tmp_path / "no-vllm"),
-                 str(tmp_path / "no-trt"))
+    p = paths(tmp_path, "--vllm-path", str(tmp_path / "no-vllm"))
     p.write_wrappers()
     cases = cf.load_cases(f)
     gc.Run(cases, p, opts("--parallel", "1", "--out", str(tmp_path)), {}).run()
@@ -516,24 +543,6 @@ def test_a_case_end_to_end_without_vllm(tmp_path: Path) -> None:
     assert checks["kernel"]["status"] == "skip" and checks["tok/s b1"]["status"] == "skip"
     gc.Run(cases, p, opts("--parallel", "1", "--out", str(tmp_path)), {}).run()
     assert json.loads((tmp_path / "results.json").read_text())["cases"][0]["artifact"]["status"] == "reused"
-
-
-def test_one_run_per_out_folder(tmp_path: Path) -> None:
-    """A second start on a folder a live runner writes into is refused; --wait on a finished run returns at once."""
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "gpu_cases.py"])
-    try:
-        (tmp_path / "runner.pid").write_text(str(other.pid))
-        p = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path)], capture_output=True, text=True)
-        assert p.returncode == 2 and p.stderr == f"error: a run (pid {other.pid}) is still writing into {tmp_path}; " \
-                                                 "poll it with --status\n"
-    finally:
-        other.kill()
-        other.wait()
-    (tmp_path / "DONE").write_text('{"pass": 3}\n')
-    t = time.monotonic()
-    p = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--wait", "60"], capture_output=True,
-                       text=True)
-    assert p.returncode == 0 and p.stdout.startswith('finished: {"pass": 3}') and time.monotonic() - t < 30
 
 
 def test_a_measurement_missing_from_a_step_that_ran_fails(cases: list) -> None:
