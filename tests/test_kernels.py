@@ -17,6 +17,8 @@ import pytest
 from quantkit.engines.vllm import kernel_sweep, kernels
 from quantkit.engines.vllm.kernels import Configuration, LogFacts, Measurement
 
+pytestmark = pytest.mark.unit
+
 ROOT = Path(__file__).resolve().parents[1]
 H200 = ROOT / "bench" / "results" / "h200"
 
@@ -24,7 +26,10 @@ H200 = ROOT / "bench" / "results" / "h200"
 CT = {"awq": ("W4A16_ASYM", "pack-quantized"), "gptq": ("W4A16", "pack-quantized"), "rtn": ("W4A16", "pack-quantized"),
       "gptq-w8": ("W8A16", "pack-quantized"), "fp8-static": ("FP8", "float-quantized"),
       "fp8-dynamic": ("FP8_DYNAMIC", "float-quantized"), "fp8-block": ("FP8_BLOCK", "float-quantized"),
-      "int8": ("W8A8", "int-quantized")}
+      "int8": ("W8A8", "int-quantized"), "nvfp4": ("NVFP4A16", "nvfp4-pack-quantized"),
+      "nvfp4-w4a4": ("NVFP4", "nvfp4-pack-quantized"), "mxfp4": ("MXFP4A16", "mxfp4-pack-quantized"),
+      "mxfp4-w4a4": ("MXFP4", "mxfp4-pack-quantized")}
+FP4 = ("nvfp4", "nvfp4-w4a4", "mxfp4", "mxfp4-w4a4")
 
 
 def ct_artifact(tmp: Path, kind: str, moe: bool = False, **weights: object) -> Path:
@@ -70,7 +75,11 @@ def test_compressed_tensors_schemes(tmp_path: Path) -> None:
     got = {k: kernels.read_quantization(ct_artifact(tmp_path, k)).schemes[0] for k in CT}
     assert {k: s.family for k, s in got.items()} == {
         "awq": "wna16", "gptq": "wna16", "rtn": "wna16", "gptq-w8": "wna16", "fp8-static": "fp8",
-        "fp8-dynamic": "fp8", "fp8-block": "fp8-block", "int8": "int8"}
+        "fp8-dynamic": "fp8", "fp8-block": "fp8-block", "int8": "int8", "nvfp4": "nvfp4", "nvfp4-w4a4": "nvfp4",
+        "mxfp4": "mxfp4", "mxfp4-w4a4": "mxfp4"}
+    # the layer as vLLM's log names it: "Using MarlinNvFp4LinearKernel for NVFP4 GEMM"
+    assert {got[k].layer for k in FP4} == {"NVFP4", "MXFP4"} and got["mxfp4"].group_size == 32
+    assert got["nvfp4"].activation_scales is None and got["nvfp4-w4a4"].activation_scales == "group"
     assert not got["awq"].symmetric and got["gptq"].symmetric and got["gptq"].group_size == 128
     assert (got["fp8-static"].weight_scales, got["fp8-static"].activation_scales) == ("tensor", "tensor")
     assert (got["fp8-dynamic"].weight_scales, got["fp8-dynamic"].activation_scales) == ("channel", "token")
@@ -124,6 +133,46 @@ def test_moe_backends(tmp_path: Path) -> None:
     moe_configs = [c for c in kernels.configurations(fp8) if c.kind == "moe"]
     assert [(c.name, c.args) for c in moe_configs] == [("moe:TRITON", {"moe_backend": "triton"}),
                                                        ("moe:MARLIN", {"moe_backend": "marlin"})]
+
+
+def test_fp4_runs_on_marlin_on_hopper(tmp_path: Path) -> None:
+    """Hopper has no FP4 tensor cores: every FP4 artifact's default is Marlin FP4 (weight-only numerics), as vLLM
+    0.26.0 picked on the H200 (issue 40); the W4A4 numerics are reachable only through vLLM's NVFP4 emulation
+    kernel, forced past Marlin; weight-only NVFP4 is always Marlin (init_nvfp4_linear_kernel forces it)."""
+    q = {k: kernels.read_quantization(ct_artifact(tmp_path, k)) for k in FP4}
+    assert {k: kernels.default_kernel(v.schemes[0]) for k, v in q.items()} == {
+        "nvfp4": "MarlinNvFp4LinearKernel", "nvfp4-w4a4": "MarlinNvFp4LinearKernel",
+        "mxfp4": "MarlinMxFp4LinearKernel", "mxfp4-w4a4": "MarlinMxFp4LinearKernel"}
+    why = {c.kernel.name: c.reason for c in kernels.assess(q["nvfp4-w4a4"].schemes[0], packages={"flashinfer"})}
+    assert "Blackwell" in why["CutlassNvFp4LinearKernel"] and "Blackwell" in why["FlashInferCutlassNvFp4LinearKernel"]
+    assert names(kernels.candidates(q["nvfp4-w4a4"].schemes[0])) == ["MarlinNvFp4LinearKernel",
+                                                                     "EmulationNvFp4LinearKernel"]
+    assert names(kernels.candidates(q["nvfp4"].schemes[0], packages={"flashinfer", "fbgemm_gpu"})) == [
+        "MarlinNvFp4LinearKernel"]
+    emulated = [(c.name, c.env, c.args) for c in kernels.configurations(q["nvfp4-w4a4"])[1:]]
+    assert emulated == [("EmulationNvFp4LinearKernel", {"VLLM_DISABLED_KERNELS": "MarlinNvFp4LinearKernel"}, {})]
+    by_backend = kernels.configurations(q["nvfp4-w4a4"], force="backend")[1]
+    assert by_backend.args == {"linear_backend": kernels.EMULATION_BACKEND}
+    assert [c.name for c in kernels.configurations(q["mxfp4-w4a4"])] == ["default"]  # no MXFP4 emulation on CUDA
+    default = kernels.configurations(q["mxfp4"])[0]
+    log = "(EngineCore pid=7) INFO 12-04 10:00:01 [__init__.py:839] Using MarlinMxFp4LinearKernel for MXFP4 GEMM\n"
+    assert kernels.log_facts(log).kernels() == ["MarlinMxFp4LinearKernel for MXFP4"]
+    assert kernels.honoured(default, kernels.log_facts(log)) is True
+
+
+def test_fp4_experts(tmp_path: Path) -> None:
+    """NVFP4 experts go through their oracle (MARLIN on Hopper, the emulation backend for W4A4 by --moe-backend);
+    MXFP4's method picks MarlinExperts itself and logs it in its own words."""
+    nv = kernels.read_quantization(ct_artifact(tmp_path, "nvfp4-w4a4", moe=True))
+    mx = kernels.read_quantization(ct_artifact(tmp_path, "mxfp4", moe=True))
+    assert names(kernels.candidates(nv.schemes[0], moe=True)) == ["MARLIN", "EMULATION"]
+    assert [(c.name, c.args) for c in kernels.configurations(nv) if c.kind == "moe"] == [
+        ("moe:EMULATION", {"moe_backend": "emulation"})]
+    assert kernels.default_kernel(mx.schemes[0], moe=True) == "MarlinExperts"
+    assert [c.kind for c in kernels.configurations(mx)] == ["default"]
+    log = ("INFO [nvfp4.py:239] Using 'MARLIN' NvFp4 MoE backend out of potential backends: ['FLASHINFER_TRTLLM', "
+           "'MARLIN'].\nINFO [compressed_tensors_moe_w4a4_mxfp4.py:60] Using MarlinExperts for MXFP4 MoE\n")
+    assert kernels.log_facts(log).moe == ("MARLIN", "MarlinExperts")
 
 
 def test_legacy_and_modelopt(tmp_path: Path) -> None:

@@ -19,6 +19,16 @@ kernel that is supported on the GPU and can implement the layer. There are two w
   every quantized linear layer of the model (and has no entry for AllSpark). ``--moe-backend NAME`` is the only
   switch for fused experts.
 
+FP4 (NVFP4 and MXFP4 from ``_POSSIBLE_NVFP4_KERNELS``/``_POSSIBLE_MXFP4_KERNELS``, ``init_nvfp4_linear_kernel``,
+``init_mxfp4_linear_kernel``, the ``nvfp4/`` and ``mxfp4/`` kernel folders, ``fused_moe/oracle/nvfp4.py`` and
+``compressed_tensors_moe_w4a4_mxfp4.py``): the CUTLASS and FlashInfer FP4 kernels need FP4 tensor cores (Blackwell,
+compute capability 10.0+); on Hopper and Ampere vLLM takes Marlin, which keeps the weights in FP4 and runs the
+activations in 16 bits, so a W4A4 checkpoint runs weight-only there (:mod:`quantkit.engines.numerics` says so).
+Weight-only NVFP4 is always Marlin unless ``--linear-backend`` names another kernel; vLLM's emulation kernel
+(``--linear-backend emulation``: FP4 activations quantized and dequantized around a 16-bit matmul) is the one way
+to run NVFP4 W4A4 numerics on Hopper; MXFP4 has no emulation kernel on CUDA, and on Blackwell with FlashInfer even
+an MXFP4 weight-only checkpoint gets its activations quantized (CompressedTensorsW4A4Mxfp4 ignores the config's).
+
 The candidates are for Hopper (compute capability 9.0: H100, H200). Kernels that need an optional package
 (FlashInfer, conch-triton-kernels, humming) are candidates only when that package is importable in vLLM's
 environment (``packages``). Shape constraints (Machete's and Marlin's tile sizes) are not modelled: the log says.
@@ -37,15 +47,23 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.architectures import EXPERT_COUNT_KEYS
-from quantkit.checkpoint import quantization_config
+from quantkit.checkpoint import MXFP4, NVFP4, fp4_layout, quantization_config
 from quantkit.engines import registry
 from quantkit.formats.names import VLLM
 
 VLLM_VERSION = registry.get(VLLM).tested  # the vLLM whose kernels, flags and log lines this module knows
 DISABLED_ENV = "VLLM_DISABLED_KERNELS"
 FORCE_FP8_MARLIN_ENV = "VLLM_TEST_FORCE_FP8_MARLIN"
-OPTIONAL_PACKAGES = ("flashinfer", "conch", "humming")  # import names vLLM 0.26.0 checks with find_spec
+OPTIONAL_PACKAGES = ("flashinfer", "conch", "humming", "fbgemm_gpu")  # import names vLLM 0.26.0 checks with find_spec
 MOE = "moe"  # the "layer" of an expectation on fused experts
+FP4_FAMILY = {NVFP4: "nvfp4", MXFP4: "mxfp4"}  # a Scheme's family for each FP4 layout
+MARLIN_FP4 = {NVFP4: "MarlinNvFp4LinearKernel", MXFP4: "MarlinMxFp4LinearKernel"}  # weight-only: no FP4 arithmetic
+EMULATION_FP4 = "EmulationNvFp4LinearKernel"  # FP4 activations quantized and dequantized, a bf16 matmul
+EMULATION_BACKEND = "emulation"  # --linear-backend / --moe-backend value of vLLM's NVFP4 emulation
+# The FP4 kernels that need FP4 tensor cores (is_supported: cutlass_fp4_supported or compute capability 10.0+).
+BLACKWELL_FP4 = frozenset({"FlashInferCuteDslNvFp4LinearKernel", "FlashInferCutlassNvFp4LinearKernel",
+                           "CutlassNvFp4LinearKernel", "FlashInferMxFp4LinearKernel", "FLASHINFER_CUTEDSL",
+                           "FLASHINFER_CUTLASS", "VLLM_CUTLASS", "CutlassExpertsMxfp4"})
 
 # ------------------------------------------------------------------------------------------------------------------
 # What the artifact is
@@ -56,7 +74,8 @@ class Scheme:
     """One quantization scheme of an artifact's layers, in the terms vLLM's kernel selection uses.
 
     ``family``: ``wna16`` (integer weights, 16-bit activations), ``fp8`` (FP8 weights and activations, tensor or
-    channel scales), ``fp8-block`` (128x128 weight blocks, per-token-group activations), ``int8`` (W8A8 INT8), or
+    channel scales), ``fp8-block`` (128x128 weight blocks, per-token-group activations), ``int8`` (W8A8 INT8),
+    ``nvfp4`` or ``mxfp4`` (FP4 weights in groups of 16 or 32; ``activation_scales`` None: weight-only), or
     ``other`` (a scheme vLLM serves without a choice we can steer, or that it does not log).
     ``layer``: the name vLLM's log prints after "for" when it picks the layer's kernel."""
 
@@ -169,11 +188,21 @@ def _modelopt_scheme(algo: str) -> Scheme:
 
 
 def _ct_scheme(group: dict[str, Any], fmt: str | None) -> Scheme:
-    """A compressed-tensors config group as vLLM 0.26.0's ``_get_scheme_from_parts`` sees it."""
+    """A compressed-tensors config group as vLLM 0.26.0's ``_get_scheme_from_parts`` sees it (FP4 first, as there)."""
     w = group.get("weights") or {}
     a = group.get("input_activations") or {}
     fmt = group.get("format") or fmt
     bits, wtype, strategy = w.get("num_bits"), w.get("type"), w.get("strategy")
+    layout = fp4_layout(w)
+    if layout == NVFP4:
+        if a and fp4_layout(a) != NVFP4:  # CompressedTensorsW4A4Fp4 takes NVFP4 activations or none
+            return Scheme("other", "CompressedTensors", 4, note="NVFP4 weights with non-NVFP4 activations: vLLM "
+                          "raises \"For NVFP4 weights, input quantization must also be NVFP4 format\"")
+        return Scheme(FP4_FAMILY[NVFP4], NVFP4, 4, group_size=16, weight_scales="group",
+                      activation_scales="group" if a else None)
+    if layout == MXFP4:  # CompressedTensorsW4A4Mxfp4, whatever the activations say (its kernel decides)
+        return Scheme(FP4_FAMILY[MXFP4], MXFP4, 4, group_size=32, weight_scales="group",
+                      activation_scales="group" if a else None)
     if wtype == "int" and not a and fmt == "pack-quantized" and strategy in ("group", "channel"):
         return Scheme("wna16", "CompressedTensorsWNA16", int(bits), bool(w.get("symmetric", True)),
                       int(w.get("group_size") or -1) if strategy == "group" else -1,
@@ -239,6 +268,17 @@ FAMILIES: dict[str, tuple[Kernel, ...]] = {
                   Kernel("HummingFP8ScaledMMLinearKernel", "humming", "humming")),
     "int8": (Kernel("CutlassInt8ScaledMMLinearKernel", "cutlass"), Kernel("TritonInt8ScaledMMLinearKernel", "triton"),
              Kernel("HummingInt8ScaledMMLinearKernel", "humming", "humming")),
+    # FP4 (init_nvfp4_linear_kernel, init_mxfp4_linear_kernel; the log says "Using X for NVFP4 GEMM"): Blackwell's
+    # FP4 tensor cores first, then Marlin, which runs the weights in FP4 and the activations in 16 bits
+    "nvfp4": (Kernel("FlashInferCuteDslNvFp4LinearKernel", "flashinfer_cutedsl", "flashinfer"),
+              Kernel("FlashInferCutlassNvFp4LinearKernel", "flashinfer_cutlass", "flashinfer"),
+              Kernel("CutlassNvFp4LinearKernel", "cutlass"), Kernel(MARLIN_FP4[NVFP4], "marlin"),
+              Kernel("FlashInferTrtllmNvFp4LinearKernel", "flashinfer_trtllm", "flashinfer"),
+              Kernel("FlashInferCudnnNvFp4LinearKernel", "flashinfer_cudnn", "flashinfer"),
+              Kernel("FbgemmNvFp4LinearKernel", "fbgemm", "fbgemm_gpu"),
+              Kernel(EMULATION_FP4, EMULATION_BACKEND), Kernel("HummingNvFp4LinearKernel", "humming", "humming")),
+    "mxfp4": (Kernel("FlashInferMxFp4LinearKernel", "flashinfer_cutlass", "flashinfer"),
+              Kernel(MARLIN_FP4[MXFP4], "marlin"), Kernel("HummingMxFp4LinearKernel", "humming", "humming")),
     # fused experts: names as the MoE oracles log them, backends as --moe-backend takes them
     "moe-wna16": (Kernel("FLASHINFER_TRTLLM", "flashinfer_trtllm", "flashinfer"), Kernel("MARLIN", "marlin"),
                   Kernel("HUMMING", "humming", "humming")),
@@ -247,13 +287,25 @@ FAMILIES: dict[str, tuple[Kernel, ...]] = {
                 Kernel("VLLM_CUTLASS", "cutlass"), Kernel("TRITON", "triton"), Kernel("MARLIN", "marlin"),
                 Kernel("HUMMING", "humming", "humming")),
     "moe-int8": (Kernel("TRITON", "triton"), Kernel("HUMMING", "humming", "humming")),
+    # fused_moe/oracle/nvfp4.py select_nvfp4_moe_backend's order
+    "moe-nvfp4": (Kernel("FLASHINFER_TRTLLM", "flashinfer_trtllm", "flashinfer"),
+                  Kernel("FLASHINFER_CUTEDSL", "flashinfer_cutedsl", "flashinfer"),
+                  Kernel("FLASHINFER_CUTLASS", "flashinfer_cutlass", "flashinfer"), Kernel("VLLM_CUTLASS", "cutlass"),
+                  Kernel("MARLIN", "marlin"), Kernel("HUMMING", "humming", "humming"),
+                  Kernel("EMULATION", EMULATION_BACKEND)),
+    # CompressedTensorsW4A4Mxfp4MoEMethod picks its experts itself ("Using MarlinExperts for MXFP4 MoE"): no
+    # --moe-backend reaches it
+    "moe-mxfp4": (Kernel("CutlassExpertsMxfp4"), Kernel("MarlinExperts")),
 }
-_MOE_FAMILY = {"wna16": "moe-wna16", "fp8": "moe-fp8", "fp8-block": "moe-fp8", "int8": "moe-int8"}
+_MOE_FAMILY = {"wna16": "moe-wna16", "fp8": "moe-fp8", "fp8-block": "moe-fp8", "int8": "moe-int8",
+               "nvfp4": "moe-nvfp4", "mxfp4": "moe-mxfp4"}
 
 
 def _why_not(kernel: Kernel, s: Scheme, dtype: str) -> str:
     """Why ``kernel`` cannot run the scheme's layers on Hopper ("" when it can), after vLLM 0.26.0's checks."""
     n, bits, g = kernel.name, s.bits, s.group_size
+    if s.family in FP4_FAMILY.values():
+        return _why_not_fp4(n, s)
     if n == "CutlassW4A8LinearKernel":
         return "needs FP8 activations (W4A8)"
     if n == "MacheteLinearKernel":
@@ -292,6 +344,18 @@ def _why_not(kernel: Kernel, s: Scheme, dtype: str) -> str:
         return "" if s.weight_scales == "block" and dtype == "bfloat16" else "128x128 block-scaled weights only"
     if n == "FLASHINFER_TRTLLM" and s.family == "wna16":
         return "MXINT4 experts only"
+    return ""
+
+
+def _why_not_fp4(name: str, s: Scheme) -> str:
+    """Why an FP4 kernel cannot run the scheme's layers on Hopper ("" when it can)."""
+    if name in BLACKWELL_FP4:
+        return "Blackwell only (FP4 tensor cores: compute capability 10.0+)"
+    weight_only = s.activation_scales is None
+    if s.family == FP4_FAMILY[NVFP4] and weight_only and name != MARLIN_FP4[NVFP4] and name != "MARLIN":
+        return "weight-only NVFP4 always runs on Marlin (init_nvfp4_linear_kernel forces it for W4A16)"
+    if name in (EMULATION_FP4, "EMULATION") and weight_only:
+        return "emulates FP4 activations, which a weight-only checkpoint has no scale for"
     return ""
 
 
@@ -436,6 +500,8 @@ class LogFacts:
 _LINEAR = re.compile(r"\b(?:Using|Selected) (\w+Kernel) for (\w+)")
 # "Using TRITON Fp8 MoE backend out of potential backends: [...]", "Using 'MARLIN' WNA16 MoE backend."
 _MOE_LINE = re.compile(r"\bUsing '?([A-Z][A-Z0-9_]*)'? [\w ]*?MoE backend")
+# "Using MarlinExperts for MXFP4 MoE": compressed-tensors' MXFP4 experts, chosen without an oracle
+_MXFP4_MOE_LINE = re.compile(r"\bUsing (\w+Experts\w*) for MXFP4 MoE\b")
 _QUANT = re.compile(r"\bquantization=([\w-]+)")
 _ERROR = re.compile(r"\b((?:[A-Za-z_][\w.]*)?(?:Error|Exception)): (.+)$")
 _WRAPPER_ERRORS = ("Engine core initialization failed", "See root cause above", "EngineCore failed")
@@ -447,7 +513,7 @@ def log_facts(text: str) -> LogFacts:
     text = re.sub(r"\x1b\[[0-9;]*m", "", text)
     quant = _QUANT.search(text)
     linear = tuple(dict.fromkeys((layer, k) for k, layer in _LINEAR.findall(text)))
-    moe = tuple(dict.fromkeys(_MOE_LINE.findall(text)))
+    moe = tuple(dict.fromkeys(_MOE_LINE.findall(text) + _MXFP4_MOE_LINE.findall(text)))
     errors = [f"{m.group(1)}: {m.group(2).strip()}" for line in text.splitlines()
               if not _CALM_RECORD.search(line) and (m := _ERROR.search(line))]
     root = [e for e in errors if not any(w in e for w in _WRAPPER_ERRORS)]
