@@ -27,7 +27,7 @@ LLAMA_TOOLS ?= $(HOME)/.cache/quantkit/llama-tools/$(LLAMA_CPP_VERSION)-b$(LLAMA
 # seconds). quantkit runs it with the venv's Python (quantkit/producers/gguf/convert.py).
 LLAMA_CONVERT ?= $(HOME)/.cache/quantkit/llama-convert/$(LLAMA_CPP_VERSION)-b$(LLAMA_CPP_BUILD)
 
-.PHONY: install install-trt real-models test demo bench bench-gpu clean
+.PHONY: install install-trt real-models test demo bench bench-gpu gpu-test clean
 
 install: $(VENV)/.installed
 
@@ -86,6 +86,14 @@ bench: install
 
 bench-gpu: install
 	$(BIN)/python bench/quantize_cost.py --shape 8b
+
+# The GPU suite (scripts/gpu_cases.py, docs/testing.md) on a machine with a CUDA GPU and the engines installed with pip:
+# quantkit and llm-compressor run in .venv; vLLM's Python is --vllm-python in GPU_ARGS, else QUANTKIT_VLLM_PYTHON,
+# else `vllm` on PATH; ModelOpt's is .venv-trt (install-trt). E.g. make gpu-test GPU_ARGS="--only real".
+GPU_OUT  ?= out/gpu-cases
+GPU_ARGS ?=
+gpu-test: install install-trt real-models
+	$(BIN)/python scripts/gpu_cases.py --out $(GPU_OUT) $(GPU_ARGS)
 
 clean:
 	rm -rf out release .pytest_cache
