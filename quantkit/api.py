@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quantkit import artifact, calibration, formats, outputs, plan as plan_mod, producers, recipe as recipe_mod, \
-    source as source_mod, versions
+from quantkit import artifact, calibration, outputs, plan as plan_mod, recipe as recipe_mod, source as source_mod, \
+    versions
 from quantkit.artifact import MANIFEST, Manifest, fmt_bytes, fmt_num, size_bytes
 from quantkit.errors import RecipeError
 from quantkit.formats.names import Method
@@ -103,19 +103,16 @@ def quantize_one(recipe: Recipe, spec: MethodBase, out: Path, *, force: bool = F
         with rep.timed("check_source"):
             source = source_mod.resolve(recipe.model)
     outputs.check_apart(out, source.path)
-    row = formats.for_spec(spec)
-    producer = producers.get(spec)
-    producer.check(spec, source)
-    if row.calibrates(spec):
-        calibration.check_fits(recipe.calibration, source.config, source.spec)
+    prepared = plan_mod.prepare(recipe, spec, source)
     plan_mod.check_host_memory(recipe, spec, source)
-    with artifact.ArtifactWriter(out, force=force, expected_bytes=producer.estimate_bytes(spec, source)) as w:
+    with artifact.ArtifactWriter(out, force=force, expected_bytes=prepared.producer.estimate_bytes(spec, source)) as w:
         ctx = ProduceContext(spec=spec, source=source, model=recipe.model, workdir=w.path,
-                             calibration=recipe.calibration, runtime=recipe.runtime, reporter=rep)
-        produced = producer.produce(ctx)
+                             calibration=recipe.calibration, runtime=recipe.runtime, reporter=rep,
+                             checked=prepared.checked)
+        produced = prepared.producer.produce(ctx)
         rep.timings["total"] = round(time.perf_counter() - t0, 3)
         manifest = Manifest(
-            format=row.kind, method=spec.method, params=spec.model_dump(mode="json"),
+            format=prepared.row.kind, method=spec.method, params=spec.model_dump(mode="json"),
             quantization=produced.quantization, source=source.manifest(),
             calibration=produced.calibration.manifest() if produced.calibration else None,
             recipe=recipe.model_dump(mode="json"), recipe_yaml=recipe_mod.dump(recipe),

@@ -28,6 +28,8 @@ from quantkit.errors import HostMemoryError
 from quantkit.formats.kinds import Kind
 from quantkit.formats.names import KindName, Method
 from quantkit.formats.specs import MethodBase
+from quantkit.producers.base import Producer
+from quantkit.producers.groups import GroupChoice
 from quantkit.recipe import Recipe
 from quantkit.reuse import reusable
 from quantkit.source import SourceModel, safetensors_header
@@ -56,6 +58,30 @@ class PlannedOutput:
     notes: list[str] = field(default_factory=list)  # what the producer decides from the source, unasked
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """One output checked before anything loads: its registry row, its producer, what the producer's check decided
+    from the source (its group choice, for llm-compressor's methods), and whether it reads calibration data."""
+
+    row: formats.Format
+    producer: Producer
+    checked: Any
+    calibrates: bool
+
+
+def prepare(recipe: Recipe, spec: MethodBase, src: SourceModel) -> Prepared:
+    """The checks every output passes before anything loads, the same for a build (:func:`quantkit.api.quantize_one`,
+    which carries ``checked`` to the producer) and for ``--dry-run`` (:func:`make`): the producer's own, then the
+    calibration's length against the model's."""
+    row = formats.for_spec(spec)
+    producer = producers.get(spec)
+    checked = producer.check(spec, src)
+    calibrates = row.calibrates(spec)
+    if calibrates:
+        calibration.check_fits(recipe.calibration, src.config, src.spec)
+    return Prepared(row, producer, checked, calibrates)
+
+
 @dataclass
 class Plan:
     """Everything ``--dry-run`` prints, as data."""
@@ -70,8 +96,6 @@ class Plan:
 def make(recipe: Recipe, *, force: bool = False, pipeline: bool = False, evaluate: bool = True,
          smoke: bool = True, method: str | None = None) -> Plan:
     """The plan of a recipe's outputs (``pipeline``: as ``quantkit run`` would, with reuse, eval and smoke)."""
-    from quantkit.producers.groups import group_choice  # a producer module: imported when planning, not before
-
     src = source_mod.resolve(recipe.model)
     out = Plan(source={"id": src.spec, "path": str(src.path), "architecture": src.architecture,
                        "parameters": src.num_parameters, "size_bytes": src.size_bytes})
@@ -79,12 +103,8 @@ def make(recipe: Recipe, *, force: bool = False, pipeline: bool = False, evaluat
     for spec, path in recipe.artifacts():
         if method is not None and spec.method != method:
             continue
-        row = formats.for_spec(spec)
-        producer = producers.get(spec)
-        producer.check(spec, src)
-        calibrates = row.calibrates(spec)
-        if calibrates:
-            calibration.check_fits(recipe.calibration, src.config, src.spec)
+        prepared = prepare(recipe, spec, src)
+        row = prepared.row
         action, why = "build", "not there yet"
         if path.exists():
             ok, reason = reusable(recipe, spec, path, src) if pipeline else (False, "")
@@ -96,18 +116,18 @@ def make(recipe: Recipe, *, force: bool = False, pipeline: bool = False, evaluat
                 action, why = "refuse", (f"exists and cannot be reused: {reason}" if pipeline else "exists") \
                     + " (pass --force)"
         c = recipe.calibration
-        calib = (f"{c.dataset}: {c.samples} x {c.seq_len} tokens, seed {recipe.runtime.seed}" if calibrates
+        calib = (f"{c.dataset}: {c.samples} x {c.seq_len} tokens, seed {recipe.runtime.seed}" if prepared.calibrates
                  else f"none ({row.key} reads no calibration data)")
         host, gpu = _memory(row, spec, recipe, src, layer)
         kind = formats.kind(row.kind)
-        choice = group_choice(spec, src)
+        choice = prepared.checked
         out.outputs.append(PlannedOutput(
             name=formats.folder(spec) if recipe.outputs else path.name, format=row.key, kind=kind.label,
             path=str(path), action=action, why=why, calibration=calib,
-            disk_bytes=producer.estimate_bytes(spec, src), host_bytes=host, gpu_bytes=gpu,
+            disk_bytes=prepared.producer.estimate_bytes(spec, src), host_bytes=host, gpu_bytes=gpu,
             evaluate=_evaluate(kind, recipe, pipeline and evaluate),
             smoke=_smoke(kind, recipe, pipeline and smoke),
-            notes=[choice.reason] if choice and choice.changed else []))
+            notes=[choice.reason] if isinstance(choice, GroupChoice) and choice.changed else []))
     return out
 
 

@@ -492,6 +492,26 @@ def test_plan_table():
     assert built[1].ignore == ["lm_head"] and built[1].scheme == "W8A8"
 
 
+def test_patches_refuse_an_llmcompressor_they_were_not_read_against(monkeypatch):
+    """A patch of llm-compressor internals on another version could silently do nothing (AWQ crashing on CPU again,
+    mappings recorded as applied nowhere): it refuses in one line instead, and only where it applies."""
+    from quantkit.errors import BackendError
+    from quantkit.formats.specs import AwqSpec, RtnSpec
+    from quantkit.producers import patches
+
+    awq, rtn = modifiers.plan(AwqSpec(method="awq")), modifiers.plan(RtnSpec(method="rtn"))
+    with patches.awq_resolved(awq) as names:  # the installed version is the one they were read against
+        assert names == []
+    monkeypatch.setattr(patches.versions, "version", lambda dist: "0.15.0")
+    pinning = () if torch.accelerator.is_available() else (patches.awq_without_pin_memory,)  # patched only on CPU
+    for patch in (patches.awq_resolved, *pinning):
+        with pytest.raises(BackendError, match=r"written for llmcompressor 0\.14\.0\.1; 0\.15\.0 is installed"):
+            with patch(awq):
+                pass
+        with patch(rtn):  # no AWQ: nothing is patched, so nothing is refused
+            pass
+
+
 @requires_gpu
 def test_awq_on_gpu(tmp_path):
     out = tmp_path / "awq-gpu"

@@ -29,6 +29,7 @@ class ProduceContext:
     calibration: CalibrationSpec
     runtime: RuntimeSpec
     reporter: Reporter
+    checked: Any = None  # what the producer's check decided from the source (Producer.check), so it is decided once
     _calib_cache: dict = field(default_factory=dict)
 
     def calibration_set(self, tokenizer: Any) -> CalibrationSet:
@@ -54,8 +55,10 @@ class Produced:
 class Producer(Protocol):
     """One per format family (compressed-tensors, GGUF, TensorRT-LLM)."""
 
-    def check(self, spec: Any, source: SourceModel) -> None:
-        """Refuse early (before loading weights) what this producer cannot do for this source."""
+    def check(self, spec: Any, source: SourceModel) -> Any:
+        """Refuse early (before loading weights) what this producer cannot do for this source; returns what it
+        decided from the source unasked (None where nothing), which the build hands to :meth:`produce` as
+        ``ctx.checked`` (:func:`quantkit.plan.prepare`)."""
 
     def estimate_bytes(self, spec: Any, source: SourceModel) -> int:
         """Roughly how many bytes the artifact will take (for the free-space check)."""

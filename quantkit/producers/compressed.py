@@ -35,9 +35,10 @@ from typing import Any
 from quantkit import ignore as ignore_mod
 from quantkit.errors import SourceModelError, UsageError
 from quantkit.architectures import text_config
-from quantkit.producers import coverage, mixed, moe, oneshot, torchrun, vision
+from quantkit.producers import mixed, moe, oneshot, torchrun, vision
 from quantkit.producers.base import ProduceContext, Produced
-from quantkit.producers.groups import check_tiles, group_choice, grouped, input_widths
+from quantkit.producers.groups import GroupChoice, check_tiles, group_choice, grouped, input_widths
+from quantkit.producers.job import Job
 from quantkit.producers.modifiers import Plan, plan
 from quantkit.source import SourceModel
 
@@ -52,13 +53,13 @@ def _check_target_bits(spec: Any, source: SourceModel, group_size: int) -> None:
     mixed.check_target(spec.target_bits, group_size, spec.symmetric, list(input_widths(source.config).values()))
 
 
-def _bits_plan(model: Any, spec: Any, job: dict[str, Any], device: str, rep: Any) -> tuple[list[mixed.Unit],
-                                                                                           dict[str, Any]]:
+def _bits_plan(model: Any, job: Job, device: str, rep: Any) -> tuple[list[mixed.Unit], dict[str, Any]]:
     """Measure each layer group's 4-bit sensitivity on the model as loaded (moved to the GPU for it, when there is
     one, and back), then choose which groups go to 8 bits; says the choice in one line."""
     import torch
 
-    found = mixed.units(model, job["ignore"])
+    spec = job.spec
+    found = mixed.units(model, job.ignore)
     where = "cuda" if device == "cuda" else "cpu"
     if where == "cuda":
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -71,7 +72,7 @@ def _bits_plan(model: Any, spec: Any, job: dict[str, Any], device: str, rep: Any
                                            len(found)) as task:
         model.to(where)
         try:
-            measured, sensitivity = mixed.measure(model, found, job["samples"] or [], spec.group_size,
+            measured, sensitivity = mixed.measure(model, found, job.samples or [], spec.group_size,
                                                   spec.symmetric, task.advance)
         finally:
             model.to("cpu")
@@ -87,7 +88,9 @@ def _bits_plan(model: Any, spec: Any, job: dict[str, Any], device: str, rep: Any
 class CompressedProducer:
     """The ``awq``, ``gptq``, ``autoround``, ``fp8``, ``int8``, ``w4a8`` and ``rtn`` methods."""
 
-    def check(self, spec: Any, source: SourceModel) -> None:
+    def check(self, spec: Any, source: SourceModel) -> GroupChoice | None:
+        """Refuse before anything loads what cannot be made here; returns the group choice (None for a method
+        without one), which the build carries to :meth:`produce` as ``ctx.checked`` so it is made once."""
         archs = source.config.get("architectures") or []
         if not vision.family(source.config) and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
             from quantkit.architectures import TABLE
@@ -104,6 +107,7 @@ class CompressedProducer:
         ignore_mod.effective(spec, source)  # a misspelt --ignore fails here, before anything loads
         if getattr(spec, "target_bits", None) is not None and choice is not None:
             _check_target_bits(choice.apply(spec), source, choice.size)
+        return choice
 
     def estimate_bytes(self, spec: Any, source: SourceModel) -> int:
         cfg = text_config(source.config)
@@ -115,7 +119,7 @@ class CompressedProducer:
 
     def produce(self, ctx: ProduceContext) -> Produced:
         spec, rep = ctx.spec, ctx.reporter
-        choice = group_choice(spec, ctx.source)
+        choice: GroupChoice | None = ctx.checked
         notes: list[str] = []
         if choice is not None:
             spec = choice.apply(spec)
@@ -129,16 +133,15 @@ class CompressedProducer:
         if grouped(spec) and getattr(spec, "target_bits", None) is not None and ctx.runtime.num_gpus > 1:
             raise UsageError("--target-bits measures and quantizes in one process",
                              hint="drop --num-gpus (the model is quantized one layer at a time on one GPU anyway)")
-        job = _job(ctx, spec)
+        job = Job.of(ctx, spec)
         with rep.timed("setup"):  # importing torch and transformers, starting CUDA, the tokenizer
             device = oneshot.pin_device(ctx.runtime.device, ctx.runtime.num_gpus)
             from transformers import AutoTokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(ctx.source.path, trust_remote_code=job["trust_remote_code"])
+            tokenizer = AutoTokenizer.from_pretrained(ctx.source.path, trust_remote_code=job.trust_remote_code)
         calib = ctx.calibration_set(tokenizer) if p.calibrate else None
-        job["samples"] = calib.samples if calib else None
-        if ctx.calibration.images:
-            job["images"] = _calibration_images(ctx, p, calib)
+        job = job.model_copy(update={"samples": calib.samples if calib else None,
+                                     "images": _calibration_images(ctx, p, calib) if ctx.calibration.images else None})
         description = f"Quantizing {spec.method} ({p.scheme}) with llm-compressor on {device}"
         if ctx.runtime.num_gpus > 1:
             with rep.step("quantize", description + f" x{ctx.runtime.num_gpus} (torchrun)"):
@@ -148,21 +151,17 @@ class CompressedProducer:
                 model = oneshot.load_model(job)
             bits_plan = None
             if getattr(spec, "target_bits", None) is not None:
-                bits_plan, sensitivity = _bits_plan(model, spec, job, device, rep)
+                bits_plan, sensitivity = _bits_plan(model, job, device, rep)
                 p = plan(spec, {b: mixed.targets(bits_plan, b) for b in (mixed.LOW_BITS, mixed.HIGH_BITS)})
                 description = f"Quantizing {spec.method} ({p.scheme}) with llm-compressor on {device}"
             with rep.layers("quantize", description), oneshot.quiet_backend():
                 info = oneshot.run(model, p, job)
             with rep.step("check", "Checking that every module that should be quantized was"):
-                cov = coverage.check(model, job["ignore"], job["config"], p.signed_scales)
-                cov.raise_for_failures()
+                info["coverage"] = oneshot.check(model, p, job)
                 if bits_plan is not None:
                     mixed.check_bits(model, bits_plan)
-            info["coverage"] = cov.manifest()
             with rep.step("save", "Saving the compressed-tensors checkpoint"), oneshot.quiet_backend():
-                oneshot.save(model, tokenizer, ctx.workdir, job["config"], p.save_format)
-                if vision.family(ctx.source.config):
-                    vision.record_ignored(ctx.workdir, model, job["ignore"])
+                oneshot.save(model, tokenizer, job, p.save_format)
             del model
             if bits_plan is not None:
                 achieved = mixed.measured_bits(ctx.workdir, bits_plan)
@@ -183,7 +182,7 @@ class CompressedProducer:
         if warning:
             rep.warn(warning)
             info["notes"].append(warning)
-        quantization = oneshot.describe(ctx.workdir, p, info, job["ignore"]) | (choice.manifest() if choice else {})
+        quantization = oneshot.describe(ctx.workdir, p, info, job.ignore) | (choice.manifest() if choice else {})
         return Produced(quantization=quantization, calibration=calib, notes=notes + list(info.get("notes", [])))
 
 
@@ -206,16 +205,3 @@ def _calibration_images(ctx: ProduceContext, p: Plan, calib: Any) -> list[str]:
     calib.pictures = images.load(images.folder(ctx.calibration.images))
     return [str(pic.path) for pic in calib.pictures]
 
-
-# ----------------------------------------------------------------------------------------------------------------
-# The job: everything oneshot needs, as plain data (so a torchrun worker can run the same thing)
-
-
-def _job(ctx: ProduceContext, spec: Any) -> dict[str, Any]:
-    return {
-        "method": spec.method, "spec": spec.model_dump(mode="json"), "source": str(ctx.source.path),
-        "config": ctx.source.config, "ignore": ignore_mod.effective(ctx.spec, ctx.source),
-        "dtype": ctx.model.dtype, "trust_remote_code": ctx.model.trust_remote_code,
-        "seq_len": ctx.calibration.seq_len, "min_expert_tokens": ctx.calibration.min_expert_tokens,
-        "seed": ctx.runtime.seed, "out": str(ctx.workdir),
-    }

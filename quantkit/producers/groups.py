@@ -70,9 +70,9 @@ def _bits_target_default(spec: Any) -> bool:
     """Whether a ``gptq --target-bits`` run left its int4 layout to quantkit (no symmetry given; :func:`group_choice`
     asks only when no group size was) with a target of :data:`~quantkit.formats.specs.TARGET_BITS_GROUP_FROM` bits
     or more. There int4 in groups of 32 with zero points (4.625 bits per weight by itself) leaves fewer groups to
-    raise to int8 and still scores lower: at 5.53 bits on SmolLM2-135M, 47 of 120 groups at int8 and an exact KLD of 0.0293, against 66 and
-    0.0370 at group 64 symmetric (bench/results/h200/bits_g32a/). At 5.0 bits the two were level, so lower targets
-    keep the plain default."""
+    raise to int8 and still scores lower: at 5.53 bits on SmolLM2-135M, 47 of 120 groups at int8 and an exact KLD of
+    0.0293, against 66 and 0.0370 at group 64 symmetric (bench/results/h200/bits_g32a/). At 5.0 bits the two were
+    level, so lower targets keep the plain default."""
     return (spec.method == "gptq" and getattr(spec, "target_bits", None) is not None
             and "symmetric" not in spec.model_fields_set and spec.target_bits >= TARGET_BITS_GROUP_FROM)
 

@@ -137,7 +137,8 @@ def _plan_gptq(spec: Any, split: dict[int, list[str]] | None = None) -> Plan:
 
 def _plan_autoround(spec: Any) -> Plan:
     # llm-compressor's sequential pipeline hands AutoRound one decoder layer at a time with the inputs it captured;
-    # torch.compile is decided when the plan runs (:func:`quantkit.producers.oneshot.run`), since it helps only on an accelerator.
+    # torch.compile is decided when the plan runs (:func:`quantkit.producers.oneshot.run`), since it helps only on an
+    # accelerator.
     return Plan(_int_scheme(spec.bits, spec.symmetric),
                 (("AutoRoundModifier", {**_weight_only(spec), "iters": spec.iterations,
                                         "batch_size": spec.batch_size, "lr": spec.lr}),),

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.errors import BackendError, SourceModelError, UsageError
-from quantkit.producers import moe, vision
+from quantkit.producers import coverage, moe, vision
+from quantkit.producers.job import Job
 from quantkit.producers.modifiers import Plan
 from quantkit.producers.patches import awq_resolved, awq_without_pin_memory
 
@@ -92,7 +93,7 @@ def _quiet_llmcompressor_log() -> None:
     os.environ.setdefault("AR_LOG_LEVEL", "ERROR")  # auto-round's own per-layer lines; read when it is imported
 
 
-def load_model(job: dict[str, Any], distributed: bool = False) -> Any:
+def load_model(job: Job, distributed: bool = False) -> Any:
     """The source model on the CPU (the pipelines move layers to the accelerator as they go), experts linearized.
 
     Not llm-compressor's ``load_context``: its MoE half (``load_quantizable_moe``) loads Qwen-MoE and DeepSeek
@@ -108,29 +109,29 @@ def load_model(job: dict[str, Any], distributed: bool = False) -> Any:
     import transformers
 
     # A vision-language checkpoint loads as the class it names (its language model, vision tower and projector).
-    auto = transformers.AutoModelForImageTextToText if vision.family(job["config"]) else \
+    auto = transformers.AutoModelForImageTextToText if vision.family(job.config) else \
         transformers.AutoModelForCausalLM
-    dtype = job["dtype"]
+    dtype = job.dtype
     kwargs: dict[str, Any] = {"dtype": "auto" if dtype == "auto" else getattr(torch, dtype),
-                              "trust_remote_code": job["trust_remote_code"]}
+                              "trust_remote_code": job.trust_remote_code}
     try:
         if distributed:
             from compressed_tensors.offload import load_offloaded_model
 
             with load_offloaded_model():
-                model = auto.from_pretrained(job["source"], device_map="auto_offload", **kwargs)
+                model = auto.from_pretrained(job.source, device_map="auto_offload", **kwargs)
         else:
-            model, info = auto.from_pretrained(job["source"], output_loading_info=True, **kwargs)
+            model, info = auto.from_pretrained(job.source, output_loading_info=True, **kwargs)
             missing = sorted(info.get("missing_keys") or [])
             if missing:
                 raise SourceModelError(
-                    f"{job['source']}: {len(missing)} weights the model needs are not in the checkpoint "
+                    f"{job.source}: {len(missing)} weights the model needs are not in the checkpoint "
                     f"(transformers would initialise them at random): {', '.join(missing[:6])}"
                     + (f" (+{len(missing) - 6} more)" if len(missing) > 6 else ""),
                     hint="the checkpoint's tensor names do not match its config.json's architecture")
     except (OSError, ValueError, KeyError, RuntimeError) as e:  # RuntimeError: a checkpoint it cannot convert
         raise SourceModelError(
-            f"transformers cannot load {job['source']}: {str(e).splitlines()[0][:300]}",
+            f"transformers cannot load {job.source}: {str(e).splitlines()[0][:300]}",
             hint="check that the checkpoint is a complete causal LM (config.json + weights)") from None
     return moe.linearize(model)
 
@@ -145,14 +146,14 @@ def _matching(pattern: str, names: list[str]) -> int:
     return sum(1 for n in names if n == pattern or n.endswith("." + pattern))
 
 
-def run(model: Any, p: Plan, job: dict[str, Any]) -> dict[str, Any]:
+def run(model: Any, p: Plan, job: Job) -> dict[str, Any]:
     """Run llm-compressor's oneshot on a loaded model; returns what the manifest should know about the run."""
     _quiet_llmcompressor_log()
     import torch
     from llmcompressor import oneshot
 
-    torch.manual_seed(job["seed"])
-    modifiers = p.build(job["ignore"])
+    torch.manual_seed(job.seed)
+    modifiers = p.build(job.ignore)
     notes: list[str] = []
     for m in modifiers:
         if type(m).__name__ == "AutoRoundModifier":
@@ -162,34 +163,34 @@ def run(model: Any, p: Plan, job: dict[str, Any]) -> dict[str, Any]:
             notes.append(f"AutoRound's tuning loop {'compiled' if m.enable_torch_compile else 'not compiled'} with "
                          f"torch.compile ({'an' if m.enable_torch_compile else 'no'} accelerator)")
     kwargs: dict[str, Any] = {"moe_calibrate_all_experts": True}
-    samples = job.get("samples")
-    if samples and job.get("images"):
+    samples = job.samples
+    if samples and job.images:
         from torch.utils.data import DataLoader
 
         from quantkit import images
 
-        pictures = images.load(Path(job["images"][0]).parent)
-        pictures = [pic for pic in pictures if str(pic.path) in job["images"]]
-        kwargs["dataset"] = DataLoader(vision.image_samples(Path(job["source"]), samples, pictures, job["seq_len"]),
+        pictures = images.load(Path(job.images[0]).parent)
+        pictures = [pic for pic in pictures if str(pic.path) in job.images]
+        kwargs["dataset"] = DataLoader(vision.image_samples(Path(job.source), samples, pictures, job.seq_len),
                                        batch_size=1, collate_fn=lambda batch: batch[0])
     elif samples:
         from datasets import Dataset
 
         kwargs |= {"dataset": Dataset.from_dict({"input_ids": samples}), "num_calibration_samples": len(samples),
-                   "max_seq_length": job["seq_len"], "shuffle_calibration_samples": False}
+                   "max_seq_length": job.seq_len, "shuffle_calibration_samples": False}
     scoped: list[str] = []
-    if vision.family(job["config"]):
+    if vision.family(job.config):
         from transformers import AutoTokenizer
 
         scoped = vision.scope_modifiers(modifiers, model)
         # The samples are token ids already; without a processor oneshot builds the checkpoint's own, whose image
         # and video processors may need torchvision only to be thrown away.
-        kwargs["processor"] = AutoTokenizer.from_pretrained(job["source"], trust_remote_code=job["trust_remote_code"])
-    fam = moe.family(job["config"])
-    split = _split_awq_router(modifiers, model, fam, job["config"])
+        kwargs["processor"] = AutoTokenizer.from_pretrained(job.source, trust_remote_code=job.trust_remote_code)
+    fam = moe.family(job.config)
+    split = _split_awq_router(modifiers, model, fam, job.config)
     # Under torchrun each rank routes only its share of the samples: counted in one process only.
     counted = fam and samples and not torch.distributed.is_initialized()
-    router = moe.RouterTokens(model, fam, job["config"], sum(map(len, samples))) if counted else None
+    router = moe.RouterTokens(model, fam, job.config, sum(map(len, samples))) if counted else None
     try:
         with awq_without_pin_memory(p), awq_resolved(p) as resolved, router or contextlib.nullcontext():
             oneshot(model=model, recipe=modifiers, **kwargs)
@@ -201,10 +202,10 @@ def run(model: Any, p: Plan, job: dict[str, Any]) -> dict[str, Any]:
                            hint="rerun with --debug for the traceback") from e
     info: dict[str, Any] = {"notes": notes}
     if fam:
-        info["moe"] = {"family": fam.name, "experts": fam.num_experts(job["config"]),
-                       "top_k": fam.top_k(job["config"]), "layers": fam.layers(job["config"]),
-                       "routers": moe.router_patterns(job["config"]), "calibrate_all_experts": True,
-                       "expert_tokens": router.summary(job["min_expert_tokens"]) if router else None}
+        info["moe"] = {"family": fam.name, "experts": fam.num_experts(job.config),
+                       "top_k": fam.top_k(job.config), "layers": fam.layers(job.config),
+                       "routers": moe.router_patterns(job.config), "calibrate_all_experts": True,
+                       "expert_tokens": router.summary(job.min_expert_tokens) if router else None}
     for m in modifiers:
         if type(m).__name__ == "AWQModifier":
             info["awq_mappings"] = [{"smooth_layer": mp.smooth_layer, "balance_layers": list(mp.balance_layers),
@@ -249,20 +250,37 @@ def _awq_mapping_source(model: Any) -> str:
     return f"its default (Llama-style) mappings: {name} is not in its registry"
 
 
-def save(model: Any, tokenizer: Any, out: Path, config: dict[str, Any], save_format: str | None = None) -> None:
-    """compressed-tensors weights + config, the tokenizer, and the generation config (save_pretrained writes it);
-    an MoE's experts under its checkpoints' own names; ``save_format`` when compressed-tensors would infer the
-    wrong one (W4A8)."""
+def save(model: Any, tokenizer: Any | None, job: Job, save_format: str | None = None) -> None:
+    """compressed-tensors weights + config, the tokenizer, the generation config (save_pretrained writes it) and, for
+    a vision-language model, the record of what stayed unquantized; an MoE's experts under its checkpoints' own
+    names; ``save_format`` when compressed-tensors would infer the wrong one (W4A8).
+
+    The one save of both paths: under torchrun every rank calls it, since every rank takes part in the weights' save
+    (compressed-tensors gathers them and rank 0 writes); ``tokenizer`` is None on the other ranks, which write
+    nothing else."""
     import warnings
 
-    fam = moe.family(config)
+    out = Path(job.out)
+    fam = moe.family(job.config)
     if fam:
         moe.save_as_checkpoint(model, fam)
     with warnings.catch_warnings():  # transformers warns about 50 GB shards whenever llm-compressor offloaded modules
         warnings.filterwarnings("ignore", message="Attempting to save a model with offloaded modules")
         model.save_pretrained(str(out), save_compressed=True, quantization_format=save_format,
                               max_shard_size=SHARD_SIZE)
+    if tokenizer is None:
+        return
     tokenizer.save_pretrained(str(out))
+    if vision.family(job.config):
+        vision.record_ignored(out, model, job.ignore)
+
+
+def check(model: Any, p: Plan, job: Job) -> dict[str, Any]:
+    """Every module that should be quantized was, with usable scales (:mod:`quantkit.producers.coverage`): raises
+    (exit 1, nothing published) otherwise; returns the manifest's ``coverage``."""
+    cov = coverage.check(model, job.ignore, job.config, p.signed_scales)
+    cov.raise_for_failures()
+    return cov.manifest()
 
 
 def describe(out: Path, p: Plan, info: dict[str, Any], ignore: list[str]) -> dict[str, Any]:

@@ -1,6 +1,11 @@
 """Context managers that patch llm-compressor internals for one oneshot call, each restoring what it replaced.
 
-Written for llmcompressor 0.14.0.1 (each names the private code it reaches into).
+Each reaches into private code of llmcompressor 0.14.0.1 (:data:`WRITTEN_FOR`): an attribute renamed or a method
+no longer called in another release would not fail but leave the patch doing nothing (AWQ crashing on CPU again, or
+every AWQ mapping recorded as applied in no layer). So each checks the installed version when it applies and refuses
+any other (exit 1) until it is re-read against that version's source and :data:`WRITTEN_FOR` moved; pyproject pins
+the same version, so only a hand-installed llm-compressor meets the refusal. :data:`WRITTEN_FOR` is not read from
+that pin on purpose: moving the pin must not vouch for patches nobody has re-read.
 """
 
 from __future__ import annotations
@@ -9,8 +14,24 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from quantkit import versions
+from quantkit.errors import BackendError
+
 if TYPE_CHECKING:
     from quantkit.producers.modifiers import Plan
+
+WRITTEN_FOR = "0.14.0.1"  # the llmcompressor release whose internals these patches were read from and tested with
+
+
+def _check_version(patch: str) -> None:
+    """Refuse to patch an llm-compressor these patches were not read against (see the module's docstring)."""
+    installed = versions.version("llmcompressor")
+    if installed != WRITTEN_FOR:
+        raise BackendError(f"quantkit patches llm-compressor's {patch}, written for llmcompressor {WRITTEN_FOR}; "
+                           f"{installed} is installed",
+                           hint=f"pip install llmcompressor=={WRITTEN_FOR} (quantkit's pin), or re-check "
+                                "quantkit/producers/patches.py against the installed version")
+
 
 @contextlib.contextmanager
 def awq_without_pin_memory(p: Plan) -> Iterator[None]:
@@ -26,6 +47,7 @@ def awq_without_pin_memory(p: Plan) -> Iterator[None]:
     if not any(name == "AWQModifier" for name, _ in p.modifiers) or torch.accelerator.is_available():
         yield
         return
+    _check_version("IntermediatesCache.pin_memory")
     from llmcompressor.pipelines.cache import IntermediatesCache
 
     original = IntermediatesCache.pin_memory
@@ -49,6 +71,7 @@ def awq_resolved(p: Plan) -> Iterator[list[str]]:
     if not any(name == "AWQModifier" for name, _ in p.modifiers):
         yield names
         return
+    _check_version("AWQModifier._set_resolved_mappings")
     from llmcompressor.modifiers.transform.awq import AWQModifier
 
     original = AWQModifier._set_resolved_mappings
