@@ -204,4 +204,3 @@ def _calibration_images(ctx: ProduceContext, p: Plan, calib: Any) -> list[str]:
         raise UsageError("--calib-images calibrates in one process", hint="drop --num-gpus")
     calib.pictures = images.load(images.folder(ctx.calibration.images))
     return [str(pic.path) for pic in calib.pictures]
-

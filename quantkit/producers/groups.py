@@ -156,4 +156,3 @@ def check_tiles(spec: Any, source: SourceModel) -> None:
     bad = [f"{k} = {v}" for k, v in widths.items() if v % 128]
     if bad:
         raise UsageError(f"{what}, and 128 does not divide the layers' width ({', '.join(bad)})", hint=hint)
-

@@ -308,4 +308,3 @@ def describe(out: Path, p: Plan, info: dict[str, Any], ignore: list[str]) -> dic
         if key in info:
             q[key] = info[key]
     return q
-

@@ -85,4 +85,3 @@ def awq_resolved(p: Plan) -> Iterator[list[str]]:
         yield names
     finally:
         AWQModifier._set_resolved_mappings = original  # type: ignore[method-assign]
-
