@@ -136,7 +136,6 @@ def load_model(job: Job, distributed: bool = False) -> Any:
     return moe.linearize(model)
 
 
-
 def _matching(pattern: str, names: list[str]) -> int:
     """How many module names a compressed-tensors target matches (``re:`` a regular expression, else the name)."""
     import re
