@@ -77,7 +77,8 @@ def eval_agreement() -> list[str]:
             continue
         lines.append(f"| {r['label']} | {x['ppl']:.3f} | {r['ppl']:.3f} | {(r['ppl'] / x['ppl'] - 1):+.2%} | "
                      f"{x['kld']:.5f} | {r['kld']:.5f} | {x['top1']:.4f} | {r['top1']:.4f} |")
-    lines += ["", "Command (H200, the artifacts of `scripts/gpu_quantize_all.sh`; the files do not record it, this is its form): `quantkit eval ARTS --baseline "
+    lines += ["", "Command (H200, the artifacts of the reference model's `tiny` and `legacy` cases of "
+              "scripts/gpu_cases.yaml; the files do not record it, this is its form): `quantkit eval ARTS --baseline "
               "models/quantkit-tiny --dataset heldout --ctx 2048 --max-tokens 32768 --engine vllm|transformers --json`; "
               "files: h200/eval_vllm_tiny.json, h200/eval_transformers_cuda_tiny.json.", ""]
     return lines
@@ -85,19 +86,17 @@ def eval_agreement() -> list[str]:
 
 def quantize_tiny() -> list[str]:
     """Per-method quantization time of the reference model on the H200 (the timings quantkit's manifests record)."""
-    log = H200 / "quantize_tiny.log"
-    if not log.exists():
-        return ["Missing h200/quantize_tiny.log.", ""]
+    data = _read(H200 / "quantize_tiny.json")
+    if not data:
+        return ["Missing h200/quantize_tiny.json.", ""]
     lines = ["| artifact | load s | calibration data s | quantize s | save s | total s |", "|---|---|---|---|---|---|"]
-    for m in re.finditer(r"/([\w.-]+)\.json: \[\('[\w-]+', (\{.*?\})\)\]", log.read_text()):
-        t = json.loads(m.group(2).replace("'", '"'))
-        lines.append(f"| {m.group(1)} | {t.get('load_model', 0):.2f} | {t.get('calibration_data', 0):.2f} | "
+    for name, t in data["timings"].items():
+        lines.append(f"| {name} | {t.get('load_model', 0):.2f} | {t.get('calibration_data', 0):.2f} | "
                      f"{t.get('quantize', 0):.2f} | {t.get('save', 0):.2f} | {t.get('total', 0):.1f} |")
-    lines += ["", "Command: `bash scripts/gpu_quantize_all.sh models/quantkit-tiny /tmp/arts` on one H200 "
-              "(quantkit's CLI with its default 128 x 512 calibration tokens of 'mixed'); the times are each "
-              "artifact's manifest `timings`. Total runs from quantkit's source check to the end of producing, so it "
+    lines += ["", f"Command: `{data['command']}`, on one H200; the times are each artifact's manifest `timings` "
+              "(h200/quantize_tiny.json). Total runs from quantkit's source check to the end of producing, so it "
               "also holds the producer's (lazy) imports of torch, transformers and llm-compressor: at this size those, "
-              "not the quantization, are most of it. The log records neither machine block nor versions (it predates "
+              "not the quantization, are most of it. The run recorded neither machine block nor versions (it predates "
               "bench/); the lease was one H200 with 16 CPU cores.", ""]
     return lines
 
@@ -166,15 +165,15 @@ def moe() -> list[str]:
                   "(GPTQ W4A16 and FP8 static, quantkit's CLI next to llm-compressor 0.14's Qwen3-MoE example on the "
                   "same tokens; `--estimate` prints the FLOP-based cost: about 2.3 and 1.6 min per tool at 32 x 2048, "
                   "4.7 and 2.2 min at 128 x 2048), then `python3 bench/serve_speed.py "
-                  "/tmp/quantkit-bench-qcost/src-qwen3-30b-a3b-12l /tmp/quantkit-bench-qcost/out-quantkit-{gptq,"
-                  "fp8-static} --vllm-site /tmp/site --name serve_speed_moe` (bf16, W4A16, FP8 at batch 1 and 16, with "
+                  "WORKDIR/src-qwen3-30b-a3b-12l WORKDIR/out-quantkit-{gptq,fp8-static} --python VLLM_PYTHON "
+                  "--name serve_speed_moe` (bf16, W4A16, FP8 at batch 1 and 16, with "
                   "the bandwidth limit from the bytes a decode step reads: top-k experts at batch 1, the expected "
                   "distinct experts at batch 16).", ""]
     return lines
 
 
 def two_gpus() -> list[str]:
-    """Issue 18's runs on two H200s (bench/h200x2.sh): agreement, quantization cost, tensor-parallel serving."""
+    """Issue 18's runs on two H200s: agreement, quantization cost, tensor-parallel serving."""
     folder = RESULTS / "h200x2"
     lines = ["Files and the lease's account: h200x2/README.md.", ""]
     for name, what in (("ddp_agreement", "Distributed calibration gives the same artifact"),
@@ -215,16 +214,20 @@ def build() -> Path:
              "conversion and GGUF importance matrices of both reference models on a CPU) and `make bench-gpu` "
              "(= `python bench/quantize_cost.py --shape 8b`, an H200). Each "
              "result's JSON file holds its command, machine, library versions and date (the H200 files under h200/ "
-             "came from the scripts named below, run on the lent H200 through the device tool).", "",
+             "came from the commands named below and in each folder's README, run on a lent H200).", "",
              "## 1. Quantization cost: quantkit vs llm-compressor directly", "", *quantize_cost(),
              "## 2. Quality on the reference model (CPU)", "", *quality(),
              "## 3. Serving in vLLM 0.26 on an H200", "", *serve_speed(),
              "### Every compressed-tensors format loaded in vLLM", "",
-             *h200_table("vllm_matrix", "Command: `python3 scripts/gpu_vllm_matrix.py /tmp/arts/* --out $OUT` on one "
-                                        "H200 (vLLM 0.26.0, enforce_eager, greedy decode); file h200/vllm_matrix.json."),
+             *h200_table("vllm_matrix", "Command: one offline vLLM load per artifact (vLLM 0.26.0, enforce_eager, "
+                                        "greedy decode) on one H200, by a script since folded into "
+                                        "`scripts/gpu_cases.py --only tiny,legacy`, whose load step measures the same "
+                                        "(results.md); file h200/vllm_matrix.json."),
              "### Served by `quantkit smoke` (a real `vllm serve`)", "",
-             *h200_table("gpu_smoke", "Command: `python3 scripts/gpu_smoke.py /tmp/arts/awq-w4g128 /tmp/arts/fp8-static "
-                                      "--out $OUT` on one H200; file h200/gpu_smoke.json."),
+             *h200_table("gpu_smoke", "Command: `quantkit smoke ARTIFACT --engine vllm` of awq-w4g128 and fp8-static "
+                                      "on one H200, with doctor's prediction beside, by a script since folded into "
+                                      "`scripts/gpu_cases.py --only awq-w4g128,fp8-static` (its smoke step and "
+                                      "`doctor agrees` check); file h200/gpu_smoke.json."),
              "### vLLM vs transformers: the same artifacts scored by both engines", "", *eval_agreement(),
              "### Quantization time of the reference model on the H200", "", *quantize_tiny(),
              "## 4. GGUF conversion (CPU)", "", *gguf(),

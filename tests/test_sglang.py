@@ -1,7 +1,7 @@
 """The SGLang engine's parts that need no GPU: the server command it builds, the load table read from SGLang 0.5.17's
 source refusing what that version cannot load (on quantkit's own artifacts of the reference model), the parsing of a
 ``/generate`` answer shaped exactly as SGLang 0.5.17 builds it, and ``--engine sglang`` refused in one line where
-SGLang is not installed. Serving and scoring for real are the H200's (bench/h200_sglang.sh)."""
+SGLang is not installed. Serving and scoring for real are the H200's (bench/results/h200/sglang/)."""
 
 from __future__ import annotations
 
