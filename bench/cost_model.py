@@ -14,7 +14,7 @@ What is counted, per decoder layer and calibration sample of L tokens, following
 
 Rates are assumptions, stated in :class:`Rates`: achieved (not peak) bf16 GEMM and float32 matmul throughput of an
 H200 (TF32 is off by torch's default, so the Hessians run at float32 speed), and fixed costs for start-up, loading
-and saving. Checked against the one measured point there is (../shared/device/llmcompressor/README.md: GPTQ W4A16
+and saving. Checked against the one measured point there is (an H200 run of llm-compressor directly: GPTQ W4A16
 of the 8B Llama shape at 128 x 2048 tokens, 206 s): the model gives the figure ``--estimate --shape 8b`` prints.
 Standard library only.
 """

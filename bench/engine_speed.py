@@ -20,9 +20,11 @@ Then, over the OpenAI ``/v1/completions`` route both engines serve, with fresh r
   B x (gen - 1) tokens over decode time alone (median of 3). HTTP and tokenization cost the same in both engines'
   figures; the offline figures of bench/serve_speed.py leave them out.
 
-    python3 bench/engine_speed.py MODEL --engine sglang --python bench/.sglang-python \\
-        --server-arg=--attention-backend --server-arg=triton
-    python3 bench/engine_speed.py MODEL --engine vllm --python bench/.vllm-python --gpu-memory-utilization 0.5
+    python3 bench/engine_speed.py MODEL --engine sglang --server-arg=--attention-backend --server-arg=triton
+    python3 bench/engine_speed.py MODEL --engine vllm --gpu-memory-utilization 0.5
+
+The engine's Python is found as quantkit finds it (``--python``, else QUANTKIT_SGLANG_PYTHON / QUANTKIT_VLLM_PYTHON,
+else the interpreter of the engine's script on PATH, else this one: quantkit/envs.py).
 
 Prints one JSON object (command, versions, server start time, the figures per batch).
 """
@@ -42,7 +44,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from quantkit.checkpoint import read_config  # noqa: E402
-from quantkit.engines import client, serving  # noqa: E402
+from quantkit.engines import client, registry, serving  # noqa: E402
 from quantkit.engines.serving import HOST, ServeOptions, ServerProcess  # noqa: E402
 
 # What turns each engine's smoke defaults (graphs off) into a deployment's (graphs on, for batches up to 16).
@@ -96,7 +98,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model", type=Path)
     ap.add_argument("--engine", choices=sorted(GRAPHS_ON), required=True)
-    ap.add_argument("--python", required=True, help="the engine's interpreter")
+    ap.add_argument("--python", help="the engine's Python [default: quantkit's rule, quantkit/envs.py]")
     ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16])
     ap.add_argument("--gen", type=int, default=256, help="tokens decoded per request")
     ap.add_argument("--prompt-len", type=int, default=128)
@@ -106,6 +108,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds to health, and per request")
     ap.add_argument("--log", type=Path, default=None, help="the server's log (default: a temporary file)")
     args = ap.parse_args()
+    args.python = registry.get(args.engine).find_python(args.python).python
 
     server = serving.get(args.engine)
     opts = ServeOptions(python=args.python, max_model_len=args.max_model_len,

@@ -2,14 +2,15 @@
 vLLM, for a bf16 checkpoint (the "bf16" row) and its quantized artifacts, with the kernel vLLM chose and the
 memory-bandwidth limit beside each.
 
-On the GPU machine, vLLM installed as in ../shared/device/vllm/README.md (in /tmp/site), after
-``python bench/quantize_cost.py --shape SHAPE --keep quantkit`` has left the source and its quantkit artifacts in
-/tmp/quantkit-bench-qcost:
+On a machine with a CUDA GPU and vLLM, after ``python bench/quantize_cost.py --shape SHAPE --keep quantkit`` has
+left the source and its quantkit artifacts in its --workdir W (/tmp/quantkit-bench-qcost):
 
-    python3 bench/serve_speed.py /tmp/quantkit-bench-qcost/src-8b /tmp/quantkit-bench-qcost/out-quantkit-* \\
-        --vllm-site /tmp/site [--kernels]
-    python3 bench/serve_speed.py /tmp/quantkit-bench-qcost/src-qwen3-30b-a3b-12l \\
-        /tmp/quantkit-bench-qcost/out-quantkit-{gptq,fp8-static} --vllm-site /tmp/site --name serve_speed_moe
+    python3 bench/serve_speed.py W/src-8b W/out-quantkit-* [--kernels]
+    python3 bench/serve_speed.py W/src-qwen3-30b-a3b-12l W/out-quantkit-{gptq,fp8-static} --name serve_speed_moe
+
+vLLM's Python is found as quantkit finds it (``--python``, else QUANTKIT_VLLM_PYTHON, else the interpreter of
+``vllm`` on PATH, else this one: quantkit/envs.py); ``--vllm-path DIR`` puts a folder vLLM was installed into with
+``pip install --target`` on its PYTHONPATH.
 
 Each checkpoint runs in its own child process in vLLM's Python (quantkit/engines/vllm/_speed_worker.py through
 quantkit.engines.vllm.kernel_sweep: CUDA graphs on, prefix caching off so repeated prompts cost what new ones do), after
@@ -50,7 +51,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import meta  # noqa: E402
 
 sys.path.insert(0, str(meta.ROOT))
+from quantkit.engines import registry  # noqa: E402
 from quantkit.engines.vllm import kernel_sweep, kernels  # noqa: E402
+from quantkit.formats.names import VLLM  # noqa: E402
 from step_bytes import StepBytes, count  # noqa: E402
 
 H200_BANDWIDTH = 4.8e12  # bytes/s, HBM3e
@@ -111,7 +114,7 @@ def run_one(folder: Path, args: argparse.Namespace, tp: int = 1) -> dict[str, An
                                max_model_len=args.max_model_len, gpu_memory_utilization=0.85, engine_args=engine_args,
                                capture_measured_only=not args.capture_all)
     env = {"VLLM_USE_FLASHINFER_SAMPLER": os.environ.get("VLLM_USE_FLASHINFER_SAMPLER", "0")}
-    runtime = kernel_sweep.Runtime(args.python, {**env, **({"PYTHONPATH": args.vllm_site} if args.vllm_site else {})})
+    runtime = kernel_sweep.Runtime(args.python, {**env, **({"PYTHONPATH": args.vllm_path} if args.vllm_path else {})})
     if args.kernels:
         sweep = kernel_sweep.sweep(folder, bench, runtime, args.logs / log_stem(folder, tp), timeout=args.timeout)
         row["sweep"] = sweep.to_json()
@@ -203,8 +206,8 @@ def tp_speedups(rows: list[dict[str, Any]], batches: list[int]) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("checkpoints", nargs="+", type=Path, help="checkpoint folders: the bf16 source and artifacts")
-    ap.add_argument("--python", default=sys.executable, help="the Python that has vLLM (default: this one)")
-    ap.add_argument("--vllm-site", help="PYTHONPATH of vLLM's environment (e.g. /tmp/site)")
+    ap.add_argument("--python", help="vLLM's Python [default: QUANTKIT_VLLM_PYTHON, vllm's on PATH, this one]")
+    ap.add_argument("--vllm-path", help="PYTHONPATH of vLLM's Python (folders where pip install --target put it)")
     ap.add_argument("--kernels", action="store_true", help="also measure every other kernel vLLM could use")
     ap.add_argument("--prompt-len", type=int, default=512)
     ap.add_argument("--gen", type=int, default=128)
@@ -219,6 +222,7 @@ def main() -> None:
     ap.add_argument("--tp", type=lambda s: [int(x) for x in s.split(",")], default=[1],
                     help="tensor-parallel sizes, each checkpoint measured at each (e.g. 1,2)")
     args = ap.parse_args()
+    args.python = registry.get(VLLM).find_python(args.python).python
     missing = [str(c) for c in args.checkpoints if not (c / "config.json").is_file()]
     if missing:
         raise SystemExit(f"not a checkpoint folder (no config.json): {', '.join(missing)}")

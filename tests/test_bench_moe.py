@@ -175,7 +175,7 @@ def test_serve_speed_rows_without_vllm(workdir: Path, tmp_path: Path) -> None:
     """The parent on this CPU: each checkpoint's vLLM child fails (no vLLM), the rows still carry the MoE bytes
     and limits, and the unquantized checkpoint is the bf16 row."""
     src = workdir / "src-moe-tiny"
-    p = subprocess.run([sys.executable, str(BENCH / "serve_speed.py"), str(src), "--vllm-site", str(tmp_path / "none"),
+    p = subprocess.run([sys.executable, str(BENCH / "serve_speed.py"), str(src), "--vllm-path", str(tmp_path / "none"),
                         "--results-dir", str(tmp_path), "--logs", str(tmp_path / "logs"), "--name", "moe",
                         "--timeout", "120", "--tp", "1,2"], capture_output=True, text=True, env=ENV, cwd=ROOT,
                        timeout=300)
