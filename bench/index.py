@@ -79,8 +79,8 @@ def eval_agreement() -> list[str]:
                      f"{x['kld']:.5f} | {r['kld']:.5f} | {x['top1']:.4f} | {r['top1']:.4f} |")
     lines += ["", "Command (H200, the artifacts of the reference model's `tiny` and `legacy` cases of "
               "scripts/gpu_cases.yaml; the files do not record it, this is its form): `quantkit eval ARTS --baseline "
-              "models/quantkit-tiny --dataset heldout --ctx 2048 --max-tokens 32768 --engine vllm|transformers --json`; "
-              "files: h200/eval_vllm_tiny.json, h200/eval_transformers_cuda_tiny.json.", ""]
+              "models/quantkit-tiny --dataset heldout --ctx 2048 --max-tokens 32768 --engine vllm|transformers "
+              "--json`; files: h200/eval_vllm_tiny.json, h200/eval_transformers_cuda_tiny.json.", ""]
     return lines
 
 

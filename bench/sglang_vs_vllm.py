@@ -37,7 +37,8 @@ def rows(run: Path) -> list[dict[str, Any]]:
     """One row per artifact made in ``run``: each engine's figures, SGLang's smoke, doctor's non-ok checks, and the
     absolute differences where both engines scored it."""
     out = []
-    vllm_batches = [r for f in sorted(run.glob("eval-vllm-*.json")) for r in (_load(run, f.stem) or {}).get("results", [])]
+    vllm_batches = [r for f in sorted(run.glob("eval-vllm-*.json"))
+                    for r in (_load(run, f.stem) or {}).get("results", [])]
     for make in sorted(run.glob("make-*.json")):
         a = make.stem[len("make-"):]
         row: dict[str, Any] = {"artifact": a}

@@ -607,7 +607,8 @@ class Run:
 
         self.timeout("sweep", c.sweep.timeout)
         r = kernel_sweep.sweep(self.p.served(c), bench_of(c.sweep, c, self.opts), self.runtime(), logs / "sweep",
-                               force=c.sweep.force, timeout=c.sweep.timeout, only=c.sweep.only or None, on_update=update, stop=self.stop)
+                               force=c.sweep.force, timeout=c.sweep.timeout, only=c.sweep.only or None,
+                               on_update=update, stop=self.stop)
         return r.to_json()
 
     def smoke(self, c: Case, logs: Path) -> dict[str, Any]:

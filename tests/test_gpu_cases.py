@@ -227,8 +227,8 @@ def test_dry_run_prints_every_command(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     out = p.stdout
     assert f"vllm: /opt/v/python (--vllm-python), PYTHONPATH=/opt/v, run as {tmp_path}/bin/vllm-python" in out
-    assert f"produce (build): {sys.executable} -m quantkit gptq {ROOT}/models/quantkit-tiny {tmp_path}/arts/gptq-w8g128 " \
-           "--force --json --bits 8" in out
+    assert f"produce (build): {sys.executable} -m quantkit gptq {ROOT}/models/quantkit-tiny " \
+           f"{tmp_path}/arts/gptq-w8g128 --force --json --bits 8" in out
     assert f"smoke:   {sys.executable} -m quantkit smoke {tmp_path}/arts/awq-legacy/autoawq --engine vllm" in out
     assert "QUANTKIT_VLLM_ARGS='{\"gpu_memory_utilization\": 0.12, \"quantization\": \"modelopt\", " \
            "\"kv_cache_memory_bytes\": 4294967296}'" in out
