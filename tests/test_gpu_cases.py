@@ -526,6 +526,42 @@ def test_a_stopped_run_lists_every_case_left_as_not_run(tmp_path: Path, cases: l
 
 
 @pytest.mark.slow
+def test_sigterm_stops_a_running_case_and_keeps_the_results(tmp_path: Path) -> None:
+    """`timeout -s TERM` around a run (docs/testing.md): the step under way is stopped with its process group, the
+    case is recorded as interrupted, the results are written, and the runner exits 130."""
+    site = tmp_path / "site"
+    (site / "vllm").mkdir(parents=True)
+    (site / "vllm" / "__init__.py").write_text("")  # found by the preflight; never started: the produce step is stopped
+    f = tmp_path / "cases.yaml"
+    f.write_text("cases:\n  - name: gptq\n    produce: {verb: gptq}\n    expect: {kernel: Machete}\n")
+    out = tmp_path / "out"
+    runner = subprocess.Popen([sys.executable, str(SCRIPT), "--cases", str(f), "--out", str(out), "--vllm-python",
+                               sys.executable, "--vllm-path", str(site)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.monotonic() + 120
+        while time.monotonic() < end and "gptq: produce:" not in _text(out / "progress.log"):
+            time.sleep(0.5)
+        time.sleep(3)
+        runner.terminate()
+        stdout, stderr = runner.communicate(timeout=120)
+    finally:
+        runner.kill()
+    assert runner.returncode == 130, stderr
+    case = json.loads((out / "results.json").read_text())["cases"][0]
+    assert case["status"] == "interrupted" and "produce" in case["error"], case
+    assert "signal 15: stopping every child process" in _text(out / "progress.log")
+    assert not (out / "arts" / "gptq" / "quantkit.json").exists() and "| gptq |" in stdout
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+@pytest.mark.slow
 def test_a_case_end_to_end_without_vllm(tmp_path: Path) -> None:
     """One real case on this CPU: the real quantkit CLI produces the artifact, the real child finds no vLLM, the
     loads check fails with that reason; a second run reuses the artifact."""
