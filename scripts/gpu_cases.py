@@ -6,7 +6,7 @@ Usage, from the repository root, with the Python where quantkit and llm-compress
 .venv/bin/python, or any Python where ``pip install -e .`` ran; ``make gpu-test`` runs it so):
 
     python scripts/gpu_cases.py --out OUT [--only NAME,TAG] [--skip NAME,TAG] [--parallel N] [--dry-run]
-        [--vllm-python PY] [--vllm-path DIR ...] [--modelopt-python PY] [--modelopt-path DIR ...]
+        [--vllm-python PY] [--vllm-path DIR]... [--modelopt-python PY] [--modelopt-path DIR]...
 
 Each engine runs in a Python of its own (vLLM 0.26 reads an older compressed-tensors than llm-compressor writes
 with; ModelOpt pins an older transformers), found by quantkit's rule (quantkit/envs.py): ``--vllm-python``, else
