@@ -11,11 +11,17 @@ IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S or IQ3_XXS (IQ3_XS does: its attention q/k are IQ3
 IQ3_S/IQ3_M/IQ4_XS/IQ4_NL can be made without one (llama.cpp allows it); they are better with one.
 ``tests/test_gguf_imatrix.py`` checks every column against the built ``llama-quantize``.
 
-MXFP4_MOE is for mixture-of-experts models: its expert tensors are MXFP4 and every other tensor Q8_0, so a dense
-model comes out Q8_0 throughout (its bits per weight are the dense upper bound). The aliases llama-quantize accepts
-(Q3_K, Q4_K, Q5_K for the _M mixes) resolve to their mix. ``COPY`` is not a type (it copies tensors). Q2_0 is
-listed and refused: gguf-py 0.19.0, which quantkit reads GGUF files with (inspect, verify, evaluate, fallback
+MXFP4_MOE is for mixture-of-experts models: its expert tensors (3-D, one slice per expert) are MXFP4 and every other
+tensor Q8_0, ``output`` and ``token_embd`` included (``llama_tensor_get_type_impl`` in src/llama-quant.cpp), so a
+dense model comes out Q8_0 throughout, the same tensor types as Q8_0 (measured: tests/test_gguf_fp4.py). The
+aliases llama-quantize accepts (Q3_K, Q4_K, Q5_K for the _M mixes) resolve to their mix. ``COPY`` is not a type (it
+copies tensors). Q2_0 is listed and refused: gguf-py 0.19.0, which quantkit reads GGUF files with (inspect, verify, evaluate, fallback
 detection), cannot read Q2_0 tensors.
+
+NVFP4 (``REPACKED``) is not offered by llama-quantize (b11312 has the file type, ``LLAMA_FTYPE_MOSTLY_NVFP4``, but
+no quantizer for it): llama.cpp's converter writes it only by repacking a checkpoint that already holds NVFP4 weights
+(compressed-tensors ``nvfp4-pack-quantized``, ModelOpt NVFP4), bit for bit, the rest of the checkpoint in its own
+precision; :mod:`quantkit.producers.gguf.prequantized` says which checkpoints those are.
 
 On the bottom floor, in the formats registry: the recipe's validator (:class:`quantkit.formats.specs.GgufSpec`) and
 the GGUF producer both read it. Standard library only: the recipe's validator and ``--help`` import this without
@@ -26,8 +32,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-CONVERTER = "converter"  # written directly by quantkit's converter on gguf-py
+CONVERTER = "converter"  # written directly by llama.cpp's converter from the checkpoint's weights
 LLAMA_CPP = "llama.cpp"  # made by llama.cpp's quantizer from an unquantized intermediate
+REPACK = "repack"  # written by llama.cpp's converter from a checkpoint already quantized in this format
 
 
 @dataclass(frozen=True)
@@ -35,7 +42,7 @@ class GgufType:
     """One GGUF type and how quantkit makes it."""
 
     name: str
-    made_by: str  # CONVERTER or LLAMA_CPP
+    made_by: str  # CONVERTER, LLAMA_CPP or REPACK
     ftype: str  # llama.cpp's LLAMA_FTYPE_<ftype> (gguf.LlamaFileType member name)
     ftype_id: int  # its value in llama.h
     bulk: str  # ggml type of the bulk of its tensors (gguf.GGMLQuantizationType member name)
@@ -46,6 +53,11 @@ class GgufType:
     @property
     def quantized_by_llama_cpp(self) -> bool:
         return self.made_by == LLAMA_CPP
+
+    @property
+    def repacked(self) -> bool:
+        """Written only from a checkpoint whose weights are already in this format (never from float weights)."""
+        return self.made_by == REPACK
 
 
 def _t(name: str, made_by: str, ftype_id: int, bulk: str, bits: float, needs_imatrix: bool = False,
@@ -92,28 +104,38 @@ _ROWS = (
     _t("Q1_0", LLAMA_CPP, 40, "Q1_0", 1.4),
 )
 
-TYPES: dict[str, GgufType] = {t.name: t for t in _ROWS}
+# NVFP4's bits: 16 E2M1 values share an E4M3 scale, four scales and 64 values a 36-byte block (4.5 bits per weight);
+# what is not NVFP4 in the checkpoint (embeddings, ignored layers) stays in its precision, so a file's bits per
+# weight are counted from it
+_REPACKED = (
+    _t("NVFP4", REPACK, 39, "NVFP4", 4.5),
+)
+
+TYPES: dict[str, GgufType] = {t.name: t for t in _ROWS}  # what llama-quantize offers (and the converter writes)
+REPACKED: dict[str, GgufType] = {t.name: t for t in _REPACKED}  # only repacked from a checkpoint in that format
 ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}
 NAMES = tuple(TYPES)
+_ALL: dict[str, GgufType] = {**TYPES, **REPACKED}
+KNOWN = tuple(_ALL)
 
 
 def canonical(name: str) -> str:
     """The table's spelling of a type name (any case, llama-quantize's aliases); ValueError if unknown."""
     upper = name.strip().upper()
     upper = ALIASES.get(upper, upper)
-    if upper not in TYPES:
-        raise ValueError(f"unknown GGUF type {name!r}; known: {', '.join(NAMES)}")
+    if upper not in _ALL:
+        raise ValueError(f"unknown GGUF type {name!r}; known: {', '.join(KNOWN)}")
     return upper
 
 
 def get(name: str) -> GgufType:
     """The row of a type (any spelling :func:`canonical` accepts)."""
-    return TYPES[canonical(name)]
+    return _ALL[canonical(name)]
 
 
 def validate(names: list[str]) -> list[str]:
     """Canonical names of a list of requested types, for the recipe's validator (ValueError names the bad ones)."""
-    bad = [n for n in names if n.strip().upper() not in TYPES and n.strip().upper() not in ALIASES]
+    bad = [n for n in names if n.strip().upper() not in _ALL and n.strip().upper() not in ALIASES]
     if bad:
-        raise ValueError(f"unknown GGUF type {', '.join(bad)}; known: {', '.join(NAMES)}")
+        raise ValueError(f"unknown GGUF type {', '.join(bad)}; known: {', '.join(KNOWN)}")
     return [canonical(n) for n in names]

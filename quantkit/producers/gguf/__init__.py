@@ -19,6 +19,10 @@ The converter's plan of the file (:func:`.convert.plan`: no weight read) is made
 so an architecture, tokenizer or tensor it cannot take is refused before any work; the importance matrix is named
 and checked against it.
 
+A checkpoint already quantized is refused before any work, except an NVFP4 one (compressed-tensors or ModelOpt),
+which llama.cpp's converter repacks without loss into GGUF type NVFP4 (:mod:`.prequantized`; the manifest's
+``repacked`` says from what, with the file's tensor types).
+
 A vision-language model (``vision_config``) is its language model, made as above (the importance matrix and the
 bits target measured on it), plus its vision side as llama.cpp's ``mmproj`` file in F16 (:mod:`.mmproj`:
 ``mmproj/mmproj-<model>-F16.gguf``, named in the manifest's ``quantization.mmproj``), planned in ``check`` too.
@@ -39,7 +43,8 @@ from quantkit.errors import SourceModelError, UsageError
 from quantkit.producers import mixed, moe
 from quantkit.producers.base import ProduceContext, Produced
 from quantkit.formats import gguf_types as types
-from quantkit.producers.gguf import collect, convert, guards, imatrix, mmproj, quantize, target_bits, tools
+from quantkit.producers.gguf import (collect, convert, guards, imatrix, mmproj, prequantized, quantize, target_bits,
+                                     tools)
 from quantkit.source import SourceModel
 
 # Preferred intermediate among requested unquantized types: the most precise one.
@@ -84,6 +89,7 @@ class GgufProducer:
             if t.refused:
                 raise UsageError(f"GGUF type {t.name} is not offered: {t.refused}",
                                  hint="choose another --type (quantkit gguf --help lists them)")
+        prequantized.check(source.path, source.spec, source.architecture, [t.name for t in wanted])
         guards.refuse(source.config)
         if spec.target_bits is not None:
             if moe.family(source.config):
@@ -123,13 +129,15 @@ class GgufProducer:
         tools.require("llama-quantize", "quantizing with an importance matrix")
 
     def estimate_bytes(self, spec: Any, source: SourceModel) -> int:
-        """Every requested file, plus the intermediate that sits beside them until the quantizer is done."""
+        """Every requested file, plus the intermediate that sits beside them until the quantizer is done; a file
+        repacked from the checkpoint (NVFP4) is the checkpoint's size."""
         wanted = [types.get(t) for t in _ordered(spec)]
-        bits = sum(t.bits for t in wanted)
+        bits = sum(t.bits for t in wanted if not t.repacked)
         if any(t.quantized_by_llama_cpp for t in wanted) and not any(t.name in _INTERMEDIATE_ORDER for t in wanted):
             bits += 16.0  # the intermediate lives in the folder until the quantized files exist
         vision = mmproj.plan(source.path).parameters * 2 if mmproj.wanted(source.config) else 0
-        return int(source.num_parameters * bits / 8) + vision + (64 << 20)
+        repacked = source.size_bytes * sum(t.repacked for t in wanted)
+        return int(source.num_parameters * bits / 8) + repacked + vision + (64 << 20)
 
     def produce(self, ctx: ProduceContext) -> Produced:
         """Make the importance matrix (if asked), convert each directly written type (and the intermediate), then
@@ -151,10 +159,15 @@ class GgufProducer:
 
         fell_back: dict[str, dict[str, str]] = {}
         done: convert.Converted | None = None
+        found = prequantized.of(source.path)
+        repacked: dict[str, Any] = {}
         for t in _ordered_unique(([intermediate] if intermediate else []) + direct):
             with rep.timed(f"convert_{t}"):
                 done = convert.convert(source.path, paths[t], t, name=name, reporter=rep)
             fell_back[t] = done.fallbacks
+            if types.get(t).repacked:
+                assert found is not None  # prequantized.check
+                repacked[t] = prequantized.record(found, paths[t])
         for t in to_quantize:
             assert intermediate is not None
             how = "with llama-quantize and the importance matrix" if im else "with llama.cpp"
@@ -198,6 +211,7 @@ class GgufProducer:
                 "intermediate": intermediate,
                 "imatrix": {**im.record, "types": to_quantize} if im else None,
                 **({"mixed": mix[0]} if mix else {}),
+                **({"repacked": repacked} if repacked else {}),
                 **({"mmproj": vision} if vision else {}),
             },
             calibration=im.calibration if im else (mix[1] if mix else None),

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.errors import BackendError, SourceModelError
+from quantkit.formats import gguf_types as types
 from quantkit.producers.gguf import quantize, tokenizer, tools
 from quantkit.progress import Reporter
 
@@ -179,7 +180,8 @@ def plan(model_dir: Path) -> Plan:
 
 def convert(model_dir: Path, out: Path, type_name: str, *, name: str, reporter: Reporter) -> Converted:
     """Write ``out`` as a GGUF of ``type_name`` with llama.cpp's converter, ``name`` as its ``general.name``."""
-    args = ["--outtype", OUTTYPES[type_name], "--outfile", str(out), "--model-name", safe_name(name, plan(model_dir))]
+    args = ["--outtype", _outtype(model_dir, type_name), "--outfile", str(out), "--model-name",
+            safe_name(name, plan(model_dir))]
     res = run_wrapper(model_dir, args, plan_only=False,
                reporter=reporter, label=f"Converting to GGUF {type_name} (llama.cpp's convert_hf_to_gguf.py)")
     import gguf
@@ -224,8 +226,20 @@ def safe_name(name: str, p: Plan) -> str:
     return name
 
 
+def _outtype(model_dir: Path, type_name: str) -> str:
+    """The converter's ``--outtype`` for a type: its own; for a type repacked from the checkpoint (NVFP4), the
+    precision the rest of the checkpoint is in, so the tensors that are not repacked are written unrounded."""
+    if types.get(type_name).repacked:
+        return OUTTYPES[source_type(sorted(model_dir.glob("*.safetensors")))]
+    return OUTTYPES[type_name]
+
+
+_FLOAT = {"F32", "F16", "BF16"}
+
+
 def source_type(weight_files: list[Path]) -> str:
-    """The lossless unquantized GGUF type for a checkpoint's weights (the quantizer's input)."""
+    """The lossless unquantized GGUF type for a checkpoint's floating-point weights (the quantizer's input); a
+    quantized checkpoint's packed integers and 8-bit scales are not counted, its embeddings and norms are."""
     from safetensors import safe_open
 
     counts: dict[str, int] = {}
@@ -233,6 +247,8 @@ def source_type(weight_files: list[Path]) -> str:
         with safe_open(str(f), framework="pt") as h:
             for key in h.keys():
                 sl: Any = h.get_slice(key)
+                if sl.get_dtype() not in _FLOAT:
+                    continue
                 n = 1
                 for d in sl.get_shape():
                     n *= d

@@ -106,10 +106,13 @@ def fallbacks(path: Path, type_name: str) -> dict[str, str]:
 
     A quantizable tensor (2-D or more, not kept F32) whose row length is not a multiple of the requested
     type's block size cannot hold it; llama.cpp gives it a fallback type, which is what is returned here,
-    by tensor name.
+    by tensor name. A repacked type (NVFP4) has none: the converter repacks exactly the tensors the checkpoint
+    quantized, and writes the others as the checkpoint holds them.
     """
     import gguf
 
+    if types.get(type_name).repacked:
+        return {}
     base = ggml_type(type_name)
     block = gguf.GGML_QUANT_SIZES[base][0]
     reader = gguf.GGUFReader(path)
