@@ -27,7 +27,7 @@ LLAMA_TOOLS ?= $(HOME)/.cache/quantkit/llama-tools/$(LLAMA_CPP_VERSION)-b$(LLAMA
 # seconds). quantkit runs it with the venv's Python (quantkit/producers/gguf/convert.py).
 LLAMA_CONVERT ?= $(HOME)/.cache/quantkit/llama-convert/$(LLAMA_CPP_VERSION)-b$(LLAMA_CPP_BUILD)
 
-.PHONY: install install-trt real-models test demo bench bench-gpu gpu-test clean
+.PHONY: install install-trt real-models test test-fast demo bench bench-gpu gpu-test clean
 
 install: $(VENV)/.installed
 
@@ -77,6 +77,10 @@ real-models: install
 # OpenMP threads that spin-wait slow torch's small CPU ops several-fold when cores are shared (servers, workers).
 test: install install-trt real-models
 	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -ra
+
+# The fast tiers (docs/testing.md): unit and cli, no model end to end, so neither install-trt nor real-models.
+test-fast: install
+	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -ra -m "unit or cli"
 
 demo: install
 	$(BIN)/quantkit run recipes/demo.yaml --force

@@ -1,7 +1,15 @@
-"""Shared fixtures: the reference model, a CLI runner that starts a real ``quantkit`` process."""
+"""Shared fixtures (the reference model, a CLI runner that starts a real ``quantkit`` process) and the test tiers.
+
+Every test belongs to exactly one tier (docs/testing.md): ``unit`` (pure Python, no model loads), ``cli`` (real
+``quantkit`` processes on fast paths), ``e2e`` (real models end to end) or ``gpu`` (needs CUDA, skipped without).
+A module says its tier once, ``pytestmark = pytest.mark.<tier>`` at its top; a test marked with another tier (or
+``slow``, which means e2e) takes that one instead. Collection fails when a test has no tier, so a new module cannot
+slip past ``make test-fast`` or into it unnoticed.
+"""
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
@@ -13,8 +21,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "models" / "quantkit-tiny"
 SMOLLM2 = ROOT / "models" / "real" / "SmolLM2-135M-Instruct"
+TIERS = ("unit", "cli", "e2e", "gpu")
 
 
+@functools.cache
 def has_cuda() -> bool:
     try:
         import torch
@@ -24,7 +34,44 @@ def has_cuda() -> bool:
         return False
 
 
-requires_gpu = pytest.mark.skipif(not has_cuda(), reason="needs a CUDA GPU")
+# A test that needs CUDA is in the gpu tier, which is skipped without a GPU (pytest_runtest_setup below).
+requires_gpu = pytest.mark.gpu
+
+
+def _nearest_tier(item: pytest.Item) -> str | None:
+    """The tier of the mark nearest the test (its own, its class's, its module's); ``slow`` alone counts as e2e.
+    Two different tiers on one node are an error: the test's cost would be ambiguous."""
+    for node in item.iter_parents():
+        names = {m.name for m in node.own_markers}
+        tiers = names.intersection(TIERS) or ({"e2e"} if "slow" in names else set())
+        if len(tiers) > 1:
+            raise pytest.UsageError(f"{item.nodeid}: {node.name} is marked with tiers {sorted(tiers)}; give it one")
+        if tiers:
+            return tiers.pop()
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Give each test exactly its one tier before ``-m`` selects (this hook runs first): the nearest tier mark
+    replaces the module's, so ``-m "unit or cli"`` never picks up a slow test of a fast module. Refuse the run when
+    a test has no tier."""
+    tiers = {item: _nearest_tier(item) for item in items}
+    untiered = [item.nodeid for item, tier in tiers.items() if tier is None]
+    if untiered:
+        shown = "\n  ".join(untiered[:20]) + (f"\n  ... and {len(untiered) - 20} more" if len(untiered) > 20 else "")
+        raise pytest.UsageError(f"{len(untiered)} test(s) have no tier mark: put `pytestmark = pytest.mark.<tier>` "
+                                f"at the top of the module, one of {', '.join(TIERS)} (docs/testing.md):\n  {shown}")
+    for item, tier in tiers.items():
+        for node in item.iter_parents():
+            node.own_markers[:] = [m for m in node.own_markers if m.name not in TIERS]
+        item.add_marker(tier)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """The gpu tier skips without CUDA, asked only when such a test runs (it imports torch)."""
+    if item.get_closest_marker("gpu") and not has_cuda():
+        pytest.skip("needs a CUDA GPU")
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,8 @@ from quantkit.errors import SourceModelError
 from quantkit.producers import moe
 from quantkit.producers.gguf import guards
 
+pytestmark = pytest.mark.unit
+
 
 def test_each_row_is_the_architecture_transformers_builds_for_its_model_type() -> None:
     """A causal LM's row is named as AutoModelForCausalLM builds it, a vision-language model's as

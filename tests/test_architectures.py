@@ -21,6 +21,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import arch_matrix as am  # noqa: E402
 import gpu_case_file as cf  # noqa: E402
 
+pytestmark = pytest.mark.unit
+
 MATRIX = am.load_matrix()
 RECORDED = am.read_results() or {"cells": []}
 CELLS = {(c["family"], c["format"]): c for c in RECORDED["cells"]}
@@ -86,12 +88,14 @@ def test_every_family_has_its_vllm_case() -> None:
         assert [c.produce.verb, *c.produce.args] == list(argv), f"{c.name} does not make {fam.gpu}"
 
 
+@pytest.mark.e2e
 def test_gemma3_tokenizer_equals_llama_cpp() -> None:
     """The rebuilt SentencePiece model gives llama.cpp's ids for the Gemma 3 GGUF on every proof text."""
     folder = am.tokenizer_folder("gemma3", MATRIX)
     assert am.prove_spm(folder / "tokenizer.model", am.gemma3_gguf(MATRIX.tokenizers["gemma3"])) >= 100
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("family,fmt", CI_CELLS, ids=[f"{f}-{x}" for f, x in CI_CELLS])
 def test_cell_as_recorded(family: str, fmt: str, work: Path) -> None:
     recorded = CELLS.get((family, fmt))

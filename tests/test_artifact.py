@@ -13,6 +13,8 @@ import pytest
 from quantkit import artifact
 from quantkit.errors import DiskSpaceError, LockedError, OutputExistsError, UsageError
 
+pytestmark = pytest.mark.unit
+
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = artifact.SourceInfo(id="models/quantkit-tiny", path=str(ROOT / "models" / "quantkit-tiny"),
@@ -102,6 +104,7 @@ def test_verify_catches_tampering_missing_and_extra_files(tmp_path: Path) -> Non
     assert res.changed == ["model.safetensors"] and res.missing == ["sub/tokenizer.json"] and res.extra == ["evil.py"]
 
 
+@pytest.mark.cli
 def test_inspect_and_verify_cli_catch_a_tampered_file(tmp_path: Path, cli) -> None:
     out = tmp_path / "art"
     make(out, b"B" * 1000)
@@ -123,6 +126,7 @@ def test_update_manifest_rehashes_new_files(tmp_path: Path) -> None:
     assert artifact.verify(out).ok
 
 
+@pytest.mark.cli
 def test_size_is_the_weight_files_everywhere(tmp_path: Path, cli) -> None:
     out = tmp_path / "art"
     make(out, b"W" * 4096)
@@ -131,6 +135,7 @@ def test_size_is_the_weight_files_everywhere(tmp_path: Path, cli) -> None:
     assert shown["size_bytes"] == 4096
 
 
+@pytest.mark.cli
 def test_manifests_of_earlier_versions_still_open_and_verify(tmp_path: Path, cli) -> None:
     """A schema-1 manifest (written by quantkit 0.1.0 before the typed manifest, kept in tests/data) reads into the
     typed object, and an artifact sealed with that layout verifies, inspects and finds its source model."""

@@ -35,7 +35,7 @@ CONFIG = json.loads((TINY / "config.json").read_text())
 ARGS = {"autoround": ["autoround", "--samples", "8", "--seq-len", "128", "--iterations", "10", "--batch-size", "4"],
         "rtn": ["rtn"]}
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("one_torch_thread")]
 
 
 @pytest.fixture(scope="module")

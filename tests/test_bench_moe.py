@@ -22,6 +22,8 @@ import serve_speed  # noqa: E402
 import step_bytes  # noqa: E402
 from shapes import LLAMA, SHAPES  # noqa: E402
 
+pytestmark = pytest.mark.cli
+
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 
 

@@ -7,9 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import project  # noqa: E402
+
+pytestmark = pytest.mark.unit
 
 
 def run(layers: int, gpu: float = 20e9) -> dict:

@@ -12,6 +12,8 @@ from quantkit import calibration
 from quantkit.errors import CalibrationError
 from quantkit.recipe import CalibrationSpec
 
+pytestmark = pytest.mark.unit
+
 TEXTS = [f"Document number {i}. " + "The quick brown fox jumps over the lazy dog. " * (20 + i) for i in range(12)]
 
 
@@ -115,6 +117,7 @@ def test_hub_name_offline_fails_clearly(monkeypatch: pytest.MonkeyPatch) -> None
         calibration.load_documents("wikitext2")
 
 
+@pytest.mark.cli
 def test_calib_show_cli(cli, tiny: Path) -> None:
     proc = cli("calib", "show", "prose", "--model", tiny, "--samples", "2", "--seq-len", "32", "--json", check=True)
     info = json.loads(proc.stdout)

@@ -49,7 +49,7 @@ ARTIFACTS: dict[str, list[str]] = {
 }
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("one_torch_thread")]
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,12 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 import typer.main
 
 from quantkit.cli.main import app
+
+pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"

@@ -10,10 +10,14 @@ import importlib
 import typing
 from pathlib import Path
 
+import pytest
+
 from quantkit import recipe
 from quantkit.cli import smoke as cli_smoke
 from quantkit.engines import registry, serving
 from quantkit.formats import kinds, names
+
+pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[1]
 

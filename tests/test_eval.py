@@ -19,6 +19,8 @@ from quantkit.engines.logits import LogProbs, log_softmax
 from quantkit.verify.metrics import BaselineWindow, kld_rows
 from quantkit.verify.protocol import make_windows
 
+pytestmark = pytest.mark.e2e
+
 # Zeroing the scales of these weights leaves perplexity within the default ratio gate (about 1.38x on the
 # held-out tokens scored below) while the distributions move far from the baseline's: KLD about 0.7 nats.
 BROKEN = ["model.layers.0.self_attn.o_proj.weight", "model.layers.7.self_attn.o_proj.weight",
@@ -193,6 +195,7 @@ def test_topk_baseline_store_bounds_the_exact_kld(broken_model):
     assert (bound.ppl, bound.top1) == (exact.ppl, exact.top1)  # only KLD is approximated
 
 
+@pytest.mark.unit
 def test_windows_score_every_token_once():
     stream = list(range(10, 1010))
     for bos, ctx, stride in ((0, 64, None), (0, 64, 16), (0, 64, 63), (None, 64, None), (None, 64, 8)):
@@ -209,6 +212,7 @@ def test_windows_score_every_token_once():
     assert [w.score_from for w in make_windows(stream, 0, 64, 16)][:3] == [1, 64 - 16, 64 - 16]
 
 
+@pytest.mark.unit
 def test_binned_kld_bounds_the_exact_value_from_below():
     rng = np.random.default_rng(0)
     n, vocab = 32, 500

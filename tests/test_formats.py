@@ -22,6 +22,8 @@ from quantkit.errors import UsageError
 from quantkit.formats import kinds
 from quantkit.formats.specs import AwqSpec, GptqSpec
 
+pytestmark = pytest.mark.cli
+
 ROOT = Path(__file__).resolve().parents[1]
 CLI = ROOT / "quantkit" / "cli"
 # Every quantkit module the CLI may import, matched exactly (a prefix would let quantkit.formats.kinds or

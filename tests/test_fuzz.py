@@ -29,6 +29,8 @@ from quantkit.errors import EXIT_FAILURE, EXIT_GATE, EXIT_OK, EXIT_USAGE, Integr
 
 from conftest import ROOT, TINY
 
+pytestmark = pytest.mark.unit
+
 MEMORY = 4 << 30
 DOCUMENTED = {EXIT_OK, EXIT_FAILURE, EXIT_USAGE, EXIT_GATE}
 CLI_EXAMPLES = 10  # per property that runs the real CLI (each run is a new process)
@@ -310,6 +312,7 @@ SHARP_RECIPES = {
 }
 
 
+@pytest.mark.slow  # dozens of real processes: the e2e tier's (docs/testing.md)
 def test_sharp_recipes_through_the_cli(sandbox: Sandbox) -> None:
     for name, text in SHARP_RECIPES.items():
         (sandbox.root / name).write_text(text)
@@ -329,6 +332,7 @@ FLAGS = st.sampled_from([("rtn", "--bits"), ("rtn", "--group-size"), ("rtn", "--
                          ("gguf", "-t"), ("rtn", "--ignore"), ("rtn", "--dtype")])
 
 
+@pytest.mark.slow  # dozens of real processes: the e2e tier's (docs/testing.md)
 @settings(max_examples=CLI_EXAMPLES, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(FLAGS, flag_values)
@@ -351,6 +355,7 @@ def _checkpoint(root: Path, name: str, config: dict | None = None, header: objec
     return name
 
 
+@pytest.mark.slow  # dozens of real processes: the e2e tier's (docs/testing.md)
 def test_malformed_checkpoints_through_the_cli(sandbox: Sandbox) -> None:
     r = sandbox.root
     t = {"dtype": "F32", "shape": [2]}
@@ -403,6 +408,7 @@ def _gguf_mutants(good: bytes) -> dict[str, bytes]:
             "head": good[:30], "empty": b""}
 
 
+@pytest.mark.slow  # dozens of real processes: the e2e tier's (docs/testing.md)
 def test_malformed_gguf_and_manifests_through_the_cli(sandbox: Sandbox) -> None:
     r = sandbox.root
     good = _gguf(r / "good.gguf")

@@ -27,6 +27,8 @@ import pytest
 from quantkit import api, recipe
 from quantkit.errors import SourceModelError
 
+pytestmark = pytest.mark.e2e
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 llama_cpp = pytest.importorskip("llama_cpp")
@@ -371,6 +373,7 @@ def test_gemma3_layer_pattern_llamacpp_does_not_compute_is_refused(tmp_path: Pat
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.unit
 def test_unknown_pre_tokenizer_is_refused(tmp_path: Path) -> None:
     model_dir = tmp_path / "m"
     shutil.copytree(TINY, model_dir)
@@ -382,12 +385,14 @@ def test_unknown_pre_tokenizer_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.unit
 def test_shipped_recipe() -> None:
     r = recipe.load(recipe.find("gguf"))
     assert r.quantize.method == "gguf" and r.quantize.types == ["Q8_0", "Q4_K_M"]
     assert r.model.source == "models/quantkit-tiny" and r.output == "out/gguf"
 
 
+@pytest.mark.cli
 def test_gguf_verb_help(cli: Callable) -> None:
     proc = cli("gguf", "--help", check=True)
     assert "--type" in proc.stdout and "--imatrix" in proc.stdout and "--imatrix-file" in proc.stdout

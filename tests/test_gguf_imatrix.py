@@ -27,6 +27,8 @@ from quantkit.errors import MissingToolError, UsageError
 from quantkit.formats import gguf_types as types
 from quantkit.producers.gguf import collect, imatrix, quantize, tools
 
+pytestmark = pytest.mark.e2e
+
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
 

@@ -28,6 +28,8 @@ from quantkit.producers.gguf import collect, convert, imatrix, quantize, tools
 from quantkit.progress import Reporter
 from test_gguf_imatrix import CHUNK, have_tools, kv, same_tokens  # noqa: F401
 
+pytestmark = pytest.mark.e2e
+
 gguf = pytest.importorskip("gguf")
 
 MOE = ROOT / "models" / "quantkit-tiny-moe"

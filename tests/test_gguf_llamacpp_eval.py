@@ -27,6 +27,8 @@ from quantkit.engines.logits import EngineOptions, Window, open_engine
 from quantkit.producers.gguf import tools
 from quantkit.verify.metrics import Accumulator, BaselineStore, Metrics
 
+pytestmark = pytest.mark.e2e
+
 CTX = 512
 CHUNKS = 8
 TYPES = ["Q8_0", "Q4_K_M", "IQ4_XS"]

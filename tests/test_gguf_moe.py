@@ -23,6 +23,8 @@ from quantkit.errors import SourceModelError
 from quantkit.producers.gguf import convert as gguf_convert
 from test_gguf import TINY, convert, heldout, hf_logits, llama_logits, tensor_types, top1  # noqa: F401
 
+pytestmark = pytest.mark.e2e
+
 gguf = pytest.importorskip("gguf")
 transformers = pytest.importorskip("transformers")
 

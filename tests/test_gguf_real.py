@@ -21,6 +21,8 @@ import pytest
 
 from test_gguf import heldout, hf_logits, kl, llama_logits, top1  # noqa: F401
 
+pytestmark = pytest.mark.e2e
+
 transformers = pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 

@@ -39,6 +39,8 @@ from quantkit import images  # noqa: E402
 
 from vlm_models import make_vlm  # noqa: E402
 
+pytestmark = pytest.mark.e2e
+
 FAMILIES = ("qwen2_5_vl", "gemma3")
 VISION = ("vision_tower.", "multi_modal_projector.", "visual.")
 # (GGUF tensor, source tensor, how the converter derives it) per family: a few of every kind.

@@ -64,7 +64,7 @@ CHECKPOINTS = {"qwen3moe": ("qwen3moe", False), "qwen3moe-fused": ("qwen3moe", T
                "mixtral-fused": ("mixtral", True), "deepseek3": ("deepseek3", False)}
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("one_torch_thread")]
 
 
 @pytest.fixture(scope="module")

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from quantkit import formats
 from quantkit.formats import kinds
 from quantkit.formats.names import KindName, Method
+
+pytestmark = pytest.mark.unit
 
 
 def test_methods_are_the_formats_registrys() -> None:

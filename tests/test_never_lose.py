@@ -17,6 +17,8 @@ from quantkit.errors import OutputExistsError
 
 from conftest import TINY, quantkit
 
+pytestmark = pytest.mark.cli
+
 SOURCE = artifact.SourceInfo(id="src", path="/nowhere", config_sha256="0" * 64)
 
 

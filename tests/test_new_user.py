@@ -20,6 +20,8 @@ from safetensors import safe_open
 
 from conftest import ROOT, quantkit, sparse_checkpoint
 
+pytestmark = pytest.mark.e2e
+
 TINY_REL = "models/quantkit-tiny"  # as a user types it, from the repository root
 
 
@@ -53,6 +55,7 @@ def test_no_default_ignore_quantizes_lm_head(tmp_path: Path) -> None:
     assert "lm_head.weight_packed" in _tensors(out)
 
 
+@pytest.mark.cli
 def test_an_ignore_pattern_that_matches_nothing_is_refused(tmp_path: Path) -> None:
     out = tmp_path / "rtn"
     proc = quantkit("rtn", TINY_REL, out, "--ignore", "model.layers.99.mlp.down_proj")
@@ -80,6 +83,7 @@ def test_eval_finds_a_relative_source_from_another_folder(rtn_extra_ignore: Path
         assert leak not in proc.stderr, proc.stderr[-1000:]
 
 
+@pytest.mark.cli
 def test_seq_len_beyond_the_model_context_is_refused(tmp_path: Path) -> None:
     out = tmp_path / "gptq"
     proc = quantkit("gptq", TINY_REL, out, "--samples", "8", "--seq-len", "4096")
@@ -114,6 +118,7 @@ def test_output_flag_and_global_flags_after_the_verb(tmp_path: Path) -> None:
     assert quantkit("fp8", TINY_REL, tmp_path / "c", "--dry-run", "--debug").returncode == 0
 
 
+@pytest.mark.cli
 def test_a_recipe_reports_all_its_problems_at_once(tmp_path: Path) -> None:
     (tmp_path / "r.yaml").write_text(f"model:\n  source: {ROOT / TINY_REL}\noutput: ../elsewhere\nquantize:\n"
                                      "  method: rtn\n  bitz: 4\n")
@@ -132,6 +137,7 @@ def test_quantize_shows_progress_layer_by_layer(tmp_path: Path) -> None:
     assert re.search(r"\d/9 layers \S+ left", shown), shown[-2000:]  # 8 decoder layers + lm_head, with time left
 
 
+@pytest.mark.cli
 def test_dry_run_plans_without_loading_or_writing(tmp_path: Path) -> None:
     out = tmp_path / "gptq"
     proc = quantkit("gptq", TINY_REL, out, "--samples", "64", "--seq-len", "256", "--dry-run", "--json")
@@ -151,6 +157,7 @@ def test_dry_run_plans_without_loading_or_writing(tmp_path: Path) -> None:
     assert refused.returncode == 2  # the same checks as a real run
 
 
+@pytest.mark.cli
 def test_inspect_on_a_folder_that_is_no_artifact(tmp_path: Path) -> None:
     (tmp_path / "notes.txt").write_text("hello")
     proc = quantkit("inspect", tmp_path)
@@ -189,6 +196,7 @@ MEASURED_GPU = [
 ]
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize("shape,argv,measured", MEASURED_GPU, ids=[f"{s}-{' '.join(a)}" for s, a, _ in MEASURED_GPU])
 def test_dry_run_gpu_estimate_is_what_the_h200_measured(tmp_path: Path, shape: str, argv: list[str],
                                                         measured: tuple[str, str, str]) -> None:

@@ -12,6 +12,8 @@ from quantkit import artifact
 
 from conftest import TINY, quantkit
 
+pytestmark = pytest.mark.e2e
+
 RECIPE = f"""\
 # test release: two llm-compressor formats and two GGUF types
 model:

@@ -31,6 +31,8 @@ from quantkit.recipe import CalibrationSpec  # noqa: E402
 
 from conftest import ROOT, TINY, quantkit  # noqa: E402
 
+pytestmark = pytest.mark.e2e
+
 QUESTION = "What is the capital of France?"
 # artifact -> the verb and flags after MODEL OUTPUT: the CLI's defaults, fewer calibration samples for CI's time
 ARTIFACTS: dict[str, list[str]] = {

@@ -21,6 +21,8 @@ from conftest import TINY, quantkit, sparse_checkpoint
 from quantkit import artifact
 from quantkit.engines import parallel
 
+pytestmark = pytest.mark.e2e
+
 SMOLLM2 = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576,
            "intermediate_size": 1536, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
            "num_hidden_layers": 2, "vocab_size": 8192, "tie_word_embeddings": True, "max_position_embeddings": 2048,

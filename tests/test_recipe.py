@@ -9,6 +9,8 @@ import pytest
 from quantkit import recipe
 from quantkit.errors import RecipeError
 
+pytestmark = pytest.mark.unit
+
 GOOD = """\
 model:
   source: models/quantkit-tiny
@@ -111,6 +113,7 @@ def test_every_shipped_recipe_validates() -> None:
         assert r.artifacts(), p
 
 
+@pytest.mark.cli
 def test_cli_refuses_bad_recipe_before_loading_a_model(tmp_path: Path, cli) -> None:
     p = write(tmp_path, GOOD.replace("source: models/quantkit-tiny", "source: /does/not/exist")
               .replace("bits: 4", "bits: 5"))
@@ -119,6 +122,7 @@ def test_cli_refuses_bad_recipe_before_loading_a_model(tmp_path: Path, cli) -> N
     assert "quantize.bits (line 6)" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.cli
 def test_recipes_command_lists_and_shows(cli) -> None:
     proc = cli("recipes", "--json", check=True)
     import json

@@ -19,6 +19,8 @@ from quantkit.errors import DiskSpaceError
 
 from conftest import ROOT, quantkit, sparse_checkpoint
 
+pytestmark = pytest.mark.e2e
+
 SMALL = ("--samples", "8", "--seq-len", "128")
 
 
@@ -57,6 +59,7 @@ def test_free_space_precheck_on_a_real_small_disk(small_disk: Path, tiny: Path) 
     assert list(small_disk.iterdir()) == []
 
 
+@pytest.mark.cli
 def test_a_model_larger_than_host_memory_is_refused_before_loading(tmp_path: Path, tiny: Path) -> None:
     """A checkpoint twice this machine's RAM and swap (a sparse file: its header is real, its data takes no disk)
     is refused with the estimate and the limit, before a weight is read, and nothing is written."""
@@ -93,6 +96,7 @@ def test_existing_output_refused_without_force(tmp_path: Path, tiny: Path) -> No
     assert artifact.verify(out).ok
 
 
+@pytest.mark.cli
 def test_corrupt_checkpoint_refused_before_calibration(tmp_path: Path, tiny: Path) -> None:
     bad = tmp_path / "model"
     shutil.copytree(tiny, bad)

@@ -7,7 +7,11 @@ import os
 import time
 from pathlib import Path
 
+import pytest
+
 from quantkit import seal
+
+pytestmark = pytest.mark.unit
 
 
 def sha(data: bytes) -> str:

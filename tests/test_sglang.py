@@ -22,6 +22,8 @@ from quantkit.engines.sglang.server import SERVER
 from quantkit.errors import BackendError, UsageError
 from quantkit.formats.names import SGLANG
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:

@@ -19,6 +19,8 @@ import pytest
 
 from conftest import ROOT, TINY, gone, has_cuda, live_children, quantkit
 
+pytestmark = pytest.mark.e2e
+
 # A real llama.cpp server behind a shell that waits first: the smoke process is caught while it waits for
 # health, and the server's process group holds two processes (sh and sleep) that must both be stopped.
 SLOW_SERVER = "sh -c 'sleep 120; exec {python} -m llama_cpp.server --model {model} --host {host} --port {port}'"
@@ -144,6 +146,7 @@ def test_signal_while_waiting_stops_the_server(gguf_artifact: Path, tmp_path: Pa
     assert (tmp_path / f"{gguf_artifact.name}.smoke-llama.cpp-{next(gguf_artifact.glob('*.gguf')).stem}.log").exists()
 
 
+@pytest.mark.cli
 def test_doctor_lists_versions() -> None:
     proc = quantkit("doctor", "--engine", "llama.cpp", "--json", timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -200,6 +203,7 @@ def test_doctor_flags_unknown_compressed_tensors_format(ct_artifact: Path, tmp_p
     assert not (tmp_path / "logs").exists()
 
 
+@pytest.mark.unit
 def test_vllm_log_facts_name_the_kernel() -> None:
     from quantkit.engines.vllm import server as vllm
 

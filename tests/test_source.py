@@ -12,6 +12,8 @@ from quantkit import source
 from quantkit.errors import SourceModelError
 from quantkit.recipe import ModelSpec
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture()
 def copy(tmp_path: Path, tiny: Path) -> Path:
@@ -77,6 +79,7 @@ def test_unreadable_folder(copy: Path) -> None:
         copy.chmod(0o755)
 
 
+@pytest.mark.cli
 def test_hub_id_offline_is_one_clear_message(cli, tmp_path: Path) -> None:
     proc = cli("rtn", "someorg/somemodel", tmp_path / "out", env={"HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 2

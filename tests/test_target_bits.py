@@ -25,6 +25,8 @@ from quantkit.source import safetensors_header  # noqa: E402
 from conftest import TINY, quantkit  # noqa: E402
 from moe_models import make_moe  # noqa: E402
 
+pytestmark = pytest.mark.e2e
+
 CALIB = ["--samples", "4", "--seq-len", "256"]
 TARGET = 5.5  # gptq's mix at 5.5 bits and up: int4 in groups of 32 with zero points
 
@@ -135,6 +137,7 @@ def test_transformers_loads_the_mixed_checkpoint(made: dict[str, Path]) -> None:
     assert torch.isfinite(out).all()
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize("argv, words", [
     (["rtn", "--target-bits", "9.5"], "outside what int4 and int8 layers mix to"),
     (["rtn", "--target-bits", "3"], "outside what int4 and int8 layers mix to"),
@@ -158,6 +161,7 @@ def test_refused_on_a_mixture_of_experts_model(tmp_path: Path) -> None:
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.unit
 def test_targets_name_exactly_the_planned_modules() -> None:
     """The compressed-tensors target expressions match the modules at their width and nothing else."""
     names = [f"model.layers.{i}.{p}" for i in range(12) for p in ("self_attn.q_proj", "self_attn.o_proj",
@@ -215,6 +219,7 @@ def test_gguf_mix_scores_better_in_llama_cpp(gguf_made: dict[str, Path]) -> None
     assert mix < base, (mix, base)
 
 
+@pytest.mark.cli
 @pytest.mark.parametrize("flags, words", [
     (["-t", "Q4_K_M", "-t", "Q6_K"], "exactly one --type"),
     (["-t", "Q8_0"], "exactly one --type"),

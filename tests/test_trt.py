@@ -29,6 +29,8 @@ from quantkit.errors import QuantkitError
 from quantkit.producers.trt import pyenv
 from quantkit.engines.vllm import kernels
 
+pytestmark = pytest.mark.cli
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "models" / "quantkit-tiny"
 CALIBRATION = {"dataset": "mixed", "samples": 8, "seq_len": 128}
@@ -377,7 +379,7 @@ def test_cli_build_trt_checkpoint_only_json(cli, tmp_path: Path) -> None:
 def test_cli_refuses_a_tp_the_model_cannot_shard(cli, tmp_path: Path) -> None:
     proc = cli("build-trt", _recipe(tmp_path, quantization="int4_awq", tp=4), cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
-    assert "tp=4" in proc.stderr and "AWQ group size 128" in proc.stderr
+    assert "tp=4" in proc.stderr and "int4_awq group size 128" in proc.stderr
     assert not (tmp_path / "art").exists()
 
 
@@ -398,6 +400,7 @@ def test_cli_refuses_a_recipe_without_trt_output(cli, tmp_path: Path) -> None:
     assert proc.returncode == 2 and "no TensorRT-LLM output" in proc.stderr, proc.stderr
 
 
+@pytest.mark.unit
 def test_engine_step_says_what_is_missing_and_what_was_produced() -> None:
     """Step 2's decision, for the environments it can meet (described as data: nothing is imported or run)."""
     from quantkit.producers.trt import engine

@@ -63,7 +63,7 @@ ARTIFACTS: dict[str, tuple[str, list[str]]] = {
 }
 COMPRESSED = [n for n, (_, args) in ARTIFACTS.items() if "--format" not in args]
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("one_torch_thread")]
 
 
 @pytest.fixture(scope="module")
@@ -170,6 +170,7 @@ def test_image_calibration_is_recorded(name, build):
     assert manifest["quantization"]["coverage"]["quantized"] == TEXT_LINEARS
 
 
+@pytest.mark.unit
 def test_images_hash_covers_their_bytes(tmp_path):
     folder = tmp_path / "images"
     shutil.copytree(images.SHIPPED, folder)
@@ -231,6 +232,7 @@ def test_refusals_in_one_line(tmp_path, checkpoint, tiny):
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
+@pytest.mark.unit
 def test_doctor_refuses_llava_in_vllm_026_with_transformers_517():
     """The skew measured on the H200: vLLM 0.26's LLaVA family cannot be inspected with transformers 5.17."""
     from quantkit.engines import doctor
