@@ -7,7 +7,8 @@
 * an NVFP4 checkpoint made by llm-compressor (NVFP4A16, round to nearest, lm_head kept) is repacked by llama.cpp's
   converter into GGUF NVFP4 without loss: dequantized by gguf-py, every repacked matrix equals compressed-tensors'
   own decompression of the checkpoint bit for bit, and ``quantkit eval`` against the checkpoint in transformers
-  measures only llama.cpp's 8-bit activations (KLD 0.00027, top-1 0.990, 4,096 held-out tokens at ctx 1024);
+  measures only llama.cpp's 8-bit activations (KLD 0.00027, top-1 0.990, 4,096 held-out tokens at ctx 1024); its
+  tensors are tagged to keep 8-bit activations (llama.cpp would use FP4 ones on Blackwell);
 * what the converter cannot make right is refused before any work with exit code 2 and one line: compressed-tensors
   MXFP4 (no llama.cpp build converts it for a dense model), any other quantized compressed-tensors checkpoint (it
   would be dequantized and quantized again), another type from an NVFP4 checkpoint, NVFP4 from float weights.
@@ -161,6 +162,17 @@ def test_nvfp4_checkpoint_is_repacked(nvfp4: dict[str, Any]) -> None:
                                       "tensor_types": {"BF16": 2, "F32": 73, "NVFP4": 56}}
     assert file_type(nvfp4["file"]) == 39  # LLAMA_FTYPE_MOSTLY_NVFP4
     assert target_bits.file_bits(nvfp4["file"]) == 4.5  # 64 E2M1 values and four E4M3 scales in 36 bytes
+
+
+def test_weight_only_nvfp4_keeps_8_bit_activations(nvfp4: dict[str, Any]) -> None:
+    """NVFP4A16 quantizes no activations: every repacked tensor is tagged prec_a4 false, which llama.cpp reads to
+    keep 8-bit activations where it would use FP4 ones (Blackwell); upstream tags only ModelOpt's W4A16_NVFP4."""
+    fields = gguf.GGUFReader(nvfp4["file"]).fields
+    names, values = fields["general.tensor_extra.name"], fields["general.tensor_extra.prec_a4"]
+    tagged = {bytes(names.parts[i]).decode(): bool(values.parts[j][0]) for i, j in zip(names.data, values.data)}
+    repacked = {n for n, t in tensors(nvfp4["file"]).items() if t.tensor_type.name == "NVFP4"}
+    assert tagged == dict.fromkeys(repacked, False)
+    assert any("8-bit activations" in n for n in nvfp4["manifest"]["notes"])
 
 
 def test_nvfp4_repack_is_lossless(checkpoints: dict[str, Path], nvfp4: dict[str, Any]) -> None:

@@ -198,6 +198,11 @@ def convert(model_dir: Path, out: Path, type_name: str, *, name: str, reporter: 
                 "scores such a vocabulary -1000 throughout, and llama.cpp would then split text differently")
         if note not in notes:
             notes.append(note)
+    if res.get("weight_only_from") == "quantkit":
+        note = ("the repacked NVFP4 tensors are tagged to keep 8-bit activations (general.tensor_extra.prec_a4 false): "
+                "the checkpoint quantizes weights only, and llama.cpp would run it with FP4 activations on Blackwell")
+        if note not in notes:
+            notes.append(note)
     if res.get("embedding_rows_from") == "quantkit":
         note = ("token_embd keeps every row of the checkpoint (no tokenizer.model): llama.cpp's Gemma 3 converter "
                 "cuts it to the tokenizer's tokens but writes a vocabulary padded to vocab_size, and llama.cpp would "

@@ -16,12 +16,14 @@ Two modes:
 Either mode with ``--mmproj`` among ``CONVERTER-ARGS`` is about a vision-language model's vision side, the
 ``mmproj`` file upstream writes for ``llama-server --mmproj``.
 
-llama.cpp recognises a BPE pre-tokenizer by hashing the token ids of a fixed text, so a tokenizer trained
-locally with a standard splitter (quantkit's reference model) is refused. ``--pre NAME`` is the pre-tokenizer
-quantkit matched from ``tokenizer.json``'s own regex; it is used only when upstream's check raised, and the
-result says so (``pre_from``). A SentencePiece-style vocabulary that only a tokenizer.json holds gets scores
-from its merge ranks (:func:`_score_by_merge_rank`; ``scores_from``). Any failure is written to the result as
-one line (its kind, the architecture), and the exit status is 3; the converter's own log goes to stderr.
+llama.cpp recognises a BPE pre-tokenizer by hashing the token ids of a fixed text, so a tokenizer trained locally
+with a standard splitter (quantkit's reference model) is refused. ``--pre NAME`` is the pre-tokenizer quantkit
+matched from ``tokenizer.json``'s own regex; it is used only when upstream's check raised, and the result says so
+(``pre_from``). A weight-only NVFP4 checkpoint's repacked tensors are tagged to keep 8-bit activations
+(:func:`_keep_weight_only_activations`; ``weight_only_from``). A SentencePiece-style vocabulary that only a
+tokenizer.json holds gets scores from its merge ranks (:func:`_score_by_merge_rank`; ``scores_from``). Any failure
+is written to the result as one line (its kind, the architecture), and the exit status is 3; the converter's own log
+goes to stderr.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ PHI3_TOKENS = ("</s>", "<unk>", "<s>", "<|endoftext|>")
 FAILED = 3
 
 _seen: dict[str, Any] = {"pre_tokenizer": None, "pre_from": None, "scores_from": None, "vision_names": [],
-                         "embedding_rows_from": None}
+                         "embedding_rows_from": None, "weight_only_from": None}
 MMPROJ = "--mmproj"
 
 
@@ -117,6 +119,36 @@ def _keep_gemma3_rows() -> None:
         return original(self, data_torch, name, bid)
 
     Gemma3Model.modify_tensors = modify_tensors  # type: ignore[method-assign]
+
+
+def _weight_only(quantization_config: dict[str, Any]) -> bool:
+    """A compressed-tensors checkpoint whose every config group quantizes weights only (NVFP4A16, MXFP4A16)."""
+    groups = [g for g in (quantization_config.get("config_groups") or {}).values() if isinstance(g, dict)]
+    return (quantization_config.get("quant_method") == "compressed-tensors" and bool(groups)
+            and all(not g.get("input_activations") for g in groups))
+
+
+def _keep_weight_only_activations() -> None:
+    """Tag the repacked tensors of a weight-only compressed-tensors NVFP4 checkpoint as taking no 4-bit activations.
+
+    llama.cpp multiplies an NVFP4 (or MXFP4) matrix with FP4 activations on a Blackwell GPU unless the file's
+    ``general.tensor_extra.prec_a4`` says no for it (``ggml_cuda_mmq_get_prec_src1`` in ggml-cuda/mmq.cu); upstream's
+    converter says no only for ModelOpt's ``W4A16_NVFP4``. An NVFP4A16 checkpoint from llm-compressor (its config
+    groups have no ``input_activations``) would then run there as W4A4, numerics it was not made or measured for.
+    Each of its repacked tensors is tagged as upstream tags W4A16_NVFP4's (``weight_only_from`` in the result). CPUs
+    and GPUs before Blackwell use 8-bit activations either way.
+    """
+    from conversion.base import ModelBase
+
+    original = ModelBase._tag_prec_a4
+
+    def _tag_prec_a4(self: Any, hf_name: str, gguf_name: str) -> None:
+        original(self, hf_name, gguf_name)
+        if gguf_name not in self._prec_a4 and _weight_only(self.hparams.get("quantization_config") or {}):
+            self._prec_a4[gguf_name] = False
+            _seen["weight_only_from"] = "quantkit"
+
+    ModelBase._tag_prec_a4 = _tag_prec_a4  # type: ignore[method-assign]
 
 
 def _hub_spelling(name: str, block_count: int) -> tuple[str, int, str] | None:
@@ -218,6 +250,7 @@ def main() -> int:
 
         _answer_pre(args.pre)
         _score_by_merge_rank()
+        _keep_weight_only_activations()
         if mmproj:
             _name_vision_tensors()
         else:
