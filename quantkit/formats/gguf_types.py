@@ -13,10 +13,10 @@ IQ3_S/IQ3_M/IQ4_XS/IQ4_NL can be made without one (llama.cpp allows it); they ar
 
 MXFP4_MOE is for mixture-of-experts models: its expert tensors (3-D, one slice per expert) are MXFP4 and every other
 tensor Q8_0, ``output`` and ``token_embd`` included (``llama_tensor_get_type_impl`` in src/llama-quant.cpp), so a
-dense model comes out Q8_0 throughout, the same tensor types as Q8_0 (measured: tests/test_gguf_fp4.py). The
+dense model comes out Q8_0 throughout, byte for byte llama.cpp's Q8_0 (measured: tests/test_gguf_fp4.py). The
 aliases llama-quantize accepts (Q3_K, Q4_K, Q5_K for the _M mixes) resolve to their mix. ``COPY`` is not a type (it
-copies tensors). Q2_0 is listed and refused: gguf-py 0.19.0, which quantkit reads GGUF files with (inspect, verify, evaluate, fallback
-detection), cannot read Q2_0 tensors.
+copies tensors). Q2_0 is listed and refused: gguf-py 0.19.0, which quantkit reads GGUF files with (inspect, verify,
+evaluate, fallback detection), cannot read Q2_0 tensors.
 
 NVFP4 (``REPACKED``) is not offered by llama-quantize (b11312 has the file type, ``LLAMA_FTYPE_MOSTLY_NVFP4``, but
 no quantizer for it): llama.cpp's converter writes it only by repacking a checkpoint that already holds NVFP4 weights

@@ -4,15 +4,16 @@ llama.cpp's ``convert_hf_to_gguf.py`` (b11312) does three different things with 
 
 * NVFP4 (compressed-tensors ``nvfp4-pack-quantized``, also as ``mixed-precision`` groups that are all NVFP4; ModelOpt
   ``quant_algo`` NVFP4 or W4A16_NVFP4, in ``config.json`` or ``hf_quant_config.json``): it repacks the E2M1 values and
-  E4M3 scales bit for bit into ggml's NVFP4 blocks (``_generate_nvfp4_tensors`` in conversion/base.py), the global
-  scale as a per-tensor ``.scale`` tensor, and writes the rest of the checkpoint in the ``--outtype`` asked. The file
-  is the checkpoint, losslessly: GGUF type NVFP4 (:data:`quantkit.formats.gguf_types.REPACKED`). Any other type
-  would quantize FP4 weights a second time (llama-quantize also refuses to requantize), so it is refused;
+  E4M3 scales bit for bit into ggml's NVFP4 blocks (``_generate_nvfp4_tensors`` in conversion/base.py; the
+  compressed-tensors names since upstream #21095, 2026-03), the global scale as a per-tensor ``.scale`` tensor, and
+  writes the rest of the checkpoint in the ``--outtype`` asked. The file is the checkpoint, losslessly: GGUF type
+  NVFP4 (:data:`quantkit.formats.gguf_types.REPACKED`). Any other type would quantize FP4 weights a second time
+  (llama-quantize also refuses to requantize), so it is refused;
 * compressed-tensors MXFP4 (``mxfp4-pack-quantized``): repacked only inside the Kimi-K3, DeepSeek-V4 and MiMo model
   classes (their routed experts); for every other architecture the converter raises "Quant format
-  'mxfp4-pack-quantized' ... is not yet supported". No llama.cpp build converts it for a dense model (its
-  pull requests up to 2026-09 add MXFP4 repacking per model class: gpt-oss, DeepSeek-V4, Kimi-K3, Gemma 4's
-  ``quant_method: mxfp4``), so quantkit refuses it in one line, with the way that works;
+  'mxfp4-pack-quantized' ... is not yet supported". No llama.cpp pull request found (to 2026-09) converts it for
+  a dense model: upstream adds MXFP4 repacking per model class (gpt-oss, DeepSeek-V4, Kimi-K3 merged; Gemma 4's
+  ``quant_method: mxfp4``, #24738, open), so quantkit refuses it in one line, with the way that works;
 * every other compressed-tensors or ModelOpt format (int4 ``pack-quantized``, FP8 ``float-quantized``, W8A8
   ``int-quantized``, ModelOpt FP8...): dequantized to floats (its ``dequant_model``; ``pack-quantized`` ignores an
   activation-order ``weight_g_idx``), which quantkit would then quantize a second time. Refused: a GGUF is made from
@@ -122,7 +123,7 @@ def check(path: Path, spec_name: str, architecture: str, wanted: list[str]) -> Q
     if found.scheme == MXFP4_CT:
         raise UsageError(
             f"{spec_name} is compressed-tensors MXFP4: {BUILD}'s converter repacks MXFP4 only for the experts of "
-            f"Kimi-K3, DeepSeek-V4 and MiMo, not for {architecture}, and no llama.cpp build converts it yet",
+            f"Kimi-K3, DeepSeek-V4 and MiMo, not for {architecture}, and no later llama.cpp build is known to",
             hint=f"convert the unquantized checkpoint with -t MXFP4_MOE (MXFP4 experts of a mixture of experts) or "
                  f"-t Q4_K_M; or make it NVFP4 (llm-compressor's NVFP4A16) and convert that with -t {REPACKED_TYPE}")
     raise UsageError(
