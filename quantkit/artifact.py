@@ -160,6 +160,9 @@ class EvaluationInfo(Section):
     results: list[dict[str, Any]] = Field(default_factory=list)
     passed: bool | None = None
     summary: dict[str, Any] | None = None
+    # An FP4 W4A4 artifact: the arithmetic its figures measured (quantkit.engines.numerics: "w4a4", "emulated w4a4",
+    # "weight-only (Marlin FP4: this GPU has no FP4 arithmetic)", ...); None for every other artifact and older files.
+    numerics: str | None = None
 
 
 class SmokeInfo(Section):

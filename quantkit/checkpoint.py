@@ -2,9 +2,10 @@
 files a path stands for.
 
 The bottom floor: the artifact kinds, ``inspect``, ``doctor``, vLLM's kernel table and the evaluation's dense copy
-all find a checkpoint's quantization here (and whether it is FP4, weight-only or W4A4), so they never disagree about where it sits (``quantization_config`` at
+all find a checkpoint's quantization here, so they never disagree about where it sits (``quantization_config`` at
 the top of ``config.json``, also for a multimodal model whose shapes are under ``text_config``) or what a missing or
-malformed one reads as (none).
+malformed one reads as (none). Whether a checkpoint is FP4, and weight-only or W4A4, is read here too (:func:`fp4`):
+the engines say from it which arithmetic a W4A4 checkpoint gets.
 """
 
 from __future__ import annotations
@@ -59,11 +60,6 @@ class Fp4:
 
     layout: str
     w4a4: bool
-
-    @property
-    def name(self) -> str:
-        """The scheme as llm-compressor's presets name it: NVFP4 / NVFP4A16, MXFP4 / MXFP4A16."""
-        return self.layout if self.w4a4 else f"{self.layout}A16"
 
 
 def fp4_layout(args: Any) -> str | None:

@@ -146,6 +146,27 @@ def test_the_table_follows_sglangs_branches(tmp_path: Path) -> None:
     assert loads.refusal(TINY / "tokenizer.json") is not None  # a file: quantkit serves only GGUF files, in llama.cpp
 
 
+def test_the_table_refuses_every_fp4_artifact_on_hopper(tmp_path: Path) -> None:
+    """SGLang 0.5.17 (read from its source) has NVFP4 only with FP4 activations and only on Blackwell; weight-only
+    NVFP4 reaches no scheme; MXFP4's float groups fall into the dense WNA16 branch, which serves pack-quantized
+    integers only, while MXFP4 experts have their own method. Each refusal quotes SGLang's own error."""
+    def why(name: str, preset: str, fmt: str, **extra: object) -> list[tuple[str, str]]:
+        found = loads.findings(config_folder(tmp_path, name, preset_config(preset, fmt, **extra)))
+        return [(f.status, f.message) for f in found]
+
+    nvfp4 = why("nvfp4", "NVFP4", "nvfp4-pack-quantized")
+    assert [s for s, _ in nvfp4] == ["fail"] and "Current platform does not support w4a4 nvfp4" in nvfp4[0][1]
+    a16 = why("nvfp4a16", "NVFP4A16", "nvfp4-pack-quantized")
+    assert [s for s, _ in a16] == ["fail"] and "No compressed-tensors compatible scheme was found." in a16[0][1]
+    for preset in ("MXFP4", "MXFP4A16"):
+        mx = why(preset.lower(), preset, "mxfp4-pack-quantized")
+        assert [s for s, _ in mx] == ["fail"] and "CompressedTensorsW4A16Sparse24" in mx[0][1], preset
+    moe = why("mxfp4-moe", "MXFP4A16", "mxfp4-pack-quantized", num_local_experts=8)
+    assert [s for s, _ in moe] == ["fail", "ok"] and "Mxfp4MoEMethod in the experts" in moe[1][1]
+    nv_moe = why("nvfp4-moe", "NVFP4", "nvfp4-pack-quantized", num_local_experts=8)
+    assert [s for s, _ in nv_moe] == ["fail", "fail"] and "Please use Blackwell" in nv_moe[1][1]
+
+
 def test_doctor_refuses_what_sglang_cannot_load_and_reports_its_pins(artifacts: dict[str, Path]) -> None:
     report = doctor.check(artifacts["w4a8"], SGLANG, include_quantkit=False)
     failed = {c.name: c.message for c in report.failures()}

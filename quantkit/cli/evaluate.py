@@ -63,6 +63,12 @@ def eval_cmd(
     python: Optional[str] = typer.Option(None, "--python", help="vLLM's or SGLang's own Python interpreter "
                                          "\\[default: $QUANTKIT_VLLM_PYTHON / $QUANTKIT_SGLANG_PYTHON, else this "
                                          "one].", rich_help_panel=PANEL_ENGINE),
+    numerics: Optional[str] = typer.Option(None, "--numerics", help="An FP4 W4A4 artifact's activations: auto "
+                                           "(what the engine does: transformers emulates FP4 activations, vLLM on a "
+                                           "GPU without FP4 arithmetic runs weight-only), emulated (FP4 activations "
+                                           "quantized and dequantized: the numerics of a Blackwell GPU; vLLM: NVFP4 "
+                                           "only) or weight-only (activations in 16 bits, as Hopper serves it). The "
+                                           "result records which \\[default: auto].", rich_help_panel=PANEL_ENGINE),
     max_ppl_ratio: Optional[float] = typer.Option(None, "--max-ppl-ratio", help="Fail when artifact ppl / baseline "
                                                   "ppl exceeds X \\[default: recipe's, else 1.5].",
                                                   rich_help_panel=PANEL_GATES),
@@ -83,7 +89,7 @@ def eval_cmd(
     options, recipe_model = api.eval_options(
         recipe, flags={"dataset": dataset, "ctx": ctx, "stride": stride, "max_tokens": max_tokens, "engine": engine},
         gate_flags={"max_ppl_ratio": max_ppl_ratio, "max_kld": max_kld, "min_top1": min_top1},
-        device=device, python=python, report_dir=report_dir)
+        device=device, python=python, report_dir=report_dir, numerics=numerics)
     rep = reporter(json)
     report = api.evaluate(artifacts, baseline or _manifest_or(recipe_model, artifacts), options, rep)
     if json:

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from quantkit import artifact as artifact_mod
-from quantkit.checkpoint import quantization_config, read_config
-from quantkit.engines import registry, serving
+from quantkit.checkpoint import Fp4, quantization_config, read_config
+from quantkit.engines import numerics, registry, serving
 from quantkit.engines.serving import Server
 from quantkit.engines.sglang import loads as sglang_loads
 from quantkit.errors import QuantkitError, UsageError
@@ -44,7 +44,7 @@ MODULES = ("torch", "transformers", "llmcompressor", "compressed_tensors", "gguf
 # What else doctor asks an engine's Python: the distributions whose declared requirements it reports (their pins),
 # and modules whose presence matters to that engine (a transformers that defines a model SGLang registers itself).
 REQUIRES_OF = {SGLANG: ("sglang",)}
-ENGINE_MODULES = {SGLANG: (sglang_loads.CONFLICTING_MODULE,)}
+ENGINE_MODULES = {SGLANG: (sglang_loads.CONFLICTING_MODULE,), VLLM: ("flashinfer",)}  # FlashInfer: MXFP4's W4A4
 PROBE_TIMEOUT = 300.0
 
 # Runs inside the environment being asked (``python -c PROBE REQUEST_JSON``); standard library at the top, each
@@ -76,7 +76,9 @@ if req.get("torch"):
         cuda = torch.cuda.is_available()
         out["torch"] = {"version": torch.__version__, "cuda_available": cuda, "cuda": torch.version.cuda,
                         "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-                                   if cuda else []}
+                                   if cuda else [],
+                        "capabilities": [list(torch.cuda.get_device_capability(i))
+                                         for i in range(torch.cuda.device_count())] if cuda else []}
     except Exception as e:
         out["torch"] = {"error": "%s: %s" % (type(e).__name__, e)}
 qc = req.get("quantization_config")
@@ -359,6 +361,22 @@ def _gguf_checks(art: dict[str, Any], env_info: dict[str, Any]) -> list[Check]:
     return checks
 
 
+def _numerics_check(found: Fp4, info: dict[str, Any]) -> Check:
+    """Which arithmetic vLLM will run a W4A4 FP4 artifact with on the engine's first GPU (weight-only below FP4
+    tensor cores: a warning, since its scores are then not what the checkpoint asks for); with no GPU, what this
+    machine scores instead."""
+    t = info.get("torch") or {}
+    caps, devices = t.get("capabilities") or [], t.get("devices") or []
+    if not t.get("cuda_available") or not caps:
+        return Check("fp4 numerics", "ok", numerics.line(found, numerics.EMULATED, "no GPU here: quantkit eval "
+                                                                                    "--engine transformers"))
+    cap = (int(caps[0][0]), int(caps[0][1]))
+    label = numerics.of_gpu(found, cap, bool(info.get("modules", {}).get("flashinfer")))
+    where = f"vLLM on {devices[0] if devices else 'this GPU'} (compute capability {cap[0]}.{cap[1]})"
+    return Check("fp4 numerics", "warn" if label == numerics.MARLIN_WEIGHT_ONLY else "ok",
+                 numerics.line(found, label, where))
+
+
 def _finding_check(f: sglang_loads.Finding) -> Check:
     return Check(f.name, f.status, f.message, f.hint)
 
@@ -409,6 +427,8 @@ def check(path: Path | None, engine_name: str = "auto", *, python: str | None = 
         else:
             report.checks.append(Check("cuda", "ok", f"torch {t.get('version')} (CUDA {t.get('cuda')}): "
                                                      f"{', '.join(t.get('devices', []))}"))
+    if art is not None and engine.name == VLLM and "error" not in info and (found := numerics.w4a4(Path(art["path"]))):
+        report.checks.append(_numerics_check(found, info))
     if engine.name == SGLANG and "error" not in info and info.get("modules", {}).get(engine.module):
         report.engine["pins"] = info.get("requires", {}).get(engine.dist, [])
         report.checks.extend(_finding_check(f) for f in sglang_loads.env_findings(

@@ -84,6 +84,7 @@ class EngineOptions:
     device: str = "auto"
     python: str | None = None  # vLLM: the interpreter of vLLM's own environment
     topk: int = 20  # vLLM: log-probabilities returned per position
+    numerics: str = "auto"  # an FP4 W4A4 artifact's activations: auto, emulated, weight-only (engines/numerics.py)
 
 
 class LogitsEngine(Protocol):

@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from quantkit import artifact, images
-from quantkit.checkpoint import read_config
-from quantkit.engines import client, doctor, image_question, parallel, registry, serving
+from quantkit.checkpoint import Fp4, read_config
+from quantkit.engines import client, doctor, image_question, numerics, parallel, registry, serving
 from quantkit.engines.serving import HOST, ServeOptions, Server, ServerProcess
 from quantkit.engines.vllm import kernels
 from quantkit.errors import BackendError, GateFailedError, Interrupted, QuantkitError, UsageError
@@ -222,6 +222,8 @@ def run(path: Path, opts: SmokeOptions, reporter: Reporter | None = None) -> Smo
             r.data["gate"] = isinstance(e, MatchFailed)
         finally:
             r.data["facts"] = engine.log_facts(_read(r.log))
+            if engine.name == VLLM and (found := numerics.w4a4(path)):
+                _say_numerics(r, found, rep)
         if r.status == "failed":
             rep.console.print(f"[red]✗[/] {target.name}: {r.error.splitlines()[0] if r.error else 'failed'}")
     result.manifest_updated = _record(path, result)
@@ -417,6 +419,17 @@ def compare(baseline: dict[str, Any], tok: Any, served_text: str, match_tokens: 
         matched += 1
     return {"model": baseline["model"], "compared": n, "matched": matched, "agree": matched >= n,
             "text": served_text, "baseline_text": baseline["text"]}
+
+
+def _say_numerics(r: SmokeRun, found: Fp4, rep: Reporter) -> None:
+    """Record, and say in one line, which arithmetic vLLM served a W4A4 FP4 artifact with (from the kernels its log
+    names: Marlin FP4 runs it weight-only)."""
+    label = numerics.of_vllm_kernels(k for _, k in kernels.log_facts(_read(r.log)).linear)
+    if label is None:
+        return
+    r.data["numerics"] = label
+    say = rep.warn if label == numerics.MARLIN_WEIGHT_ONLY else rep.log
+    say(f"{r.target.name}: {numerics.line(found, label, 'vLLM')}")
 
 
 def _read(path: Path) -> str:

@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from quantkit import artifact, outputs, source as source_mod
 from quantkit.artifact import Manifest
 from quantkit.checkpoint import gguf_files
-from quantkit.engines import logits as engines, registry
+from quantkit.engines import logits as engines, numerics as numerics_mod, registry
 from quantkit.engines.logits import EngineOptions
 from quantkit.errors import IntegrityError, UsageError
 from quantkit.formats.names import LLAMACPP, SGLANG, TRANSFORMERS, VLLM, Method
@@ -59,6 +59,7 @@ class EvalOptions:
     kld_topk: int | None = None
     write: bool = True
     image_prompts: int = images_mod.DEFAULT_PROMPTS  # a vision-language model's image prompts scored (0: none)
+    numerics: str = numerics_mod.AUTO  # an FP4 W4A4 artifact's activations: auto, emulated, weight-only
 
     @classmethod
     def from_verify(cls, spec: VerifySpec, **overrides: Any) -> "EvalOptions":
@@ -132,9 +133,9 @@ def _manifest_of(folder: Path) -> Manifest | None:
     return artifact.read_manifest(folder)
 
 
-def expand_targets(paths: list[Path], engine: str) -> list[Target]:
+def expand_targets(paths: list[Path], engine: str, numerics: str = numerics_mod.AUTO) -> list[Target]:
     """The models a list of paths stands for: a checkpoint folder, each GGUF file of a folder, or each artifact
-    folder of a release folder. Checks engines and manifests before anything loads."""
+    folder of a release folder. Checks engines, ``--numerics`` and manifests before anything loads."""
     out: list[Target] = []
     for raw in paths:
         path = Path(raw)
@@ -145,12 +146,13 @@ def expand_targets(paths: list[Path], engine: str) -> list[Target]:
             if not subs:
                 raise UsageError(f"{path} is not a checkpoint, a GGUF artifact or a release folder of artifacts",
                                  hint="give an artifact folder, a Hugging Face checkpoint or a .gguf file")
-            out += expand_targets(subs, engine)
+            out += expand_targets(subs, engine, numerics)
             continue
         home = path.parent if path.is_file() else path
         manifest = _manifest_of(home)
         kind = registry.evaluating_engine(path) if engine == "auto" else engine
         engines.check_compatible(kind, path)
+        numerics_mod.check(path, numerics, kind)
         files = gguf_files(path) if kind == LLAMACPP else [path]
         for f in files:
             label = f"{home.name}/{f.name}" if f != home else home.name
@@ -225,7 +227,8 @@ def _preflight(kinds: set[str], options: EvalOptions) -> None:
 
 
 def _engine_options(options: EvalOptions) -> EngineOptions:
-    return EngineOptions(ctx=options.ctx, device=options.device, python=options.python, topk=options.vllm_topk)
+    return EngineOptions(ctx=options.ctx, device=options.device, python=options.python, topk=options.vllm_topk,
+                         numerics=options.numerics)
 
 
 def _score(label: str, kind: str, path: Path, proto: protocol_mod.Protocol, options: EvalOptions,
@@ -237,6 +240,9 @@ def _score(label: str, kind: str, path: Path, proto: protocol_mod.Protocol, opti
     acc = Accumulator()
     try:
         info = engine.info()
+        if line := info.pop("numerics_line", None):  # an FP4 W4A4 artifact: which arithmetic these scores are
+            say = reporter.warn if info["numerics"] == numerics_mod.MARLIN_WEIGHT_ONLY else reporter.log
+            say(f"{label}: {line}")
         with reporter.bar(f"{label} ({kind})", total=proto.tokens_scored, unit="tok") as bar:
             t0, done = time.perf_counter(), 0
             for w, lp in zip(proto.windows, engine.logits(proto.windows), strict=True):
@@ -305,7 +311,7 @@ def evaluate(paths: list[Path], baseline: str | None, options: EvalOptions | Non
     if options.stride is not None and options.stride > options.ctx:
         raise UsageError(f"--stride {options.stride} is larger than --ctx {options.ctx}: tokens would be skipped",
                          hint="leave --stride out for non-overlapping windows")
-    targets = expand_targets(paths, options.engine)
+    targets = expand_targets(paths, options.engine, options.numerics)
     _preflight({t.engine for t in targets}, options)
     src = resolve_baseline(baseline, targets)
     if options.write:  # before any scoring: the report goes neither into the baseline nor over the user's files
@@ -335,7 +341,8 @@ def evaluate(paths: list[Path], baseline: str | None, options: EvalOptions | Non
             m, info, secs = _score(t.label, t.engine, t.path, proto, options, rep, store, is_baseline=False)
             ratio = m.ppl / base.metrics.ppl if base.metrics.ppl else None
             r = Result(target=t, engine=info, metrics=m, ppl_ratio=ratio,
-                       bits_per_weight=_bpw(t.size_bytes, src.num_parameters), seconds=secs)
+                       bits_per_weight=_bpw(t.size_bytes, src.num_parameters), seconds=secs,
+                       numerics=info.get("numerics"))
             if t.engine in (VLLM, SGLANG):
                 r.kld_method = (f"lower bound: {'vLLM' if t.engine == VLLM else 'SGLang'} returns the artifact's "
                                 f"top-{options.vllm_topk} log-probabilities, used as bins plus one bin for the rest "

@@ -151,6 +151,7 @@ def update_manifests(report: EvalReport) -> None:
             "baseline": report.baseline.to_json(), "results": [r.to_json() for r in results],
             "gates": results[0].target.gates.model_dump() if results[0].target.gates else None,
             "passed": all(r.passed for r in results), "summary": _summary(results),
+            "numerics": next((r.numerics for r in results if r.numerics), None),
             "report": os.path.relpath(report.report_path, folder) if report.report_path else None,
             "plot": os.path.relpath(report.plot_path, folder) if report.plot_path else None,
         }

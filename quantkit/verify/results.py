@@ -34,7 +34,8 @@ def row(r: Result, is_baseline: bool = False) -> list[str]:
         verdict = "none set"
     else:
         verdict = "pass" if r.passed else "FAIL: " + ", ".join(g.gate for g in r.gates if not g.passed)
-    return [r.target.label, str(r.engine.get("engine", r.target.engine)), r.target.format,
+    engine = str(r.engine.get("engine", r.target.engine)) + (f" ({r.numerics})" if r.numerics else "")
+    return [r.target.label, engine, r.target.format,
             artifact.fmt_bytes(r.target.size_bytes), _num(r.bits_per_weight, ".2f"), _num(m.ppl, ".4f"),
             _num(r.ppl_ratio, ".4f"), _num(m.kld, ".3g"), _num(m.top1, ".4f"), verdict]
 
@@ -66,6 +67,7 @@ class Result:
     gates: list[gates_mod.GateResult] = field(default_factory=list)
     kld_method: str | None = None  # set when it differs from the run's (a sparse engine's bound)
     images: dict[str, Any] | None = None  # a vision-language model's image prompts (quantkit.verify.images)
+    numerics: str | None = None  # an FP4 W4A4 artifact: the arithmetic measured (quantkit.engines.numerics)
 
     @property
     def passed(self) -> bool:
@@ -81,6 +83,7 @@ class Result:
                 "ppl_ratio": self.ppl_ratio, "seconds": round(self.seconds, 2),
                 "gates": [g.to_json() for g in self.gates], "passed": self.passed,
                 **({"kld_method": self.kld_method} if self.kld_method else {}),
+                **({"numerics": self.numerics} if self.numerics else {}),
                 **({"images": self.images} if self.images is not None else {})}
 
 

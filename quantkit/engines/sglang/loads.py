@@ -10,7 +10,12 @@ Read from ``sglang-0.5.17-cp312-cp312-manylinux_2_34_x86_64.whl`` (paths under `
   format), ``_get_scheme_from_parts`` (every dense layer: :data:`LINEAR`), ``get_moe_scheme`` (fused experts:
   :data:`MOE`), and ``from_config``, which passes no ``kv_cache_scheme`` on;
 - ``layers/quantization/compressed_tensors/utils.py``: ``is_activation_quantization_format``
-  -> :data:`ACTIVATION_FORMATS`;
+  -> :data:`ACTIVATION_FORMATS` (``nvfp4-pack-quantized`` is one, ``mxfp4-pack-quantized`` is not);
+- FP4 (read from the ``sglang-0.5.17-cp311`` wheel, the same source): ``_is_fp4a4_nvfp4`` takes NVFP4 only with FP4
+  activations, for ``CompressedTensorsW4A4Fp4`` (``get_min_capability`` 100: Blackwell) in dense layers and
+  ``CompressedTensorsW4A4Nvfp4MoE`` (which refuses below Blackwell) in experts; weight-only NVFP4 reaches no scheme;
+  MXFP4's group-32 float weights fall into the WNA16 branch of dense layers, which serves ``pack-quantized`` only,
+  while its experts go to ``Mxfp4MoEMethod`` (``_is_mxfp4_moe``). On Hopper no FP4 artifact quantkit writes loads;
 - ``.../schemes/compressed_tensors_wNa16.py``: ``WNA16_SUPPORTED_TYPES_MAP`` (4 and 8 bits, with or without zero
   points) and its Marlin-only path (``apply_gptq_marlin_linear``; ``check_marlin_supports_shape`` is called and its
   answer ignored), which GPTQ's ``gptq_marlin`` takes too;
@@ -112,6 +117,7 @@ _WNA16 = Args(strategies=("channel", "group"), dynamic=False)
 _FP8_W = Args(type="float", symmetric=True, dynamic=False, strategies=("tensor", "channel", "block"))
 _INT8_W = Args(bits=(8,), symmetric=True, dynamic=False, strategies=("tensor", "channel"))
 _NVFP4 = Args(type="float", bits=(4,), strategies=("tensor_group",), symmetric=True)
+_MXFP4 = Args(type="float", bits=(4,), strategies=("group",), symmetric=True)  # group 32 (the presets' only size)
 _FP8_STATIC = Args(type="float", dynamic=False, symmetric=True, strategies=("tensor",))
 _NO_SCHEME = "No compressed-tensors compatible scheme was found."
 
@@ -121,9 +127,16 @@ LINEAR: tuple[Rule, ...] = (
          "CompressedTensorsWNA16"),
     Rule(Args(strategies=_WNA16.strategies, dynamic=False, bits=(4, 8), symmetric=False), None, ("pack-quantized",),
          "CompressedTensorsWNA16"),
+    # MXFP4 (format mxfp4-pack-quantized, not an activation format: its input_activations are never read) takes the
+    # WNA16 branch, whose only non-pack-quantized answer is this error, W4A16 and W4A4 alike
+    Rule(_MXFP4, None, None, None, "Other method (CompressedTensorsW4A16Sparse24) is not supported now (its WNA16 "
+         "branch takes MXFP4's float groups and serves pack-quantized integers only: no dense MXFP4 scheme)"),
     Rule(_WNA16, None, None, None, "Other method (CompressedTensorsW4A16Sparse24) is not supported now"),
     Rule(_NVFP4, Args(type="float", bits=(4,), strategies=("tensor_group",), symmetric=True), ACTIVATION_FORMATS,
          None, "Current platform does not support w4a4 nvfp4 quantization. (NVFP4 needs a Blackwell GPU)"),
+    # weight-only NVFP4: _is_fp4a4_nvfp4 needs FP4 activations too, and no later branch takes float4 weights
+    Rule(_NVFP4, None, ACTIVATION_FORMATS, None, "No compressed-tensors compatible scheme was found. (SGLang has "
+         "NVFP4 only with FP4 activations, W4A4, on Blackwell)"),
     Rule(_FP8_W, Args(type="float", dynamic=True), ACTIVATION_FORMATS, "CompressedTensorsW8A8Fp8"),
     Rule(Args(type="float", symmetric=True, dynamic=False, strategies=("block",)), _FP8_STATIC, ACTIVATION_FORMATS,
          None, "AssertionError: CompressedTensorsW8A8Fp8 takes block weights with dynamic activations only "
@@ -138,8 +151,10 @@ LINEAR: tuple[Rule, ...] = (
     Rule(Args(), ANY_INPUTS, None, None, _NO_SCHEME),
 )
 
-# get_moe_scheme on CUDA (not NPU or ROCm), in its order; its W4A8 test reads the top-level format.
+# get_moe_scheme on CUDA (not NPU or ROCm), in its order; its W4A8 test reads the top-level format. MXFP4 experts are
+# taken before it (get_quant_method's _is_mxfp4_moe: "Using Mxfp4MoEMethod for MXFP4 compressed-tensors MoE").
 MOE: tuple[Rule, ...] = (
+    Rule(_MXFP4, ANY_INPUTS, None, "Mxfp4MoEMethod"),
     Rule(Args(strategies=_WNA16.strategies, dynamic=False, bits=(4, 8), symmetric=True), None, ("pack-quantized",),
          "CompressedTensorsWNA16MoE"),
     Rule(Args(strategies=_WNA16.strategies, dynamic=False, bits=(4, 8), symmetric=False), None, ("pack-quantized",),

@@ -14,6 +14,12 @@ through a dense copy (:mod:`.dense_copy`), said in the engine's info.
 A vision-language checkpoint (a family of :mod:`quantkit.architectures` with a vision side) loads as
 ``AutoModelForImageTextToText``, the class it names, and is scored on text: its language model's log-probabilities.
 
+An FP4 W4A4 checkpoint runs with its activations quantized to FP4 and back by compressed-tensors' forward wrapper:
+emulated W4A4 numerics (:mod:`quantkit.engines.numerics`), said in the engine's info; ``numerics="weight-only"`` drops
+the activations' scheme from every module first, which leaves them in 16/32 bits as Hopper's Marlin FP4 runs them.
+compressed-tensors 0.19 decompresses FP4 weights into bfloat16 whatever the model's dtype, so on CPU the weights are
+decompressed at load and cast to float32 with the rest (the same order as its first-forward hook: scales first).
+
 ModelOpt exports (``hf_quant_config.json``) are refused: transformers ignores that file and would load the
 quantized tensors as if they were plain weights, giving numbers that look valid and are not.
 """
@@ -30,6 +36,7 @@ from typing import Any
 from quantkit.architectures import vision_language
 from quantkit.checkpoint import read_config
 from quantkit.devices import resolve_device
+from quantkit.engines import numerics
 from quantkit.engines.logits import EngineOptions, LogProbs, Window, check_compatible
 from quantkit.engines.transformers import dense_copy
 from quantkit.errors import BackendError, UsageError
@@ -73,6 +80,15 @@ class TransformersEngine:
         self.model.eval()
         if self.dtype is torch.float32:
             all_float32(self.model)
+            if decompress(self.model):
+                all_float32(self.model)
+        self.numerics = None
+        if found := numerics.w4a4(path):
+            weight_only = options.numerics == numerics.ASK_WEIGHT_ONLY
+            if weight_only:
+                keep_activations(self.model)
+            self.numerics = numerics.WEIGHT_ONLY if weight_only else numerics.EMULATED
+            self.numerics_line = numerics.line(found, self.numerics, f"transformers on {self.device}")
         self._torch = torch
         self._versions = {"transformers": transformers.__version__, "torch": torch.__version__}
 
@@ -82,6 +98,7 @@ class TransformersEngine:
             dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
         return {"engine": self.name, "version": self._versions["transformers"], "torch": self._versions["torch"],
                 "device": self.device, "dtype": dtype, "model": str(self.path),
+                **({"numerics": self.numerics, "numerics_line": self.numerics_line} if self.numerics else {}),
                 **({"loaded": "a dense copy decompressed by compressed-tensors (transformers 5.17 cannot reload "
                               "asymmetric compressed experts)"} if self._dense else {})}
 
@@ -129,6 +146,26 @@ def all_float32(model: Any) -> None:
     for t in [*model.parameters(), *model.buffers()]:
         if t.dtype in half:
             t.data = t.data.float()
+
+
+def decompress(model: Any) -> bool:
+    """Decompress a compressed-tensors model now (what its first forward would do), so what it decompresses into
+    can be cast before use; False when there is nothing left to decompress."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    compressor = getattr(quantizer, "compressor", None)
+    if compressor is None or not hasattr(model, "ct_decompress_hook"):
+        return False
+    compressor.decompress_model(model=model)
+    return True
+
+
+def keep_activations(model: Any) -> None:
+    """Drop the input-activation scheme of every quantized module, so compressed-tensors' forward wrapper leaves
+    the activations unquantized (weight-only numerics) and still dequantizes the weights."""
+    for module in model.modules():
+        scheme = getattr(module, "quantization_scheme", None)
+        if scheme is not None and scheme.input_activations is not None:
+            module.quantization_scheme = scheme.model_copy(update={"input_activations": None})
 
 
 def _first_line(e: BaseException) -> str:

@@ -15,6 +15,9 @@ log-probabilities, before any sampling processing) and the log-probability of th
 perplexity and top-1 agreement are exact, while KL divergence is a lower bound computed over the top-k bins
 plus one bin for the rest of the vocabulary (see :func:`quantkit.verify.metrics.kld_rows`). ``QUANTKIT_VLLM_ARGS``
 (JSON) adds keyword arguments to ``vllm.LLM`` (``tensor_parallel_size``, ``gpu_memory_utilization``...).
+
+An FP4 W4A4 artifact's numerics are steered by ``EngineOptions.numerics`` (vLLM's NVFP4 emulation kernel, or Marlin
+FP4) and read back from the kernels vLLM's log names at load (:mod:`quantkit.engines.numerics`).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from quantkit.engines import registry
+from quantkit.engines import numerics, registry
 from quantkit.engines.logits import EngineOptions, LogProbs, Window
 from quantkit.engines.vllm import kernels
 from quantkit.errors import BackendError, UsageError
@@ -84,8 +87,11 @@ class VllmEngine:
         # The log lives outside the scratch folder so it survives a failure for the user to read.
         self.log_path = self.tmp.with_suffix(".log")
         self._failed = False
+        self.fp4 = numerics.w4a4(path)
+        steer = numerics.vllm_args(options.numerics, kernels.read_quantization(path).moe) if self.fp4 else {}
+        self.numerics_asked = options.numerics
         request = {"model": str(path), "max_model_len": options.ctx + 1, "topk": self.topk,
-                   "engine_args": _engine_args()}
+                   "engine_args": {**_engine_args(), **steer}}
         (self.tmp / "request.json").write_text(json.dumps(request))
         self._log: IO[str] = open(self.log_path, "w")
         try:
@@ -117,8 +123,15 @@ class VllmEngine:
         return line.strip()
 
     def info(self) -> dict[str, Any]:
-        return {"engine": self.name, "version": self._info.get("version"), "device": self._info.get("device"),
-                "model": str(self.path), "python": self.python, "topk": self.topk}
+        out = {"engine": self.name, "version": self._info.get("version"), "device": self._info.get("device"),
+               "model": str(self.path), "python": self.python, "topk": self.topk}
+        if self.fp4 is not None:  # which arithmetic the W4A4 artifact got, from the kernels vLLM says it loaded
+            self._log.flush()
+            used = [k for _, k in kernels.log_facts(self.log_path.read_text(errors="replace")).linear]
+            found = numerics.of_vllm_kernels(used, self.numerics_asked)
+            if found:
+                out |= {"numerics": found, "numerics_line": numerics.line(self.fp4, found, f"vLLM on {out['device']}")}
+        return out
 
     def logits(self, windows: Sequence[Window]) -> Iterator[LogProbs]:
         if not windows:
