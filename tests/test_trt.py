@@ -53,10 +53,16 @@ CASES = {
     "int8_sq": ("int8", "W8A8_SQ_PER_CHANNEL", "INT8", torch.int8),
     "int4_awq": ("auto", "W4A16_AWQ", None, torch.int8),
     "w4a8_awq": ("fp8", "W4A8_AWQ", "FP8", torch.int8),
+    "nvfp4": ("auto", "NVFP4", None, torch.uint8),
+    "w4a16_nvfp4": ("auto", "W4A16_NVFP4", None, torch.uint8),
     "none": ("auto", None, None, torch.bfloat16),
 }
+# NVFP4 (two E2M1 values a byte, an FP8 E4M3 scale per 16 inputs under an FP32 scale per tensor): built at tp=1 only;
+# its tensor-parallel split is ModelOpt's code path for every group-quantized format, which int4_awq covers at tp=2.
+FP4 = ("nvfp4", "w4a16_nvfp4")
 # Largest ||dequantized - source|| / ||source|| per linear weight (measured: fp8 0.027, int8 0.016, int4 0.121).
-MAX_REL_ERROR = {"fp8": 0.05, "int8_sq": 0.03, "int4_awq": 0.2, "w4a8_awq": 0.2, "none": 0.0}
+MAX_REL_ERROR = {"fp8": 0.05, "int8_sq": 0.03, "int4_awq": 0.2, "w4a8_awq": 0.2, "nvfp4": 0.2, "w4a16_nvfp4": 0.2,
+                 "none": 0.0}
 # TensorRT-LLM module -> the source module(s) it holds (its GatedMLP calls the activated branch "fc").
 LINEARS = {"attention.qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
            "attention.dense": ("self_attn.o_proj",), "mlp.fc": ("mlp.gate_proj",), "mlp.gate": ("mlp.up_proj",),
@@ -70,10 +76,13 @@ LINEAR_SCALES = {
     "int4_awq": {"weights_scaling_factor", "prequant_scaling_factor"},
     "w4a8_awq": {"weights_scaling_factor", "weights_scaling_factor_2", "activation_scaling_factor",
                  "prequant_scaling_factor"},
+    "nvfp4": {"weights_scaling_factor", "weights_scaling_factor_2", "activation_scaling_factor"},
+    "w4a16_nvfp4": {"weights_scaling_factor", "weights_scaling_factor_2"},
     "none": set(),
 }
 KV_SCALES = {"kv_cache_scaling_factor", "k_cache_scaling_factor", "v_cache_scaling_factor"}
 QUANTS = list(CASES)
+TP2_QUANTS = [q for q in QUANTS if q not in FP4]
 
 
 def _build_one(root: Path, quantization: str, tp: int) -> Path:
@@ -142,6 +151,16 @@ def _unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack([lo, hi], dim=1).reshape(packed.shape[0] * 2, packed.shape[1]).float()
 
 
+# The 16 values of FP4 E2M1 by their 4-bit code: sign in bit 3, then 2 exponent bits and 1 mantissa bit.
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def _unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
+    """ModelOpt's NVFP4 layout: (out, in/2) bytes, input column 2j in the low nibble and 2j+1 in the high one."""
+    b = packed.view(torch.uint8).long()
+    return torch.stack([E2M1[b & 0xF], E2M1[b >> 4]], dim=2).reshape(packed.shape[0], packed.shape[1] * 2)
+
+
 def _dequantize(quantization: str, t: dict[str, torch.Tensor], prefix: str) -> torch.Tensor:
     """The weight a TensorRT-LLM linear computes with: quantized values x scales, x the AWQ/SmoothQuant
     pre-quant scale that multiplies its input."""
@@ -152,6 +171,8 @@ def _dequantize(quantization: str, t: dict[str, torch.Tensor], prefix: str) -> t
         out = w.float() * s.float()
     elif quantization == "int8_sq":
         out = w.float() * s.float()[:, None]
+    elif quantization in FP4:  # each block of 16 x its FP8 scale x the tensor's FP32 scale
+        out = _unpack_fp4(w) * s.float().repeat_interleave(16, dim=1) * t[prefix + "weights_scaling_factor_2"].float()
     else:
         group = w.shape[1] // s.shape[1]
         out = _unpack_int4(w) * s.float().repeat_interleave(group, dim=1)
@@ -212,8 +233,7 @@ def _merge(name: str, shards: list[torch.Tensor], config: dict) -> torch.Tensor:
 
 @needs_modelopt
 @pytest.mark.slow
-@pytest.mark.parametrize("tp", [1, 2])
-@pytest.mark.parametrize("quantization", QUANTS)
+@pytest.mark.parametrize("quantization,tp", [(q, tp) for q in QUANTS for tp in (1, 2) if tp == 1 or q not in FP4])
 def test_trtllm_checkpoint_config_and_tensors(build, quantization: str, tp: int) -> None:
     art = build(quantization, tp)
     _, algo, kv_algo, weight_dtype = CASES[quantization]
@@ -226,6 +246,8 @@ def test_trtllm_checkpoint_config_and_tensors(build, quantization: str, tp: int)
         assert "lm_head" in cfg["quantization"]["exclude_modules"]
     if algo in ("W4A16_AWQ", "W4A8_AWQ"):
         assert cfg["quantization"]["group_size"] == 128
+    if quantization in FP4:
+        assert cfg["quantization"]["group_size"] == 16
     assert [p.name for p in sorted((art / "trtllm-ckpt").glob("rank*.safetensors"))] == \
         [f"rank{r}.safetensors" for r in range(tp)]
 
@@ -238,6 +260,10 @@ def test_trtllm_checkpoint_config_and_tensors(build, quantization: str, tp: int)
             module, _, leaf = name.rpartition(".")
             if leaf == "weight" and module.rpartition("layers.")[2].split(".", 1)[-1] in LINEARS:
                 assert tensor.dtype == weight_dtype, name
+            elif leaf == "weights_scaling_factor" and quantization in FP4:  # E4M3 scales of 16-value blocks
+                assert tensor.dtype == torch.float8_e4m3fn, name
+                assert tensor.shape == (t[module + ".weight"].shape[0], t[module + ".weight"].shape[1] * 2 // 16)
+                assert torch.isfinite(tensor.float()).all() and (tensor.float() >= 0).all(), name
             elif leaf in ("weights_scaling_factor", "weights_scaling_factor_2", "activation_scaling_factor") \
                     or leaf in KV_SCALES:
                 assert tensor.dtype == torch.float32, name
@@ -279,7 +305,7 @@ def test_trtllm_scales_dequantize_to_the_source_weights(build, source, quantizat
 
 @needs_modelopt
 @pytest.mark.slow
-@pytest.mark.parametrize("quantization", QUANTS)
+@pytest.mark.parametrize("quantization", TP2_QUANTS)
 def test_tp2_shards_reassemble_to_tp1(build, quantization: str) -> None:
     (full,) = _ranks(build(quantization, 1))
     ranks = _ranks(build(quantization, 2))
@@ -320,16 +346,22 @@ def test_unified_hf_checkpoint(build, source, quantization: str) -> None:
         assert any("model-dtype KV cache" in n for n in artifact.read_manifest(art).notes)
     q = json.loads((hf / "hf_quant_config.json").read_text())["quantization"]
     assert q["quant_algo"] == algo and q["kv_cache_quant_algo"] == kv_algo
-    # vLLM 0.26 loads ModelOpt's FP8 export only; the others are refused before a server starts
-    assert (kernels.vllm_refusal(hf) is None) == (quantization == "fp8")
+    # vLLM 0.26 loads ModelOpt's FP8 and NVFP4 exports; the others are refused before a server starts
+    assert (kernels.vllm_refusal(hf) is None) == (quantization in ("fp8", *FP4))
     assert json.loads((hf / "config.json").read_text())["quantization_config"]["quant_method"] == "modelopt"
     weight_dtype = {"fp8": torch.float8_e4m3fn, "int8_sq": torch.int8}.get(quantization, torch.uint8)
     for lin in linears:
         assert t[lin + ".weight"].dtype == weight_dtype, lin
-        assert t[lin + ".weight_scale"].dtype == torch.float32, lin
-        assert (t[lin + ".weight_scale"] > 0).all(), lin
-        if quantization != "int4_awq":
+        if quantization in FP4:  # vLLM's ModelOpt NVFP4 names: E4M3 block scales, the FP32 tensor scale beside
+            assert t[lin + ".weight_scale"].dtype == torch.float8_e4m3fn, lin
+            assert (t[lin + ".weight_scale_2"] > 0).all(), lin
+        else:
+            assert t[lin + ".weight_scale"].dtype == torch.float32, lin
+            assert (t[lin + ".weight_scale"] > 0).all(), lin
+        if quantization not in ("int4_awq", "w4a16_nvfp4"):
             assert (t[lin + ".input_scale"] > 0).all(), lin
+        if quantization == "w4a16_nvfp4":  # weight-only: no activation scale for vLLM to misread
+            assert lin + ".input_scale" not in t, lin
     if kv_algo:
         for i in range(layers):
             assert (t[f"model.layers.{i}.self_attn.k_proj.k_scale"] > 0).all()

@@ -35,8 +35,13 @@ from quantkit.source import SourceModel
 
 HF_DIR, CKPT_DIR, ENGINE_DIR = "hf", "trtllm-ckpt", "engine"
 AWQ_GROUP = 128  # ModelOpt's INT4 AWQ presets quantize in groups of 128 input channels
+NVFP4_GROUP = 16  # its NVFP4 presets (W4A4 and W4A16): FP4 values in blocks of 16 input channels, one FP8 scale each
+# The quantizations whose weights are quantized in groups along each layer's input, and the group size: every width
+# a layer reads (per tensor-parallel rank) must be a whole number of groups.
+GROUPED = {"int4_awq": AWQ_GROUP, "w4a8_awq": AWQ_GROUP, "nvfp4": NVFP4_GROUP, "w4a16_nvfp4": NVFP4_GROUP}
 # Rough artifact size per source byte for one checkpoint (linear weights shrink, embeddings and norms do not).
-SIZE_RATIO = {"fp8": 0.55, "int8_sq": 0.55, "int4_awq": 0.35, "w4a8_awq": 0.35, "none": 1.0}
+SIZE_RATIO = {"fp8": 0.55, "int8_sq": 0.55, "int4_awq": 0.35, "w4a8_awq": 0.35, "nvfp4": 0.33, "w4a16_nvfp4": 0.33,
+              "none": 1.0}
 # Calibration batches hold about this many tokens (fake-quantized forward passes are cheaper batched).
 BATCH_TOKENS = 4096
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
@@ -69,12 +74,13 @@ class TrtProducer:
                                ("intermediate_size", inter)) if n % spec.tp]
         if spec.pp > layers:
             bad.append(f"pp={spec.pp} is more than the {layers} layers")
-        if spec.quantization in ("int4_awq", "w4a8_awq"):
+        group = GROUPED.get(spec.quantization)
+        if group:
             for name, n in (("hidden_size", int(cfg.get("hidden_size", 0))),
                             ("attention output input (heads x head_dim / tp)", heads * head_dim // spec.tp),
                             ("intermediate_size / tp", inter // spec.tp)):
-                if n % AWQ_GROUP:
-                    bad.append(f"{name} = {n} is not a multiple of the AWQ group size {AWQ_GROUP}")
+                if n % group:
+                    bad.append(f"{name} = {n} is not a multiple of the {spec.quantization} group size {group}")
         if bad:
             raise RecipeError(f"quantize: {spec.quantization} with tp={spec.tp}, pp={spec.pp} cannot shard "
                               f"{source.spec}: " + "; ".join(bad), hint="choose a smaller tp/pp")

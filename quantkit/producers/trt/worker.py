@@ -39,6 +39,8 @@ PRESETS = {
     "int8_sq": "INT8_SMOOTHQUANT_CFG",
     "int4_awq": "INT4_AWQ_CFG",
     "w4a8_awq": "W4A8_AWQ_BETA_CFG",
+    "nvfp4": "NVFP4_DEFAULT_CFG",
+    "w4a16_nvfp4": "W4A16_NVFP4_CFG",
 }
 # The K/V projections' output quantizers ("bmm" quantizers) carry the KV-cache scales.
 KV_QUANTIZERS = "*[kv]_bmm_quantizer"
