@@ -8,10 +8,11 @@
   converter into GGUF NVFP4 without loss: dequantized by gguf-py, every repacked matrix equals compressed-tensors'
   own decompression of the checkpoint bit for bit, and ``quantkit eval`` against the checkpoint in transformers
   measures only llama.cpp's 8-bit activations (KLD 0.00027, top-1 0.990, 4,096 held-out tokens at ctx 1024); its
-  tensors are tagged to keep 8-bit activations (llama.cpp would use FP4 ones on Blackwell);
+  tensors are tagged to keep 8-bit activations (llama.cpp would use FP4 ones on Blackwell); llama-server serves it;
 * what the converter cannot make right is refused before any work with exit code 2 and one line: compressed-tensors
-  MXFP4 (no llama.cpp build converts it for a dense model), any other quantized compressed-tensors checkpoint (it
-  would be dequantized and quantized again), another type from an NVFP4 checkpoint, NVFP4 from float weights.
+  MXFP4 (no llama.cpp pull request found converts it for a dense model), any other quantized compressed-tensors
+  checkpoint (it would be dequantized and quantized again), another type from an NVFP4 checkpoint, NVFP4 from float
+  weights.
 
 A ModelOpt NVFP4 export goes through the same converter path (compressed-tensors' names are renamed to ModelOpt's
 there); making one needs ModelOpt, so it is not made here.
@@ -207,6 +208,15 @@ def test_nvfp4_is_scored_against_its_checkpoint(nvfp4: dict[str, Any]) -> None:
     r = nvfp4["eval"][nvfp4["file"].name]
     assert r["engine"]["engine"] == "llama.cpp"
     assert r["kld"] < 0.002 and r["top1"] > 0.97 and abs(r["ppl_ratio"] - 1) < 0.01
+
+
+def test_nvfp4_is_served_by_llama_server(nvfp4: dict[str, Any], cli: Callable) -> None:
+    """llama.cpp's own server loads the file as NVFP4 and answers (SmolLM2's NVFP4A16 file answers "Paris")."""
+    proc = cli("smoke", nvfp4["path"], "--json", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = json.loads(proc.stdout)["runs"][0]
+    assert run["status"] == "passed" and run["facts"]["file_type"] == "NVFP4"
+    assert run["completion"]["completion_tokens"] > 0
 
 
 def test_mxfp4_checkpoint_is_refused_in_one_line(checkpoints: dict[str, Path], tmp_path: Path,
