@@ -19,6 +19,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import re
+from collections.abc import Iterator
 
 from quantkit.architectures import router_patterns, vision_language
 from quantkit.errors import UsageError
@@ -32,9 +33,9 @@ _FUSED = {"gate_up_proj": ("gate_proj", "up_proj"), "down_proj": ("down_proj",),
           "w2": ("w2",)}
 
 
-def module_names(source: SourceModel) -> list[str]:
-    """Every weight-carrying module of the checkpoint, by name (fused expert tensors expanded per expert)."""
-    names: list[str] = []
+def _modules(source: SourceModel) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Every weight-carrying module of the checkpoint with its weight's shape, from the safetensors headers; a
+    layer's fused expert tensor (transformers 5: experts x output x input) as one module per expert and projection."""
     for f in source.weight_files:
         if f.suffix != ".safetensors":
             continue
@@ -43,11 +44,24 @@ def module_names(source: SourceModel) -> list[str]:
             if tensor == "__metadata__":
                 continue
             prefix, _, leaf = tensor.rpartition(".")
+            shape = tuple(info.get("shape", ()))
             if leaf == "weight":
-                names.append(prefix)
-            elif ".experts" in tensor and leaf in _FUSED and len(info.get("shape", ())) == 3:
-                names += [f"{prefix}.{i}.{proj}" for i in range(info["shape"][0]) for proj in _FUSED[leaf]]
-    return sorted(set(names))
+                yield prefix, shape
+            elif ".experts" in tensor and leaf in _FUSED and len(shape) == 3:
+                for i in range(shape[0]):
+                    for proj in _FUSED[leaf]:
+                        yield f"{prefix}.{i}.{proj}", shape[1:]
+
+
+def module_names(source: SourceModel) -> list[str]:
+    """Every weight-carrying module of the checkpoint, by name (fused expert tensors expanded per expert)."""
+    return sorted({name for name, _ in _modules(source)})
+
+
+def input_widths(source: SourceModel) -> dict[str, int]:
+    """The input width of every module with a 2-D weight (Linear layers, embeddings), by name: what a weight group
+    runs along."""
+    return {name: shape[1] for name, shape in _modules(source) if len(shape) == 2}
 
 
 def matches(pattern: str, name: str, *, wildcards: bool = False) -> bool:

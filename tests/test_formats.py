@@ -79,7 +79,7 @@ def _quantkit_imports(path: Path) -> set[str]:
 
 def test_every_method_has_a_row_a_producer_and_a_kind() -> None:
     assert set(formats.methods()) == set(recipe.METHODS) == {"awq", "gptq", "autoround", "fp8", "int8", "w4a8",
-                                                             "rtn", "gguf", "trt"}
+                                                             "rtn", "nvfp4", "mxfp4", "gguf", "trt"}
     for row in formats.FORMATS:
         assert importlib.import_module(row.producer).PRODUCER is not None, row.key
         assert row.kind in kinds.BY_NAME, row.key

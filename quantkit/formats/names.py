@@ -25,6 +25,8 @@ class Method(StrEnum):
     INT8 = "int8"
     W4A8 = "w4a8"
     RTN = "rtn"
+    NVFP4 = "nvfp4"
+    MXFP4 = "mxfp4"
     GGUF = "gguf"
     TRT = "trt"
 

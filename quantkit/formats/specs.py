@@ -25,6 +25,8 @@ FALLBACK_GROUP_SIZES = (64, 32)
 # were level (0.047 and 0.049), so below 5.5 the plain default stays.
 TARGET_BITS_GROUP_SIZE = 32
 TARGET_BITS_GROUP_FROM = 5.5
+NVFP4_GROUP_SIZE = 16  # fixed by each FP4 format (compressed-tensors' NVFP4 and MXFP4 presets, OCP MX)
+MXFP4_GROUP_SIZE = 32
 W4A8_GROUP_SIZE = 128  # the only size llm-compressor's W4AFP8 scheme and vLLM's CUTLASS W4A8 kernel take
 TARGET_BITS_HELP = ("average bits per weight of the quantized layers (packed values, scales and zero points), "
                     "reached by keeping the layers whose 4-bit quantization costs the most KLD (each measured on the "
@@ -176,6 +178,59 @@ class RtnSpec(MethodBase):
     def _target(self) -> "RtnSpec":
         _check_target_bits(self)
         return self
+
+
+FP4_SCHEME_HELP = ("w4a16: FP4 weights, activations left in bf16/fp16 (llm-compressor's NVFP4A16 / MXFP4A16 presets); "
+                   "w4a4: FP4 activations too (its NVFP4 / MXFP4 presets). w4a16 by default: on Hopper and Ampere "
+                   "vLLM 0.26 runs a W4A4 checkpoint weight-only anyway (Marlin FP4, the same perplexity to the fourth "
+                   "digit on an H200), and NVFP4's W4A4 needs calibration data for its activations' global scales")
+FP4_TARGET_BITS_HELP = "not supported yet: which FP4 + FP8/int8 layer mixes vLLM serves is not measured yet"
+
+
+class Fp4Spec(MethodBase):
+    """FP4 (E2M1) weights through llm-compressor's NVFP4/MXFP4 presets, weight-only or with FP4 activations, by
+    round-to-nearest, GPTQ or AWQ-then-round-to-nearest. One class for both formats: they differ only in the group
+    and scale format (:class:`Nvfp4Spec`, :class:`Mxfp4Spec`), which the preset fixes."""
+
+    scheme: Literal["w4a16", "w4a4"] = Field("w4a16", description=FP4_SCHEME_HELP)
+    algorithm: Literal["rtn", "gptq", "awq"] = Field(
+        "gptq", description="how the FP4 weights are chosen: rtn (round-to-nearest, no calibration for weight-only), "
+                            "gptq (llm-compressor's GPTQModifier with the FP4 scheme, static act-order), awq "
+                            "(AWQModifier's smoothing, then round-to-nearest)")
+    observer: Literal["minmax", "mse"] = Field(
+        "mse", description="llm-compressor's observer for the weights' FP4 scales: minmax (memoryless_minmax, each "
+                           "group's absolute maximum) or mse (memoryless_mse, the range that minimises the group's "
+                           "quantization error)")
+    target_bits: float | None = Field(None, description=FP4_TARGET_BITS_HELP)
+
+    @field_validator("target_bits")
+    @classmethod
+    def _no_target_bits(cls, v: float | None) -> float | None:
+        if v is not None:
+            raise ValueError(f"{FP4_TARGET_BITS_HELP}; drop it (every quantized layer is FP4)")
+        return v
+
+    @property
+    def calibrates(self) -> bool:
+        """Whether making this spec reads calibration data: GPTQ and AWQ always; round-to-nearest only for NVFP4's
+        W4A4, whose static activation global scales are observed on data (MXFP4's activation scales are dynamic,
+        and weight scales need no data)."""
+        return self.algorithm != "rtn" or (self.scheme == "w4a4" and self.method == "nvfp4")
+
+
+class Nvfp4Spec(Fp4Spec):
+    """NVFP4: FP4 E2M1 values in groups of 16, each group with an FP8 E4M3 scale under one FP32 global scale per
+    tensor (Blackwell's native format; vLLM serves it with Marlin FP4 on Hopper and Ampere)."""
+
+    method: Literal["nvfp4"]
+    group_size: Literal[16] = Field(NVFP4_GROUP_SIZE, description="the one group size NVFP4 has")
+
+
+class Mxfp4Spec(Fp4Spec):
+    """MXFP4 (OCP microscaling): FP4 E2M1 values in groups of 32, each group with a power-of-two E8M0 scale."""
+
+    method: Literal["mxfp4"]
+    group_size: Literal[32] = Field(MXFP4_GROUP_SIZE, description="the one group size MXFP4 has")
 
 
 class GgufSpec(MethodBase):

@@ -1,5 +1,5 @@
-"""llm-compressor: AWQ, GPTQ, AutoRound, FP8, INT8 SmoothQuant and round-to-nearest -> compressed-tensors
-checkpoints.
+"""llm-compressor: AWQ, GPTQ, AutoRound, FP8, INT8 SmoothQuant, round-to-nearest and FP4 (NVFP4, MXFP4) ->
+compressed-tensors checkpoints.
 
 Each recipe spec maps, through one declarative table (:mod:`quantkit.producers.modifiers`), to the llm-compressor
 modifiers that make it; the model is loaded with transformers, calibrated with quantkit's own token samples (passed to
@@ -13,6 +13,8 @@ module is the orchestration: the checks before anything loads, then load, (bits 
   ``gptq --target-bits`` with no group size or symmetry given, 32 with zero points (said and recorded too); a given
   one that does not divide, and FP8 blocks or W4A8 groups of 128 where 128 does not divide, are refused before
   anything loads.
+  FP4's groups are fixed by the format (16 NVFP4, 32 MXFP4): a layer whose input width they do not divide is kept
+  unquantized, said in one warning and recorded (refused where nothing, or an MoE expert, would be left).
 * Memory: llm-compressor's sequential pipeline (inferred for AWQ, GPTQ, SmoothQuant and static FP8) keeps the
   model on the CPU and moves one decoder layer at a time to the GPU, so GPU memory is about one layer's weights
   plus the calibration activations; the CPU needs the whole model in its load dtype. RTN, FP8 dynamic and FP8
@@ -37,7 +39,8 @@ from quantkit.errors import SourceModelError, UsageError
 from quantkit.architectures import text_config
 from quantkit.producers import mixed, moe, oneshot, torchrun, vision
 from quantkit.producers.base import ProduceContext, Produced
-from quantkit.producers.groups import GroupChoice, check_tiles, group_choice, grouped, input_widths
+from quantkit.producers.groups import (GroupChoice, check_tiles, group_choice, grouped, input_widths,
+                                      narrow_layers, narrow_note)
 from quantkit.producers.job import Job
 from quantkit.producers.modifiers import Plan, plan
 from quantkit.source import SourceModel
@@ -86,7 +89,7 @@ def _bits_plan(model: Any, job: Job, device: str, rep: Any) -> tuple[list[mixed.
 
 
 class CompressedProducer:
-    """The ``awq``, ``gptq``, ``autoround``, ``fp8``, ``int8``, ``w4a8`` and ``rtn`` methods."""
+    """The ``awq``, ``gptq``, ``autoround``, ``fp8``, ``int8``, ``w4a8``, ``rtn``, ``nvfp4`` and ``mxfp4`` methods."""
 
     def check(self, spec: Any, source: SourceModel) -> GroupChoice | None:
         """Refuse before anything loads what cannot be made here; returns the group choice (None for a method
@@ -104,7 +107,8 @@ class CompressedProducer:
                      "quantkit/architectures.py naming its vision parts (DESIGN.md: adding an architecture)")
         choice = group_choice(spec, source)
         check_tiles(spec, source)
-        ignore_mod.effective(spec, source)  # a misspelt --ignore fails here, before anything loads
+        ignore = ignore_mod.effective(spec, source)  # a misspelt --ignore fails here, before anything loads
+        narrow_layers(spec, source, ignore)  # FP4: nothing (or an expert) left to quantize fails here
         if getattr(spec, "target_bits", None) is not None and choice is not None:
             _check_target_bits(choice.apply(spec), source, choice.size)
         return choice
@@ -134,6 +138,10 @@ class CompressedProducer:
             raise UsageError("--target-bits measures and quantizes in one process",
                              hint="drop --num-gpus (the model is quantized one layer at a time on one GPU anyway)")
         job = Job.of(ctx, spec)
+        if narrow := narrow_layers(spec, ctx.source, job.ignore):
+            notes.append(narrow_note(spec, narrow))
+            rep.warn(notes[-1])
+            job = job.model_copy(update={"ignore": job.ignore + list(narrow)})
         with rep.timed("setup"):  # importing torch and transformers, starting CUDA, the tokenizer
             device = oneshot.pin_device(ctx.runtime.device, ctx.runtime.num_gpus)
             from transformers import AutoTokenizer

@@ -6,7 +6,7 @@ meant) or quantized with NaN or zero scales (an expert no calibration token reac
 neither. This check counts, on the model as oneshot left it:
 
 * every ``nn.Linear`` the recipe targets and does not ignore must carry a weight quantization scheme and finite,
-  positive scales;
+  positive scales (FP4's global scales included);
 * for a mixture-of-experts family quantkit knows (:mod:`quantkit.producers.moe`), every expert projection of every
   MoE layer must, whatever the ignore list says: the experts are most of the weights and the point of quantizing;
 * no module the ignore list names (routers, ``lm_head``) may have been quantized.
@@ -93,10 +93,17 @@ def _quantized(module: Any) -> bool:
     return scheme is not None and getattr(scheme, "weights", None) is not None and hasattr(module, "weight_scale")
 
 
+# Every scale a quantized Linear may carry: its weight's and its input's, and FP4's per-tensor global scales (NVFP4:
+# weight_global_scale, and input_global_scale with FP4 activations). Before saving they are floats whatever the
+# format stores (NVFP4's FP8 E4M3 and MXFP4's E8M0 power-of-two group scales are bf16 in memory, their values exact),
+# so one test covers them: finite and positive.
+_SCALES = ("weight_scale", "input_scale", "weight_global_scale", "input_global_scale")
+
+
 def _scales_ok(module: Any, signed: bool = False) -> bool:
     import torch
 
-    for name in ("weight_scale", "input_scale"):
+    for name in _SCALES:
         scale = getattr(module, name, None)
         if scale is not None and not (torch.isfinite(scale).all() and ((scale != 0) if signed else (scale > 0)).all()):
             return False

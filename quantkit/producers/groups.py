@@ -156,3 +156,56 @@ def check_tiles(spec: Any, source: SourceModel) -> None:
     bad = [f"{k} = {v}" for k, v in widths.items() if v % 128]
     if bad:
         raise UsageError(f"{what}, and 128 does not divide the layers' width ({', '.join(bad)})", hint=hint)
+
+
+
+# A weight-carrying module that is an embedding (its "input width" is no Linear's): never an FP4 target.
+_EMBEDDINGS = ("embed", "wte", "wpe")
+
+
+def narrow_layers(spec: Any, source: SourceModel, ignore: list[str]) -> dict[str, int]:
+    """The layers an FP4 spec keeps unquantized because their input width is not a whole number of its groups (16
+    for NVFP4, 32 for MXFP4, fixed by the format: no other size to fall back to), by name with their width, read from
+    the checkpoint's safetensors headers before anything loads. Empty for every other spec.
+
+    llm-compressor 0.14 refuses such a layer when it initialises the scheme, and compressed-tensors could not pack
+    it, so keeping it in the source's precision (added to the ignore list, said and recorded by the producer) is the
+    one way to make the rest. Refused (exit 2) where that cannot work: when it would leave nothing to quantize, or
+    would keep an expert of a mixture-of-experts model (every expert must be quantized:
+    :mod:`quantkit.producers.coverage`)."""
+    from quantkit import ignore as ignore_mod
+    from quantkit.formats.specs import Fp4Spec
+    from quantkit.producers import moe
+
+    if not isinstance(spec, Fp4Spec):
+        return {}
+    targets = {n: w for n, w in ignore_mod.input_widths(source).items()
+               if not any(ignore_mod.matches(p, n) for p in ignore)
+               and not any(e in n.rpartition(".")[2] for e in _EMBEDDINGS)}
+    narrow = {n: w for n, w in sorted(targets.items()) if w % spec.group_size}
+    what = f"{spec.method} quantizes in groups of {spec.group_size} along each layer's input"
+    if narrow and len(narrow) == len(targets):
+        raise UsageError(f"{what}, and no layer's input width is a multiple of {spec.group_size} "
+                         f"({_shown(narrow)}): nothing would be quantized",
+                         hint="use gptq or rtn: int4 in groups that divide the widths, or one scale per channel")
+    fam = moe.family(source.config)
+    experts = [n for n in narrow if fam and f".{fam.experts.rsplit('.', 1)[-1]}." in n]
+    if experts:
+        raise UsageError(f"{what}, and the input width of {len(experts)} expert projections is not a multiple of "
+                         f"{spec.group_size} ({_shown({n: narrow[n] for n in experts})}); every expert of a "
+                         "mixture-of-experts model must be quantized",
+                         hint="use gptq or rtn (int4 in groups that divide the widths) or fp8")
+    return narrow
+
+
+def narrow_note(spec: Any, narrow: dict[str, int]) -> str:
+    """The one line that says which layers :func:`narrow_layers` keeps (the warning, and the manifest's note; the
+    full list is in the manifest's ignore list)."""
+    return (f"kept unquantized (in the source's precision): {len(narrow)} layers whose input width is not a multiple "
+            f"of {spec.method}'s group of {spec.group_size}: {_shown(narrow)}")
+
+
+def _shown(widths: dict[str, int], n: int = 3) -> str:
+    """The first few layers with their widths, for a one-line message."""
+    more = f" (+{len(widths) - n} more)" if len(widths) > n else ""
+    return ", ".join(f"{k}: {v}" for k, v in list(widths.items())[:n]) + more

@@ -27,6 +27,18 @@ _MODIFIERS = {
 _QUANTIZERS = ("GPTQModifier", "QuantizationModifier", "AutoRoundModifier")
 _FP8_PRESETS = {"static": "FP8", "dynamic": "FP8_DYNAMIC", "block": "FP8_BLOCK"}
 _FP8_KV_CACHE = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
+# compressed-tensors 0.19's FP4 presets, by method and scheme (quantization/quant_scheme.py), and llm-compressor
+# 0.14's observer names for the FP4 weight scales (weights are observed once, so the memoryless ones).
+_FP4_PRESETS = {("nvfp4", "w4a16"): "NVFP4A16", ("nvfp4", "w4a4"): "NVFP4",
+                ("mxfp4", "w4a16"): "MXFP4A16", ("mxfp4", "w4a4"): "MXFP4"}
+_FP4_OBSERVERS = {"minmax": "memoryless_minmax", "mse": "memoryless_mse"}
+# What each FP4 format stores besides its E2M1 values (the manifest's summary; compressed-tensors' NVFP4 and MXFP4
+# compressors, mx_utils for E8M0), and the activations each scheme leaves.
+_FP4_SCALES = {"nvfp4": "fp8 e4m3 per group + fp32 global scale per tensor",
+               "mxfp4": "e8m0 (power of two) per group"}
+_FP4_ACTIVATIONS = {"nvfp4": "fp4 e2m1 groups of 16, fp8 e4m3 scales computed at run time under a calibrated fp32 "
+                             "global scale (input_global_scale)",
+                    "mxfp4": "fp4 e2m1 groups of 32, e8m0 scales computed at run time"}
 
 
 @dataclass(frozen=True)
@@ -189,8 +201,31 @@ def _plan_w4a8(spec: Any) -> Plan:
                 save_format="pack-quantized")
 
 
+def _plan_fp4(spec: Any) -> Plan:
+    # NVFP4 and MXFP4 through compressed-tensors' presets. GPTQ takes the FP4 scheme itself (its column updates
+    # quantize each group under the observer's scale; NVFP4's global scale comes first from the whole weight); AWQ
+    # smooths with round-to-nearest of the same scheme in its grid search (llm-compressor's AWQ+NVFP4 example), then
+    # the QuantizationModifier rounds the smoothed weights. compressed-tensors 0.19 infers nvfp4-pack-quantized for
+    # FP4 groups of 16 and mxfp4-pack-quantized for 32, what vLLM 0.26 reads, so no save format is forced.
+    preset = _FP4_PRESETS[spec.method, spec.scheme]
+    quantize = {"scheme": preset, "weight_observer": _FP4_OBSERVERS[spec.observer]}
+    if spec.algorithm == "gptq":
+        modifiers: tuple[tuple[str, dict[str, Any]], ...] = (
+            ("GPTQModifier", {**quantize, "dampening_frac": 0.01, "actorder": "static"}),)
+    elif spec.algorithm == "awq":
+        modifiers = (_awq_smoothing(duo_scaling=True, offload=False), ("QuantizationModifier", quantize))
+    else:
+        modifiers = (("QuantizationModifier", quantize),)
+    return Plan(preset, modifiers, calibrate=spec.calibrates,
+                summary={"algorithm": spec.algorithm, "observer": quantize["weight_observer"], "bits": 4,
+                         "group_size": spec.group_size, "symmetric": True, "fp4_scheme": spec.scheme,
+                         "weights": f"fp4 e2m1 group {spec.group_size}", "scales": _FP4_SCALES[spec.method],
+                         "activations": _FP4_ACTIVATIONS[spec.method] if spec.scheme == "w4a4"
+                         else "bf16/fp16 (weight-only)"})
+
+
 _PLANS = {"awq": _plan_awq, "gptq": _plan_gptq, "autoround": _plan_autoround, "rtn": _plan_rtn, "fp8": _plan_fp8,
-          "int8": _plan_int8, "w4a8": _plan_w4a8}
+          "int8": _plan_int8, "w4a8": _plan_w4a8, "nvfp4": _plan_fp4, "mxfp4": _plan_fp4}
 
 
 def plan(spec: Any, split: dict[int, list[str]] | None = None) -> Plan:
