@@ -11,14 +11,16 @@ import json
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from conftest import TINY, quantkit
 from quantkit import artifact
 from quantkit.checkpoint import MXFP4, NVFP4, Fp4, fp4, read_config
-from quantkit.engines import doctor, numerics
+from quantkit.engines import doctor, numerics, smoke
 from quantkit.engines.vllm import kernels
 from quantkit.errors import UsageError
 from quantkit.formats.names import VLLM
+from quantkit.progress import Reporter
 from quantkit.verify.evaluate import EvalOptions, evaluate
 
 pytestmark = pytest.mark.e2e
@@ -92,7 +94,7 @@ def test_doctor_says_which_numerics_the_gpu_gives(arts: dict[str, Path]) -> None
     below Blackwell (a warning: the artifact does not get the numerics it asks for), FP4 arithmetic from 10.0 (MXFP4
     only with FlashInfer, which vLLM's MXFP4 W4A4 kernel needs)."""
     report = doctor.check(arts["nvfp4-w4a4"], VLLM, include_quantkit=False)
-    line = next(c for c in report.checks if c.name == "fp4 numerics")
+    line = next(c for c in report.checks if c.name == doctor.NUMERICS_CHECK)
     assert line.status == "ok" and "no GPU here" in line.message and "emulated w4a4" in line.message
     h200 = {"torch": {"cuda_available": True, "devices": ["NVIDIA H200"], "capabilities": [[9, 0]]}, "modules": {}}
     nv, mx = Fp4(NVFP4, True), Fp4(MXFP4, True)
@@ -121,3 +123,22 @@ def test_vllm_numerics_from_its_log(line: str, asked: str, expected: str | None)
     assert numerics.vllm_args(asked, moe=True) == ({} if asked == "auto" else {
         "linear_backend": {"emulated": "emulation", "weight-only": "marlin"}[asked],
         "moe_backend": {"emulated": "emulation", "weight-only": "marlin"}[asked]})
+
+
+def test_smoke_records_what_the_server_ran(tmp_path: Path) -> None:
+    """smoke reads the kernel line of the vLLM server's log into the run's numerics; a log that names none (a server
+    that died first) records nothing and falls back to saying doctor's prediction."""
+    log = tmp_path / "server.log"
+    log.write_text("(APIServer pid=5) INFO 12-04 10:00:00 [__init__.py:933] Using MarlinNvFp4LinearKernel for NVFP4 "
+                   "GEMM\n(APIServer pid=5) WARNING 12-04 10:00:01 [marlin.py:34] Your GPU does not have native "
+                   "support for FP4 computation but FP4 quantization is being used.\n")
+    said = Console(record=True, width=400)
+    run = smoke.SmokeRun(tmp_path, VLLM, log)
+    smoke._say_numerics(run, Fp4(NVFP4, True), Reporter(said, quiet=True), [])
+    assert run.data["numerics"] == numerics.MARLIN_WEIGHT_ONLY and run.to_json()["numerics"] == run.data["numerics"]
+    assert "vLLM runs this NVFP4 W4A4 artifact weight-only (Marlin FP4" in said.export_text()
+    log.write_text("ValueError: no kernel\n")
+    died = smoke.SmokeRun(tmp_path, VLLM, log)
+    predicted = doctor.Check(doctor.NUMERICS_CHECK, "warn", "vLLM on NVIDIA H200 runs it weight-only")
+    smoke._say_numerics(died, Fp4(NVFP4, True), Reporter(said, quiet=True), [predicted])
+    assert "numerics" not in died.data and said.export_text().splitlines()[-1].endswith("runs it weight-only")

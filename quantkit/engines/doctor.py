@@ -7,7 +7,8 @@ the one installed in the engine's own Python, and asks that compressed-tensors, 
 it knows the artifact's ``format`` strings (its ``CompressionFormat`` enum) and accepts its quantization
 schemes (its pydantic ``QuantizationConfig``, which forbids fields it does not know). GGUF artifacts are checked
 the same way against the file types the engine's llama.cpp knows. A short table lists the incompatibilities
-that are known but not visible in those schemas.
+that are known but not visible in those schemas. An FP4 W4A4 artifact gets one more line: the arithmetic vLLM will
+run it with on the engine's GPU, from its compute capability (:mod:`quantkit.engines.numerics`).
 
 Every Python environment (quantkit's own, or the engine's ``--python``) is queried by a subprocess running
 :data:`PROBE`, so nothing heavy is imported into quantkit and an engine environment that crashes on import is
@@ -46,6 +47,7 @@ MODULES = ("torch", "transformers", "llmcompressor", "compressed_tensors", "gguf
 REQUIRES_OF = {SGLANG: ("sglang",)}
 ENGINE_MODULES = {SGLANG: (sglang_loads.CONFLICTING_MODULE,), VLLM: ("flashinfer",)}  # FlashInfer: MXFP4's W4A4
 PROBE_TIMEOUT = 300.0
+NUMERICS_CHECK = "fp4 numerics"  # the check saying which arithmetic a W4A4 FP4 artifact will get
 
 # Runs inside the environment being asked (``python -c PROBE REQUEST_JSON``); standard library at the top, each
 # heavy import guarded, one JSON line out.
@@ -368,12 +370,12 @@ def _numerics_check(found: Fp4, info: dict[str, Any]) -> Check:
     t = info.get("torch") or {}
     caps, devices = t.get("capabilities") or [], t.get("devices") or []
     if not t.get("cuda_available") or not caps:
-        return Check("fp4 numerics", "ok", numerics.line(found, numerics.EMULATED, "no GPU here: quantkit eval "
+        return Check(NUMERICS_CHECK, "ok", numerics.line(found, numerics.EMULATED, "no GPU here: quantkit eval "
                                                                                     "--engine transformers"))
     cap = (int(caps[0][0]), int(caps[0][1]))
     label = numerics.of_gpu(found, cap, bool(info.get("modules", {}).get("flashinfer")))
     where = f"vLLM on {devices[0] if devices else 'this GPU'} (compute capability {cap[0]}.{cap[1]})"
-    return Check("fp4 numerics", "warn" if label == numerics.MARLIN_WEIGHT_ONLY else "ok",
+    return Check(NUMERICS_CHECK, "warn" if label == numerics.MARLIN_WEIGHT_ONLY else "ok",
                  numerics.line(found, label, where))
 
 

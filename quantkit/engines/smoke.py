@@ -21,7 +21,8 @@ For each thing to serve (the artifact folder; for GGUF, each ``.gguf`` file or t
    the same for every engine (:mod:`quantkit.engines.image_question`): a non-empty answer, an image that took
    prompt tokens, and with a baseline transformers' greedy answer to the same picture and question, recorded;
 7. stop the server (always: success, failure, Ctrl-C, SIGTERM) and record the results in quantkit.json's
-   ``smoke`` section, keyed by engine (and GGUF file).
+   ``smoke`` section, keyed by engine (and GGUF file); for an FP4 W4A4 artifact in vLLM, the run's ``numerics``
+   (which arithmetic the kernel its log names gives: :mod:`quantkit.engines.numerics`), said in one line.
 
 Tested with llama.cpp b11312's llama-server, llama-cpp-python 0.3.36 (fallback server) and transformers 5.17.0
 (baseline) on CPU; written for vLLM 0.26.0.
@@ -180,15 +181,17 @@ def run(path: Path, opts: SmokeOptions, reporter: Reporter | None = None) -> Smo
     serve_opts = opts.serve_options()
     python = engine.python(opts.python)
 
+    checks: list[doctor.Check] = []
     if opts.check_versions:
         with rep.step("smoke_doctor", f"Checking {engine.name} in {python} against the artifact"):
             report = doctor.check(path, engine.name, python=opts.python, env=opts.env, include_quantkit=False)
+        checks = report.checks
         art = report.artifact or {}
         result.doctor = {"ok": report.ok, "checks": [c.to_json() for c in report.checks],
                          "engine_version": (report.engine or {}).get("version"),
                          "written_with": art.get("written_with"), "read_with": art.get("read_with")}
-        for c in report.checks:
-            if c.status == "warn":
+        for c in report.checks:  # an FP4 artifact's numerics are said once, as the server ran it (_say_numerics)
+            if c.status == "warn" and c.name != doctor.NUMERICS_CHECK:
                 rep.warn(c.message)
         if not report.ok:
             fails = report.failures()
@@ -223,7 +226,7 @@ def run(path: Path, opts: SmokeOptions, reporter: Reporter | None = None) -> Smo
         finally:
             r.data["facts"] = engine.log_facts(_read(r.log))
             if engine.name == VLLM and (found := numerics.w4a4(path)):
-                _say_numerics(r, found, rep)
+                _say_numerics(r, found, rep, checks)
         if r.status == "failed":
             rep.console.print(f"[red]✗[/] {target.name}: {r.error.splitlines()[0] if r.error else 'failed'}")
     result.manifest_updated = _record(path, result)
@@ -421,11 +424,15 @@ def compare(baseline: dict[str, Any], tok: Any, served_text: str, match_tokens: 
             "text": served_text, "baseline_text": baseline["text"]}
 
 
-def _say_numerics(r: SmokeRun, found: Fp4, rep: Reporter) -> None:
+def _say_numerics(r: SmokeRun, found: Fp4, rep: Reporter, checks: list[doctor.Check]) -> None:
     """Record, and say in one line, which arithmetic vLLM served a W4A4 FP4 artifact with (from the kernels its log
-    names: Marlin FP4 runs it weight-only)."""
+    names: Marlin FP4 runs it weight-only); where the log names none (a server that died first), doctor's
+    prediction from the GPU is said instead."""
     label = numerics.of_vllm_kernels(k for _, k in kernels.log_facts(_read(r.log)).linear)
     if label is None:
+        for c in checks:
+            if c.name == doctor.NUMERICS_CHECK:
+                (rep.warn if c.status == "warn" else rep.log)(c.message)
         return
     r.data["numerics"] = label
     say = rep.warn if label == numerics.MARLIN_WEIGHT_ONLY else rep.log
