@@ -273,7 +273,7 @@ class TrtSpec(MethodBase):
     """ModelOpt quantization + export for TensorRT-LLM (unified HF checkpoint and TRT-LLM checkpoint)."""
 
     method: Literal["trt"]
-    quantization: Literal["fp8", "int8_sq", "int4_awq", "w4a8_awq", "none"] = "fp8"
+    quantization: Literal["fp8", "int8_sq", "int4_awq", "w4a8_awq", "nvfp4", "w4a16_nvfp4", "none"] = "fp8"
     kv_cache: Literal["fp8", "int8", "auto"] = "auto"
     tp: int = Field(1, ge=1, le=64)
     pp: int = Field(1, ge=1, le=64)
