@@ -10,9 +10,11 @@ slip past ``make test-fast`` or into it unnoticed.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -113,6 +115,25 @@ def quantkit(*args: str, cwd: Path | None = None, env: dict | None = None, timeo
         raise AssertionError(f"quantkit {' '.join(map(str, args))} exited {proc.returncode}\n"
                              f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}")
     return proc
+
+
+def _tree_sha256(root: Path) -> dict[str, str]:
+    """Every file under ``root`` with its sha256: what a read-only shared artifact must still hold at the end."""
+    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="session")
+def tiny_rtn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """``quantkit rtn`` of the reference model with the verb's defaults (W4A16 in groups of 128, compressed-tensors
+    pack-quantized), made once per session for every test that reads such an artifact. Read only: ``eval`` and
+    ``smoke`` record their results in the artifact, so a test that runs them copies it first (shutil.copytree);
+    the session ends in an error if anything under it changed."""
+    out = tmp_path_factory.mktemp("shared") / "tiny-rtn"
+    quantkit("rtn", TINY, out, "--quiet", check=True)
+    before = _tree_sha256(out)
+    yield out
+    assert _tree_sha256(out) == before, f"a test wrote into the shared artifact {out}: copy it first"
 
 
 def live_children(pid: int) -> list[tuple[psutil.Process, list[str]]]:

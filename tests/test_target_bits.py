@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -32,11 +33,13 @@ TARGET = 5.5  # gptq's mix at 5.5 bits and up: int4 in groups of 32 with zero po
 
 
 @pytest.fixture(scope="module")
-def made(tmp_path_factory) -> dict[str, Path]:
-    """RTN and GPTQ on the reference model: int4 everywhere and with a bits target."""
+def made(tiny_rtn: Path, tmp_path_factory) -> dict[str, Path]:
+    """RTN and GPTQ on the reference model: int4 everywhere (the session's RTN artifact, copied: eval records its
+    scores in it) and with a bits target."""
     root = tmp_path_factory.mktemp("target-bits")
-    out = {}
-    for name, argv in {"rtn": ["rtn"], "rtn-mixed": ["rtn", "--target-bits", str(TARGET)],
+    out = {"rtn": root / "rtn"}
+    shutil.copytree(tiny_rtn, out["rtn"])
+    for name, argv in {"rtn-mixed": ["rtn", "--target-bits", str(TARGET)],
                        "gptq-mixed": ["gptq", "--target-bits", str(TARGET), *CALIB]}.items():
         out[name] = root / name
         proc = quantkit(*argv[:1], TINY, out[name], *argv[1:], "--json", env={"OMP_NUM_THREADS": "1"})
