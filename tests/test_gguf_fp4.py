@@ -14,8 +14,8 @@
   checkpoint (it would be dequantized and quantized again), another type from an NVFP4 checkpoint, NVFP4 from float
   weights.
 
-A ModelOpt NVFP4 export goes through the same converter path (compressed-tensors' names are renamed to ModelOpt's
-there); making one needs ModelOpt, so it is not made here.
+quantkit's own ModelOpt export (``build-trt`` w4a16_nvfp4, its ``hf/`` checkpoint) is repacked the same way, by the
+converter's original ModelOpt path (skipped without the ModelOpt environment, ``.venv-trt``).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, TINY
+from test_trt import CALIBRATION, needs_modelopt
 from quantkit import api, recipe
 from quantkit.errors import UsageError
 from quantkit.producers.gguf import quantize, target_bits
@@ -217,6 +218,41 @@ def test_nvfp4_is_served_by_llama_server(nvfp4: dict[str, Any], cli: Callable) -
     run = json.loads(proc.stdout)["runs"][0]
     assert run["status"] == "passed" and run["facts"]["file_type"] == "NVFP4"
     assert run["completion"]["completion_tokens"] > 0
+
+
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)  # the 3-bit magnitudes; the fourth bit is the sign
+
+
+@needs_modelopt
+def test_modelopt_nvfp4_export_is_repacked(tmp_path: Path, cli: Callable) -> None:
+    """quantkit's own ModelOpt export (build-trt w4a16_nvfp4, its hf/ checkpoint) through the converter's original
+    NVFP4 path: every matrix is ModelOpt's E2M1 values times its E4M3 block scales and FP32 tensor scale, exactly,
+    and upstream tags W4A16_NVFP4 to keep 8-bit activations. Measured against the bf16 model (the file alone):
+    KLD 0.0354, top-1 0.890, as compressed-tensors' NVFP4A16 (0.0347)."""
+    from safetensors.torch import load_file
+
+    art = tmp_path / "trt"
+    r = recipe.load(None, base={"model": {"source": str(TINY)}, "output": str(art), "calibration": CALIBRATION,
+                                "quantize": {"method": "trt", "quantization": "w4a16_nvfp4", "kv_cache": "auto"}})
+    api.quantize_one(r, r.quantize, art)
+    res = api.quantize(gguf_recipe(art / "hf", tmp_path / "gguf", ["NVFP4"]))[0]
+    assert res.manifest.quantization["repacked"]["NVFP4"] == {
+        "from": "modelopt W4A16_NVFP4", "tensor_types": {"BF16": 2, "F32": 73, "NVFP4": 56}}
+    path = made(res.path)["NVFP4"]
+    fields = gguf.GGUFReader(path).fields
+    assert {bool(fields["general.tensor_extra.prec_a4"].parts[i][0])
+            for i in fields["general.tensor_extra.prec_a4"].data} == {False}
+    found, source = tensors(path), load_file(art / "hf" / "model.safetensors")
+    lut = torch.tensor(E2M1 + tuple(-v for v in E2M1), dtype=torch.float64)
+    for gguf_name, hf in (("blk.2.attn_v", "model.layers.2.self_attn.v_proj"),
+                          ("blk.5.ffn_down", "model.layers.5.mlp.down_proj")):
+        packed = source[f"{hf}.weight"]
+        codes = torch.stack([packed & 0x0F, packed >> 4], dim=-1).reshape(packed.shape[0], -1).long()
+        blocks = source[f"{hf}.weight_scale"].double().repeat_interleave(16, dim=1)
+        want = lut[codes] * blocks * source[f"{hf}.weight_scale_2"].double()
+        t = found[f"{gguf_name}.weight"]
+        got = torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float64))
+        assert torch.equal(got * float(found[f"{gguf_name}.scale"].data[0]), want), gguf_name
 
 
 def test_mxfp4_checkpoint_is_refused_in_one_line(checkpoints: dict[str, Path], tmp_path: Path,
