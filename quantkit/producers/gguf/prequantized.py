@@ -108,9 +108,8 @@ def check(path: Path, spec_name: str, architecture: str, wanted: list[str]) -> Q
             raise UsageError(
                 f"GGUF {', '.join(repack)} is written only by repacking a checkpoint already in that format, and "
                 f"{spec_name} is not quantized: {BUILD}'s llama-quantize has no {repack[0]} type",
-                hint=f"quantize {spec_name} to NVFP4 first (llm-compressor's NVFP4A16 preset), then run quantkit gguf "
-                     f"on that checkpoint with -t {repack[0]}; or choose a type llama.cpp quantizes (Q4_K_M, "
-                     "MXFP4_MOE for a mixture of experts)")
+                hint=f"make it NVFP4 first (quantkit nvfp4 {spec_name} OUT), then run quantkit gguf OUT ... -t "
+                     f"{repack[0]}; or choose a type llama.cpp quantizes (Q4_K_M, MXFP4_MOE for a mixture of experts)")
         return None
     if found.repacks_to is not None:
         others = [t for t in wanted if t != found.repacks_to]
@@ -125,7 +124,7 @@ def check(path: Path, spec_name: str, architecture: str, wanted: list[str]) -> Q
             f"{spec_name} is compressed-tensors MXFP4: {BUILD}'s converter repacks MXFP4 only for the experts of "
             f"Kimi-K3, DeepSeek-V4 and MiMo, not for {architecture}, and no later llama.cpp build is known to",
             hint=f"convert the unquantized checkpoint with -t MXFP4_MOE (MXFP4 experts of a mixture of experts) or "
-                 f"-t Q4_K_M; or make it NVFP4 (llm-compressor's NVFP4A16) and convert that with -t {REPACKED_TYPE}")
+                 f"-t Q4_K_M; or make it NVFP4 (quantkit nvfp4) and convert that with -t {REPACKED_TYPE}")
     raise UsageError(
         f"{spec_name} is already quantized ({found.describe()}): llama.cpp's converter would dequantize it and GGUF "
         "would quantize it a second time; quantkit makes GGUF from unquantized weights (or repacks NVFP4)",
