@@ -34,7 +34,7 @@ from quantkit import calibration, recipe  # noqa: E402
 from quantkit.architectures import vision_language  # noqa: E402
 from quantkit.cli.main import app  # noqa: E402
 from quantkit.formats.specs import Mxfp4Spec, Nvfp4Spec  # noqa: E402
-from quantkit.producers import coverage, modifiers  # noqa: E402
+from quantkit.producers import coverage, modifiers, moe  # noqa: E402
 
 from conftest import TINY, quantkit  # noqa: E402
 from moe_models import make_moe  # noqa: E402
@@ -196,15 +196,15 @@ def test_layout_and_config(build, name):
 
 
 def test_weight_only_artifacts_score_in_transformers(build, windows):
-    """transformers on the CPU runs the weight-only artifacts; GPTQ beats round-to-nearest, the MSE observer beats
-    min-max, and every score is far from what a broken layout gives (the reference model's int4 RTN: KLD ~0.05)."""
+    """transformers on the CPU runs the weight-only artifacts, each within 0.15 nats of the source (measured: 0.03 to
+    0.06), and NVFP4's groups of 16 with FP8 scales beat MXFP4's 32 with powers of two. GPTQ and MSE against
+    round-to-nearest and min-max are measured on the real model (bench/results/fp4_cpu/): with 4 x 64 calibration
+    tokens on the reference model GPTQ does not beat RTN (0.059 against 0.035), so no such claim is tested here."""
     base = log_probs(TINY, windows)
     scores = {n: kld(base, log_probs(build(n)[0], windows)) for n in ("nv-rtn", "nv-gptq", "mx-rtn", "mx-rtn-mse",
                                                                       "mx-awq")}
-    assert all(0 < v < 0.3 for v in scores.values()), scores
-    assert scores["nv-gptq"] < scores["nv-rtn"], scores
-    assert scores["mx-rtn-mse"] < scores["mx-rtn"], scores
-    assert scores["nv-rtn"] < scores["mx-rtn"], scores  # groups of 16 with FP8 scales over 32 with powers of two
+    assert all(0 < v < 0.15 for v in scores.values()), scores
+    assert scores["nv-rtn"] < scores["mx-rtn"], scores
 
 
 @pytest.mark.parametrize("name", ["nv-w4a4", "mx-w4a4"])
@@ -215,7 +215,7 @@ def test_w4a4_loads_in_transformers(build, windows, name):
 def test_moe_every_expert_quantized(build, source):
     out, manifest = build("moe-nv")
     cfg = json.loads((source("moe") / "config.json").read_text())
-    layers, experts = cfg["num_hidden_layers"], cfg["num_experts"]
+    layers, experts = cfg["num_hidden_layers"], moe.family(cfg).num_experts(cfg)
     t = tensors(out)
     for layer in range(layers):
         for e in range(experts):

@@ -196,11 +196,15 @@ class Fp4Spec(MethodBase):
     algorithm: Literal["rtn", "gptq", "awq"] = Field(
         "gptq", description="how the FP4 weights are chosen: rtn (round-to-nearest, no calibration for weight-only), "
                             "gptq (llm-compressor's GPTQModifier with the FP4 scheme, static act-order), awq "
-                            "(AWQModifier's smoothing, then round-to-nearest)")
+                            "(AWQModifier's smoothing, then round-to-nearest); gptq by default: on SmolLM2-135M-Instruct "
+                            "(CPU, 16 x 512 calibration tokens, exact KLD on 4,096 held-out tokens) NVFP4 W4A16 scored "
+                            "0.081 by GPTQ against 0.218 by round-to-nearest (bench/results/fp4_cpu/)")
     observer: Literal["minmax", "mse"] = Field(
-        "mse", description="llm-compressor's observer for the weights' FP4 scales: minmax (memoryless_minmax, each "
-                           "group's absolute maximum) or mse (memoryless_mse, the range that minimises the group's "
-                           "quantization error)")
+        "minmax", description="llm-compressor's observer for the weights' FP4 scales: minmax (memoryless_minmax, each "
+                              "group's absolute maximum) or mse (memoryless_mse, the range that minimises the group's "
+                              "quantization error); minmax by default: with round-to-nearest the MSE observer scored "
+                              "worse on SmolLM2-135M-Instruct (KLD 0.257 against 0.218 for NVFP4, 0.374 against 0.347 "
+                              "for MXFP4) and took 10 times longer on CPU (bench/results/fp4_cpu/)")
     target_bits: float | None = Field(None, description=FP4_TARGET_BITS_HELP)
 
     @field_validator("target_bits")
