@@ -373,7 +373,6 @@ def test_gemma3_layer_pattern_llamacpp_does_not_compute_is_refused(tmp_path: Pat
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.unit
 def test_unknown_pre_tokenizer_is_refused(tmp_path: Path) -> None:
     model_dir = tmp_path / "m"
     shutil.copytree(TINY, model_dir)

@@ -57,11 +57,8 @@ def selected(proc: subprocess.CompletedProcess) -> list[str]:
 
 
 @pytest.mark.parametrize(("expr", "tests"), [
-    ("unit", ["test_plain"]),
-    ("unit or cli", ["test_plain", "test_process"]),
-    ("e2e", ["test_heavy"]),
-    ("gpu", ["test_cuda"]),
-    ("slow", ["test_heavy"]),
+    ("unit or cli", ["test_plain", "test_process"]),  # neither the slow test nor the gpu one of a unit module
+    ("e2e or gpu", ["test_cuda", "test_heavy"]),
 ])
 def test_the_nearest_tier_mark_is_the_only_one(tmp_path: Path, expr: str, tests: list[str]) -> None:
     proc = collect(tmp_path, {"test_mixed.py": MIXED}, "-m", expr)
