@@ -22,7 +22,7 @@ from quantkit.errors import UsageError
 from quantkit.formats import kinds
 from quantkit.formats.specs import AwqSpec, GptqSpec
 
-pytestmark = pytest.mark.cli
+pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = ROOT / "quantkit" / "cli"
@@ -94,6 +94,7 @@ def test_legacy_layouts_are_their_own_rows() -> None:
     assert formats.for_spec(GptqSpec(method="gptq", format="gptq")).key == "gptq+gptq"
 
 
+@pytest.mark.cli
 def test_each_verb_shows_only_the_flags_its_format_uses(cli) -> None:
     for row in formats.verbs():
         shown = cli(row.verb, "--help", check=True).stdout
@@ -106,6 +107,7 @@ def test_each_verb_shows_only_the_flags_its_format_uses(cli) -> None:
     assert "--ignore" not in gguf and "--num-gpus" not in gguf and "--dtype" not in gguf
 
 
+@pytest.mark.cli
 def test_a_flag_the_verb_does_not_use_is_refused(cli) -> None:
     proc = cli("rtn", "models/quantkit-tiny", "out/never", "--samples", "8")
     assert proc.returncode == 2 and "No such option" in proc.stderr
@@ -158,6 +160,7 @@ def test_verify_result_types_import_neither_side() -> None:
     assert "quantkit.verify.evaluate" not in _imports(verify / "report.py")
 
 
+@pytest.mark.cli
 def test_tune_refuses_clearly_without_vllm_or_for_gguf(cli, tmp_path: Path) -> None:
     """The kernel sweep needs vLLM (on a GPU): without it, one line and exit 2, before anything starts."""
     ct = tmp_path / "ct"
