@@ -12,8 +12,8 @@ the same on a GPU; MXFP4 has none on CUDA.
 
 So every score and smoke run of a W4A4 artifact records which of these it measured (the labels below), and doctor,
 smoke and eval say it in one line (a warning where it runs weight-only). ``quantkit eval --numerics`` chooses: ``auto``
-(what the engine does by itself), ``emulated`` (FP4 activations emulated) or ``weight-only`` (activations left in
-16 bits, what Hopper serves).
+(what the engine does by itself), ``emulated`` (FP4 activations emulated) or ``weight-only`` (activations left
+unquantized, what Hopper serves).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from quantkit.formats.names import TRANSFORMERS, VLLM
 W4A4 = "w4a4"  # FP4 activations in FP4 arithmetic (a GPU with FP4 tensor cores)
 EMULATED = "emulated w4a4"  # FP4 activations quantized and dequantized around a 16/32-bit matmul
 MARLIN_WEIGHT_ONLY = "weight-only (Marlin FP4: this GPU has no FP4 arithmetic)"
-WEIGHT_ONLY = "weight-only"  # activations left in 16 bits, as asked
+WEIGHT_ONLY = "weight-only"  # activations left unquantized, as asked
 
 # What ``--numerics`` asks for.
 AUTO, ASK_EMULATED, ASK_WEIGHT_ONLY = "auto", "emulated", "weight-only"
@@ -103,7 +103,7 @@ def line(found: Fp4, numerics: str, where: str) -> str:
                 f"W4A16 twin's, not what a Blackwell GPU's FP4 activations give (quantkit eval --numerics emulated "
                 f"measures those)")
     if numerics == WEIGHT_ONLY:
-        return f"{where} runs {what} weight-only, as asked: activations left in 16 bits, what Hopper and Ampere serve"
+        return f"{where} runs {what} weight-only, as asked: its activations unquantized, as Hopper and Ampere serve it"
     if numerics == EMULATED:
         return (f"{where} runs {what} with its activations quantized to FP4 and back around a 16/32-bit matmul: "
                 "emulated w4a4, the numerics a Blackwell GPU runs")
