@@ -215,6 +215,12 @@ class Fp4Spec(MethodBase):
         return v
 
     @property
+    def bits(self) -> int:
+        """FP4 values are 4 bits, like the int4 methods' (what the size estimate reads); the group scales add 0.5
+        bits per weight for NVFP4 (8 per 16) and 0.25 for MXFP4 (8 per 32)."""
+        return 4
+
+    @property
     def calibrates(self) -> bool:
         """Whether making this spec reads calibration data: GPTQ and AWQ always; round-to-nearest only for NVFP4's
         W4A4, whose static activation global scales are observed on data (MXFP4's activation scales are dynamic,
