@@ -116,7 +116,8 @@ def windows() -> Any:
     """4 windows of 256 held-out tokens the reference model never saw."""
     from transformers import AutoTokenizer
 
-    ids = AutoTokenizer.from_pretrained(TINY)(calibration.eval_text("heldout")[0], add_special_tokens=False)["input_ids"]
+    text, _ = calibration.eval_text("heldout")
+    ids = AutoTokenizer.from_pretrained(TINY)(text, add_special_tokens=False)["input_ids"]
     return torch.tensor([ids[i * 256:(i + 1) * 256] for i in range(4)])
 
 
@@ -274,13 +275,19 @@ def test_a_width_the_group_does_not_divide_is_kept_and_said(tmp_path):
     assert "model.layers.0.mlp.up_proj.weight_packed" in t
 
 
+@pytest.fixture(scope="module")
+def no_width_fits(tmp_path_factory) -> Path:
+    """hidden_size 72 and intermediate_size 200: no Linear's input width is a multiple of 16 (or 32)."""
+    return _odd(tmp_path_factory.mktemp("fp4-odd") / "odd", 72, 200)
+
+
 @pytest.mark.parametrize("args,words", [
-    (["nvfp4", "--algorithm", "rtn"], "nothing would be quantized"),  # hidden 72 and 200: no width divides by 16
+    (["nvfp4", "--algorithm", "rtn"], "nothing would be quantized"),
     (["nvfp4", "--target-bits", "5"], "not supported yet"),
     (["mxfp4", "--algorithm", "magic"], "algorithm"),
 ])
-def test_refusals_in_one_line_before_any_load(tmp_path, args, words):
-    src, out = _odd(tmp_path / "odd", 72, 200), tmp_path / "out"
+def test_refusals_in_one_line_before_any_load(tmp_path, no_width_fits, args, words):
+    src, out = no_width_fits, tmp_path / "out"
     proc = quantkit(args[0], src, out, *args[1:])
     assert proc.returncode == 2, proc.stderr
     assert words in proc.stderr and "Traceback" not in proc.stderr and "Loading" not in proc.stderr

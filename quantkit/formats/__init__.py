@@ -136,8 +136,7 @@ _FP4_DEFAULTS = {spec.model_fields["method"].annotation.__args__[0]:
 
 def _fp4_flags(verb: str) -> tuple[Flag, ...]:
     """An FP4 verb's own flags: the same for NVFP4 and MXFP4, whose specs share one base class."""
-    return (_f("scheme", "--scheme", str, "quantize.scheme", FP4_SCHEME_HELP[0].upper() + FP4_SCHEME_HELP[1:]
-               + " \\[default: w4a16]."),
+    return (_f("scheme", "--scheme", str, "quantize.scheme", FP4_SCHEME_HELP + " \\[default: w4a16]."),
             _f("algorithm", "--algorithm", str, "quantize.algorithm",
                "rtn (round-to-nearest), gptq (GPTQ with the FP4 scheme) or awq (AWQ smoothing, then round-to-nearest) "
                f"\\[default: {_FP4_DEFAULTS[verb]['algorithm']}]."),
