@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from conftest import TINY, quantkit
+from conftest import ROOT, TINY, quantkit
 from quantkit import artifact
 from quantkit.checkpoint import MXFP4, NVFP4, Fp4, fp4, read_config
 from quantkit.engines import doctor, numerics, smoke
@@ -142,3 +142,18 @@ def test_smoke_records_what_the_server_ran(tmp_path: Path) -> None:
     predicted = doctor.Check(doctor.NUMERICS_CHECK, "warn", "vLLM on NVIDIA H200 runs it weight-only")
     smoke._say_numerics(died, Fp4(NVFP4, True), Reporter(said, quiet=True), [predicted])
     assert "numerics" not in died.data and said.export_text().splitlines()[-1].endswith("runs it weight-only")
+
+
+def test_fp4_experts_are_scored_through_a_dense_copy(tmp_path: Path) -> None:
+    """transformers 5.17 leaves FP4 expert tensors unloaded ("UNEXPECTED"), which would score without an error: an
+    FP4 mixture of experts is scored through compressed-tensors' dense copy, weight-only, and says so; emulating its
+    activations there is refused in one line."""
+    moe = ROOT / "models" / "quantkit-tiny-moe"
+    art = tmp_path / "moe-nvfp4-w4a4"
+    quantkit("nvfp4", moe, art, "--scheme", "w4a4", "--algorithm", "rtn", "--samples", "16", "--seq-len", "128",
+             "--quiet", check=True)
+    (r,) = evaluate([art], None, EvalOptions(**PROTOCOL)).results
+    assert r.numerics == numerics.DENSE_COPY and "dense copy" in r.engine["loaded"]
+    assert 0 < r.metrics.kld < 0.5 and r.metrics.top1 > 0.6  # uninitialised experts score nothing like this
+    with pytest.raises(UsageError, match="only through a dense copy"):
+        evaluate([art], None, EvalOptions(**{**PROTOCOL, "numerics": "emulated"}))

@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from quantkit.checkpoint import MXFP4, Fp4, fp4, read_config
+from quantkit.engines.transformers import dense_copy
 from quantkit.engines.vllm import kernels
 from quantkit.errors import UsageError
 from quantkit.formats.names import TRANSFORMERS, VLLM
@@ -31,6 +32,7 @@ W4A4 = "w4a4"  # FP4 activations in FP4 arithmetic (a GPU with FP4 tensor cores)
 EMULATED = "emulated w4a4"  # FP4 activations quantized and dequantized around a 16/32-bit matmul
 MARLIN_WEIGHT_ONLY = "weight-only (Marlin FP4: this GPU has no FP4 arithmetic)"
 WEIGHT_ONLY = "weight-only"  # activations left unquantized, as asked
+DENSE_COPY = "weight-only (a dense copy: transformers cannot reload FP4 experts)"
 
 # What ``--numerics`` asks for.
 AUTO, ASK_EMULATED, ASK_WEIGHT_ONLY = "auto", "emulated", "weight-only"
@@ -61,6 +63,9 @@ def check(path: Path, asked: str, engine: str) -> None:
     if engine not in ENGINES:
         raise UsageError(f"--numerics {asked}: the {engine} engine cannot be told how to run FP4 activations",
                          hint=f"evaluate it with --engine {' or '.join(ENGINES)}")
+    if engine == TRANSFORMERS and asked == ASK_EMULATED and dense_copy.needed(path):
+        raise UsageError(f"--numerics emulated: transformers reads {path}'s FP4 experts only through a dense copy, "
+                         "which runs weight-only", hint="score the emulated numerics with --engine vllm (NVFP4)")
     if engine == VLLM and asked == ASK_EMULATED and found.layout == MXFP4:
         raise UsageError(f"--numerics emulated: vLLM {kernels.VLLM_VERSION} has no MXFP4 emulation kernel on CUDA "
                          "(only NVFP4's, --linear-backend emulation)",
@@ -102,6 +107,10 @@ def line(found: Fp4, numerics: str, where: str) -> str:
         return (f"{where} runs {what} weight-only (Marlin FP4: this GPU has no FP4 arithmetic): its scores are its "
                 f"W4A16 twin's, not what a Blackwell GPU's FP4 activations give (quantkit eval --numerics emulated "
                 f"measures those)")
+    if numerics == DENSE_COPY:
+        return (f"{where} runs {what} weight-only: transformers 5.17 cannot reload FP4 experts, so it scores a dense "
+                "copy decompressed by compressed-tensors (quantkit eval --engine vllm --numerics emulated runs "
+                "NVFP4's FP4 activations)")
     if numerics == WEIGHT_ONLY:
         return f"{where} runs {what} weight-only, as asked: its activations unquantized, as Hopper and Ampere serve it"
     if numerics == EMULATED:

@@ -11,6 +11,10 @@ activations are never copied: their activations must stay quantized. transformer
 int-quantized (INT8 W8A8) ones (its expert conversion finds no tensors to concatenate): :func:`refusal` says so
 before anything loads, and vLLM scores them.
 
+FP4 experts (NVFP4, MXFP4) are not reloaded either: transformers 5.17 leaves every expert tensor of the checkpoint
+"UNEXPECTED" and the fused experts uninitialised, which scores without an error. They are copied dense too, W4A4
+included: the copy runs weight-only (:mod:`quantkit.engines.numerics` says so), as vLLM does below Blackwell.
+
 Tested with compressed-tensors 0.19.0 and transformers 5.17.0.
 """
 
@@ -21,15 +25,17 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from quantkit.checkpoint import quantization_config, read_config
+from quantkit.checkpoint import fp4, quantization_config, read_config
 
-_QUANTIZED = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx")
+_QUANTIZED = ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx",
+              "weight_global_scale")
+_ACTIVATION_SCALES = ("input_global_scale",)  # an FP4 W4A4 checkpoint's: the dense copy runs weight-only
 INDEX = "model.safetensors.index.json"
 
 
 def needed(path: Path) -> bool:
     """Whether transformers needs a dense copy of ``path``: a mixture-of-experts compressed-tensors checkpoint whose
-    weight-only scheme has zero points."""
+    weight-only scheme has zero points, or whose weights are FP4."""
     from quantkit.producers import moe
 
     cfg = read_config(path)
@@ -37,6 +43,8 @@ def needed(path: Path) -> bool:
     groups = list((qc.get("config_groups") or {}).values())
     if qc.get("quant_method") != "compressed-tensors" or not groups or moe.family(cfg) is None:
         return False
+    if fp4(cfg) is not None:
+        return True
     weight_only = all(not g.get("input_activations") for g in groups)
     return weight_only and any((g.get("weights") or {}).get("symmetric") is False for g in groups)
 
@@ -76,11 +84,13 @@ def write(path: Path, dest: Path) -> Path:
                 prefix, _, leaf = key.rpartition(".")
                 if leaf in _QUANTIZED:
                     modules.setdefault(prefix, {})[leaf] = f.get_tensor(key)
-                else:
+                elif leaf not in _ACTIVATION_SCALES:
                     tensors[key] = f.get_tensor(key)
         for prefix, local in modules.items():
             weight = compressor.decompress(local, scheme)["weight"]
-            tensors[f"{prefix}.weight"] = weight.to(local["weight_scale"].dtype)
+            scale = local["weight_scale"].dtype  # the model's dtype, except FP4's FP8 / E8M0 scales
+            tensors[f"{prefix}.weight"] = weight.to(scale if scale.is_floating_point and scale.itemsize > 1
+                                                    else weight.dtype)
         save_file(tensors, str(dest / shard.name), metadata={"format": "pt"})
         weight_map.update({k: shard.name for k in tensors})
     for f in path.iterdir():

@@ -8,8 +8,8 @@ quantization scheme, so activation quantization is simulated as the checkpoint a
 float32 (bfloat16 weights upcast exactly; CPU bfloat16 matmuls are slow and less precise); on a GPU it runs
 in the checkpoint's own dtype, as a serving engine would.
 
-A mixture-of-experts checkpoint with asymmetric int4 experts, which transformers 5.17 cannot reload, is scored
-through a dense copy (:mod:`.dense_copy`), said in the engine's info.
+A mixture-of-experts checkpoint with asymmetric int4 or FP4 experts, which transformers 5.17 cannot reload, is
+scored through a dense copy (:mod:`.dense_copy`), said in the engine's info (an FP4 W4A4 one then runs weight-only).
 
 A vision-language checkpoint (a family of :mod:`quantkit.architectures` with a vision side) loads as
 ``AutoModelForImageTextToText``, the class it names, and is scored on text: its language model's log-probabilities.
@@ -87,7 +87,8 @@ class TransformersEngine:
             weight_only = options.numerics == numerics.ASK_WEIGHT_ONLY
             if weight_only:
                 keep_activations(self.model)
-            self.numerics = numerics.WEIGHT_ONLY if weight_only else numerics.EMULATED
+            self.numerics = numerics.DENSE_COPY if self._dense else \
+                numerics.WEIGHT_ONLY if weight_only else numerics.EMULATED
             self.numerics_line = numerics.line(found, self.numerics, f"transformers on {self.device}")
         self._torch = torch
         self._versions = {"transformers": transformers.__version__, "torch": torch.__version__}
@@ -100,7 +101,7 @@ class TransformersEngine:
                 "device": self.device, "dtype": dtype, "model": str(self.path),
                 **({"numerics": self.numerics, "numerics_line": self.numerics_line} if self.numerics else {}),
                 **({"loaded": "a dense copy decompressed by compressed-tensors (transformers 5.17 cannot reload "
-                              "asymmetric compressed experts)"} if self._dense else {})}
+                              "asymmetric int4 or FP4 compressed experts)"} if self._dense else {})}
 
     def logits(self, windows: Sequence[Window]) -> Iterator[LogProbs]:
         torch = self._torch
