@@ -98,13 +98,14 @@ def test_doctor_says_which_numerics_the_gpu_gives(arts: dict[str, Path]) -> None
     assert line.status == "ok" and "no GPU here" in line.message and "emulated w4a4" in line.message
     h200 = {"torch": {"cuda_available": True, "devices": ["NVIDIA H200"], "capabilities": [[9, 0]]}, "modules": {}}
     nv, mx = Fp4(NVFP4, True), Fp4(MXFP4, True)
-    hopper = doctor._numerics_check(nv, h200)
+    hopper = doctor._numerics_check(nv, h200, TINY)
     assert hopper.status == "warn" and "vLLM on NVIDIA H200 (compute capability 9.0) runs this NVFP4 W4A4 artifact " \
                                       "weight-only (Marlin FP4: this GPU has no FP4 arithmetic)" in hopper.message
     b200 = {"torch": {**h200["torch"], "devices": ["NVIDIA B200"], "capabilities": [[10, 0]]}, "modules": {}}
-    assert doctor._numerics_check(nv, b200).status == "ok" and "(w4a4)" in doctor._numerics_check(nv, b200).message
-    assert doctor._numerics_check(mx, b200).status == "warn"
-    assert doctor._numerics_check(mx, {**b200, "modules": {"flashinfer": True}}).status == "ok"
+    blackwell = doctor._numerics_check(nv, b200, TINY)
+    assert blackwell.status == "ok" and "(w4a4)" in blackwell.message
+    assert doctor._numerics_check(mx, b200, TINY).status == "warn"
+    assert doctor._numerics_check(mx, {**b200, "modules": {"flashinfer": True}}, TINY).status == "ok"
 
 
 @pytest.mark.parametrize("line, asked, expected", [
@@ -157,3 +158,5 @@ def test_fp4_experts_are_scored_through_a_dense_copy(tmp_path: Path) -> None:
     assert 0 < r.metrics.kld < 0.5 and r.metrics.top1 > 0.6  # uninitialised experts score nothing like this
     with pytest.raises(UsageError, match="only through a dense copy"):
         evaluate([art], None, EvalOptions(**{**PROTOCOL, "numerics": "emulated"}))
+    cpu = doctor._numerics_check(Fp4(NVFP4, True), {"torch": {"cuda_available": False}}, art)
+    assert "runs this NVFP4 W4A4 artifact weight-only: transformers 5.17 cannot reload FP4 experts" in cpu.message

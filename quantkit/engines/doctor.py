@@ -32,6 +32,7 @@ from quantkit.checkpoint import Fp4, quantization_config, read_config
 from quantkit.engines import numerics, registry, serving
 from quantkit.engines.serving import Server
 from quantkit.engines.sglang import loads as sglang_loads
+from quantkit.engines.transformers import dense_copy
 from quantkit.errors import QuantkitError, UsageError
 from quantkit.formats import kinds
 from quantkit.formats.names import LLAMACPP, SGLANG, VLLM, KindName
@@ -363,15 +364,16 @@ def _gguf_checks(art: dict[str, Any], env_info: dict[str, Any]) -> list[Check]:
     return checks
 
 
-def _numerics_check(found: Fp4, info: dict[str, Any]) -> Check:
+def _numerics_check(found: Fp4, info: dict[str, Any], path: Path) -> Check:
     """Which arithmetic vLLM will run a W4A4 FP4 artifact with on the engine's first GPU (weight-only below FP4
     tensor cores: a warning, since its scores are then not what the checkpoint asks for); with no GPU, what this
     machine scores instead."""
     t = info.get("torch") or {}
     caps, devices = t.get("capabilities") or [], t.get("devices") or []
     if not t.get("cuda_available") or not caps:
-        return Check(NUMERICS_CHECK, "ok", numerics.line(found, numerics.EMULATED, "no GPU here: quantkit eval "
-                                                                                    "--engine transformers"))
+        cpu = numerics.DENSE_COPY if dense_copy.needed(path) else numerics.EMULATED
+        return Check(NUMERICS_CHECK, "ok", numerics.line(found, cpu, "no GPU here: quantkit eval --engine "
+                                                                      "transformers"))
     cap = (int(caps[0][0]), int(caps[0][1]))
     label = numerics.of_gpu(found, cap, bool(info.get("modules", {}).get("flashinfer")))
     where = f"vLLM on {devices[0] if devices else 'this GPU'} (compute capability {cap[0]}.{cap[1]})"
@@ -430,7 +432,7 @@ def check(path: Path | None, engine_name: str = "auto", *, python: str | None = 
             report.checks.append(Check("cuda", "ok", f"torch {t.get('version')} (CUDA {t.get('cuda')}): "
                                                      f"{', '.join(t.get('devices', []))}"))
     if art is not None and engine.name == VLLM and "error" not in info and (found := numerics.w4a4(Path(art["path"]))):
-        report.checks.append(_numerics_check(found, info))
+        report.checks.append(_numerics_check(found, info, Path(art["path"])))
     if engine.name == SGLANG and "error" not in info and info.get("modules", {}).get(engine.module):
         report.engine["pins"] = info.get("requires", {}).get(engine.dist, [])
         report.checks.extend(_finding_check(f) for f in sglang_loads.env_findings(
