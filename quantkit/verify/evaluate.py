@@ -241,7 +241,7 @@ def _score(label: str, kind: str, path: Path, proto: protocol_mod.Protocol, opti
     try:
         info = engine.info()
         if line := info.pop("numerics_line", None):  # an FP4 W4A4 artifact: which arithmetic these scores are
-            say = reporter.warn if info["numerics"] == numerics_mod.MARLIN_WEIGHT_ONLY else reporter.log
+            say = reporter.warn if info.get("numerics") in (None, numerics_mod.MARLIN_WEIGHT_ONLY) else reporter.log
             say(f"{label}: {line}")
         with reporter.bar(f"{label} ({kind})", total=proto.tokens_scored, unit="tok") as bar:
             t0, done = time.perf_counter(), 0

@@ -129,8 +129,11 @@ class VllmEngine:
             self._log.flush()
             used = [k for _, k in kernels.log_facts(self.log_path.read_text(errors="replace")).linear]
             found = numerics.of_vllm_kernels(used, self.numerics_asked)
+            out["numerics_line"] = numerics.line(self.fp4, found, f"vLLM on {out['device']}") if found else \
+                f"vLLM's log names no FP4 kernel for this {self.fp4.layout} W4A4 artifact: which arithmetic its " \
+                "scores measured is not known"
             if found:
-                out |= {"numerics": found, "numerics_line": numerics.line(self.fp4, found, f"vLLM on {out['device']}")}
+                out["numerics"] = found
         return out
 
     def logits(self, windows: Sequence[Window]) -> Iterator[LogProbs]:
