@@ -318,6 +318,9 @@ def test_plans_and_shipped_recipes():
     awq = modifiers.plan(Mxfp4Spec(method="mxfp4", algorithm="awq", observer="mse"))
     assert [n for n, _ in awq.modifiers] == ["AWQModifier", "QuantizationModifier"] and awq.calibrate
     assert awq.modifiers[1][1] == {"scheme": "MXFP4A16", "weight_observer": "memoryless_mse"}
+    # An unset observer is the algorithm's measured one (bench/results/fp4_cpu/): MSE for GPTQ, min-max otherwise.
+    assert [modifiers.plan(Nvfp4Spec(method="nvfp4", algorithm=a)).summary["observer"] for a in ("gptq", "rtn", "awq")] \
+        == ["memoryless_mse", "memoryless_minmax", "memoryless_minmax"]
     for name, spec in (("nvfp4", Nvfp4Spec), ("mxfp4", Mxfp4Spec)):
         r = recipe.load(recipe.find(name), check_output_escape=False)
         assert r.quantize == spec.model_validate({"method": name}), f"{name}.yaml is not the verb's defaults"

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from quantkit.formats import kinds
-from quantkit.formats.specs import (DEFAULT_GROUP_SIZE, FP4_SCHEME_HELP, FP4_TARGET_BITS_HELP, AutoRoundSpec, AwqSpec,
-                                   Fp8Spec, GgufSpec, GptqSpec, Int8Spec, Mxfp4Spec, Nvfp4Spec, RtnSpec, TrtSpec,
-                                   W4a8Spec)
+from quantkit.formats.specs import (DEFAULT_GROUP_SIZE, FP4_OBSERVER_HELP, FP4_SCHEME_HELP, FP4_TARGET_BITS_HELP,
+                                   AutoRoundSpec, AwqSpec, Fp4Spec, Fp8Spec, GgufSpec, GptqSpec, Int8Spec, Mxfp4Spec,
+                                   Nvfp4Spec, RtnSpec, TrtSpec, W4a8Spec)
 
 
 @dataclass(frozen=True)
@@ -128,21 +128,16 @@ class Format:
         return f"{self.method}+{self.layout}" if self.layout else self.method
 
 
-# The FP4 verbs' defaults, read off their specs for the flags' help (said once, in specs.py).
-_FP4_DEFAULTS = {spec.model_fields["method"].annotation.__args__[0]:
-                 {f: spec.model_fields[f].default for f in ("algorithm", "observer")}
-                 for spec in (Nvfp4Spec, Mxfp4Spec)}
-
-
-def _fp4_flags(verb: str) -> tuple[Flag, ...]:
-    """An FP4 verb's own flags: the same for NVFP4 and MXFP4, whose specs share one base class."""
+def _fp4_flags() -> tuple[Flag, ...]:
+    """An FP4 verb's own flags: the same for NVFP4 and MXFP4, whose specs share one base class (its defaults said
+    here as it sets them)."""
     return (_f("scheme", "--scheme", str, "quantize.scheme", FP4_SCHEME_HELP + " \\[default: w4a16]."),
             _f("algorithm", "--algorithm", str, "quantize.algorithm",
                "rtn (round-to-nearest), gptq (GPTQ with the FP4 scheme) or awq (AWQ smoothing, then round-to-nearest) "
-               f"\\[default: {_FP4_DEFAULTS[verb]['algorithm']}]."),
+               f"\\[default: {Fp4Spec.model_fields['algorithm'].default}]."),
             _f("observer", "--observer", str, "quantize.observer",
                "minmax or mse: llm-compressor's observer for the FP4 weight scales (memoryless_minmax, memoryless_mse) "
-               f"\\[default: {_FP4_DEFAULTS[verb]['observer']}]."),
+               f"\\[default: {FP4_OBSERVER_HELP}]."),
             _f("target_bits", "--target-bits", float, "quantize.target_bits",
                FP4_TARGET_BITS_HELP[0].upper() + FP4_TARGET_BITS_HELP[1:] + ": refused."))
 
@@ -274,7 +269,7 @@ FORMATS: tuple[Format, ...] = (
            examples=("quantkit nvfp4 models/quantkit-tiny out/nvfp4",
                      "quantkit nvfp4 org/model out/nvfp4-w4a4 --scheme w4a4 --algorithm rtn --samples 64",
                      "quantkit nvfp4 org/model out/nvfp4-awq --algorithm awq --observer minmax"),
-           flags=(*_fp4_flags("nvfp4"), *LLMCOMPRESSOR)),
+           flags=(*_fp4_flags(), *LLMCOMPRESSOR)),
     Format("mxfp4", Mxfp4Spec, "quantkit.producers.compressed", "compressed-tensors", lambda s: s.calibrates,
            _fp4_folder, verb="mxfp4",
            help="MXFP4 through llm-compressor: FP4 E2M1 weights in groups of 32 with power-of-two E8M0 scales (OCP "
@@ -283,7 +278,7 @@ FORMATS: tuple[Format, ...] = (
                 "and Ampere).",
            examples=("quantkit mxfp4 models/quantkit-tiny out/mxfp4",
                      "quantkit mxfp4 org/model out/mxfp4-rtn --algorithm rtn"),
-           flags=(*_fp4_flags("mxfp4"), *LLMCOMPRESSOR)),
+           flags=(*_fp4_flags(), *LLMCOMPRESSOR)),
     Format("gguf", GgufSpec, "quantkit.producers.gguf", "gguf", lambda s: s.imatrix or s.target_bits is not None,
            lambda s: "gguf" if s.target_bits is None else f"gguf-b{s.target_bits:g}",
            verb="gguf",

@@ -184,6 +184,13 @@ FP4_SCHEME_HELP = ("w4a16: FP4 weights, activations left in bf16/fp16 (llm-compr
                    "w4a4: FP4 activations too (its NVFP4 / MXFP4 presets). w4a16 by default: on Hopper and Ampere "
                    "vLLM 0.26 runs a W4A4 checkpoint weight-only anyway (Marlin FP4, the same perplexity to the fourth "
                    "digit on an H200), and NVFP4's W4A4 needs calibration data for its activations' global scales")
+# The FP4 weight observer an unset ``observer`` means, per algorithm, as measured on SmolLM2-135M-Instruct (CPU, exact
+# KLD, bench/results/fp4_cpu/): GPTQ's column updates do better inside MSE-chosen ranges (NVFP4 0.071 against 0.081
+# with min-max), round-to-nearest does worse with them (NVFP4 0.257 against 0.218, MXFP4 0.374 against 0.347, and ten
+# times slower on a CPU); AWQ's own grid search scores its scales with min-max, and AWQ with MSE is not measured.
+FP4_OBSERVERS = {"gptq": "mse", "rtn": "minmax", "awq": "minmax"}
+FP4_OBSERVER_HELP = (", ".join(f"{o} with {a}" for a, o in FP4_OBSERVERS.items())
+                     + ", the lower KLD measured (bench/results/fp4_cpu/)")
 FP4_TARGET_BITS_HELP = "not supported yet: which FP4 + FP8/int8 layer mixes vLLM serves is not measured yet"
 
 
@@ -198,13 +205,11 @@ class Fp4Spec(MethodBase):
                             "gptq (llm-compressor's GPTQModifier with the FP4 scheme, static act-order), awq "
                             "(AWQModifier's smoothing, then round-to-nearest); gptq by default: on SmolLM2-135M-Instruct "
                             "(CPU, 16 x 512 calibration tokens, exact KLD on 4,096 held-out tokens) NVFP4 W4A16 scored "
-                            "0.081 by GPTQ against 0.218 by round-to-nearest (bench/results/fp4_cpu/)")
-    observer: Literal["minmax", "mse"] = Field(
-        "minmax", description="llm-compressor's observer for the weights' FP4 scales: minmax (memoryless_minmax, each "
-                              "group's absolute maximum) or mse (memoryless_mse, the range that minimises the group's "
-                              "quantization error); minmax by default: with round-to-nearest the MSE observer scored "
-                              "worse on SmolLM2-135M-Instruct (KLD 0.257 against 0.218 for NVFP4, 0.374 against 0.347 "
-                              "for MXFP4) and took 10 times longer on CPU (bench/results/fp4_cpu/)")
+                            "0.071 by GPTQ, 0.097 by AWQ and 0.218 by round-to-nearest (bench/results/fp4_cpu/)")
+    observer: Literal["minmax", "mse"] | None = Field(
+        None, description="llm-compressor's observer for the weights' FP4 scales: minmax (memoryless_minmax, each "
+                          "group's absolute maximum) or mse (memoryless_mse, the range that minimises the group's "
+                          "quantization error); unset: " + FP4_OBSERVER_HELP)
     target_bits: float | None = Field(None, description=FP4_TARGET_BITS_HELP)
 
     @field_validator("target_bits")
@@ -213,6 +218,11 @@ class Fp4Spec(MethodBase):
         if v is not None:
             raise ValueError(f"{FP4_TARGET_BITS_HELP}; drop it (every quantized layer is FP4)")
         return v
+
+    @property
+    def weight_observer(self) -> str:
+        """The observer this spec runs: the one asked for, else the algorithm's measured default."""
+        return self.observer or FP4_OBSERVERS[self.algorithm]
 
     @property
     def bits(self) -> int:

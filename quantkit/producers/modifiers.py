@@ -208,7 +208,7 @@ def _plan_fp4(spec: Any) -> Plan:
     # the QuantizationModifier rounds the smoothed weights. compressed-tensors 0.19 infers nvfp4-pack-quantized for
     # FP4 groups of 16 and mxfp4-pack-quantized for 32, what vLLM 0.26 reads, so no save format is forced.
     preset = _FP4_PRESETS[spec.method, spec.scheme]
-    quantize = {"scheme": preset, "weight_observer": _FP4_OBSERVERS[spec.observer]}
+    quantize = {"scheme": preset, "weight_observer": _FP4_OBSERVERS[spec.weight_observer]}
     if spec.algorithm == "gptq":
         modifiers: tuple[tuple[str, dict[str, Any]], ...] = (
             ("GPTQModifier", {**quantize, "dampening_frac": 0.01, "actorder": "static"}),)
