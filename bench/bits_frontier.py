@@ -1,4 +1,4 @@
-"""Bits per weight against KLD on the real model (issue 25): every 4-bit recipe and bits target, on the same tokens.
+"""Bits per weight against KLD on the real model (issues 25, 40): every 4-bit recipe, FP4 and bits target, same tokens.
 
     python bench/bits_frontier.py            # reads the committed results, writes bench/results/bits_frontier_smollm2.*
 
@@ -13,6 +13,10 @@ Inputs, all committed:
   against the same bf16 model, with the bits of its block matrices counted from the file;
 * ``bench/results/h200/bits_g32a/``: GPTQ ``--group-size 32 --asymmetric``, uniform and ``--target-bits 5.53``, the
   H200 run of ``scripts/gpu_cases.py --only g32a`` (made, served and scored like the ``bits`` cases);
+* ``bench/results/h200/fp4/``: NVFP4 and MXFP4 (issue 40), the H200 run of ``scripts/gpu_cases.py --only fp4``: the
+  verbs' defaults (served by vLLM and scored in both engines) and the algorithm x observer sweep (scored exactly in
+  transformers on the GPU); the W4A4 artifacts' transformers rows are their emulated FP4 activations, vLLM's beside them
+  weight-only (Hopper); bits counted from the files (``artifacts.json``, bench/fp4_bits.py);
 * ``bench/results/cpu_bits_g32a/``: the same layout at --target-bits 5.0, 5.53 and 6.0, made and scored (exactly,
   transformers) on this repository's 2-core CPU machine on the same tokens, against the bf16 model run there (ppl
   8.357).
@@ -36,6 +40,7 @@ OUT = meta.ROOT / "bench" / "results" / "bits_frontier_smollm2"
 CPU_G32A = meta.ROOT / "bench" / "results" / "cpu_bits_g32a"
 CPU_G32A_TARGETS = ("5.0", "5.53", "6.0")  # its quantkit-bT.json and eval-bT.json
 G32A = meta.ROOT / "bench" / "results" / "h200" / "bits_g32a"
+FP4 = meta.ROOT / "bench" / "results" / "h200" / "fp4"
 G32A_LABELS = {"smollm2-gptq-g32a": "GPTQ --group-size 32 --asymmetric",
                "smollm2-gptq-g32a-b5.53": "GPTQ --group-size 32 --asymmetric --target-bits 5.53"}
 LABELS = {"smollm2-gptq-imatrix": "GPTQ W4A16 --imatrix", "smollm2-autoround": "AutoRound W4A16 (200 steps)",
@@ -86,13 +91,42 @@ def rows() -> list[dict[str, Any]]:
                         quantize_on="2-core CPU"))
     out += [_row(r["label"], "llama.cpp (CPU)", r["bits"], r, "gguf", None)
             for r in _load("gguf_cpu_eval.json")["results"]]
-    return sorted(out, key=lambda r: (r["bits"], r["kld"]))
+    return sorted(out + fp4_rows(), key=lambda r: (r["bits"], r["kld"]))
+
+
+def _fp4_label(name: str) -> str:
+    """``smollm2-nvfp4-gptq-mse`` -> ``NVFP4 W4A16 --algorithm gptq --observer mse``; the verbs' defaults named so."""
+    parts = name.removeprefix("smollm2-").split("-")
+    fmt = parts[0].upper()
+    if len(parts) == 3:
+        return f"{fmt} W4A16 --algorithm {parts[1]} --observer {parts[2]}"
+    if parts[-1] == "w4a4":
+        return f"{fmt} --scheme w4a4 (defaults), FP4 activations emulated"
+    return f"{fmt} W4A16 (the verb's defaults: gptq, mse)"
+
+
+def fp4_rows() -> list[dict[str, Any]]:
+    """The FP4 cases of the real model scored exactly in transformers (bits: the format's, counted from the files)."""
+    bits = json.loads((FP4 / "artifacts.json").read_text())
+    out = []
+    for case in json.loads((FP4 / "gpu_cases.json").read_text())["cases"]:
+        name = case["name"]
+        if not name.startswith("smollm2-") or "modelopt" in name or not case.get("eval_transformers"):
+            continue
+        fmt = name.split("-")[1]
+        w4a4 = name.endswith("-w4a4")
+        engine = "transformers, FP4 activations emulated (vLLM: weight-only)" if w4a4 else "transformers"
+        vllm = (case.get("eval") or {}).get("kld")
+        out.append(_row(_fp4_label(name), engine, bits[fmt]["measured_bits"], case["eval_transformers"],
+                        f"fp4-{fmt}-w4a4" if w4a4 else f"fp4-{fmt}", None, vllm))
+    return out
 
 
 def markdown(table: list[dict[str, Any]]) -> str:
-    lines = ["# Bits per weight against KLD: SmolLM2-135M-Instruct (issue 25)", "",
+    lines = ["# Bits per weight against KLD: SmolLM2-135M-Instruct (issues 25 and 40)", "",
              f"- command: `python bench/bits_frontier.py` (inputs: {BITS.relative_to(meta.ROOT)}/, "
-             f"{G32A.relative_to(meta.ROOT)}/ and {CPU_G32A.relative_to(meta.ROOT)}/, see their READMEs)",
+             f"{G32A.relative_to(meta.ROOT)}/, {FP4.relative_to(meta.ROOT)}/ and {CPU_G32A.relative_to(meta.ROOT)}/, "
+             "see their READMEs)",
              "- tokens: 32,768 held-out (ctx 2048), exact KLD against the bf16 model (ppl 8.364; 8.357 run by "
              "transformers on the CPU, the baseline of the \"transformers (CPU)\" row)",
              "- bits: of the quantized linear layers (compressed-tensors: packed values, scales, zero points; GGUF: "
@@ -123,6 +157,13 @@ def plot(table: list[dict[str, Any]], path: Path) -> None:
     cpu = sorted((r for r in table if r["family"] == "gptq-g32a"), key=lambda r: r["bits"])
     ax.plot([r["bits"] for r in cpu], [r["kld"] for r in cpu], "D--",
             label="GPTQ g32 asymmetric (--target-bits), CPU runs")
+    for fam, marker, label in (("fp4-nvfp4", "*", "NVFP4 W4A16 (algorithm x observer)"),
+                               ("fp4-mxfp4", "h", "MXFP4 W4A16 (algorithm x observer)")):
+        pts = [r for r in table if r["family"] == fam]
+        if pts:
+            best = min(pts, key=lambda r: r["kld"])
+            ax.plot([r["bits"] for r in pts], [r["kld"] for r in pts], marker, alpha=0.5, label=label)
+            ax.annotate(f"{best['kld']:.4f}", (best["bits"], best["kld"]), fontsize=7)
     for fam, marker, label in (("gguf", "s", None), ("smollm2-autoround", "^", None),
                                ("smollm2-awq-b5.53-rerun", "v", None), ("smollm2-rtn-b5.53", "x", None),
                                ("gptq-g32a-gpu", "P", None)):
