@@ -294,6 +294,16 @@ def test_refusals_in_one_line_before_any_load(tmp_path, no_width_fits, args, wor
     assert not out.exists()
 
 
+def test_an_expert_the_group_does_not_divide_is_refused(tmp_path):
+    """Every expert of an MoE must be quantized, so an expert width the group does not divide (200) is refused before
+    anything loads, not kept."""
+    src, out = make_moe("qwen3moe", tmp_path / "moe", expert_ffn=200), tmp_path / "out"
+    proc = quantkit("nvfp4", src, out, "--algorithm", "rtn")
+    assert proc.returncode == 2, proc.stderr
+    assert "every expert" in proc.stderr and "mlp.experts.0.down_proj: 200" in proc.stderr
+    assert "Traceback" not in proc.stderr and not out.exists()
+
+
 def test_scales_the_check_refuses():
     """The post-quantization check takes FP4's global scales: a zero or NaN one fails it, naming the module."""
     from llmcompressor import oneshot
