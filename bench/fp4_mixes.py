@@ -67,8 +67,8 @@ def load(folder: Path, results: Path, memory: float = 0.2) -> None:
     for ckpt in sorted(p for p in folder.iterdir() if p.is_dir()):
         log = results / f"{ckpt.name}.log"
         with log.open("w") as f:
-            rc = subprocess.run([sys.executable, "-c", LOAD, str(ckpt), str(memory)], stdout=f, stderr=subprocess.STDOUT,
-                                timeout=300).returncode
+            rc = subprocess.run([sys.executable, "-c", LOAD, str(ckpt), str(memory)], stdout=f,
+                                stderr=subprocess.STDOUT, timeout=300).returncode
         text = log.read_text()
         kernels = sorted(set(re.findall(r"Using (\w+LinearKernel) for", text))
                          | set(re.findall(r"CutlassFP8ScaledMMLinearKernel", text)))
