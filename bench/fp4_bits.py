@@ -17,7 +17,7 @@ from pathlib import Path
 
 from safetensors import safe_open
 
-BYTES = {"U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E8M0": 1, "BF16": 2, "F16": 2, "F32": 4, "I32": 4}
+from quantkit.source import DTYPE_BYTES
 PARTS = (".weight_packed", ".weight_scale", ".weight_global_scale", ".input_global_scale")
 
 
@@ -30,7 +30,7 @@ def count(folder: Path) -> dict[str, float | int]:
             for k in s.keys():
                 sl = s.get_slice(k)
                 shapes[k] = sl.get_shape()
-                sizes[k] = BYTES[sl.get_dtype()] * math.prod(shapes[k])
+                sizes[k] = DTYPE_BYTES[sl.get_dtype()] * math.prod(shapes[k])
     bits = weights = 0
     for name in (k for k in shapes if k.endswith(".weight_packed")):
         module = name.removesuffix(".weight_packed")

@@ -34,6 +34,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import meta  # noqa: E402
 
+from quantkit.source import DTYPE_BYTES  # noqa: E402
+
 DEFAULT_MODEL = "models/real/SmolLM2-135M-Instruct"
 CACHE = Path.home() / ".cache" / "quantkit" / "bench" / "quality_4bit"
 # name -> (what it is, verb, its own flags); calibration flags are added to every calibrating verb.
@@ -118,7 +120,7 @@ def layer_bits(path: Path) -> float:
                         n = 1
                         for d in t.get_shape():
                             n *= d
-                        stored += n * _DTYPE_BYTES[t.get_dtype()]
+                        stored += n * DTYPE_BYTES[t.get_dtype()]
     return stored * 8 / weights
 
 
@@ -126,9 +128,6 @@ def group_size(path: Path) -> int | None:
     """The weight group size a compressed-tensors artifact's manifest records (None for GGUF)."""
     manifest = path / "quantkit.json"
     return json.loads(manifest.read_text())["quantization"].get("group_size") if path.is_dir() else None
-
-
-_DTYPE_BYTES = {"I32": 4, "I64": 8, "BF16": 2, "F16": 2, "F32": 4, "I8": 1, "U8": 1}
 
 
 def evaluate(files: list[Path], model: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:

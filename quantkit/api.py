@@ -249,7 +249,7 @@ def evaluate(artifacts: list[Path], baseline: str | None = None, options: EvalOp
 
 def inspect(path: Path) -> dict[str, Any]:
     """What an artifact is: format, bits, scheme, size, compression vs the source, and its manifest check."""
-    from quantkit.inspect import describe
+    from quantkit.inspection import describe
 
     return describe(Path(path))
 

@@ -22,7 +22,7 @@ from quantkit.artifact import Manifest
 from quantkit.engines.registry import engine_unavailable
 from quantkit.engines.vllm import tune as tune_mod
 from quantkit.errors import GateFailedError, OutputExistsError, QuantkitError, UsageError
-from quantkit.formats.names import KindName
+from quantkit.formats.names import LLAMACPP, VLLM, KindName
 from quantkit.progress import Reporter
 from quantkit.recipe import Recipe
 from quantkit.reuse import reusable
@@ -224,7 +224,6 @@ def _tune(recipe: Recipe, r: OutputResult, rep: Reporter) -> None:
     """``smoke.tune_kernels``: measure vLLM's kernels for an output vLLM serves (recorded in its manifest), or say
     why not. A sweep that fails is a warning: the artifact's own smoke result decides whether it ships."""
     from quantkit.engines import registry
-    from quantkit.formats.names import VLLM
 
     engine = registry.serving_engine(r.path)
     why = f"{engine} serves it (one kernel per type)" if engine != VLLM else \
@@ -248,9 +247,9 @@ def write_model_card(r: OutputResult, recipe: Recipe, src: source_mod.SourceMode
     base = src.spec
     tags = ["quantkit", r.method, m.format]
     if m.format == KindName.GGUF:
-        tags.append("llama.cpp")
+        tags.append(LLAMACPP)
     if m.format == KindName.COMPRESSED_TENSORS:
-        tags += ["vllm", "llm-compressor"]
+        tags += [VLLM, "llm-compressor"]
     header = {"base_model": base, "base_model_relation": "quantized", "library_name": _library(m.format),
               "tags": sorted({t for t in tags if t}), "pipeline_tag": "text-generation"}
     import yaml

@@ -35,8 +35,6 @@ from quantkit.reuse import reusable
 from quantkit.source import SourceModel, safetensors_header
 
 _LAYER = re.compile(r"^(?:model\.)?(?:language_model\.)?layers\.(\d+)\.")
-_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
-          "F8_E4M3": 1, "F8_E5M2": 1}
 
 
 @dataclass
@@ -241,7 +239,7 @@ def check_host_memory(recipe: Recipe, spec: MethodBase, src: SourceModel) -> Non
     Not for ``--num-gpus`` 2 or more: that path loads through compressed-tensors' ``auto_offload``, which keeps on
     the host what fits and spills the rest to disk."""
     limit = host_limit()
-    llmcompressor = formats.for_spec(spec).producer == "quantkit.producers.compressed"
+    llmcompressor = formats.for_spec(spec).llmcompressor
     if limit is None or (llmcompressor and recipe.runtime.num_gpus > 1):
         return
     host, _ = memory(recipe, spec, src)

@@ -22,6 +22,7 @@ from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
 from quantkit import artifact, formats
 from quantkit.errors import RecipeError
+from quantkit.formats.names import EVALUATING, SERVING
 from quantkit.formats.specs import MethodBase, Strict
 
 
@@ -77,7 +78,7 @@ class VerifySpec(Strict):
     ctx: int = Field(2048, ge=16, le=1 << 20)
     stride: int | None = Field(None, ge=1, le=1 << 20)
     max_tokens: int | None = Field(None, ge=16, le=10**12, description="score at most this many tokens")
-    engine: Literal["auto", "transformers", "vllm", "llama.cpp", "sglang"] = "auto"
+    engine: Literal[("auto", *EVALUATING)] = "auto"  # type: ignore[valid-type]
     gates: GateSpec = Field(default_factory=lambda: GateSpec(max_ppl_ratio=1.5, max_kld=0.5, min_top1=0.6))
 
 
@@ -85,7 +86,7 @@ class SmokeSpec(Strict):
     """Serve the artifact in its real engine and ask it a few questions."""
 
     enabled: bool = True
-    engine: Literal["auto", "vllm", "llama.cpp", "trtllm", "sglang"] = "auto"
+    engine: Literal[("auto", *SERVING)] = "auto"  # type: ignore[valid-type]
     timeout: float = Field(600.0, gt=0, le=7 * 86400)
     python: str | None = Field(None, max_length=PATH_LENGTH, description="the engine's own Python (vLLM/TensorRT-LLM "
                                "environments)")

@@ -155,8 +155,9 @@ def _names(auto_map: Any) -> str:
     return ", ".join(sorted(map(str, auto_map))) if isinstance(auto_map, (dict, list)) else str(auto_map)[:200]
 
 
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-                "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8, "F8_E8M0": 1}
+# Bytes per element of each safetensors dtype: the one table (the benches' bit counts read it too).
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+               "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "U32": 4, "U64": 8, "F8_E8M0": 1}
 
 
 def safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
@@ -200,7 +201,7 @@ def check_safetensors(path: Path) -> int:
                                    hint="download or copy the checkpoint again")
         start, stop = info["data_offsets"]
         numel = math.prod(info["shape"])
-        width = _DTYPE_BYTES.get(info["dtype"], 0)
+        width = DTYPE_BYTES.get(info["dtype"], 0)
         if stop < start or (width and stop - start != numel * width):
             raise SourceModelError(f"{path} is corrupt: tensor {name} has {stop - start} bytes, expected "
                                    f"{numel * width if width else 'a non-negative count'}",

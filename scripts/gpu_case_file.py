@@ -17,6 +17,9 @@ if str(REPO / "bench") not in sys.path:
     sys.path.insert(0, str(REPO / "bench"))
 from shapes import SHAPES  # noqa: E402
 
+from quantkit import formats  # noqa: E402
+from quantkit.formats.names import TRANSFORMERS, VLLM  # noqa: E402
+
 CASES = Path(__file__).with_name("gpu_cases.yaml")
 ARCHITECTURES = REPO / "tests" / "data" / "architectures.yaml"  # the families arch:FAMILY names
 ARCH_FAMILIES = tuple((yaml.safe_load(ARCHITECTURES.read_text()) or {}).get("families") or ())
@@ -24,9 +27,9 @@ ARCH_FAMILIES = tuple((yaml.safe_load(ARCHITECTURES.read_text()) or {}).get("fam
 VLM_FAMILIES = tuple(__import__("ast").literal_eval(next(
     line.split("=", 1)[1].strip() for line in (REPO / "tests" / "vlm_models.py").read_text().splitlines()
     if line.startswith("FAMILIES = "))))
-VERBS = ("awq", "gptq", "autoround", "fp8", "int8", "rtn", "nvfp4", "mxfp4", "build-trt")
+VERBS = tuple(f.verb for f in formats.FORMATS if f.verb)  # a produce step's quantkit VERB: the formats table's
 NEEDS = ("trt", "gpus2")  # the ModelOpt environment; two visible GPUs
-ENGINES = ("vllm", "transformers")  # quantkit eval --engine, on the GPU
+ENGINES = (VLLM, TRANSFORMERS)  # quantkit eval --engine, on the GPU
 NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
 

@@ -278,18 +278,18 @@ def bench_of(m: Measure, c: Case, opts: argparse.Namespace) -> kernel_sweep.Benc
 def smoke_argv(c: Case, p: Paths, opts: argparse.Namespace, timeout: float) -> list[str]:
     assert c.smoke is not None
     kv = kv_bytes(c, opts)
-    return [p.python, "-m", "quantkit", "smoke", str(p.served(c)), "--engine", "vllm", "--python",
+    return [p.python, "-m", "quantkit", "smoke", str(p.served(c)), "--engine", VLLM, "--python",
             str(p.wrapper(VLLM)), "--json", "--log-dir", str(p.logs(c) / "smoke"), "--timeout",
             str(int(timeout)), "--gpu-memory-utilization", f"{share(c, opts):.2f}",
             *([f"--server-arg=--kv-cache-memory-bytes={kv}"] if kv else []), *c.smoke.args]
 
 
-def eval_argv(c: Case, p: Paths, engine: str = "vllm") -> list[str]:
+def eval_argv(c: Case, p: Paths, engine: str = VLLM) -> list[str]:
     """quantkit eval of the served artifact against the source model, in vLLM (its own Python) or in transformers
     on the GPU; each engine writes its report into a folder of its own."""
     assert c.eval is not None
-    where = ["--python", str(p.wrapper(VLLM))] if engine == "vllm" else ["--device", "cuda"]
-    report = p.logs(c) / ("eval" if engine == "vllm" else f"eval-{engine}")
+    where = ["--python", str(p.wrapper(VLLM))] if engine == VLLM else ["--device", "cuda"]
+    report = p.logs(c) / ("eval" if engine == VLLM else f"eval-{engine}")
     return [p.python, "-m", "quantkit", "eval", str(p.served(c)), "--engine", engine, *where, "--baseline",
             str(p.model(c)), "--dataset", c.eval.dataset, "--ctx", str(c.eval.ctx), "--max-tokens",
             str(c.eval.max_tokens), "--report-dir", str(report), "--json"]
@@ -371,7 +371,7 @@ def plan(cases: list[Case], p: Paths, opts: argparse.Namespace) -> str:
         if c.eval and not opts.no_eval:
             for engine in c.eval.engines:
                 env = f"QUANTKIT_VLLM_ARGS={shlex.quote(eval_env(c, p, opts)['QUANTKIT_VLLM_ARGS'])} " \
-                    if engine == "vllm" else ""
+                    if engine == VLLM else ""
                 out.append(f"   eval:    {env}{sh(eval_argv(c, p, engine))}")
         out.append(f"   expect:  {describe_expect(c.expect)}")
     return "\n".join(out) + "\n"
@@ -536,7 +536,7 @@ class Run:
         if c.eval and not self.opts.no_eval:
             for engine in c.eval.engines:
                 with self.gate.use():
-                    o["eval" if engine == "vllm" else f"eval_{engine}"] = self.evaluate_step(c, logs, engine)
+                    o["eval" if engine == VLLM else f"eval_{engine}"] = self.evaluate_step(c, logs, engine)
                 self.publish(c.name, o)
 
     @contextmanager
@@ -620,12 +620,12 @@ class Run:
                           self.p.quantkit_env(), logs / "smoke.stderr.log", timeout, out)
         return smoke_summary(_json(out), rc, logs / "smoke.stderr.log")
 
-    def evaluate_step(self, c: Case, logs: Path, engine: str = "vllm") -> dict[str, Any]:
+    def evaluate_step(self, c: Case, logs: Path, engine: str = VLLM) -> dict[str, Any]:
         assert c.eval is not None
         self.gate.engine_start()
-        name = "eval" if engine == "vllm" else f"eval-{engine}"
+        name = "eval" if engine == VLLM else f"eval-{engine}"
         out, err = logs / f"{name}.json", logs / f"{name}.stderr.log"
-        env = eval_env(c, self.p, self.opts) if engine == "vllm" else self.p.quantkit_env()
+        env = eval_env(c, self.p, self.opts) if engine == VLLM else self.p.quantkit_env()
         rc = self.process(c, name, eval_argv(c, self.p, engine), env, err, c.eval.timeout, out)
         return eval_summary(_json(out), rc, err)
 

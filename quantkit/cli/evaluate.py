@@ -14,6 +14,7 @@ from rich.table import Table
 
 from quantkit import api
 from quantkit.cli.common import JSON_OPT, RECIPE_OPT, command, emit_json, reporter
+from quantkit.formats.names import EVALUATING
 
 PANEL_PROTOCOL = "Protocol"
 PANEL_GATES = "Gates"
@@ -56,7 +57,8 @@ def eval_cmd(
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Score only the first N tokens of the text.",
                                              rich_help_panel=PANEL_PROTOCOL),
     engine: Optional[str] = typer.Option(None, "--engine", help="auto (llama.cpp for GGUF, vllm for ModelOpt "
-                                         "exports, else transformers), transformers, vllm, llama.cpp or sglang.",
+                                         f"exports, else transformers), {', '.join(EVALUATING[:-1])} or "
+                                         f"{EVALUATING[-1]}.",
                                          rich_help_panel=PANEL_ENGINE),
     device: Optional[str] = typer.Option(None, "--device", help="auto, cpu, cuda or cuda:N \\[default: auto].",
                                          rich_help_panel=PANEL_ENGINE),

@@ -12,10 +12,11 @@ from rich.table import Table
 from quantkit import api
 from quantkit.cli.common import JSON_OPT, command, console, emit_json, reporter
 from quantkit.errors import BackendError, UsageError
+from quantkit.formats.names import SERVING
 
-ENGINES = ("auto", "vllm", "llama.cpp", "trtllm", "sglang")
-ENGINE_OPT = typer.Option("auto", "--engine", "-e", help="auto (from the artifact's files), vllm, llama.cpp, trtllm "
-                          "or sglang.")
+ENGINES = ("auto", *SERVING)
+ENGINE_OPT = typer.Option("auto", "--engine", "-e", help=f"auto (from the artifact's files), {', '.join(SERVING[:-1])} "
+                          f"or {SERVING[-1]}.")
 PYTHON_OPT = typer.Option(None, "--python", help="The engine's own Python (its environment, so its pins never fight "
                           "quantkit's) \\[default: QUANTKIT_VLLM_PYTHON / QUANTKIT_LLAMACPP_PYTHON / "
                           "QUANTKIT_TRTLLM_PYTHON / QUANTKIT_SGLANG_PYTHON, else the engine's script on PATH, else "

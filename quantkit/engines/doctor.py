@@ -143,9 +143,9 @@ KNOWN_SKEWS: list[Skew] = [
          "write the AWQ artifact in compressed-tensors format (quantkit awq --format compressed-tensors)"),
     Skew(VLLM, lambda a: a.get("format") == "gptq" and a.get("bits") not in (None, 2, 3, 4, 8),
          "vLLM's GPTQ kernels read 2, 3, 4 and 8-bit GPTQ checkpoints only", "quantize with --bits 4 or 8"),
-    Skew(LLAMACPP, lambda a: a.get("format") not in (None, "gguf"),
+    Skew(LLAMACPP, lambda a: a.get("format") not in (None, KindName.GGUF),
          "llama.cpp serves GGUF files only", "convert with quantkit gguf, or serve with --engine vllm"),
-    Skew(VLLM, lambda a: a.get("format") == "gguf",
+    Skew(VLLM, lambda a: a.get("format") == KindName.GGUF,
          "quantkit serves GGUF files with llama.cpp (vLLM's GGUF support is experimental and single-file)",
          "use --engine llama.cpp"),
 ]
@@ -254,7 +254,7 @@ def _architecture(path: Path) -> str | None:
 
 def describe_artifact(path: Path) -> dict[str, Any]:
     """What doctor needs to know about an artifact: its kind, scheme, and the library versions that wrote it."""
-    from quantkit.inspect import checkpoint_quantization, describe_gguf_files
+    from quantkit.inspection import checkpoint_quantization, describe_gguf_files
 
     kind = kinds.detect(path)
     root = path if path.is_dir() else path.parent
@@ -266,7 +266,7 @@ def describe_artifact(path: Path) -> dict[str, Any]:
             written = {}
     info: dict[str, Any] = {"path": str(path), "kind": kind.name, "architecture": _architecture(path)}
     if kind.name == KindName.GGUF:
-        info["format"] = "gguf"
+        info["format"] = str(KindName.GGUF)
         info["gguf"] = describe_gguf_files(path)
         info["written_with"] = {k: written[k] for k in ("gguf", "llama_cpp_python") if k in written}
         return info

@@ -24,7 +24,7 @@ import numpy as np
 from quantkit.engines import registry
 from quantkit.errors import UsageError
 from quantkit.formats import kinds
-from quantkit.formats.names import LLAMACPP, TRANSFORMERS, VLLM, KindName
+from quantkit.formats.names import EVALUATING, LLAMACPP, TRANSFORMERS, VLLM, KindName
 
 
 @dataclass(frozen=True)
@@ -117,8 +117,8 @@ def is_gguf(path: Path) -> bool:
 def check_compatible(kind: str, path: Path) -> None:
     """Refuse an engine that cannot read the path at all, before anything loads: the GGUF split here, what only
     one engine cannot read in that engine's ``refuse(path, kind)``."""
-    if kind not in registry.EVALUATING:
-        raise UsageError(f"unknown engine {kind!r}; choose one of auto, {', '.join(registry.EVALUATING)}")
+    if kind not in EVALUATING:
+        raise UsageError(f"unknown engine {kind!r}; choose one of auto, {', '.join(EVALUATING)}")
     found = kinds.detect(path)
     if kind == LLAMACPP and found.name != KindName.GGUF:
         raise UsageError(f"llama.cpp reads GGUF files; {path} holds none",

@@ -1,11 +1,13 @@
 """The engines: one :class:`Engine` row each, the only place an engine is described.
 
-A row names the module that scores token windows for ``quantkit eval`` (:mod:`quantkit.engines.logits` says the
-shape and opens it) and the module whose ``SERVER`` starts its OpenAI-compatible server for ``quantkit smoke``
-(:func:`quantkit.engines.serving.get`), where its Python is found (:mod:`quantkit.envs`), the distribution and module
-``doctor`` asks that Python for, whether it needs a CUDA GPU, and the version it was tested with. Which artifact
-kinds an engine evaluates and serves is said once, by the kinds table (:mod:`quantkit.formats.kinds`);
-:meth:`Engine.evaluates` and :meth:`Engine.serves` read it. Engine modules are imported only when used.
+What an engine does is said once, by :mod:`quantkit.formats.names` (``EVALUATING``, ``SERVING``); a row finds its
+modules from that and its name: ``quantkit.engines.<name>.logits`` scores token windows for ``quantkit eval``
+(:mod:`quantkit.engines.logits` says the shape and opens it), ``quantkit.engines.<name>.server``'s ``SERVER``
+starts its OpenAI-compatible server for ``quantkit smoke`` (:func:`quantkit.engines.serving.get`). A row says where
+its Python is found (:mod:`quantkit.envs`), the distribution and module ``doctor`` asks that Python for, whether it
+needs a CUDA GPU, and the version it was tested with. Which artifact kinds an engine evaluates and serves is said
+once, by the kinds table (:mod:`quantkit.formats.kinds`); :meth:`Engine.evaluates` and :meth:`Engine.serves` read
+it. Engine modules are imported only when used.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 
 from quantkit import envs
 from quantkit.errors import UsageError
-from quantkit.formats import kinds
+from quantkit.formats import kinds, names
 from quantkit.formats.names import LLAMACPP, SGLANG, TRANSFORMERS, TRTLLM, VLLM
 
 
@@ -25,8 +27,6 @@ class Engine:
     """One engine: where its code is, which Python runs it, and what doctor asks of it."""
 
     name: str
-    logits: str | None  # module whose load(path, options) scores token windows; None: not an evaluation engine
-    server: str | None  # module whose SERVER starts the engine's server; None: not a serving engine
     python: envs.PythonEnv | None  # where the engine's own Python is found; None: it runs in quantkit's
     dist: str  # the distribution whose version doctor reports as the engine's
     module: str  # the import name that says the engine is installed in a Python
@@ -34,6 +34,21 @@ class Engine:
     tested: str | None  # the version of ``dist`` its modules were tested with (or written for); None: never run
 
     label: str = ""  # how messages spell it (vLLM, SGLang); the name when empty
+
+    @property
+    def logits(self) -> str | None:
+        """The module whose load(path, options) scores token windows; None: not an evaluation engine."""
+        return f"quantkit.engines.{self.package}.logits" if self.name in names.EVALUATING else None
+
+    @property
+    def server(self) -> str | None:
+        """The module whose SERVER starts the engine's server; None: not a serving engine."""
+        return f"quantkit.engines.{self.package}.server" if self.name in names.SERVING else None
+
+    @property
+    def package(self) -> str:
+        """The engine's own folder under quantkit/engines/: its name as a Python identifier (llama.cpp: llamacpp)."""
+        return self.name.replace(".", "")
 
     def find_python(self, explicit: str | None = None) -> envs.Choice:
         """The engine's own Python and the rule that chose it (:func:`quantkit.envs.find`)."""
@@ -72,25 +87,18 @@ class Engine:
 
 
 ENGINES: tuple[Engine, ...] = (
-    Engine(TRANSFORMERS, logits="quantkit.engines.transformers.logits", server=None, python=None,
-           dist="transformers", module="transformers", gpu=False, tested="5.17.0"),
-    Engine(LLAMACPP, logits="quantkit.engines.llamacpp.logits", server="quantkit.engines.llamacpp.server",
-           python=envs.PythonEnv(LLAMACPP, "QUANTKIT_LLAMACPP_PYTHON"),
+    Engine(TRANSFORMERS, python=None, dist="transformers", module="transformers", gpu=False, tested="5.17.0"),
+    Engine(LLAMACPP, python=envs.PythonEnv(LLAMACPP, "QUANTKIT_LLAMACPP_PYTHON"),
            dist="llama_cpp_python", module="llama_cpp", gpu=False, tested="0.3.36"),
-    Engine(VLLM, logits="quantkit.engines.vllm.logits", server="quantkit.engines.vllm.server",
-           python=envs.PythonEnv(VLLM, "QUANTKIT_VLLM_PYTHON", executable="vllm"),
+    Engine(VLLM, python=envs.PythonEnv(VLLM, "QUANTKIT_VLLM_PYTHON", executable="vllm"),
            dist="vllm", module="vllm", gpu=True, tested="0.26.0", label="vLLM"),
-    Engine(TRTLLM, logits=None, server="quantkit.engines.trtllm.server",
-           python=envs.PythonEnv(TRTLLM, "QUANTKIT_TRTLLM_PYTHON", executable="trtllm-serve"),
+    Engine(TRTLLM, python=envs.PythonEnv(TRTLLM, "QUANTKIT_TRTLLM_PYTHON", executable="trtllm-serve"),
            dist="tensorrt_llm", module="tensorrt_llm", gpu=True, tested=None),
     # Written for SGLang 0.5.17 (quantkit.engines.sglang.loads holds what that version's source says it loads).
-    Engine(SGLANG, logits="quantkit.engines.sglang.logits", server="quantkit.engines.sglang.server",
-           python=envs.PythonEnv(SGLANG, "QUANTKIT_SGLANG_PYTHON", executable="sglang"),
+    Engine(SGLANG, python=envs.PythonEnv(SGLANG, "QUANTKIT_SGLANG_PYTHON", executable="sglang"),
            dist="sglang", module="sglang", gpu=True, tested=None, label="SGLang"),
 )
 BY_NAME = {e.name: e for e in ENGINES}
-EVALUATING = tuple(e.name for e in ENGINES if e.logits)
-SERVING = tuple(e.name for e in ENGINES if e.server)
 
 
 def get(name: str) -> Engine:

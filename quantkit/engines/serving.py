@@ -35,6 +35,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from quantkit.checkpoint import read_config
 from quantkit.engines import client, registry
 from quantkit.errors import BackendError, QuantkitError, UsageError, exit_text
+from quantkit.formats.names import SERVING
 from quantkit.progress import Reporter
 
 HOST = "127.0.0.1"
@@ -142,8 +143,8 @@ class Server:
 
 def get(name: str) -> Server:
     """The server of the engine called ``name`` (llama.cpp, vllm, trtllm; the engine's module is imported now)."""
-    if name not in registry.SERVING:
-        raise UsageError(f"unknown engine {name!r}", hint=f"choose one of: auto, {', '.join(registry.SERVING)}")
+    if name not in SERVING:
+        raise UsageError(f"unknown engine {name!r}", hint=f"choose one of: auto, {', '.join(SERVING)}")
     return importlib.import_module(registry.get(name).server or "").SERVER
 
 

@@ -2,10 +2,12 @@
 
 A row says everything the rest of quantkit needs to know about a method, so nothing else spells the list out:
 
-* ``spec``: its recipe schema (a class in :mod:`.specs`); the recipe's ``method:`` union is built from the rows;
+* ``spec``: its recipe schema (a class in :mod:`.specs`), whose ``method:`` literal is the row's ``method``; the
+  recipe's ``method:`` union is built from the rows;
 * ``producer``: the module whose ``PRODUCER`` writes it (imported only when used);
 * ``kind``: the artifact kind it leaves on disk (:mod:`.kinds`: how it is recognised, which engine evaluates it
-  and which serves it, for ``inspect``, ``doctor``, ``eval`` and ``smoke``);
+  and which serves it, for ``inspect``, ``doctor``, ``eval`` and ``smoke``); a compressed-tensors row is made by
+  llm-compressor (``llmcompressor``), so nothing compares producer modules;
 * ``verb``, ``help``, ``examples``, ``flags``: its command line (``quantkit awq MODEL OUT --bits 4``), each flag
   a recipe field, plus the shared flag groups it uses (only those appear in ``--help``);
 * ``calibrates``: whether a given spec reads calibration data (the reuse hash and ``--dry-run`` depend on it);
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quantkit.formats import kinds
+from quantkit.formats.names import KindName, Method
 from quantkit.formats.specs import (DEFAULT_GROUP_SIZE, FP4_OBSERVER_HELP, FP4_SCHEME_HELP, FP4_TARGET_BITS_HELP,
                                    AutoRoundSpec, AwqSpec, Fp4Spec, Fp8Spec, GgufSpec, GptqSpec, Int8Spec, Mxfp4Spec,
                                    Nvfp4Spec, RtnSpec, TrtSpec, W4a8Spec)
@@ -110,7 +113,6 @@ TARGET_BITS = _f("target_bits", "--target-bits", float, "quantize.target_bits",
 class Format:
     """One method (and on-disk layout) quantkit can make; see the module docstring for each field."""
 
-    method: str
     spec: type
     producer: str
     kind: str
@@ -121,6 +123,17 @@ class Format:
     examples: tuple[str, ...] = ()
     flags: tuple[Flag, ...] = ()
     layout: str | None = None
+
+    @property
+    def method(self) -> str:
+        """The recipe's ``method:`` value, read from its spec's literal (a :class:`.names.Method` value)."""
+        return self.spec.model_fields["method"].annotation.__args__[0]
+
+    @property
+    def llmcompressor(self) -> bool:
+        """Whether llm-compressor makes it: every row that leaves a compressed-tensors checkpoint (its format; the
+        legacy layouts are written beside one)."""
+        return self.kind == KindName.COMPRESSED_TENSORS
 
     @property
     def key(self) -> str:
@@ -153,7 +166,7 @@ def _int_folder(spec: Any) -> str:
 
 
 FORMATS: tuple[Format, ...] = (
-    Format("awq", AwqSpec, "quantkit.producers.compressed", "compressed-tensors", lambda s: True, _int_folder,
+    Format(AwqSpec, "quantkit.producers.compressed", KindName.COMPRESSED_TENSORS, lambda s: True, _int_folder,
            verb="awq",
            help="AWQ int4 (W4A16, group 128, asymmetric) through llm-compressor: activation-aware scales, then group "
                 "quantization. Writes a compressed-tensors checkpoint vLLM and transformers load.",
@@ -170,9 +183,9 @@ FORMATS: tuple[Format, ...] = (
                      "less GPU memory, much slower (8B on an H200: -16% GPU memory, +66% time); for a GPU that "
                      "runs out of memory \\[default: off]."),
                   *LLMCOMPRESSOR)),
-    Format("awq", AwqSpec, "quantkit.producers.legacy", "compressed-tensors", lambda s: True, _int_folder,
+    Format(AwqSpec, "quantkit.producers.legacy", KindName.COMPRESSED_TENSORS, lambda s: True, _int_folder,
            layout="autoawq"),
-    Format("gptq", GptqSpec, "quantkit.producers.compressed", "compressed-tensors", lambda s: True, _int_folder,
+    Format(GptqSpec, "quantkit.producers.compressed", KindName.COMPRESSED_TENSORS, lambda s: True, _int_folder,
            verb="gptq",
            help="GPTQ int4/int8 (W4A16/W8A16, group 128, symmetric) through llm-compressor: second-order error "
                 "compensation. Writes a compressed-tensors checkpoint.",
@@ -197,9 +210,9 @@ FORMATS: tuple[Format, ...] = (
                   _f("format", "--format", str, "quantize.format",
                      "compressed-tensors, or gptq to also write the legacy GPTQ layout."),
                   *LLMCOMPRESSOR)),
-    Format("gptq", GptqSpec, "quantkit.producers.legacy", "compressed-tensors", lambda s: True, _int_folder,
+    Format(GptqSpec, "quantkit.producers.legacy", KindName.COMPRESSED_TENSORS, lambda s: True, _int_folder,
            layout="gptq"),
-    Format("autoround", AutoRoundSpec, "quantkit.producers.compressed", "compressed-tensors", lambda s: True,
+    Format(AutoRoundSpec, "quantkit.producers.compressed", KindName.COMPRESSED_TENSORS, lambda s: True,
            _int_folder, verb="autoround",
            help="AutoRound int4/int8 (W4A16/W8A16, symmetric) through llm-compressor: each layer's rounding and "
                 "clipping tuned by signed gradient descent against its full-precision output. Writes a "
@@ -213,7 +226,7 @@ FORMATS: tuple[Format, ...] = (
                      "Calibration samples per tuning step \\[default: 8]."),
                   _f("lr", "--lr", float, "quantize.lr", "Signed-gradient step size \\[default: 1/iterations]."),
                   *LLMCOMPRESSOR)),
-    Format("fp8", Fp8Spec, "quantkit.producers.compressed", "compressed-tensors",
+    Format(Fp8Spec, "quantkit.producers.compressed", KindName.COMPRESSED_TENSORS,
            lambda s: s.scheme == "static" or s.kv_cache_fp8, lambda s: f"fp8-{s.scheme}",
            verb="fp8",
            help="FP8 E4M3 weights with their scale tensors (static, dynamic or 128x128 block scales), optionally "
@@ -226,7 +239,7 @@ FORMATS: tuple[Format, ...] = (
                   _f("kv_cache_fp8", "--kv-cache-fp8", bool, "quantize.kv_cache_fp8",
                      "Also calibrate FP8 KV-cache scales."),
                   *LLMCOMPRESSOR)),
-    Format("int8", Int8Spec, "quantkit.producers.compressed", "compressed-tensors", lambda s: True,
+    Format(Int8Spec, "quantkit.producers.compressed", KindName.COMPRESSED_TENSORS, lambda s: True,
            lambda s: f"int8-sq-{s.weights}",
            verb="int8",
            help="SmoothQuant, then W8A8 INT8 (per-channel weights, dynamic per-token activations) with GPTQ or "
@@ -238,7 +251,7 @@ FORMATS: tuple[Format, ...] = (
                   _f("weights", "--weights", str, "quantize.weights",
                      "gptq or rtn for the INT8 weights \\[default: gptq]."),
                   *LLMCOMPRESSOR)),
-    Format("w4a8", W4a8Spec, "quantkit.producers.compressed", "compressed-tensors", lambda s: s.weights == "gptq",
+    Format(W4a8Spec, "quantkit.producers.compressed", KindName.COMPRESSED_TENSORS, lambda s: s.weights == "gptq",
            lambda s: f"w4a8-{s.weights}",
            verb="w4a8",
            help="W4A8 for Hopper GPUs: int4 weights (group 128, symmetric; GPTQ or round-to-nearest) with FP8 "
@@ -248,7 +261,7 @@ FORMATS: tuple[Format, ...] = (
            flags=(_f("weights", "--weights", str, "quantize.weights",
                      "gptq (calibrated) or rtn (no calibration) for the int4 weights \\[default: gptq]."),
                   *LLMCOMPRESSOR)),
-    Format("rtn", RtnSpec, "quantkit.producers.compressed", "compressed-tensors",
+    Format(RtnSpec, "quantkit.producers.compressed", KindName.COMPRESSED_TENSORS,
            lambda s: s.target_bits is not None, _int_folder,
            verb="rtn",
            help="Round-to-nearest W4A16/W8A16 with no calibration: the instant option, and the baseline AWQ and "
@@ -260,7 +273,7 @@ FORMATS: tuple[Format, ...] = (
                   _f("symmetric", "--symmetric/--asymmetric", bool, "quantize.symmetric",
                      "Symmetric quantization \\[default: symmetric]."),
                   *IGNORE, *REVISION, *LOADING, *DEVICE, *SEED)),
-    Format("nvfp4", Nvfp4Spec, "quantkit.producers.compressed", "compressed-tensors", lambda s: s.calibrates,
+    Format(Nvfp4Spec, "quantkit.producers.compressed", KindName.COMPRESSED_TENSORS, lambda s: s.calibrates,
            _fp4_folder, verb="nvfp4",
            help="NVFP4 through llm-compressor: FP4 E2M1 weights in groups of 16 with FP8 E4M3 scales and one FP32 "
                 "global scale per tensor, weight-only (W4A16) or with FP4 activations (W4A4); round-to-nearest, GPTQ "
@@ -270,7 +283,7 @@ FORMATS: tuple[Format, ...] = (
                      "quantkit nvfp4 org/model out/nvfp4-w4a4 --scheme w4a4 --algorithm rtn --samples 64",
                      "quantkit nvfp4 org/model out/nvfp4-awq --algorithm awq --observer minmax"),
            flags=(*_fp4_flags(), *LLMCOMPRESSOR)),
-    Format("mxfp4", Mxfp4Spec, "quantkit.producers.compressed", "compressed-tensors", lambda s: s.calibrates,
+    Format(Mxfp4Spec, "quantkit.producers.compressed", KindName.COMPRESSED_TENSORS, lambda s: s.calibrates,
            _fp4_folder, verb="mxfp4",
            help="MXFP4 through llm-compressor: FP4 E2M1 weights in groups of 32 with power-of-two E8M0 scales (OCP "
                 "microscaling), weight-only (W4A16) or with FP4 activations (W4A4); round-to-nearest, GPTQ or AWQ. "
@@ -279,7 +292,7 @@ FORMATS: tuple[Format, ...] = (
            examples=("quantkit mxfp4 models/quantkit-tiny out/mxfp4",
                      "quantkit mxfp4 org/model out/mxfp4-rtn --algorithm rtn"),
            flags=(*_fp4_flags(), *LLMCOMPRESSOR)),
-    Format("gguf", GgufSpec, "quantkit.producers.gguf", "gguf", lambda s: s.imatrix or s.target_bits is not None,
+    Format(GgufSpec, "quantkit.producers.gguf", KindName.GGUF, lambda s: s.imatrix or s.target_bits is not None,
            lambda s: "gguf" if s.target_bits is None else f"gguf-b{s.target_bits:g}",
            verb="gguf",
            help="GGUF files for llama.cpp: convert once (F32/F16/BF16/Q8_0 written directly), then each --type "
@@ -301,7 +314,7 @@ FORMATS: tuple[Format, ...] = (
                      "then the layer groups whose 4-bit KLD (measured on the calibration set) costs the most per "
                      "bit raised to Q8_0 until the average is reached \\[default: the type's mix as it is]."),
                   *CALIBRATION, *REVISION, *DEVICE, *SEED)),
-    Format("trt", TrtSpec, "quantkit.producers.trt", "tensorrt-llm",
+    Format(TrtSpec, "quantkit.producers.trt", KindName.TENSORRT_LLM,
            lambda s: s.quantization != "none" or s.kv_cache != "auto", lambda s: f"trt-{s.quantization}",
            verb="build-trt"),
 )
@@ -324,7 +337,7 @@ def by_method(method: str) -> Format:
 
 def verbs() -> tuple[Format, ...]:
     """The rows with a standard ``quantkit VERB MODEL OUTPUT`` command, in table order."""
-    return tuple(f for f in FORMATS if f.verb and f.method != "trt")
+    return tuple(f for f in FORMATS if f.verb and f.method != Method.TRT)
 
 
 def for_spec(spec: Any) -> Format:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from quantkit.checkpoint import gguf_files, quant_method, read_config
 from quantkit.errors import UsageError
-from quantkit.formats.names import LLAMACPP, TRANSFORMERS, TRTLLM, VLLM
+from quantkit.formats.names import LLAMACPP, TRANSFORMERS, TRTLLM, VLLM, KindName
 
 
 @dataclass(frozen=True)
@@ -38,23 +38,23 @@ def _is_trtllm_checkpoint(path: Path) -> bool:
 
 KINDS: tuple[Kind, ...] = (
     # quantkit build-trt's folder: hf/ (evaluate and serve that one) and trtllm-ckpt/ (+ engine/) beside it.
-    Kind("tensorrt-llm", "quantkit TensorRT-LLM artifact (hf/, trtllm-ckpt/, engine/)", None, None,
+    Kind(KindName.TENSORRT_LLM, "quantkit TensorRT-LLM artifact (hf/, trtllm-ckpt/, engine/)", None, None,
          lambda p: p.is_dir() and (p / "trtllm-ckpt").is_dir()),
-    Kind("gguf", "GGUF files for llama.cpp", LLAMACPP, LLAMACPP, lambda p: bool(gguf_files(p))),
-    Kind("trtllm-engine", "TensorRT-LLM engine", None, TRTLLM,
+    Kind(KindName.GGUF, "GGUF files for llama.cpp", LLAMACPP, LLAMACPP, lambda p: bool(gguf_files(p))),
+    Kind(KindName.TRTLLM_ENGINE, "TensorRT-LLM engine", None, TRTLLM,
          lambda p: p.is_dir() and any(p.glob("rank*.engine"))),
     # transformers ignores hf_quant_config.json and would load the quantized weights as plain ones: vLLM only.
-    Kind("modelopt", "ModelOpt unified Hugging Face checkpoint", VLLM, TRTLLM,
+    Kind(KindName.MODELOPT, "ModelOpt unified Hugging Face checkpoint", VLLM, TRTLLM,
          lambda p: p.is_dir() and (p / "hf_quant_config.json").exists()),
-    Kind("trtllm-checkpoint", "TensorRT-LLM checkpoint (input of trtllm-build)", None, None,
+    Kind(KindName.TRTLLM_CHECKPOINT, "TensorRT-LLM checkpoint (input of trtllm-build)", None, None,
          lambda p: p.is_dir() and _is_trtllm_checkpoint(p)),
-    Kind("compressed-tensors", "compressed-tensors checkpoint", TRANSFORMERS, VLLM,
+    Kind(KindName.COMPRESSED_TENSORS, "compressed-tensors checkpoint", TRANSFORMERS, VLLM,
          lambda p: p.is_dir() and quant_method(p) == "compressed-tensors"),
-    Kind("awq", "AutoAWQ checkpoint", TRANSFORMERS, VLLM, lambda p: p.is_dir() and quant_method(p) == "awq"),
-    Kind("gptq", "GPTQ checkpoint", TRANSFORMERS, VLLM, lambda p: p.is_dir() and quant_method(p) == "gptq"),
-    Kind("hf-quantized", "Hugging Face checkpoint with another quantization_config", TRANSFORMERS, VLLM,
+    Kind(KindName.AWQ, "AutoAWQ checkpoint", TRANSFORMERS, VLLM, lambda p: p.is_dir() and quant_method(p) == "awq"),
+    Kind(KindName.GPTQ, "GPTQ checkpoint", TRANSFORMERS, VLLM, lambda p: p.is_dir() and quant_method(p) == "gptq"),
+    Kind(KindName.HF_QUANTIZED, "Hugging Face checkpoint with another quantization_config", TRANSFORMERS, VLLM,
          lambda p: p.is_dir() and quant_method(p) is not None),
-    Kind("hf", "Hugging Face checkpoint", TRANSFORMERS, VLLM,
+    Kind(KindName.HF, "Hugging Face checkpoint", TRANSFORMERS, VLLM,
          lambda p: p.is_dir() and (p / "config.json").exists()),
 )
 BY_NAME = {k.name: k for k in KINDS}

@@ -3,7 +3,9 @@ registry, messages and manifests use these; code outside the registries compares
 
 The bottom floor, below :mod:`quantkit.formats.kinds` (which names the engine that evaluates and serves each kind)
 and :mod:`quantkit.engines.registry` (one row per engine). Plain strings (a :class:`StrEnum` member is one): they go
-into JSON and manifests as they are. ``tests/test_names.py`` holds the methods and kinds equal to the registries'.
+into JSON and manifests as they are. The registries are built from these: the specs' ``method:`` literals and the
+formats table read :class:`Method`, the kinds table :class:`KindName`, the engines registry (and the recipe's and the
+CLI's ``--engine`` choices) :data:`ENGINES`, :data:`EVALUATING` and :data:`SERVING`.
 """
 
 from enum import StrEnum
@@ -13,6 +15,12 @@ LLAMACPP = "llama.cpp"
 VLLM = "vllm"
 TRTLLM = "trtllm"
 SGLANG = "sglang"
+ENGINES = (TRANSFORMERS, LLAMACPP, VLLM, TRTLLM, SGLANG)  # one row each in quantkit.engines.registry, in this order
+# What each engine does: scores token windows for `quantkit eval` (its engines/<name>/logits.py), serves for
+# `quantkit smoke` (its engines/<name>/server.py). The registry's rows, the recipe's verify.engine and smoke.engine
+# choices and the CLI's --engine choices are read from these.
+EVALUATING = (TRANSFORMERS, LLAMACPP, VLLM, SGLANG)
+SERVING = (LLAMACPP, VLLM, TRTLLM, SGLANG)
 
 
 class Method(StrEnum):

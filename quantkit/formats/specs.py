@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from quantkit.formats import gguf_types
+from quantkit.formats.names import Method
 
 GROUP_SIZES = (-1, 32, 64, 128, 256)
 # An unset group_size is 128, or where 128 does not divide every layer's input width (SmolLM2's hidden_size is 576),
@@ -72,7 +73,7 @@ class MethodBase(Strict):
 class AwqSpec(MethodBase):
     """AWQ W4A16 through llm-compressor's AWQModifier (activation-aware scaling, then group quantization)."""
 
-    method: Literal["awq"]
+    method: Literal[Method.AWQ.value]
     bits: Literal[4, 8] = 4
     group_size: int | None = Field(None, description=GROUP_HELP)
     symmetric: bool = False
@@ -95,7 +96,7 @@ class AwqSpec(MethodBase):
 class GptqSpec(MethodBase):
     """GPTQ W4A16/W8A16 through llm-compressor's GPTQModifier (second-order error compensation)."""
 
-    method: Literal["gptq"]
+    method: Literal[Method.GPTQ.value]
     bits: Literal[4, 8] = 4
     group_size: int | None = Field(None, description=GROUP_HELP)
     symmetric: bool = True
@@ -126,7 +127,7 @@ class AutoRoundSpec(MethodBase):
     Symmetric only: llmcompressor 0.14.0.1's modifier carries AutoRound's scales back into the checkpoint but not
     its zero points, so an asymmetric artifact would be written with the wrong ones."""
 
-    method: Literal["autoround"]
+    method: Literal[Method.AUTOROUND.value]
     bits: Literal[4, 8] = 4
     group_size: int | None = Field(None, description=GROUP_HELP)
     symmetric: Literal[True] = Field(True, description="symmetric only (see above)")
@@ -141,7 +142,7 @@ class AutoRoundSpec(MethodBase):
 class Fp8Spec(MethodBase):
     """FP8 E4M3 weights with their scales: static (calibrated input scales), dynamic, or 128x128 blocks."""
 
-    method: Literal["fp8"]
+    method: Literal[Method.FP8.value]
     scheme: Literal["static", "dynamic", "block"] = "static"
     kv_cache_fp8: bool = False
 
@@ -149,7 +150,7 @@ class Fp8Spec(MethodBase):
 class Int8Spec(MethodBase):
     """SmoothQuant then W8A8 INT8 (per-channel weights, dynamic per-token activations)."""
 
-    method: Literal["int8"]
+    method: Literal[Method.INT8.value]
     smoothing_strength: float = Field(0.8, gt=0.0, lt=1.0)
     weights: Literal["gptq", "rtn"] = "gptq"
 
@@ -158,7 +159,7 @@ class W4a8Spec(MethodBase):
     """W4A8 for Hopper: int4 weights (group 128, symmetric) with FP8 E4M3 activations quantized per token at run
     time (llm-compressor's W4AFP8 scheme; vLLM serves it with its CUTLASS W4A8 kernel on Hopper)."""
 
-    method: Literal["w4a8"]
+    method: Literal[Method.W4A8.value]
     weights: Literal["gptq", "rtn"] = "gptq"
     group_size: Literal[128] = Field(W4A8_GROUP_SIZE,
                                      description="the one group size the scheme and vLLM's kernel take")
@@ -167,7 +168,7 @@ class W4a8Spec(MethodBase):
 class RtnSpec(MethodBase):
     """Round-to-nearest W4A16/W8A16: no calibration, the baseline AWQ and GPTQ must beat."""
 
-    method: Literal["rtn"]
+    method: Literal[Method.RTN.value]
     bits: Literal[4, 8] = 4
     group_size: int | None = Field(None, description=GROUP_HELP)
     symmetric: bool = True
@@ -235,28 +236,28 @@ class Fp4Spec(MethodBase):
         """Whether making this spec reads calibration data: GPTQ and AWQ always; round-to-nearest only for NVFP4's
         W4A4, whose static activation global scales are observed on data (MXFP4's activation scales are dynamic,
         and weight scales need no data)."""
-        return self.algorithm != "rtn" or (self.scheme == "w4a4" and self.method == "nvfp4")
+        return self.algorithm != "rtn" or (self.scheme == "w4a4" and self.method == Method.NVFP4)
 
 
 class Nvfp4Spec(Fp4Spec):
     """NVFP4: FP4 E2M1 values in groups of 16, each group with an FP8 E4M3 scale under one FP32 global scale per
     tensor (Blackwell's native format; vLLM serves it with Marlin FP4 on Hopper and Ampere)."""
 
-    method: Literal["nvfp4"]
+    method: Literal[Method.NVFP4.value]
     group_size: Literal[16] = Field(NVFP4_GROUP_SIZE, description="the one group size NVFP4 has")
 
 
 class Mxfp4Spec(Fp4Spec):
     """MXFP4 (OCP microscaling): FP4 E2M1 values in groups of 32, each group with a power-of-two E8M0 scale."""
 
-    method: Literal["mxfp4"]
+    method: Literal[Method.MXFP4.value]
     group_size: Literal[32] = Field(MXFP4_GROUP_SIZE, description="the one group size MXFP4 has")
 
 
 class GgufSpec(MethodBase):
     """GGUF for llama.cpp: convert once, then quantize into each type with llama.cpp's own quantizer."""
 
-    method: Literal["gguf"]
+    method: Literal[Method.GGUF.value]
     types: list[str] = Field(default_factory=lambda: ["Q4_K_M"], min_length=1)
     imatrix: bool = Field(False, description="compute llama.cpp's importance matrix from the calibration set")
     imatrix_file: str | None = Field(None, description="an importance matrix made elsewhere (llama-imatrix .gguf "
@@ -292,7 +293,7 @@ class TrtLimits(Strict):
 class TrtSpec(MethodBase):
     """ModelOpt quantization + export for TensorRT-LLM (unified HF checkpoint and TRT-LLM checkpoint)."""
 
-    method: Literal["trt"]
+    method: Literal[Method.TRT.value]
     quantization: Literal["fp8", "int8_sq", "int4_awq", "w4a8_awq", "nvfp4", "w4a16_nvfp4", "none"] = "fp8"
     kv_cache: Literal["fp8", "int8", "auto"] = "auto"
     tp: int = Field(1, ge=1, le=64)

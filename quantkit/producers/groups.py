@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from quantkit.errors import UsageError
+from quantkit.formats.names import Method
 from quantkit.formats.specs import (DEFAULT_GROUP_SIZE, FALLBACK_GROUP_SIZES, TARGET_BITS_GROUP_FROM,
                                     TARGET_BITS_GROUP_SIZE, W4A8_GROUP_SIZE)
 
@@ -73,7 +74,7 @@ def _bits_target_default(spec: Any) -> bool:
     raise to int8 and still scores lower: at 5.53 bits on SmolLM2-135M, 47 of 120 groups at int8 and an exact KLD of
     0.0293, against 66 and 0.0370 at group 64 symmetric (bench/results/h200/bits_g32a/). At 5.0 bits the two were
     level, so lower targets keep the plain default."""
-    return (spec.method == "gptq" and getattr(spec, "target_bits", None) is not None
+    return (spec.method == Method.GPTQ and getattr(spec, "target_bits", None) is not None
             and "symmetric" not in spec.model_fields_set and spec.target_bits >= TARGET_BITS_GROUP_FROM)
 
 
@@ -142,12 +143,12 @@ def check_tiles(spec: Any, source: SourceModel) -> None:
       vLLM's block-scaled kernels need whole blocks along the input (compressed-tensors' ``initialize`` says so).
       The output rows may end in a partial block, so only the input widths are checked.
     """
-    if spec.method == "w4a8":
+    if spec.method == Method.W4A8:
         what = (f"w4a8 quantizes in groups of {W4A8_GROUP_SIZE} (the only size its scheme and vLLM's CUTLASS W4A8 "
                 "kernel take)")
         widths = {**input_widths(source.config), **_fused_output_widths(source.config)}
         hint = "use awq, gptq or rtn (W4A16: they choose a group size that divides) or fp8"
-    elif spec.method == "fp8" and spec.scheme == "block":
+    elif spec.method == Method.FP8 and spec.scheme == "block":
         what = "--scheme block quantizes in 128x128 weight blocks and activation groups of 128 along each layer's input"
         widths = input_widths(source.config)
         hint = "use --scheme dynamic (per-channel weights, per-token activations) or static: they take any width"

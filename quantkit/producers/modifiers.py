@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from quantkit.formats.names import Method
 from quantkit.formats.specs import DEFAULT_GROUP_SIZE
 from quantkit.producers import mixed
 
@@ -29,16 +30,16 @@ _FP8_PRESETS = {"static": "FP8", "dynamic": "FP8_DYNAMIC", "block": "FP8_BLOCK"}
 _FP8_KV_CACHE = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
 # compressed-tensors 0.19's FP4 presets, by method and scheme (quantization/quant_scheme.py), and llm-compressor
 # 0.14's observer names for the FP4 weight scales (weights are observed once, so the memoryless ones).
-_FP4_PRESETS = {("nvfp4", "w4a16"): "NVFP4A16", ("nvfp4", "w4a4"): "NVFP4",
-                ("mxfp4", "w4a16"): "MXFP4A16", ("mxfp4", "w4a4"): "MXFP4"}
+_FP4_PRESETS = {(Method.NVFP4, "w4a16"): "NVFP4A16", (Method.NVFP4, "w4a4"): "NVFP4",
+                (Method.MXFP4, "w4a16"): "MXFP4A16", (Method.MXFP4, "w4a4"): "MXFP4"}
 _FP4_OBSERVERS = {"minmax": "memoryless_minmax", "mse": "memoryless_mse"}
 # What each FP4 format stores besides its E2M1 values (the manifest's summary; compressed-tensors' NVFP4 and MXFP4
 # compressors, mx_utils for E8M0), and the activations each scheme leaves.
-_FP4_SCALES = {"nvfp4": "fp8 e4m3 per group + fp32 global scale per tensor",
-               "mxfp4": "e8m0 (power of two) per group"}
-_FP4_ACTIVATIONS = {"nvfp4": "fp4 e2m1 groups of 16, fp8 e4m3 scales computed at run time under a calibrated fp32 "
-                             "global scale (input_global_scale)",
-                    "mxfp4": "fp4 e2m1 groups of 32, e8m0 scales computed at run time"}
+_FP4_SCALES = {Method.NVFP4: "fp8 e4m3 per group + fp32 global scale per tensor",
+               Method.MXFP4: "e8m0 (power of two) per group"}
+_FP4_ACTIVATIONS = {Method.NVFP4: "fp4 e2m1 groups of 16, fp8 e4m3 scales computed at run time under a calibrated fp32 "
+                                   "global scale (input_global_scale)",
+                    Method.MXFP4: "fp4 e2m1 groups of 32, e8m0 scales computed at run time"}
 
 
 @dataclass(frozen=True)
@@ -224,8 +225,9 @@ def _plan_fp4(spec: Any) -> Plan:
                          else "bf16/fp16 (weight-only)"})
 
 
-_PLANS = {"awq": _plan_awq, "gptq": _plan_gptq, "autoround": _plan_autoround, "rtn": _plan_rtn, "fp8": _plan_fp8,
-          "int8": _plan_int8, "w4a8": _plan_w4a8, "nvfp4": _plan_fp4, "mxfp4": _plan_fp4}
+_PLANS = {Method.AWQ: _plan_awq, Method.GPTQ: _plan_gptq, Method.AUTOROUND: _plan_autoround, Method.RTN: _plan_rtn,
+          Method.FP8: _plan_fp8, Method.INT8: _plan_int8, Method.W4A8: _plan_w4a8, Method.NVFP4: _plan_fp4,
+          Method.MXFP4: _plan_fp4}
 
 
 def plan(spec: Any, split: dict[int, list[str]] | None = None) -> Plan:

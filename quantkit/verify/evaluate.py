@@ -102,7 +102,7 @@ def options_from(recipe_path: str | None, flags: dict[str, Any], gate_flags: dic
 
 
 def _describe_format(path: Path, manifest: Manifest | None) -> str:
-    from quantkit.inspect import checkpoint_quantization, describe_gguf_files
+    from quantkit.inspection import checkpoint_quantization, describe_gguf_files
 
     method = manifest.method if manifest else None
     if engines.is_gguf(path):
