@@ -3,7 +3,7 @@
 # made by the quantkit verbs on this CPU, one after another, then scored by one `quantkit eval` (transformers, CPU,
 # exact KLD against the bf16 model on the same held-out tokens). Artifacts go under $WORK (kept, reused if present).
 #     bash bench/results/fp4_cpu/run.sh            # build what is missing, then score everything built (eval.json)
-# The 2026-12-04 run built in several of these at once (ONLY_BUILD=1, VARIANTS=...) and scored in four evals as
+# The 2026-12-04 run built in several of these at once (ONLY_BUILD=1, VARIANTS=...) and scored in five evals as
 # artifacts were finished (eval1.json ... ): commands.log lists every command.
 #     ONLY_BUILD=1 bash bench/results/fp4_cpu/run.sh
 set -euo pipefail
