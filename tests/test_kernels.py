@@ -430,3 +430,15 @@ def test_sweep_deadline_leaves_the_rest_not_run(tmp_path: Path) -> None:
 def test_result_line() -> None:
     assert kernel_sweep.result_line("noise\nRESULT {\"a\": 1}\nRESULT {\"a\": 2}\ntail") == {"a": 2}
     assert kernel_sweep.result_line("RESULT {broken") is None and kernel_sweep.result_line("") is None
+
+
+def test_modelopt_w4a16_nvfp4_names_marlin_from_the_warning() -> None:
+    """vLLM 0.26's ModelOpt W4A16_NVFP4 method calls Marlin FP4 itself: no "Using ... Kernel" line, only the warning
+    (the H200 run's load log). The fact is recorded as such instead of an empty kernel list; a log that names an FP4
+    kernel class gets nothing added."""
+    log = (ROOT / "tests" / "data" / "vllm_modelopt_w4a16_nvfp4_load.log").read_text()
+    facts = kernels.log_facts(log)
+    assert facts.quantization == "modelopt_fp4"
+    assert facts.linear == (kernels.MARLIN_FP4_DIRECT,)
+    named = kernels.log_facts(log + "\nINFO [nvfp4.py:1] Using MarlinNvFp4LinearKernel for NVFP4 GEMM\n")
+    assert named.linear == (("NVFP4", "MarlinNvFp4LinearKernel"),)

@@ -502,6 +502,9 @@ _LINEAR = re.compile(r"\b(?:Using|Selected) (\w+Kernel) for (\w+)")
 _MOE_LINE = re.compile(r"\bUsing '?([A-Z][A-Z0-9_]*)'? [\w ]*?MoE backend")
 # "Using MarlinExperts for MXFP4 MoE": compressed-tensors' MXFP4 experts, chosen without an oracle
 _MXFP4_MOE_LINE = re.compile(r"\bUsing (\w+Experts\w*) for MXFP4 MoE\b")
+# ModelOpt's W4A16_NVFP4 method calls Marlin FP4 itself and names no kernel class; only this warning says so
+_MARLIN_FP4_WARNING = "Weight-only FP4 compression will be used leveraging the Marlin kernel"
+MARLIN_FP4_DIRECT = ("FP4 (weight-only, no kernel class)", "Marlin")
 _QUANT = re.compile(r"\bquantization=([\w-]+)")
 _ERROR = re.compile(r"\b((?:[A-Za-z_][\w.]*)?(?:Error|Exception)): (.+)$")
 _WRAPPER_ERRORS = ("Engine core initialization failed", "See root cause above", "EngineCore failed")
@@ -513,6 +516,8 @@ def log_facts(text: str) -> LogFacts:
     text = re.sub(r"\x1b\[[0-9;]*m", "", text)
     quant = _QUANT.search(text)
     linear = tuple(dict.fromkeys((layer, k) for k, layer in _LINEAR.findall(text)))
+    if _MARLIN_FP4_WARNING in text and not any("Fp4" in k for _, k in linear):
+        linear += (MARLIN_FP4_DIRECT,)
     moe = tuple(dict.fromkeys(_MOE_LINE.findall(text) + _MXFP4_MOE_LINE.findall(text)))
     errors = [f"{m.group(1)}: {m.group(2).strip()}" for line in text.splitlines()
               if not _CALM_RECORD.search(line) and (m := _ERROR.search(line))]
