@@ -192,7 +192,8 @@ FP4_SCHEME_HELP = ("w4a16: FP4 weights, activations left in bf16/fp16 (llm-compr
 FP4_OBSERVERS = {"gptq": "mse", "rtn": "minmax", "awq": "minmax"}
 FP4_OBSERVER_HELP = (", ".join(f"{o} with {a}" for a, o in FP4_OBSERVERS.items())
                      + ", the lower KLD measured (bench/results/fp4_cpu/)")
-FP4_TARGET_BITS_HELP = "not supported yet: which FP4 + FP8/int8 layer mixes vLLM serves is not measured yet"
+FP4_TARGET_BITS_HELP = ("not supported yet: vLLM 0.26 loads FP4 mixed with FP8-dynamic or int8 weight-only layers "
+                        "(bench/results/h200/fp4/mixes.md), but quantkit's bits planner mixes only int4 with int8")
 
 
 class Fp4Spec(MethodBase):
