@@ -188,7 +188,8 @@ FP4_SCHEME_HELP = ("w4a16: FP4 weights, activations left in bf16/fp16 (llm-compr
 # The FP4 weight observer an unset ``observer`` means, per algorithm, as measured on SmolLM2-135M-Instruct (CPU, exact
 # KLD, bench/results/fp4_cpu/): GPTQ's column updates do better inside MSE-chosen ranges (NVFP4 0.071 against 0.081
 # with min-max), round-to-nearest does worse with them (NVFP4 0.257 against 0.218, MXFP4 0.374 against 0.347, and ten
-# times slower on a CPU), and so does AWQ's (NVFP4 0.106 against 0.097), whose own grid search scores with min-max.
+# times slower on a CPU), and so does AWQ's (NVFP4 0.106 against 0.097, MXFP4 0.247 against 0.242), whose own grid
+# search scores with min-max.
 FP4_OBSERVERS = {"gptq": "mse", "rtn": "minmax", "awq": "minmax"}
 FP4_OBSERVER_HELP = (", ".join(f"{o} with {a}" for a, o in FP4_OBSERVERS.items())
                      + ", the lower KLD measured (bench/results/fp4_cpu/)")

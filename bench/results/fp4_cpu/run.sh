@@ -3,7 +3,7 @@
 # made by the quantkit verbs on this CPU, one after another, then scored by one `quantkit eval` (transformers, CPU,
 # exact KLD against the bf16 model on the same held-out tokens). Artifacts go under $WORK (kept, reused if present).
 #     bash bench/results/fp4_cpu/run.sh            # build what is missing, then score everything built (eval.json)
-# The 2026-12-04 run built in several of these at once (ONLY_BUILD=1, VARIANTS=...) and scored in five evals as
+# The 2026-12-04 run built in several of these at once (ONLY_BUILD=1, VARIANTS=...) and scored in six evals as
 # artifacts were finished (eval1.json ... ): commands.log lists every command.
 #     ONLY_BUILD=1 bash bench/results/fp4_cpu/run.sh
 set -euo pipefail
@@ -16,7 +16,7 @@ export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} OMP_WAIT_POLICY=PASSIVE HF_HUB_OFFL
 PY=${PY:-.venv/bin/python}
 mkdir -p "$WORK"
 VARIANTS=${VARIANTS:-"nvfp4:rtn:minmax nvfp4:rtn:mse mxfp4:rtn:minmax mxfp4:rtn:mse nvfp4:gptq:mse nvfp4:awq:minmax
-  nvfp4:gptq:minmax nvfp4:awq:mse mxfp4:gptq:mse mxfp4:awq:minmax mxfp4:gptq:minmax"}
+  nvfp4:gptq:minmax nvfp4:awq:mse mxfp4:gptq:mse mxfp4:awq:minmax mxfp4:gptq:minmax mxfp4:awq:mse"}
 for v in $VARIANTS; do
   IFS=: read -r verb algo obs <<<"$v"
   name="$verb-w4a16-$algo-$obs"
