@@ -16,6 +16,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -191,3 +192,21 @@ def sparse_checkpoint(folder: Path, config: dict, tensors: dict[str, list[int]])
         f.write(struct.pack("<Q", len(raw)) + raw)
         f.truncate(8 + len(raw) + offset)
     return folder
+
+
+def log_probs(path: Path, windows: Any) -> Any:
+    """Next-token log-probabilities from transformers in the checkpoint's dtype (compressed-tensors checkpoints
+    decompress on load; FP4 into bfloat16), one window at a time."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype="auto").eval()
+    with torch.no_grad():
+        logits = torch.cat([model(windows[i:i + 1]).logits.float() for i in range(len(windows))])
+    assert torch.isfinite(logits).all(), f"{path} gives non-finite logits"
+    return logits.log_softmax(-1)
+
+
+def kld(base: Any, other: Any) -> float:
+    """Mean KL(base || other) over every position, nats per token."""
+    return (base.exp() * (base - other)).sum(-1).mean().item()

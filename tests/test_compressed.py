@@ -28,7 +28,7 @@ from quantkit import calibration, recipe  # noqa: E402
 from quantkit.cli.main import app  # noqa: E402
 from quantkit.producers import legacy, modifiers  # noqa: E402
 
-from conftest import TINY, quantkit, requires_gpu  # noqa: E402
+from conftest import TINY, kld, log_probs, quantkit, requires_gpu  # noqa: E402
 
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
            "mlp.up_proj", "mlp.down_proj")
@@ -94,22 +94,6 @@ def tensors(path: Path) -> dict[str, Any]:
 
 def qconfig(path: Path) -> dict[str, Any]:
     return json.loads((path / "config.json").read_text())["quantization_config"]
-
-
-def log_probs(path: Path, windows: Any) -> Any:
-    """Next-token log-probabilities from transformers (compressed-tensors checkpoints decompress on load)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype="auto").eval()
-    with torch.no_grad():
-        logits = torch.cat([model(windows[i:i + 1]).logits.float() for i in range(len(windows))])
-    assert torch.isfinite(logits).all(), f"{path} gives non-finite logits"
-    return logits.log_softmax(-1)
-
-
-def kld(base: Any, other: Any) -> float:
-    """Mean KL(base || other) over every position, nats per token."""
-    return (base.exp() * (base - other)).sum(-1).mean().item()
 
 
 def assert_untouched(t: dict[str, Any], source: dict[str, Any]) -> None:

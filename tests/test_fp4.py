@@ -36,7 +36,7 @@ from quantkit.cli.main import app  # noqa: E402
 from quantkit.formats.specs import Mxfp4Spec, Nvfp4Spec  # noqa: E402
 from quantkit.producers import coverage, modifiers, moe  # noqa: E402
 
-from conftest import TINY, quantkit  # noqa: E402
+from conftest import TINY, kld, log_probs, quantkit  # noqa: E402
 from moe_models import make_moe  # noqa: E402
 from vlm_models import make_vlm  # noqa: E402
 
@@ -119,21 +119,6 @@ def windows() -> Any:
     text, _ = calibration.eval_text("heldout")
     ids = AutoTokenizer.from_pretrained(TINY)(text, add_special_tokens=False)["input_ids"]
     return torch.tensor([ids[i * 256:(i + 1) * 256] for i in range(4)])
-
-
-def log_probs(path: Path, windows: Any) -> Any:
-    """Next-token log-probabilities in transformers, in the checkpoint's dtype (FP4 decompresses into bfloat16)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype="auto").eval()
-    with torch.no_grad():
-        logits = torch.cat([model(windows[i:i + 1]).logits.float() for i in range(len(windows))])
-    assert torch.isfinite(logits).all(), f"{path} gives non-finite logits"
-    return logits.log_softmax(-1)
-
-
-def kld(base: Any, other: Any) -> float:
-    return (base.exp() * (base - other)).sum(-1).mean().item()
 
 
 def assert_fp4_layout(folder: Path, t: dict[str, Any], prefix: str, shape: tuple[int, int], method: str) -> None:
