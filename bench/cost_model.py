@@ -1,5 +1,5 @@
 """What a quantization run costs on one GPU, estimated from its FLOPs before any GPU time is spent on it
-(``python bench/quantize_cost.py --estimate``), so that a short GPU lease is planned, not guessed.
+(``python bench/quantize_cost.py --estimate``), so that a GPU run is planned, not guessed.
 
 What is counted, per decoder layer and calibration sample of L tokens, following llm-compressor 0.14.0.1:
 

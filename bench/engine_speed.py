@@ -7,7 +7,7 @@ own command line (:mod:`quantkit.engines.serving`) with graphs turned back on:
 
 * vLLM 0.26: ``--no-enforce-eager`` (its boolean flags take the ``--no-`` form; the last one given wins) and
   ``--compilation-config '{"cudagraph_capture_sizes": [1, 2, 4, 8, 16]}'``: graphs for the measured batch sizes
-  and the ones a ramping batch passes through, not vLLM's ~60 sizes, which a short GPU lease has no time to capture.
+  and the ones a ramping batch passes through, not vLLM's ~60 sizes, which take minutes to capture.
 * SGLang 0.5.17: ``--cuda-graph-backend-decode full --cuda-graph-max-bs-decode 16`` (prefill stays eager; it is
   outside the decode figure).
 

@@ -97,7 +97,7 @@ def quantize_tiny() -> list[str]:
               "(h200/quantize_tiny.json). Total runs from quantkit's source check to the end of producing, so it "
               "also holds the producer's (lazy) imports of torch, transformers and llm-compressor: at this size those, "
               "not the quantization, are most of it. The run recorded neither machine block nor versions (it predates "
-              "bench/); the lease was one H200 with 16 CPU cores.", ""]
+              "bench/); the machine was one H200 with 16 CPU cores.", ""]
     return lines
 
 
@@ -113,7 +113,7 @@ def quantize_cost() -> list[str]:
                   "quantkit's AWQ run here offloaded its cached activations to host memory (then its default, "
                   "since off); llm-compressor's did not.", "", _body(sealed), ""]
     if h200.exists():
-        lines += ["### The 8B shape on one H200, the lease before (quantkit hashing its output after the save)", "",
+        lines += ["### The 8B shape on one H200, the run before (quantkit hashing its output after the save)", "",
                   _body(h200), ""]
     project = H200 / "70b" / "project_70b.md"
     if project.exists():
@@ -125,7 +125,7 @@ def quantize_cost() -> list[str]:
                   "quantkit's CLI next to the same recipe written directly against llm-compressor, wall time and "
                   "nvidia-smi peak GPU memory) is written, but the H200 time available to this work was used up by "
                   "the vLLM results below, so there are no 8B figures. The 70B question is open too: `--shape 70b` "
-                  "writes a ~141 GB bf16 checkpoint, more than the one-GPU lease's 64 GiB of disk.", ""]
+                  "writes a ~141 GB bf16 checkpoint, more than the one-GPU machine's 64 GiB of disk.", ""]
     for name, heading in (
             ("quantize_cost_1b", "On this CPU, the 1B shape: GPTQ, INT8 and FP8 with quantkit sealing its output "
                                  "(issue 16's methods where no H200 was left)"),
@@ -175,7 +175,7 @@ def moe() -> list[str]:
 def two_gpus() -> list[str]:
     """Issue 18's runs on two H200s: agreement, quantization cost, tensor-parallel serving."""
     folder = RESULTS / "h200x2"
-    lines = ["Files and the lease's account: h200x2/README.md.", ""]
+    lines = ["Files and the run's account: h200x2/README.md.", ""]
     for name, what in (("ddp_agreement", "Distributed calibration gives the same artifact"),
                        ("quantize_cost_8b_x2", "Quantization cost on 1 and 2 GPUs"),
                        ("serve_speed_8b_tp", "Serving with tensor parallelism")):

@@ -528,7 +528,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 def estimates(args: argparse.Namespace) -> str:
     """``--estimate``: the FLOP-based cost of each modelled method at the asked size (and at 128 and 32 samples
-    of 2048 tokens, the sizes a short GPU lease chooses between)."""
+    of 2048 tokens, the sizes a short GPU run chooses between)."""
     shape = SHAPES[args.shape]
     sizes = list(dict.fromkeys([(args.samples, args.seq_len), (128, 2048), (32, 2048)]))
     rows = [cost_model.estimate(shape, m, n, L) for m in args.methods if m in cost_model.MODELLED for n, L in sizes]

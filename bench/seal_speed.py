@@ -31,7 +31,7 @@ from quantkit import seal  # noqa: E402
 
 def make_tensors(sizes: list[int]) -> list[Any]:
     """One uint8 tensor per shard, made once: what they hold changes neither hashing nor writing speed (no
-    compression anywhere), and random fill of 9 GB alone took minutes of a lease."""
+    compression anywhere), and random fill of 9 GB alone took minutes."""
     import torch
 
     return [torch.full((size,), 7, dtype=torch.uint8) for size in sizes]
