@@ -29,7 +29,7 @@ from quantkit.cli.main import app  # noqa: E402
 from quantkit.formats.specs import AutoRoundSpec, GptqSpec  # noqa: E402
 from quantkit.producers import modifiers  # noqa: E402
 
-from conftest import TINY, quantkit  # noqa: E402
+from conftest import TINY, kld, log_probs, quantkit  # noqa: E402
 
 CONFIG = json.loads((TINY / "config.json").read_text())
 ARGS = {"autoround": ["autoround", "--samples", "8", "--seq-len", "128", "--iterations", "10", "--batch-size", "4"],
@@ -57,20 +57,6 @@ def build(tmp_path_factory):
 def _tensors(path: Path) -> dict[str, Any]:
     with safe_open(str(path / "model.safetensors"), "pt") as f:
         return {k: f.get_tensor(k) for k in f.keys()}
-
-
-def _log_probs(path: Path, windows: Any) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(path, dtype="auto").eval()
-    with torch.no_grad():
-        logits = torch.cat([model(windows[i:i + 1]).logits.float() for i in range(len(windows))])
-    assert torch.isfinite(logits).all(), f"{path} gives non-finite logits"
-    return logits.log_softmax(-1)
-
-
-def _kld(base: Any, other: Any) -> float:
-    return (base.exp() * (base - other)).sum(-1).mean().item()
 
 
 def test_autoround_artifact(build):
@@ -111,8 +97,8 @@ def test_autoround_beats_rtn(build):
 
     ids = AutoTokenizer.from_pretrained(TINY)(calibration.eval_text("heldout")[0], add_special_tokens=False)["input_ids"]
     windows = torch.tensor([ids[k * 256:(k + 1) * 256] for k in range(4)])
-    base = _log_probs(TINY, windows)
-    ar, rtn = (_kld(base, _log_probs(build(name), windows)) for name in ("autoround", "rtn"))
+    base = log_probs(TINY, windows)
+    ar, rtn = (kld(base, log_probs(build(name), windows)) for name in ("autoround", "rtn"))
     assert 0 < ar < rtn, {"autoround": ar, "rtn": rtn}
 
 
