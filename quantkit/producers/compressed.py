@@ -39,8 +39,8 @@ from quantkit.errors import SourceModelError, UsageError
 from quantkit.architectures import text_config
 from quantkit.producers import mixed, moe, oneshot, torchrun, vision
 from quantkit.producers.base import ProduceContext, Produced
-from quantkit.producers.groups import (GroupChoice, check_tiles, group_choice, grouped, input_widths,
-                                      narrow_layers, narrow_note)
+from quantkit.producers.groups import (Checked, check_tiles, group_choice, grouped, input_widths, narrow_layers,
+                                      narrow_note)
 from quantkit.producers.job import Job
 from quantkit.producers.modifiers import Plan, plan
 from quantkit.source import SourceModel
@@ -91,9 +91,9 @@ def _bits_plan(model: Any, job: Job, device: str, rep: Any) -> tuple[list[mixed.
 class CompressedProducer:
     """The ``awq``, ``gptq``, ``autoround``, ``fp8``, ``int8``, ``w4a8``, ``rtn``, ``nvfp4`` and ``mxfp4`` methods."""
 
-    def check(self, spec: Any, source: SourceModel) -> GroupChoice | None:
-        """Refuse before anything loads what cannot be made here; returns the group choice (None for a method
-        without one), which the build carries to :meth:`produce` as ``ctx.checked`` so it is made once."""
+    def check(self, spec: Any, source: SourceModel) -> Checked:
+        """Refuse before anything loads what cannot be made here; returns what it decided (the group choice, FP4's
+        layers kept for their width), which the build carries to :meth:`produce` as ``ctx.checked``."""
         archs = source.config.get("architectures") or []
         if not vision.family(source.config) and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in archs):
             from quantkit.architectures import TABLE
@@ -108,10 +108,10 @@ class CompressedProducer:
         choice = group_choice(spec, source)
         check_tiles(spec, source)
         ignore = ignore_mod.effective(spec, source)  # a misspelt --ignore fails here, before anything loads
-        narrow_layers(spec, source, ignore)  # FP4: nothing (or an expert) left to quantize fails here
+        narrow = narrow_layers(spec, source, ignore)  # FP4: nothing (or an expert) left to quantize fails here
         if getattr(spec, "target_bits", None) is not None and choice is not None:
             _check_target_bits(choice.apply(spec), source, choice.size)
-        return choice
+        return Checked(choice, narrow)
 
     def estimate_bytes(self, spec: Any, source: SourceModel) -> int:
         cfg = text_config(source.config)
@@ -123,7 +123,8 @@ class CompressedProducer:
 
     def produce(self, ctx: ProduceContext) -> Produced:
         spec, rep = ctx.spec, ctx.reporter
-        choice: GroupChoice | None = ctx.checked
+        checked: Checked = ctx.checked
+        choice = checked.choice
         notes: list[str] = []
         if choice is not None:
             spec = choice.apply(spec)
@@ -138,10 +139,10 @@ class CompressedProducer:
             raise UsageError("--target-bits measures and quantizes in one process",
                              hint="drop --num-gpus (the model is quantized one layer at a time on one GPU anyway)")
         job = Job.of(ctx, spec)
-        if narrow := narrow_layers(spec, ctx.source, job.ignore):
-            notes.append(narrow_note(spec, narrow))
+        if checked.narrow:
+            notes.append(narrow_note(spec, checked.narrow))
             rep.warn(notes[-1])
-            job = job.model_copy(update={"ignore": job.ignore + list(narrow)})
+            job = job.model_copy(update={"ignore": job.ignore + list(checked.narrow)})
         with rep.timed("setup"):  # importing torch and transformers, starting CUDA, the tokenizer
             device = oneshot.pin_device(ctx.runtime.device, ctx.runtime.num_gpus)
             from transformers import AutoTokenizer

@@ -10,7 +10,7 @@ points) and refuses a given one that does not divide; :func:`check_tiles` refuse
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from quantkit.errors import UsageError
@@ -28,6 +28,7 @@ def grouped(spec: Any) -> bool:
     second list of method names exists. W4A8's group size is a fixed ``Literal``, checked by :func:`check_tiles`."""
     size = type(spec).model_fields.get("group_size")
     return size is not None and size.default is None
+
 
 def input_widths(config: dict[str, Any]) -> dict[str, int]:
     """The input widths of the Linear layers that get quantized, each named by the config keys that set it: a weight
@@ -159,7 +160,6 @@ def check_tiles(spec: Any, source: SourceModel) -> None:
         raise UsageError(f"{what}, and 128 does not divide the layers' width ({', '.join(bad)})", hint=hint)
 
 
-
 # A weight-carrying module that is an embedding (its "input width" is no Linear's): never an FP4 target.
 _EMBEDDINGS = ("embed", "wte", "wpe")
 
@@ -197,6 +197,16 @@ def narrow_layers(spec: Any, source: SourceModel, ignore: list[str]) -> dict[str
                          "mixture-of-experts model must be quantized",
                          hint="use gptq or rtn (int4 in groups that divide the widths) or fp8")
     return narrow
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What the compressed-tensors producer's check decided from the source, carried to its ``produce`` as
+    ``ctx.checked`` so each is decided once: the group choice (None for a method without one) and the layers an FP4
+    spec keeps for their width (:func:`narrow_layers`, which reads every safetensors header)."""
+
+    choice: GroupChoice | None
+    narrow: dict[str, int] = field(default_factory=dict)
 
 
 def narrow_note(spec: Any, narrow: dict[str, int]) -> str:

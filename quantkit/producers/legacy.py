@@ -36,7 +36,7 @@ from quantkit.errors import BackendError, UsageError
 from quantkit.formats.specs import AwqSpec, GptqSpec
 from quantkit.producers.base import ProduceContext, Produced
 from quantkit.producers.compressed import PRODUCER as COMPRESSED
-from quantkit.producers.groups import GroupChoice
+from quantkit.producers.groups import Checked
 from quantkit.source import SourceModel
 
 AWQ_PACK_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ GEMM: word slot i holds column AWQ_PACK_ORDER[i] of 8
@@ -327,10 +327,11 @@ class LegacyProducer:
     """``--format autoawq`` and ``--format gptq``: the compressed-tensors artifact plus the legacy layout in a
     subfolder named after it (``autoawq/``, ``gptq/``)."""
 
-    def check(self, spec: AwqSpec | GptqSpec, source: SourceModel) -> GroupChoice | None:
-        """The compressed-tensors producer's checks, then the layout's own; returns its group choice (carried to
+    def check(self, spec: AwqSpec | GptqSpec, source: SourceModel) -> Checked:
+        """The compressed-tensors producer's checks, then the layout's own; returns what they decided (carried to
         :meth:`produce`, which makes the compressed-tensors artifact first)."""
-        choice = COMPRESSED.check(spec, source)
+        checked = COMPRESSED.check(spec, source)
+        choice = checked.choice
         if spec.format == "autoawq":
             if spec.bits != 4:
                 raise UsageError(f"--format autoawq needs --bits 4 (AutoAWQ's GEMM layout packs only int4); got "
@@ -338,7 +339,7 @@ class LegacyProducer:
             if choice.size <= 0:
                 raise UsageError("--format autoawq needs a group size (AutoAWQ has no per-channel GEMM layout)",
                                  hint="use --group-size 128 (the AutoAWQ default) or drop --format autoawq")
-        return choice
+        return checked
 
     def estimate_bytes(self, spec: AwqSpec | GptqSpec, source: SourceModel) -> int:
         return 2 * COMPRESSED.estimate_bytes(spec, source)  # the same weights twice
