@@ -58,7 +58,7 @@ def module_names(source: SourceModel) -> list[str]:
     return sorted({name for name, _ in _modules(source)})
 
 
-def input_widths(source: SourceModel) -> dict[str, int]:
+def module_input_widths(source: SourceModel) -> dict[str, int]:
     """The input width of every module with a 2-D weight (Linear layers, embeddings), by name: what a weight group
     runs along."""
     return {name: shape[1] for name, shape in _modules(source) if len(shape) == 2}

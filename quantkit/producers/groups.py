@@ -180,7 +180,7 @@ def narrow_layers(spec: Any, source: SourceModel, ignore: list[str]) -> dict[str
 
     if not isinstance(spec, Fp4Spec):
         return {}
-    targets = {n: w for n, w in ignore_mod.input_widths(source).items()
+    targets = {n: w for n, w in ignore_mod.module_input_widths(source).items()
                if not any(ignore_mod.matches(p, n) for p in ignore)
                and not any(e in n.rpartition(".")[2] for e in _EMBEDDINGS)}
     narrow = {n: w for n, w in sorted(targets.items()) if w % spec.group_size}
