@@ -82,7 +82,7 @@ def outside_blocks(path: Path) -> float:
 
 def quality(model: Path, tmp: Path, size: dict[str, int]) -> dict[str, Any]:
     from quantkit import api
-    from quantkit.verify.evaluate import EvalOptions
+    from quantkit.evaluation.evaluate import EvalOptions
 
     plain, t_plain = make(model, tmp / "plain", [t for t in TYPES if t != "IQ2_M"], False, size)
     imx, t_imx = make(model, tmp / "imatrix", TYPES, True, size)

@@ -33,7 +33,7 @@ import meta  # noqa: E402
 RECIPES = {"dense": meta.ROOT / "bench" / "recipes" / "quality.yaml",
            "moe": meta.ROOT / "bench" / "recipes" / "quality-moe.yaml"}
 NAMES = {"dense": "quality", "moe": "quality_moe"}
-QUICK = {"calibration": {"samples": 8, "seq_len": 256}, "verify": {"max_tokens": 8192},
+QUICK = {"calibration": {"samples": 8, "seq_len": 256}, "evaluation": {"max_tokens": 8192},
          "gguf_types": ["F16", "Q8_0", "Q4_K_M"], "output": "out/bench-quality-quick"}
 PLOT = "size-vs-ppl.png"
 AWQ_PAPER = ("AWQ paper (Lin et al., 2024, Table 4): on Llama-2-7B, INT4 g128 WikiText-2 perplexity FP16 5.47, RTN "
@@ -48,7 +48,7 @@ def quick_recipe(recipe: Path, folder: Path) -> Path:
     data = yaml.safe_load(recipe.read_text())
     data["output"] = QUICK["output"]
     data["calibration"].update(QUICK["calibration"])
-    data["verify"].update(QUICK["verify"])
+    data["evaluation"].update(QUICK["evaluation"])
     for o in data["outputs"]:
         if o["method"] == "gguf":
             o["types"] = QUICK["gguf_types"]

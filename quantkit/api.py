@@ -32,8 +32,8 @@ if TYPE_CHECKING:  # the modules behind the lazy imports below, for their result
     from quantkit.engines.smoke import SmokeResult
     from quantkit.engines.vllm.kernel_sweep import SweepResult
     from quantkit.formats.specs import MethodBase
-    from quantkit.verify.evaluate import EvalOptions
-    from quantkit.verify.results import EvalReport
+    from quantkit.evaluation.evaluate import EvalOptions
+    from quantkit.evaluation.results import EvalReport
 
 __all__ = ["MANIFEST", "ArtifactResult", "Manifest", "build_trt", "calibration_sets", "doctor", "evaluate",
            "eval_options", "fmt_bytes", "fmt_num", "inspect", "load_recipe", "plan", "preview_calibration", "publish",
@@ -50,7 +50,7 @@ class ArtifactResult:
 
     def to_json(self) -> dict[str, Any]:
         m = self.manifest
-        return {"path": str(self.path), "format": m.format, "method": m.method, "size_bytes": m.size_bytes,
+        return {"path": str(self.path), "kind": m.kind, "method": m.method, "size_bytes": m.size_bytes,
                 "timings": m.timings, "quantization": m.quantization,
                 "calibration": m.calibration.model_dump(mode="json") if m.calibration else None,
                 "notes": m.notes}
@@ -112,7 +112,7 @@ def quantize_one(recipe: Recipe, spec: MethodBase, out: Path, *, force: bool = F
         produced = prepared.producer.produce(ctx)
         rep.timings["total"] = round(time.perf_counter() - t0, 3)
         manifest = Manifest(
-            format=prepared.row.kind, method=spec.method, params=spec.model_dump(mode="json"),
+            kind=prepared.row.kind, method=spec.method, params=spec.model_dump(mode="json"),
             quantization=produced.quantization, source=source.manifest(),
             calibration=produced.calibration.manifest() if produced.calibration else None,
             recipe=recipe.model_dump(mode="json"), recipe_yaml=recipe_mod.dump(recipe),
@@ -231,18 +231,18 @@ def eval_options(recipe_path: str | None = None, *, flags: dict[str, Any] | None
     """The evaluation options from a recipe's ``verify`` block and flags (flags win), and the recipe's model.
 
     Without a recipe the artifacts' own recipes (then the schema defaults) decide the gates."""
-    from quantkit.verify.evaluate import options_from
+    from quantkit.evaluation.evaluate import options_from
 
     return options_from(recipe_path, flags or {}, gate_flags or {}, **engine)
 
 
 def evaluate(artifacts: list[Path], baseline: str | None = None, options: EvalOptions | None = None,
              reporter: Reporter | None = None) -> EvalReport:
-    """Perplexity, KLD and top-1 of artifacts against their baseline (:mod:`quantkit.verify.evaluate`).
+    """Perplexity, KLD and top-1 of artifacts against their baseline (:mod:`quantkit.evaluation.evaluate`).
 
     Returns an ``EvalReport``; gates are checked and recorded, not raised: call ``report.raise_for_gates()``.
     """
-    from quantkit.verify.evaluate import evaluate as _evaluate
+    from quantkit.evaluation.evaluate import evaluate as _evaluate
 
     return _evaluate([Path(a) for a in artifacts], baseline, options, reporter)
 

@@ -42,7 +42,8 @@ from quantkit import __version__, interrupts, seal
 from quantkit.errors import DiskSpaceError, IntegrityError, LockedError, OutputExistsError, UsageError
 
 MANIFEST = "quantkit.json"
-SCHEMA_VERSION = 2  # 1: quantkit 0.1.0 before the typed manifest (key "schema"; source path as typed)
+SCHEMA_VERSION = 3  # 1: quantkit 0.1.0 before the typed manifest (key "schema"; source path as typed)
+# 2: the artifact's kind under the key "format" (renamed "kind": "format" named the kind, not a layout)
 MAX_MANIFEST_BYTES = 64 * 2**20  # a manifest lists files and figures: kilobytes; more is not one (read bounded)
 WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".engine")
 sha256_file = seal.sha256_file
@@ -199,7 +200,7 @@ class Manifest(Section):
     quantkit_version: str = __version__
     created: str = Field(default_factory=now_iso)
     updated: str | None = None
-    format: str
+    kind: str = Field(description="what the artifact is: compressed-tensors, gguf, ... (``format`` before schema 3)")
     method: str
     params: dict[str, Any] = Field(default_factory=dict)
     quantization: dict[str, Any] = Field(default_factory=dict)
@@ -228,7 +229,8 @@ class Manifest(Section):
     @property
     def recipe_gates(self) -> dict[str, Any] | None:
         """The verification gates of the recipe that made it (None when it set none)."""
-        return ((self.recipe.get("verify") or {}).get("gates")) or None
+        block = self.recipe.get("evaluation") or self.recipe.get("verify") or {}  # "verify": its earlier name
+        return block.get("gates") or None
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -246,6 +248,8 @@ class Manifest(Section):
                 data["source"] = {**source, "hub": source.get("path") != source.get("id")}
         if type(data["schema_version"]) is not int:
             raise IntegrityError(f"{where} is not a quantkit manifest: schema_version is not a whole number")
+        if data["schema_version"] < 3 and "format" in data and "kind" not in data:
+            data["kind"] = data.pop("format")
         if data["schema_version"] > SCHEMA_VERSION:
             raise UsageError(f"{where} has manifest schema {data['schema_version']}, newer than this quantkit "
                              f"reads ({SCHEMA_VERSION})", hint="upgrade quantkit")

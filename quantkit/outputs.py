@@ -124,7 +124,7 @@ def recipe_inputs(recipe: Any) -> list[tuple[str, Path]]:
     found: list[tuple[str, Path]] = []
     if getattr(recipe, "path", None) is not None:
         found.append(("recipe", Path(recipe.path)))
-    for name, value in (("calibration file", recipe.calibration.dataset), ("evaluation file", recipe.verify.dataset)):
+    for name, value in (("calibration file", recipe.calibration.dataset), ("evaluation file", recipe.evaluation.dataset)):
         p = Path(os.path.expanduser(value))
         if p.exists():
             found.append((name, p))

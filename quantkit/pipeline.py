@@ -50,7 +50,7 @@ class OutputResult:
     def to_json(self) -> dict[str, Any]:
         m = self.manifest
         return {"name": self.name, "method": self.method, "path": str(self.path), "status": self.status,
-                "error": self.error, "format": m.format if m else None, "size_bytes": m.size_bytes if m else None,
+                "error": self.error, "kind": m.kind if m else None, "size_bytes": m.size_bytes if m else None,
                 "timings": m.timings if m else None, "evaluation": self.evaluation,
                 "smoke": self.smoke, "gates": self.gates}
 
@@ -128,7 +128,7 @@ def run(recipe: Recipe, *, force: bool = False, reporter: Reporter | None = None
     done = [r for r in results if r.status in ("built", "reused")]
     checks = verification_sha256(recipe)
     todo = [r for r in done if force or r.status == "built" or not _recall(r, checks)]
-    if todo and evaluate and recipe.verify.enabled:
+    if todo and evaluate and recipe.evaluation.enabled:
         _evaluate(recipe, src, todo, rep)
     if todo and smoke and recipe.smoke.enabled:
         for r in todo:
@@ -136,7 +136,7 @@ def run(recipe: Recipe, *, force: bool = False, reporter: Reporter | None = None
             if recipe.smoke.tune_kernels:
                 _tune(recipe, r, rep)
     for r in done:
-        if not (evaluate and recipe.verify.enabled):
+        if not (evaluate and recipe.evaluation.enabled):
             r.evaluation = r.evaluation or {"status": "skipped", "summary": "evaluation turned off"}
         if not (smoke and recipe.smoke.enabled):
             r.smoke = r.smoke or {"status": "skipped", "summary": "smoke test turned off"}
@@ -154,7 +154,7 @@ def verification_sha256(recipe: Recipe) -> str:
     """Hash of the verification settings: results recorded under the same hash are reused on a re-run."""
     import hashlib
 
-    data = {"verify": recipe.verify.model_dump(mode="json"), "smoke": recipe.smoke.model_dump(mode="json"),
+    data = {"evaluation": recipe.evaluation.model_dump(mode="json"), "smoke": recipe.smoke.model_dump(mode="json"),
             "source": recipe.model.model_dump(mode="json")}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
@@ -173,9 +173,9 @@ def _evaluate(recipe: Recipe, src: source_mod.SourceModel, done: list[OutputResu
     artifact its engine refuses before loading (vLLM missing, a layout transformers cannot reload) is recorded as
     skipped with why, and the others are still scored."""
     from quantkit.engines import logits as engines, registry
-    from quantkit.verify.evaluate import EvalOptions
+    from quantkit.evaluation.evaluate import EvalOptions
 
-    options = EvalOptions.from_verify(recipe.verify, report_dir=Path(recipe.output), python=recipe.smoke.python)
+    options = EvalOptions.from_spec(recipe.evaluation, report_dir=Path(recipe.output), python=recipe.smoke.python)
     scored = []
     for r in done:
         try:
@@ -245,18 +245,18 @@ def write_model_card(r: OutputResult, recipe: Recipe, src: source_mod.SourceMode
     m = r.manifest
     assert m is not None, "only built or reused outputs get a model card"
     base = src.spec
-    tags = ["quantkit", r.method, m.format]
-    if m.format == KindName.GGUF:
+    tags = ["quantkit", r.method, m.kind]
+    if m.kind == KindName.GGUF:
         tags.append(LLAMACPP)
-    if m.format == KindName.COMPRESSED_TENSORS:
+    if m.kind == KindName.COMPRESSED_TENSORS:
         tags += [VLLM, "llm-compressor"]
-    header = {"base_model": base, "base_model_relation": "quantized", "library_name": _library(m.format),
+    header = {"base_model": base, "base_model_relation": "quantized", "library_name": _library(m.kind),
               "tags": sorted({t for t in tags if t}), "pipeline_tag": "text-generation"}
     import yaml
 
     lines = ["---", yaml.safe_dump(header, sort_keys=False).strip(), "---", "",
              f"# {Path(base).name} - {r.name}", "",
-             f"Quantized from `{base}` with quantkit {m.quantkit_version} ({r.method}, {m.format}).", "",
+             f"Quantized from `{base}` with quantkit {m.quantkit_version} ({r.method}, {m.kind}).", "",
              "## Quantization", ""]
     lines += ["| field | value |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in m.quantization.items()
                                                      if k != "imatrix"]

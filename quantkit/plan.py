@@ -132,11 +132,11 @@ def make(recipe: Recipe, *, force: bool = False, pipeline: bool = False, evaluat
 def _evaluate(kind: Kind, recipe: Recipe, asked: bool) -> str:
     if not asked:
         return "not part of this command"
-    if not recipe.verify.enabled:
+    if not recipe.evaluation.enabled:
         return "skipped (verify.enabled is false)"
     if kind.evaluate is None:
         return f"skipped (a {kind.name} artifact cannot be evaluated as it is)"
-    return f"{kind.evaluate}, {recipe.verify.dataset}, ctx {recipe.verify.ctx}"
+    return f"{kind.evaluate}, {recipe.evaluation.dataset}, ctx {recipe.evaluation.ctx}"
 
 
 def _smoke(kind: Kind, recipe: Recipe, asked: bool) -> str:

@@ -14,6 +14,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -69,8 +70,9 @@ class GateSpec(Strict):
     min_top1: float | None = Field(None, ge=0.0, le=1.0, description="share of tokens whose argmax agrees")
 
 
-class VerifySpec(Strict):
-    """The evaluation protocol and its gates."""
+class EvaluationSpec(Strict):
+    """The evaluation protocol and its gates (the recipe's ``evaluation:`` block; ``verify:`` in recipes written
+    before it was renamed, still read)."""
 
     enabled: bool = True
     dataset: str = Field("auto", max_length=PATH_LENGTH, description="auto = WikiText-2 test when the hub is "
@@ -119,7 +121,7 @@ class Recipe(Strict):
     quantize: MethodSpec | None = None
     outputs: list[MethodSpec] | None = None
     calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
-    verify: VerifySpec = Field(default_factory=VerifySpec)
+    evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
     smoke: SmokeSpec = Field(default_factory=SmokeSpec)
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
     _path: Path | None = PrivateAttr(None)
@@ -348,6 +350,7 @@ def validate(data: Any, *, where: str = "recipe", lines: dict[tuple, int] | None
     if not isinstance(data, dict):
         raise RecipeError(f"{where}: a recipe must be a YAML mapping (key: value), not {type(data).__name__}")
     problems = list(problems or [])
+    data = _renamed_keys(data, lines if lines is not None else {}, where)
 
     def origin(loc: tuple) -> str:
         # a key holding a newline or another unprintable character is shown escaped: the message stays one line
@@ -421,6 +424,26 @@ def load(path: str | Path | None, overrides: dict[str, Any] | None = None,
     recipe = validate(data, where=where, lines=lines, flags=flags, problems=problems, hint=hint)
     recipe._path = Path(path) if path is not None else None
     return recipe
+
+
+# Top-level keys renamed since a release: old name -> new name. A recipe that uses the old one is read as the new
+# one with a note; one that uses both is refused (which of the two blocks was meant is not ours to guess).
+RENAMED = {"verify": "evaluation"}
+
+
+def _renamed_keys(loaded: dict, lines: dict[tuple, int], where: str) -> dict:
+    """Read a recipe's old top-level keys under their new names, moving their line numbers along."""
+    for old, new in RENAMED.items():
+        if old not in loaded:
+            continue
+        if new in loaded:
+            raise RecipeError(f"{where}: both '{new}:' (line {lines.get((new,), '?')}) and '{old}:' (line "
+                              f"{lines.get((old,), '?')}, its earlier name) are set", hint=f"keep '{new}:' only")
+        sys.stderr.write(f"note: {where}: '{old}:' is now called '{new}:' (read as it; rename it in the recipe)\n")
+        loaded = {(new if k == old else k): v for k, v in loaded.items()}
+        for key in [k for k in lines if k[:1] == (old,)]:
+            lines[(new,) + key[1:]] = lines.pop(key)
+    return loaded
 
 
 def _merge(a: dict, b: dict) -> dict:

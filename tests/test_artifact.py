@@ -27,7 +27,7 @@ def make(final: Path, content: bytes = b"weights", force: bool = False) -> artif
         (w.path / "model.safetensors").write_bytes(content)
         (w.path / "sub").mkdir()
         (w.path / "sub" / "tokenizer.json").write_text("{}")
-        return w.commit(artifact.Manifest(format="test", method="test", source=SOURCE))
+        return w.commit(artifact.Manifest(kind="test", method="test", source=SOURCE))
 
 
 def test_commit_renames_into_place_with_manifest(tmp_path: Path) -> None:
@@ -36,7 +36,7 @@ def test_commit_renames_into_place_with_manifest(tmp_path: Path) -> None:
     assert sorted(m.files) == ["config.json", "model.safetensors", "sub/tokenizer.json"]
     assert m.files["model.safetensors"].sha256 == artifact.sha256_file(out / "model.safetensors")
     on_disk = json.loads((out / "quantkit.json").read_text())
-    assert on_disk["format"] == "test" and on_disk["schema_version"] == artifact.SCHEMA_VERSION
+    assert on_disk["kind"] == "test" and on_disk["schema_version"] == artifact.SCHEMA_VERSION
     assert artifact.read_manifest(out) == m
     assert m.timings["hash_and_sync"] >= 0  # quantkit's own cost after the producer is accounted for
     assert [p.name for p in tmp_path.iterdir()] == ["art"]  # no temp folder or lock left behind
@@ -143,6 +143,7 @@ def test_manifests_of_earlier_versions_still_open_and_verify(tmp_path: Path, cli
     assert v1["schema"] == 1 and "schema_version" not in v1
     m = artifact.Manifest.from_json(v1)
     assert m.schema_version == 1 and m.method == "gptq" and m.calibration.samples == 4
+    assert m.kind == "compressed-tensors"  # schemas 1 and 2 named the kind "format"
     assert m.source.id == "models/quantkit-tiny" and not m.source.hub
     assert m.evaluation.results[0]["ppl"] > 1 and m.size_bytes == v1["files"]["model.safetensors"]["size"]
     out = tmp_path / "old"
@@ -165,3 +166,13 @@ def test_a_manifest_from_a_newer_quantkit_is_refused_clearly(tmp_path: Path) -> 
     (out / "quantkit.json").write_text(json.dumps(data))
     with pytest.raises(UsageError, match="newer than this quantkit"):
         artifact.read_manifest(out)
+
+
+def test_a_schema_2_manifest_names_its_kind_format_and_is_read(tmp_path: Path) -> None:
+    """Schema 2 wrote the kind under "format"; it reads as the kind, and a manifest written now says "kind"."""
+    make(tmp_path / "art")
+    data = json.loads((tmp_path / "art" / artifact.MANIFEST).read_text())
+    assert data["kind"] == "test" and "format" not in data
+    data["schema_version"] = 2
+    data["format"] = data.pop("kind")
+    assert artifact.Manifest.from_json(data).kind == "test"

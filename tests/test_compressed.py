@@ -150,7 +150,7 @@ def test_int4_pack_quantized(build, name, symmetric, source_tensors, heldout_win
     q = manifest["quantization"]
     assert q["scheme"] == ("W4A16" if symmetric else "W4A16_ASYM") and q["ct_format"] == "pack-quantized"
     assert (q["bits"], q["group_size"], q["symmetric"], q["algorithm"]) == (4, 128, symmetric, name)
-    assert result["format"] == manifest["format"] == "compressed-tensors"
+    assert result["kind"] == manifest["kind"] == "compressed-tensors"
     if name == "rtn":
         assert manifest["calibration"] is None
     else:

@@ -50,6 +50,6 @@ def test_kinds_name_only_engines_that_can_do_it_and_every_engine_has_a_kind() ->
 def test_an_engine_that_cannot_do_it_is_refused_by_the_recipe_with_the_choices() -> None:
     with pytest.raises(recipe.RecipeError, match="expected 'auto', 'transformers', 'llama.cpp', 'vllm' or 'sglang'"):
         recipe.validate({"model": {"source": "m"}, "output": "o", "quantize": {"method": "rtn"},
-                         "verify": {"engine": "trtllm"}})
+                         "evaluation": {"engine": "trtllm"}})
     schema = recipe.Recipe.model_json_schema()["$defs"]
     assert schema["SmokeSpec"]["properties"]["engine"]["enum"] == ["auto", *names.SERVING]

@@ -16,8 +16,8 @@ import pytest
 
 from conftest import TINY, quantkit, requires_gpu
 from quantkit.engines.logits import LogProbs, log_softmax
-from quantkit.verify.metrics import BaselineWindow, kld_rows
-from quantkit.verify.protocol import make_windows
+from quantkit.evaluation.metrics import BaselineWindow, kld_rows
+from quantkit.evaluation.protocol import make_windows
 
 pytestmark = pytest.mark.e2e
 
@@ -148,7 +148,7 @@ def test_gate_flags_override_defaults_and_name_the_gate(broken_model, tmp_path):
 def test_recipe_verify_block_sets_protocol_and_gates(broken_model, tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"model:\n  source: {TINY}\noutput: {tmp_path / 'unused'}\nquantize:\n  method: rtn\n"
-                      "verify:\n  dataset: heldout\n  ctx: 256\n  max_tokens: 512\n"
+                      "evaluation:\n  dataset: heldout\n  ctx: 256\n  max_tokens: 512\n"
                       "  gates:\n    max_ppl_ratio: 3.0\n    max_kld: 5.0\n    min_top1: 0.1\n")
     proc = quantkit("eval", broken_model, "--recipe", recipe, "--report-dir", tmp_path, "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -162,7 +162,7 @@ def test_recipe_verify_block_sets_protocol_and_gates(broken_model, tmp_path):
 
 def test_stride_and_max_tokens_change_the_tokens_scored():
     from quantkit import api
-    from quantkit.verify.evaluate import EvalOptions
+    from quantkit.evaluation.evaluate import EvalOptions
 
     runs = {}
     for stride in (None, 32):
@@ -183,7 +183,7 @@ def test_stride_and_max_tokens_change_the_tokens_scored():
 def test_topk_baseline_store_bounds_the_exact_kld(broken_model):
     # The store a 128k-vocabulary model gets when its full distributions do not fit, forced here on 8k.
     from quantkit import api
-    from quantkit.verify.evaluate import EvalOptions
+    from quantkit.evaluation.evaluate import EvalOptions
 
     runs = {}
     for topk in (None, 64):

@@ -155,10 +155,10 @@ def test_the_cli_imports_nothing_heavy() -> None:
     assert loaded == []
 
 
-def test_verify_result_types_import_neither_side() -> None:
-    verify = ROOT / "quantkit" / "verify"
-    assert not {"quantkit.verify.evaluate", "quantkit.verify.report"} & _imports(verify / "results.py")
-    assert "quantkit.verify.evaluate" not in _imports(verify / "report.py")
+def test_evaluation_result_types_import_neither_side() -> None:
+    package = ROOT / "quantkit" / "evaluation"
+    assert not {"quantkit.evaluation.evaluate", "quantkit.evaluation.report"} & _imports(package / "results.py")
+    assert "quantkit.evaluation.evaluate" not in _imports(package / "report.py")
 
 
 @pytest.mark.cli

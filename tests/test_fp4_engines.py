@@ -21,7 +21,7 @@ from quantkit.engines.vllm import kernels
 from quantkit.errors import UsageError
 from quantkit.formats.names import VLLM
 from quantkit.progress import Reporter
-from quantkit.verify.evaluate import EvalOptions, evaluate
+from quantkit.evaluation.evaluate import EvalOptions, evaluate
 
 pytestmark = pytest.mark.e2e
 

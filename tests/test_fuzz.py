@@ -107,7 +107,7 @@ json_values = st.recursive(odd_scalars, lambda inner: st.one_of(st.lists(inner, 
 # ----------------------------------------------------------------------------------------------------------------
 # Recipes, in-process
 
-RECIPE_KEYS = ["model", "output", "quantize", "outputs", "calibration", "verify", "smoke", "runtime", "source",
+RECIPE_KEYS = ["model", "output", "quantize", "outputs", "calibration", "evaluation", "smoke", "runtime", "source",
                "method", "samples", "seq_len", "seed", "ctx", "gates", "max_kld", "types", "name", "bits", "tp"]
 YAML_BITS = st.sampled_from(["&a ", "*a", "<<: ", "!!int ", "!!float ", "!!binary ", "!!python/object ", "? ", "- ",
                              "[", "]", "{", "}", ", ", ": ", "\n", "\n  ", "\t", "'", '"', "#", "|", ">", "---\n",
@@ -137,7 +137,7 @@ def _recipe_like(values: st.SearchStrategy) -> st.SearchStrategy:
                                  optional={"quantize": spec, "outputs": st.lists(spec, max_size=3),
                                            "calibration": st.dictionaries(st.sampled_from(
                                                ["dataset", "samples", "seq_len", "seed", "field"]), values),
-                                           "verify": st.dictionaries(st.sampled_from(
+                                           "evaluation": st.dictionaries(st.sampled_from(
                                                ["ctx", "stride", "max_tokens", "gates", "dataset"]), values),
                                            "runtime": st.dictionaries(st.sampled_from(
                                                ["seed", "num_gpus", "device", "python"]), values)})
@@ -152,7 +152,7 @@ def test_any_recipe_shaped_document_is_a_recipe_or_a_recipe_error(tmp_path: Path
 
 
 FIELDS = ["calibration.samples", "calibration.seq_len", "calibration.seed", "runtime.seed", "runtime.num_gpus",
-          "verify.ctx", "verify.max_tokens", "verify.gates.max_kld", "smoke.timeout", "smoke.tp", "output",
+          "evaluation.ctx", "evaluation.max_tokens", "evaluation.gates.max_kld", "smoke.timeout", "smoke.tp", "output",
           "model.source", "quantize.bits", "quantize.group_size", "quantize.ignore"]
 
 
@@ -261,12 +261,12 @@ def test_any_config_sizes_are_vetted_or_refused(tmp_path: Path, changes: dict) -
 # ----------------------------------------------------------------------------------------------------------------
 # Manifests, in-process
 
-MANIFEST_FIELDS = ["schema_version", "schema", "format", "method", "source", "files", "calibration", "evaluation",
+MANIFEST_FIELDS = ["schema_version", "schema", "kind", "format", "method", "source", "files", "calibration", "evaluation",
                    "params", "timings", "notes", "created"]
 
 
 def _real_manifest() -> dict:
-    return artifact.Manifest(format="test", method="rtn", source=artifact.SourceInfo(
+    return artifact.Manifest(kind="test", method="rtn", source=artifact.SourceInfo(
         id="m", path="/m", config_sha256="0" * 64), files={"a": artifact.FileInfo(sha256="0" * 64, size=1)}).to_json()
 
 

@@ -4,7 +4,7 @@
 BOS, and scores the second half of each chunk; with ``--kl-divergence-base`` it stores the tokens and the
 baseline's log-probabilities in a file. quantkit reads the tokens back from that file and scores exactly those
 positions with its own engines (transformers for the baseline, llama-cpp-python for the GGUF files) and its own
-metrics (:mod:`quantkit.verify.metrics`), the code ``quantkit eval`` runs. The baselines differ only in engine:
+metrics (:mod:`quantkit.evaluation.metrics`), the code ``quantkit eval`` runs. The baselines differ only in engine:
 the F32 GGUF in llama.cpp for llama-perplexity, the checkpoint in transformers for quantkit (they agree to float
 noise: tests/test_gguf.py). Checked for Q8_0, Q4_K_M and IQ4_XS (made with an importance matrix): perplexity
 within 1%, KLD within 10%.
@@ -25,7 +25,7 @@ from conftest import ROOT, TINY
 from gguf_spec import make
 from quantkit.engines.logits import EngineOptions, Window, open_engine
 from quantkit.producers.gguf import tools
-from quantkit.verify.metrics import Accumulator, BaselineStore, Metrics
+from quantkit.evaluation.metrics import Accumulator, BaselineStore, Metrics
 
 pytestmark = pytest.mark.e2e
 

@@ -40,7 +40,7 @@ def fake_artifact(folder: Path) -> None:
     """A small folder quantkit wrote (through its own writer), to stand for an artifact without quantizing."""
     with artifact.ArtifactWriter(folder, force=True) as w:
         (w.path / "model.safetensors").write_bytes(b"old")
-        w.commit(artifact.Manifest(format="test", method="test", source=SOURCE))
+        w.commit(artifact.Manifest(kind="test", method="test", source=SOURCE))
 
 
 @pytest.fixture
@@ -148,7 +148,7 @@ def test_force_replaces_an_empty_folder_and_an_artifact_only(tmp_path: Path) -> 
     (tmp_path / "empty").mkdir()
     fake_artifact(tmp_path / "empty")
     fake_artifact(tmp_path / "empty")  # an artifact is replaced in turn
-    assert artifact.read_manifest(tmp_path / "empty").format == "test"
+    assert artifact.read_manifest(tmp_path / "empty").kind == "test"
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / artifact.MANIFEST).write_text("{not json")
     with pytest.raises(OutputExistsError, match="does not read"):

@@ -28,7 +28,7 @@ calibration:
   dataset: mixed
   samples: 8
   seq_len: 128
-verify:
+evaluation:
   dataset: heldout
   ctx: 512
   max_tokens: 4096

@@ -134,4 +134,24 @@ def test_recipes_command_lists_and_shows(cli) -> None:
     shown = cli("recipes", "awq", check=True)
     assert "recipes/awq.yaml (valid; defaults filled in)" in shown.stdout
     assert "method: awq" in shown.stdout and "samples: 16" in shown.stdout  # the file's own values
-    assert "trust_remote_code: false" in shown.stdout and "verify:" in shown.stdout  # and defaults it leaves out
+    assert "trust_remote_code: false" in shown.stdout and "evaluation:" in shown.stdout  # and defaults it leaves out
+
+
+def test_the_evaluation_block_under_its_earlier_name_is_read_with_a_note(tmp_path: Path,
+                                                                         capfd: pytest.CaptureFixture[str]) -> None:
+    """``verify:`` was the evaluation block's name: such a recipe still runs as written, and says what to rename;
+    one with both names is refused, naming both lines."""
+    old = tmp_path / "old.yaml"
+    old.write_text("model: {source: m}\noutput: o\nquantize: {method: rtn}\nverify:\n  ctx: 512\n")
+    r = recipe.load(old, check_output_escape=False)
+    assert r.evaluation.ctx == 512
+    assert "'verify:' is now called 'evaluation:'" in capfd.readouterr().err
+    both = tmp_path / "both.yaml"
+    both.write_text("model: {source: m}\noutput: o\nquantize: {method: rtn}\nevaluation: {ctx: 256}\n"
+                    "verify:\n  ctx: 512\n")
+    with pytest.raises(recipe.RecipeError, match=r"both 'evaluation:' \(line 4\) and 'verify:' \(line 5"):
+        recipe.load(both, check_output_escape=False)
+    with pytest.raises(recipe.RecipeError, match=r"evaluation\.ctx \(line 5\)"):
+        bad = tmp_path / "bad.yaml"
+        bad.write_text("model: {source: m}\noutput: o\nquantize: {method: rtn}\nverify:\n  ctx: 1\n")
+        recipe.load(bad, check_output_escape=False)

@@ -275,8 +275,8 @@ def test_eval_engine_refused_in_one_line_without_sglang(tmp_path: Path, monkeypa
                     EngineOptions(ctx=64))
 
 
-@pytest.mark.skipif(SGLANG not in typing.get_args(recipe.VerifySpec.model_fields["engine"].annotation),
-                    reason="recipe.VerifySpec's engine choices do not list sglang yet")
+@pytest.mark.skipif(SGLANG not in typing.get_args(recipe.EvaluationSpec.model_fields["engine"].annotation),
+                    reason="recipe.EvaluationSpec's engine choices do not list sglang yet")
 def test_eval_cli_refuses_sglang_in_one_line_when_it_is_not_installed(tmp_path: Path) -> None:
     art = config_folder(tmp_path, "fp8", preset_config("FP8_DYNAMIC", "float-quantized"))
     proc = quantkit("eval", art, "--baseline", TINY, "--engine", "sglang", "--dataset", "heldout", "--max-tokens",

@@ -274,7 +274,7 @@ def test_trtllm_checkpoint_config_and_tensors(build, quantization: str, tp: int)
                 assert tensor.dtype == torch.bfloat16, name
 
     m = artifact.read_manifest(art)
-    assert m.format == "tensorrt-llm"
+    assert m.kind == "tensorrt-llm"
     assert m.quantization["quant_algo"] == algo and m.quantization["world_size"] == tp
     engine = m.quantization["engine"]
     if not ENV.tensorrt_llm:  # step 2 says what is missing and what was produced instead
@@ -394,7 +394,7 @@ def test_cli_build_trt_checkpoint_only_json(cli, tmp_path: Path) -> None:
                "--python", python, "-o", str(tmp_path / "art"), cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (res,) = json.loads(proc.stdout)
-    assert res["path"] == str(tmp_path / "art") and res["format"] == "tensorrt-llm"
+    assert res["path"] == str(tmp_path / "art") and res["kind"] == "tensorrt-llm"
     assert res["quantization"]["quant_algo"] == "FP8" and res["quantization"]["kv_cache_quant_algo"] == "FP8"
     assert res["calibration"]["samples"] == CALIBRATION["samples"]
     assert res["quantization"]["engine"]["status"] == "skipped"

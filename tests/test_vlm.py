@@ -209,7 +209,7 @@ def test_eval_scores_image_prompts(build, checkpoint):
 
 def test_image_prompts_of_the_source_against_itself_are_exact(checkpoint):
     """The baseline against its own weights: KLD 0 and top-1 1, or the inputs differ between the two passes."""
-    from quantkit.verify import images as image_eval
+    from quantkit.evaluation import images as image_eval
 
     src = checkpoint("qwen2_5_vl")
     base = image_eval.baseline(src, "cpu", 2, answer_tokens=4)

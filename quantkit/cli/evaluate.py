@@ -1,6 +1,6 @@
 """``quantkit eval``: perplexity, KL divergence and top-1 agreement of artifacts against their baseline.
 
-Flags override the ``verify:`` block of ``--recipe``, which overrides the defaults of the recipe schema. Nothing
+Flags override the ``evaluation:`` block of ``--recipe``, which overrides the defaults of the recipe schema. Nothing
 heavy is imported until the command runs, so ``quantkit --help`` stays fast.
 """
 

@@ -53,7 +53,7 @@ def summary(console: Any, result: Any) -> None:
         for x in rows:
             gates = [g for g in o.gates if g.get("file") in (None, x.get("file"))]
             gate_s = "-" if not gates else ("[green]pass[/]" if all(g["passed"] for g in gates) else "[red]FAIL[/]")
-            t.add_row(o.name + (f" {x['file']}" if x.get("file") else ""), o.status, j["format"] or "-",
+            t.add_row(o.name + (f" {x['file']}" if x.get("file") else ""), o.status, j["kind"] or "-",
                       api.fmt_bytes(x.get("size_bytes") or j["size_bytes"] or 0),
                       api.fmt_num(x.get("ppl")), api.fmt_num(x.get("ppl_ratio")), api.fmt_num(x.get("kld"), 4),
                       api.fmt_num(x.get("top1")), o.smoke_status(x.get("file")), gate_s)

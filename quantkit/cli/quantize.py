@@ -67,7 +67,7 @@ def summary(console: Any, results: list[Any]) -> None:
         m = r.manifest
         size, src = m.size_bytes, m.source.size_bytes
         calib = m.calibration
-        t.add_row(str(r.path), m.format, str(m.quantization.get("scheme", m.method)), api.fmt_bytes(size),
+        t.add_row(str(r.path), m.kind, str(m.quantization.get("scheme", m.method)), api.fmt_bytes(size),
                   f"{src / size:.2f}x smaller" if src and size else "-",
                   f"{calib.samples}x{calib.seq_len} {calib.dataset}" if calib else "none",
                   f"{m.timings.get('total', 0):.1f}s")

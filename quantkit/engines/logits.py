@@ -8,7 +8,7 @@ holds more than one window's distributions at a time.
 
 Dense engines (transformers, llama.cpp) return the full log-softmax over the vocabulary. Sparse engines (vLLM's
 ``prompt_logprobs``) return the top-k ids with their log-probabilities plus the log-probability of the actual
-next token; :mod:`quantkit.verify.metrics` says how KL divergence is bounded from those.
+next token; :mod:`quantkit.evaluation.metrics` says how KL divergence is bounded from those.
 """
 
 from __future__ import annotations

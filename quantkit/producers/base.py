@@ -3,7 +3,7 @@
 A producer writes files into ``ctx.workdir``: the temporary folder :class:`~quantkit.artifact.ArtifactWriter` owns,
 which is renamed to the output only once the artifact is complete (so a producer never sees the final path). It
 returns what the manifest should say about the quantization. It never evaluates (that is
-:mod:`quantkit.verify`'s job) and never renames or hashes (that is :mod:`quantkit.artifact`'s).
+:mod:`quantkit.evaluation`'s job) and never renames or hashes (that is :mod:`quantkit.artifact`'s).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ log-probability next to them is still the real token's.
 
 So, as with vLLM: perplexity and top-1 agreement are exact (the actual token's log-probability is returned for
 every position), KL divergence is a lower bound computed over the top-k bins plus one bin for the rest of the
-vocabulary (:func:`quantkit.verify.metrics.kld_rows`).
+vocabulary (:func:`quantkit.evaluation.metrics.kld_rows`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ stdout, so results stream back while vLLM works through the batch.
 What comes back is sparse: per scored position, the top-k token ids with their log-probabilities (vLLM's raw
 log-probabilities, before any sampling processing) and the log-probability of the actual next token. So
 perplexity and top-1 agreement are exact, while KL divergence is a lower bound computed over the top-k bins
-plus one bin for the rest of the vocabulary (see :func:`quantkit.verify.metrics.kld_rows`). ``QUANTKIT_VLLM_ARGS``
+plus one bin for the rest of the vocabulary (see :func:`quantkit.evaluation.metrics.kld_rows`). ``QUANTKIT_VLLM_ARGS``
 (JSON) adds keyword arguments to ``vllm.LLM`` (``tensor_parallel_size``, ``gpu_memory_utilization``...).
 
 An FP4 W4A4 artifact's numerics are steered by ``EngineOptions.numerics`` (vLLM's NVFP4 emulation kernel, or Marlin

@@ -14,8 +14,8 @@ from typing import Any
 from quantkit import artifact
 from quantkit.artifact import Manifest
 from quantkit.recipe import GateSpec
-from quantkit.verify import gates as gates_mod, protocol as protocol_mod
-from quantkit.verify.metrics import Metrics
+from quantkit.evaluation import gates as gates_mod, protocol as protocol_mod
+from quantkit.evaluation.metrics import Metrics
 
 
 HEADER = ("model", "engine", "format", "size", "bits/weight", "ppl", "ratio", "KLD", "top-1", "gates")
@@ -66,7 +66,7 @@ class Result:
     seconds: float
     gates: list[gates_mod.GateResult] = field(default_factory=list)
     kld_method: str | None = None  # set when it differs from the run's (a sparse engine's bound)
-    images: dict[str, Any] | None = None  # a vision-language model's image prompts (quantkit.verify.images)
+    images: dict[str, Any] | None = None  # a vision-language model's image prompts (quantkit.evaluation.images)
     numerics: str | None = None  # an FP4 W4A4 artifact: the arithmetic measured (quantkit.engines.numerics)
 
     @property

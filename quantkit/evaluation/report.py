@@ -18,7 +18,7 @@ from typing import Any
 
 from quantkit import __version__, artifact
 from quantkit.progress import Reporter
-from quantkit.verify.results import HEADER, EvalReport, Result, row
+from quantkit.evaluation.results import HEADER, EvalReport, Result, row
 
 REPORT = "report.md"
 PLOT = "size-vs-ppl.png"

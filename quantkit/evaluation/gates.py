@@ -2,9 +2,9 @@
 
 Three gates, each optional: ``max_ppl_ratio`` (artifact perplexity / baseline perplexity), ``max_kld`` (mean
 KL(baseline || artifact) in nats per token) and ``min_top1`` (share of tokens whose most likely next token
-agrees). Limits come from, in order of precedence: the command-line flags, the ``verify.gates`` block of
+agrees). Limits come from, in order of precedence: the command-line flags, the ``evaluation.gates`` block of
 ``--recipe``, the recipe recorded in the artifact's manifest, and the recipe schema's defaults
-(:class:`quantkit.recipe.VerifySpec`). Perplexity alone can hide a broken artifact (a model that is confidently
+(:class:`quantkit.recipe.EvaluationSpec`). Perplexity alone can hide a broken artifact (a model that is confidently
 different from its source can still score the text well), which is why KLD and top-1 gate too.
 
 A figure that is missing or not finite (NaN logits) fails the gate that checks it. Tested with pydantic 2.14.4.
@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from quantkit.errors import GateFailedError, UsageError
-from quantkit.recipe import GateSpec, VerifySpec
+from quantkit.recipe import GateSpec, EvaluationSpec
 
 # gate name -> (metric it reads, comparison that passes)
 GATES: dict[str, tuple[str, str]] = {
@@ -52,7 +52,7 @@ class GateResult:
 
 def resolve(flags: dict[str, float | None], *layers: GateSpec | dict[str, Any] | None) -> GateSpec:
     """Merge gate limits: ``flags`` over the first layer that is set, over the schema's defaults."""
-    base: dict[str, Any] = VerifySpec().gates.model_dump()
+    base: dict[str, Any] = EvaluationSpec().gates.model_dump()
     for layer in reversed([x for x in layers if x is not None]):
         base.update(layer.model_dump() if isinstance(layer, GateSpec) else layer)
     base.update({k: v for k, v in flags.items() if v is not None})

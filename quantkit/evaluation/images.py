@@ -146,7 +146,7 @@ def score_vllm(path: Path, base: BaselineImages, options: Any) -> dict[str, Any]
 
     from quantkit.engines import logits as engines
     from quantkit.formats.names import VLLM
-    from quantkit.verify.metrics import BaselineWindow, kld_rows
+    from quantkit.evaluation.metrics import BaselineWindow, kld_rows
 
     record = base.manifest_base()
     if base.reason:

@@ -1,6 +1,6 @@
 """``quantkit eval``: score artifacts against their baseline on one protocol, check gates, write the report.
 
-    from quantkit.verify.evaluate import EvalOptions, evaluate
+    from quantkit.evaluation.evaluate import EvalOptions, evaluate
     report = evaluate([Path("out/rtn-w4g128")], None, EvalOptions(dataset="heldout", max_tokens=8192))
     report.raise_for_gates()
 
@@ -34,10 +34,10 @@ from quantkit.engines.logits import EngineOptions
 from quantkit.errors import IntegrityError, UsageError
 from quantkit.formats.names import LLAMACPP, SGLANG, TRANSFORMERS, VLLM, Method
 from quantkit.progress import Reporter
-from quantkit.recipe import GateSpec, ModelSpec, VerifySpec
-from quantkit.verify import gates as gates_mod, images as images_mod, protocol as protocol_mod, report as report_mod
-from quantkit.verify.metrics import Accumulator, BaselineStore, Metrics
-from quantkit.verify.results import EvalReport, Result, Target
+from quantkit.recipe import GateSpec, ModelSpec, EvaluationSpec
+from quantkit.evaluation import gates as gates_mod, images as images_mod, protocol as protocol_mod, report as report_mod
+from quantkit.evaluation.metrics import Accumulator, BaselineStore, Metrics
+from quantkit.evaluation.results import EvalReport, Result, Target
 
 
 @dataclass
@@ -62,8 +62,8 @@ class EvalOptions:
     numerics: str = numerics_mod.AUTO  # an FP4 W4A4 artifact's activations: auto, emulated, weight-only
 
     @classmethod
-    def from_verify(cls, spec: VerifySpec, **overrides: Any) -> "EvalOptions":
-        """Options from a recipe's ``verify`` block, with explicit (non-None) overrides on top."""
+    def from_spec(cls, spec: EvaluationSpec, **overrides: Any) -> "EvalOptions":
+        """Options from a recipe's ``evaluation`` block, with explicit (non-None) overrides on top."""
         base = {"dataset": spec.dataset, "ctx": spec.ctx, "stride": spec.stride, "max_tokens": spec.max_tokens,
                 "engine": spec.engine, "recipe_gates": spec.gates}
         base.update({k: v for k, v in overrides.items() if v is not None})
@@ -72,7 +72,7 @@ class EvalOptions:
 
 def options_from(recipe_path: str | None, flags: dict[str, Any], gate_flags: dict[str, float | None],
                  **engine: Any) -> tuple[EvalOptions, str | None]:
-    """``quantkit eval``'s options: the ``verify`` block of a recipe (if given), its fields overridden by flags
+    """``quantkit eval``'s options: the ``evaluation`` block of a recipe (if given), its fields overridden by flags
     (``flags``: dataset, ctx, stride, max_tokens, engine), the gate flags, and engine settings (device, python,
     report_dir). Returns them with the recipe's source model, which is the baseline only for artifacts that do
     not record their own. Without a recipe the artifacts' own recipes (then the schema defaults) decide gates."""
@@ -82,16 +82,16 @@ def options_from(recipe_path: str | None, flags: dict[str, Any], gate_flags: dic
     model = None
     if recipe_path:
         r = recipe_mod.load(recipe_mod.find(recipe_path), check_output_escape=False)  # eval writes no output
-        data = r.verify.model_dump()
+        data = r.evaluation.model_dump()
         model = r.model.source
     data.update({k: v for k, v in flags.items() if v is not None})
     try:
-        spec = VerifySpec.model_validate(data)
+        spec = EvaluationSpec.model_validate(data)
     except ValidationError as e:
         problems = "; ".join(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg'].removeprefix('Value error, ')}"
                              f" (got {err.get('input')!r})" for err in e.errors())
         raise UsageError(f"invalid evaluation option: {problems}") from None
-    options = EvalOptions.from_verify(spec, gate_flags=gate_flags, **engine)
+    options = EvalOptions.from_spec(spec, gate_flags=gate_flags, **engine)
     if not recipe_path:
         options.recipe_gates = None
     return options, model
