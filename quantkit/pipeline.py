@@ -21,7 +21,7 @@ from quantkit import api, artifact, formats, outputs, source as source_mod
 from quantkit.artifact import Manifest
 from quantkit.engines.registry import engine_unavailable
 from quantkit.engines.vllm import tune as tune_mod
-from quantkit.errors import GateFailedError, OutputExistsError, QuantkitError, UsageError
+from quantkit.errors import GateFailedError, Interrupted, OutputExistsError, QuantkitError, UsageError
 from quantkit.formats.names import LLAMACPP, VLLM, KindName
 from quantkit.progress import Reporter
 from quantkit.recipe import Recipe
@@ -74,9 +74,14 @@ class RunResult:
                 if (o.smoke or {}).get("status") == "failed"]
 
     @property
+    def failed_evaluation(self) -> list[str]:
+        return [f"{o.name}: {(o.evaluation or {}).get('summary')}" for o in self.outputs
+                if (o.evaluation or {}).get("status") == "failed"]
+
+    @property
     def ok(self) -> bool:
         return (all(o.status in ("built", "reused") for o in self.outputs) and not self.failed_gates
-                and not self.failed_smoke)
+                and not self.failed_smoke and not self.failed_evaluation)
 
     def check(self) -> None:
         """Raise the error a release pipeline should stop on: a failed gate (exit 3) or a failed output (1)."""
@@ -85,6 +90,8 @@ class RunResult:
         failed = [o for o in self.outputs if o.status == "failed"]
         if failed:
             raise QuantkitError("outputs failed: " + "; ".join(f"{o.name}: {o.error}" for o in failed))
+        if self.failed_evaluation:
+            raise QuantkitError("evaluation failed: " + "; ".join(self.failed_evaluation))
         if self.failed_smoke:
             raise QuantkitError("smoke test failed: " + "; ".join(self.failed_smoke))
 
@@ -160,9 +167,12 @@ def verification_sha256(recipe: Recipe) -> str:
 
 
 def _recall(r: OutputResult, checks: str) -> bool:
-    """Reuse a reused artifact's recorded evaluation and smoke results when they were made the same way."""
+    """Reuse a reused artifact's recorded evaluation and smoke results when they were made the same way and
+    neither failed: a failure may be the machine's (a server that stalled beside another), so a re-run tries again."""
     rec = r.manifest.pipeline if r.manifest else None
     if rec is None or rec.verification_sha256 != checks:
+        return False
+    if "failed" in ((rec.evaluation or {}).get("status"), (rec.smoke or {}).get("status")):
         return False
     r.evaluation, r.smoke, r.gates = rec.evaluation, rec.smoke, rec.gates
     return True
@@ -171,7 +181,9 @@ def _recall(r: OutputResult, checks: str) -> bool:
 def _evaluate(recipe: Recipe, src: source_mod.SourceModel, done: list[OutputResult], rep: Reporter) -> None:
     """All artifacts in one evaluation run: the baseline's logits are computed once and reused for each. An
     artifact its engine refuses before loading (vLLM missing, a layout transformers cannot reload) is recorded as
-    skipped with why, and the others are still scored."""
+    skipped with why, and the others are still scored. An engine that fails on the way (a server that stalls or
+    dies) fails the evaluation of these artifacts, recorded as such; the run goes on to smoke and the bundle, and
+    exits 1 at the end."""
     from quantkit.engines import logits as engines, registry
     from quantkit.evaluation.evaluate import EvalOptions
 
@@ -188,7 +200,16 @@ def _evaluate(recipe: Recipe, src: source_mod.SourceModel, done: list[OutputResu
         scored.append(r)
     if not scored:
         return
-    report = api.evaluate([r.path for r in scored], str(src.path), options, rep)
+    try:
+        report = api.evaluate([r.path for r in scored], str(src.path), options, rep)
+    except (UsageError, Interrupted):
+        raise
+    except QuantkitError as e:  # an engine failed (a server that stalled or died): smoke and the bundle still run
+        summary = e.message.splitlines()[0]
+        for r in scored:
+            r.evaluation = {"status": "failed", "summary": summary}
+        rep.warn(f"evaluation failed: {summary}")
+        return
     for r in done:
         mine = [x for x in report.results if x.target.manifest_dir and x.target.manifest_dir.resolve() == r.path.resolve()]
         if not mine:
@@ -212,6 +233,7 @@ def _smoke(recipe: Recipe, r: OutputResult, rep: Reporter) -> None:
         rep.log(f"[yellow]-[/] smoke {r.name}: skipped ({why})")
         return
     res = api.smoke(r.path, reporter=rep, engine=engine, python=recipe.smoke.python, timeout=recipe.smoke.timeout,
+                    stall_timeout=recipe.smoke.stall_timeout,
                     tp=1 if serving.get(engine).no_tensor_parallel else recipe.smoke.tp,
                     log_dir=Path(recipe.output) / "logs")
     data = res.to_json()

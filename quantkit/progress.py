@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TaskProgressColumn, TextColumn,
                            TimeElapsedColumn, TimeRemainingColumn)
 
@@ -29,6 +30,8 @@ from quantkit import interrupts
 _LAYER = re.compile(r"^\((\d+)/(\d+)\): (\w+)")
 _layer_sink: list[Callable[[int, int, str], None]] = []
 _silenced = False
+SAY_EVERY_S = 15.0  # a wait's plain status line, where no live display can be drawn (a log, a CI capture)
+_command: list["Reporter"] = []
 
 
 def silence_library_bars() -> None:
@@ -139,6 +142,32 @@ class Reporter:
             yield _Task(p, tid)
 
     @contextmanager
+    def waiting(self, description: str) -> Iterator[Callable[[str], None]]:
+        """A wait on something outside quantkit (a server starting): yields ``say(status)``, called as often as the
+        status changes. On a terminal the status is a live line; elsewhere (a pipe, ``--json``) it is printed on
+        stderr when the wait starts and then every :data:`SAY_EVERY_S` seconds, so a log shows what a run waits
+        on, and nothing stays silent for long."""
+        if self.quiet:
+            yield lambda status: None
+            return
+        if self.console.is_terminal:
+            with Progress(SpinnerColumn(), TextColumn("{task.description}"), console=self.console,
+                          transient=True) as p:
+                tid = p.add_task(escape(description), total=None)
+                yield lambda status: p.update(tid, description=escape(status))
+            return
+        plain = self.console if self.console.stderr else Console(stderr=True, highlight=False)
+        said = [0.0]
+
+        def say(status: str) -> None:
+            now = time.monotonic()
+            if not said[0] or now - said[0] >= SAY_EVERY_S:
+                said[0] = now
+                plain.print(status, markup=False, soft_wrap=True)
+
+        yield say
+
+    @contextmanager
     def timed(self, key: str) -> Iterator[None]:
         """Time a step without showing anything (for steps that draw their own bars)."""
         start = time.perf_counter()
@@ -146,3 +175,15 @@ class Reporter:
             yield
         finally:
             self.timings[key] = round(self.timings.get(key, 0.0) + time.perf_counter() - start, 3)
+
+
+def use(reporter: Reporter) -> Reporter:
+    """Make ``reporter`` the running command's (the CLI does, once per command), for code below an API that takes
+    no reporter and still must not wait silently: an evaluation engine starting its server."""
+    _command[:] = [reporter]
+    return reporter
+
+
+def command_reporter() -> Reporter:
+    """The running command's reporter (:func:`use`), else a quiet one (the Python API, tests)."""
+    return _command[-1] if _command else Reporter(quiet=True)

@@ -22,6 +22,7 @@ import yaml
 from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
 from quantkit import artifact, formats
+from quantkit.engines.watch import DEFAULT_STALL_TIMEOUT
 from quantkit.errors import RecipeError
 from quantkit.formats.names import EVALUATING, SERVING
 from quantkit.formats.specs import MethodBase, Strict
@@ -90,6 +91,9 @@ class SmokeSpec(Strict):
     enabled: bool = True
     engine: Literal[("auto", *SERVING)] = "auto"  # type: ignore[valid-type]
     timeout: float = Field(600.0, gt=0, le=7 * 86400)
+    stall_timeout: float = Field(DEFAULT_STALL_TIMEOUT, ge=0, le=7 * 86400, description="seconds a starting server "
+                                 "may make no progress (no log output, no new process, no change of its GPU "
+                                 "memory) before it is stopped; 0: only the timeout")
     python: str | None = Field(None, max_length=PATH_LENGTH, description="the engine's own Python (vLLM/TensorRT-LLM "
                                "environments)")
     tp: int = Field(1, ge=1, le=1024, description="tensor-parallel size: GPUs each smoke server spans (vLLM, "

@@ -20,7 +20,7 @@ from rich.markup import escape
 
 from quantkit import interrupts
 from quantkit.errors import EXIT_INTERRUPTED, QuantkitError
-from quantkit.progress import Reporter, silence_library_bars
+from quantkit.progress import Reporter, silence_library_bars, use
 
 
 class State:
@@ -48,7 +48,8 @@ def console(as_json: bool) -> Console:
 
 
 def reporter(as_json: bool) -> Reporter:
-    return Reporter(console(as_json), quiet=STATE.quiet)
+    """The command's reporter, also the one its engines' waits report through (:func:`quantkit.progress.use`)."""
+    return use(Reporter(console(as_json), quiet=STATE.quiet))
 
 
 DRY_RUN_OPT = typer.Option(False, "--dry-run", help="Check everything and print the plan (outputs, calibration, "

@@ -6,7 +6,10 @@ reaches quantkit only, and quantkit stops the whole group in order: SIGTERM, the
 then any stragglers the engine forked (vLLM's engine-core and workers). On Linux the child also asks the kernel
 for SIGTERM if quantkit itself dies without unwinding (SIGKILL, OOM), so even that does not leave a server behind.
 
-Its stdout and stderr go to a log file; when it dies before it is healthy, or never becomes healthy, the error
+Its stdout and stderr go to a log file. The wait for health is never silent and never blind
+(:func:`quantkit.engines.watch.wait_until`): it shows what it waits for, for how long, and the log's last line, and
+a server that makes no progress (no log output, no new process, no GPU memory taken) for ``stall_timeout`` seconds
+is stopped and named in one line. When it dies before it is healthy, stalls, or never becomes healthy, the error
 shows the log's last lines and the log stays where it was written.
 
 Tested with llama-cpp-python 0.3.36 (``llama_cpp.server``) on CPU and written for vLLM 0.26.0 (``vllm serve``).
@@ -29,17 +32,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rich.markup import escape
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
 from quantkit.checkpoint import read_config
-from quantkit.engines import client, registry
+from quantkit.engines import client, registry, watch
+from quantkit.engines.watch import DEFAULT_STALL_TIMEOUT, ProcessDied, log_tail
 from quantkit.errors import BackendError, QuantkitError, UsageError, exit_text
 from quantkit.formats.names import SERVING
-from quantkit.progress import Reporter
+from quantkit.progress import Reporter, command_reporter
 
 HOST = "127.0.0.1"
-TAIL_LINES = 30
 _PR_SET_PDEATHSIG = 1
 
 
@@ -148,6 +148,13 @@ def get(name: str) -> Server:
     return importlib.import_module(registry.get(name).server or "").SERVER
 
 
+def _engine_environ() -> dict[str, str]:
+    """quantkit's environment for a server, less ``TQDM_DISABLE`` (which the CLI sets for its own libraries): the
+    engine's progress bars (weight shards, CUDA graphs) are what tell a slow start from a hung one in its log.
+    ``--env TQDM_DISABLE=1`` still turns them off."""
+    return {k: v for k, v in os.environ.items() if k != "TQDM_DISABLE"}
+
+
 def _port_free(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         try:
@@ -164,21 +171,6 @@ def free_port(host: str = HOST) -> int:
         return int(s.getsockname()[1])
 
 
-def log_tail(path: Path, lines: int = TAIL_LINES) -> str:
-    """The last ``lines`` lines of a log (reading only its end, logs of big models get long)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 64 * 1024))
-            text = f.read().decode(errors="replace")
-    except OSError:
-        return ""
-    text = text.replace("\r", "\n")
-    tail = [ln for ln in text.splitlines() if ln.strip()][-lines:]
-    return "\n".join(ln if len(ln) <= 400 else ln[:400] + " …" for ln in tail)
-
-
 def _die_with_parent() -> None:
     """In the child, before exec: SIGTERM when quantkit dies, even by SIGKILL (Linux only)."""
     if sys.platform.startswith("linux"):
@@ -188,38 +180,33 @@ def _die_with_parent() -> None:
             pass
 
 
-class ServerDied(BackendError):
-    """The server exited on its own: before it was healthy, or while answering (a native crash)."""
-
-
-class ServerTimeout(BackendError):
-    """The server did not answer its health check in time."""
-
-
 class ServerProcess:
     """A server subprocess that is healthy inside the ``with`` block and gone after it, whatever happens.
 
-    ``with ServerProcess(...) as srv: client.get_json(srv.url + "/v1/models")``. Entering starts the server
-    and waits for ``health_path`` to answer 200 (a spinner shows the log's last line); leaving stops the process
-    group. A port given as 0 is picked free on 127.0.0.1 (and picked again once if another process took it
-    between the pick and the server's bind).
+    ``with ServerProcess(...) as srv: client.get_json(srv.url + "/v1/models")``. Entering starts the server and
+    waits for ``health_path`` to answer 200 (a status line shows the log's last line; ``stall_timeout`` seconds
+    without progress stop it); leaving stops the process group. Without a ``reporter`` the wait reports through the
+    running command's (:func:`quantkit.progress.command_reporter`). A port given as 0 is picked free on 127.0.0.1
+    (and picked again once if another process took it between the pick and the server's bind).
     """
 
     def __init__(self, engine: str, argv_for_port: Callable[[int], list[str]], *, log_path: Path,
                  env: dict[str, str] | None = None, health_path: str = "/health", host: str = HOST, port: int = 0,
-                 timeout: float = 600.0, grace: float = 15.0, reporter: Reporter | None = None) -> None:
+                 timeout: float = 600.0, grace: float = 15.0, reporter: Reporter | None = None,
+                 stall_timeout: float | None = DEFAULT_STALL_TIMEOUT) -> None:
         self.engine = engine
         self.argv_for_port = argv_for_port
         self.log_path = Path(log_path)
-        self.env = {**os.environ, **(env or {})}
+        self.env = {**_engine_environ(), **(env or {})}
         self.env_overrides = dict(env or {})
         self.health_path = health_path
         self.host = host
         self.requested_port = port
         self.port = port
         self.timeout = timeout
+        self.stall_timeout = stall_timeout
         self.grace = grace
-        self.reporter = reporter or Reporter(quiet=True)
+        self.reporter = reporter or command_reporter()
         self.proc: subprocess.Popen[bytes] | None = None
         self.argv: list[str] = []
         self.started_at = 0.0
@@ -240,7 +227,7 @@ class ServerProcess:
                 self._start(append=attempt > 0)
                 self._wait_healthy()
                 return self
-            except ServerDied as e:
+            except ProcessDied as e:
                 self.stop()
                 if attempt + 1 < attempts and _port_taken(self.log_path):
                     continue
@@ -258,7 +245,7 @@ class ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab" if append else "wb") as log:
             env_note = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.env_overrides.items())
-            log.write(f"# quantkit smoke: {env_note + ' ' if env_note else ''}{shlex.join(self.argv)}\n".encode())
+            log.write(f"{watch.HEADER} smoke: {env_note + ' ' if env_note else ''}{shlex.join(self.argv)}\n".encode())
             log.flush()
             try:
                 self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
@@ -271,36 +258,18 @@ class ServerProcess:
 
     def _wait_healthy(self) -> None:
         assert self.proc is not None
-        deadline = self.started_at + self.timeout
-        what = f"Starting {self.engine} server on {self.host}:{self.port}"
-        with _Spinner(self.reporter, what) as spin:
-            while True:
-                rc = self.proc.poll()
-                if rc is not None:
-                    raise ServerDied(self._failure(f"the {self.engine} server {exit_text(rc)} "
-                                                   f"{self._elapsed():.0f}s after it started, before it was ready"),
-                                     hint=f"the whole log is {self.log_path}")
-                if client.status(self.url + self.health_path, timeout=2.0) == 200 and self.proc.poll() is None:
-                    break
-                if time.monotonic() > deadline:
-                    raise ServerTimeout(self._failure(f"the {self.engine} server did not answer "
-                                                      f"{self.health_path} within {self.timeout:.0f}s"),
-                                        hint=f"raise --timeout, or read the whole log: {self.log_path}")
-                spin.update(f"{what} [dim]{escape(_last_line(self.log_path))}[/]")
-                time.sleep(0.5)
-        self.healthy_after = round(self._elapsed(), 2)
+        proc = self.proc
+
+        def healthy() -> bool:
+            return client.status(self.url + self.health_path, timeout=2.0) == 200 and proc.poll() is None
+
+        self.healthy_after = round(watch.wait_until(
+            healthy, who=f"the {self.engine} server on :{self.port}", waits_for=f"answer {self.health_path}",
+            proc=proc, log_path=self.log_path, timeout=self.timeout, stall_timeout=self.stall_timeout,
+            reporter=self.reporter), 2)
         self.reporter.log(f"[green]✓[/] {self.engine} server ready on {self.url} [dim]({self.healthy_after:.1f}s)[/]")
 
-    def _elapsed(self) -> float:
-        return time.monotonic() - self.started_at
-
-    def _failure(self, what: str) -> str:
-        tail = log_tail(self.log_path)
-        if not tail:
-            return f"{what} (its log {self.log_path} is empty)"
-        return f"{what}. Last lines of {self.log_path}:\n{tail}"
-
-    def died(self, during: str, wait: float = 2.0) -> ServerDied | None:
+    def died(self, during: str, wait: float = 2.0) -> ProcessDied | None:
         """If the server has exited (a crash while answering ``during``), the error to raise, with its log tail."""
         if self.proc is None:
             return None
@@ -308,8 +277,8 @@ class ServerProcess:
             rc = self.proc.wait(timeout=wait)
         except subprocess.TimeoutExpired:
             return None
-        return ServerDied(self._failure(f"the {self.engine} server {exit_text(rc)} while answering {during}"),
-                          hint=f"the whole log is {self.log_path}")
+        return ProcessDied(watch.failure(f"the {self.engine} server {exit_text(rc)} while answering {during}",
+                                         self.log_path), hint=f"the whole log is {self.log_path}")
 
     def running(self) -> bool:
         """Whether any process of the server's group is still alive."""
@@ -350,8 +319,6 @@ class ServerProcess:
             time.sleep(0.05)
 
 
-
-
 def _signal_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
@@ -385,37 +352,6 @@ def _group_alive(pgid: int) -> bool:
         return False
 
 
-def _last_line(path: Path) -> str:
-    tail = log_tail(path, 1)
-    return tail[-100:]
-
-
 def _port_taken(path: Path) -> bool:
     text = log_tail(path, 200).lower()
     return "address already in use" in text or "errno 98" in text
-
-
-class _Spinner:
-    """A transient spinner with elapsed time whose text can change (the server log's last line)."""
-
-    def __init__(self, reporter: Reporter, description: str) -> None:
-        self.reporter = reporter
-        self.description = description
-        self._p: Progress | None = None
-        self._task: Any = None
-
-    def __enter__(self) -> "_Spinner":
-        if not self.reporter.quiet:
-            self._p = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                               console=self.reporter.console, transient=True)
-            self._p.__enter__()
-            self._task = self._p.add_task(self.description, total=None)
-        return self
-
-    def update(self, description: str) -> None:
-        if self._p is not None:
-            self._p.update(self._task, description=description)
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._p is not None:
-            self._p.__exit__(*exc)

@@ -4,7 +4,8 @@ For each thing to serve (the artifact folder; for GGUF, each ``.gguf`` file or t
 
 1. doctor first (:func:`quantkit.engines.doctor.check` on the engine's own Python): a known version skew stops here,
    with what is wrong and what to do, before minutes are spent starting a server that cannot load the artifact;
-2. start the server (:class:`quantkit.engines.serving.ServerProcess`) and wait for health;
+2. start the server (:class:`quantkit.engines.serving.ServerProcess`) and wait for health, showing the wait; a
+   server that makes no progress for ``stall_timeout`` seconds is stopped and the run fails with its log's tail;
 3. ``GET /v1/models``, then greedy ``POST /v1/completions`` and ``/v1/chat/completions`` (temperature 0, seed 0,
    ``max_tokens`` 16): both answers must be non-empty (chat is skipped for a checkpoint without a chat template);
 4. a streamed completion of ``speed_tokens`` tokens (``min_tokens`` keeps it going past an early EOS): time to
@@ -45,6 +46,7 @@ from quantkit.checkpoint import Fp4, read_config
 from quantkit.engines import client, doctor, image_question, numerics, parallel, registry, serving
 from quantkit.engines.serving import HOST, ServeOptions, Server, ServerProcess
 from quantkit.engines.vllm import kernels
+from quantkit.engines.watch import DEFAULT_STALL_TIMEOUT
 from quantkit.errors import BackendError, GateFailedError, Interrupted, QuantkitError, UsageError
 from quantkit.formats.names import VLLM
 from quantkit.progress import Reporter
@@ -67,6 +69,7 @@ class SmokeOptions:
     tp: int = 1
     port: int = 0
     timeout: float = 600.0
+    stall_timeout: float = DEFAULT_STALL_TIMEOUT  # seconds without progress before a starting server is stopped
     prompt: str = DEFAULT_PROMPT
     chat_prompt: str | None = None  # the chat request's user message; the completion prompt when unset
     max_tokens: int = 16
@@ -242,7 +245,7 @@ def _serve_and_ask(engine: Server, target: Path, python: str, serve_opts: ServeO
     assert r.log is not None
     srv = ServerProcess(engine.name, argv, log_path=r.log, env=serve_opts.env,
                         health_path=engine.health_path_for(argv(0)), port=opts.port, timeout=opts.timeout,
-                        reporter=rep)
+                        stall_timeout=opts.stall_timeout, reporter=rep)
     try:
         with srv:
             r.data["port"] = srv.port

@@ -44,7 +44,6 @@ from quantkit.engines.sglang.server import SERVER
 from quantkit.errors import BackendError, UsageError
 from quantkit.formats.kinds import Kind
 from quantkit.formats.names import SGLANG
-from quantkit.progress import Reporter
 
 ROW = registry.get(SGLANG)
 PYTHON_ENV = ROW.env_var
@@ -166,7 +165,7 @@ class SglangEngine:
 
         timeout = float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT)
         self.server = ServerProcess(SGLANG, argv, log_path=self.log_path, env=SERVER_ENV,
-                                    health_path=SERVER.health_path, timeout=timeout, reporter=Reporter(quiet=True))
+                                    health_path=SERVER.health_path, timeout=timeout)
         try:
             self.server.__enter__()
             self._info = client.get_json(self.server.url + "/server_info", timeout=120)

@@ -1,0 +1,225 @@
+"""Waiting on a child process (an engine's server starting, a worker loading a model) without waiting blind.
+
+Every wait shows what it waits for, for how long, and the child's last log line (:meth:`Reporter.waiting`: a live
+line on a terminal, a plain line every 15 s otherwise). A child that makes no progress for ``stall_timeout``
+seconds is given up on with one line that names it, what was awaited, for how long, and its last log line, then
+its log's tail (:class:`ProcessStalled`); the caller stops it. Progress is any of:
+
+* its log grew (a line, or a progress bar's redraw);
+* the set of processes in its tree changed (an engine compiling kernels starts compilers: SGLang's JIT Marlin
+  build runs inside its silent warm-up request);
+* the GPU memory its processes hold changed, read from ``nvidia-smi --query-compute-apps`` where it exists (a large
+  model's weights load silently into GPU memory). Where none of the listed processes is the child's (a container's
+  own process ids), the memory of every listed process is watched instead.
+
+An H200 SGLang server started beside another one hung at launch with nothing on the GPU for more than 5 minutes,
+while the overall timeout (600 s for smoke, 900 s for SGLang's evaluation) was still running. The default of
+180 s is generous against the longest silence seen in a healthy start: vLLM 0.26.0 stays silent 28 s twice while
+starting the 135M model (bench/results/h200/modelopt_fp8_vllm_serve.log), and a long weight load shows as GPU
+memory taken; it is the recipe's ``smoke.stall_timeout`` and ``--stall-timeout`` on ``smoke``, 0 turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from quantkit.errors import BackendError, exit_text
+from quantkit.progress import Reporter
+
+DEFAULT_STALL_TIMEOUT = 180.0
+TAIL_LINES = 30
+HEADER = "# quantkit"  # the line quantkit writes first into a child's log (its command): not the child's own word
+POLL_S = 0.5
+PROBE_S = 5.0  # how often the process tree and GPU memory are read (each read scans /proc or runs nvidia-smi)
+NVIDIA_SMI_TIMEOUT_S = 10.0
+
+
+class ProcessDied(BackendError):
+    """The child exited on its own before it was ready (or while answering: a native crash)."""
+
+
+class WaitTimedOut(BackendError):
+    """The child was not ready within the overall timeout."""
+
+
+class ProcessStalled(WaitTimedOut):
+    """The child made no progress (no log output, no new process, no change of GPU memory) for ``stall_timeout``."""
+
+
+def log_tail(path: Path, lines: int = TAIL_LINES) -> str:
+    """The last ``lines`` lines of a log (reading only its end, logs of big models get long); a progress bar's
+    carriage returns count as line ends."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    text = text.replace("\r", "\n")
+    tail = [ln for ln in text.splitlines() if ln.strip()][-lines:]
+    return "\n".join(ln if len(ln) <= 400 else ln[:400] + " …" for ln in tail)
+
+
+def last_line(path: Path, width: int = 160) -> str:
+    """The child's last non-empty log line, cut to ``width`` characters (a status line's worth); empty while it
+    has said nothing (quantkit's own first line does not count)."""
+    line = log_tail(path, 1)
+    if line.startswith(HEADER):
+        return ""
+    return line if len(line) <= width else line[:width] + " …"
+
+
+def failure(what: str, log_path: Path) -> str:
+    """An error message: ``what`` happened, then the log's last lines (or that the log is empty)."""
+    tail = log_tail(log_path)
+    if not tail:
+        return f"{what} (its log {log_path} is empty)"
+    return f"{what}. Last lines of {log_path}:\n{tail}"
+
+
+def process_tree(root: int) -> frozenset[int]:
+    """The processes of ``root``'s tree: its process group (a server's own session) and every descendant of
+    ``root`` (one that started a session of its own included), read from /proc; ``{root}`` without /proc."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return frozenset({root})
+    parent: dict[int, int] = {}
+    members = {root}
+    for p in proc.iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            stat = (p / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) < 3 or fields[0] == "Z":
+            continue
+        pid = int(p.name)
+        parent[pid] = int(fields[1])
+        if int(fields[2]) == root:
+            members.add(pid)
+    for pid in parent:
+        chain, seen = pid, 0
+        while chain > 1 and seen < 64:  # walk up to the root (or init); 64 levels bound a /proc read mid-fork
+            if chain == root:
+                members.add(pid)
+                break
+            chain, seen = parent.get(chain, 0), seen + 1
+    return frozenset(members)
+
+
+class GpuMemory:
+    """The GPU memory (MiB) a set of processes holds, from ``nvidia-smi``; None where there is no NVIDIA driver
+    or it does not answer (then it is not asked again: a hung driver must not slow every poll)."""
+
+    def __init__(self) -> None:
+        self.tool = shutil.which("nvidia-smi")
+
+    def of(self, pids: frozenset[int]) -> int | None:
+        if self.tool is None:
+            return None
+        try:
+            out = subprocess.run([self.tool, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                                 capture_output=True, text=True, timeout=NVIDIA_SMI_TIMEOUT_S, check=True).stdout
+        except (OSError, subprocess.SubprocessError):
+            self.tool = None
+            return None
+        rows: list[tuple[int, int]] = []
+        for line in out.splitlines():
+            pid, _, mib = line.partition(",")
+            try:
+                rows.append((int(pid), int(mib)))
+            except ValueError:  # "[N/A]" on some drivers
+                continue
+        mine = [mib for pid, mib in rows if pid in pids]
+        return sum(mine) if mine else sum(mib for _, mib in rows)
+
+
+class Activity:
+    """Whether a child still makes progress: when it last did, and which signals are watched."""
+
+    def __init__(self, pid: int, log_path: Path, gpu: GpuMemory | None = None) -> None:
+        self.pid = pid
+        self.log_path = log_path
+        self.gpu = gpu or GpuMemory()
+        now = time.monotonic()
+        self.last = now
+        self._probed = now - PROBE_S
+        self._size = self._log_size()
+        self._tree: frozenset[int] = frozenset()
+        self._memory: int | None = None
+
+    def _log_size(self) -> int:
+        try:
+            return self.log_path.stat().st_size
+        except OSError:
+            return 0
+
+    def poll(self) -> float:
+        """Look at the signals; the seconds since the last progress."""
+        now = time.monotonic()
+        size = self._log_size()
+        moved = size != self._size
+        self._size = size
+        if now - self._probed >= PROBE_S:
+            self._probed = now
+            tree = process_tree(self.pid)
+            memory = self.gpu.of(tree)
+            moved = moved or tree != self._tree or memory != self._memory
+            self._tree, self._memory = tree, memory
+        if moved:
+            self.last = now
+        return now - self.last
+
+    def signals(self) -> str:
+        """What "no progress" meant here, for the error."""
+        if self.gpu.tool:
+            return "no new log output, no new process, no change of its GPU memory"
+        return "no new log output, no new process; GPU memory not watched: no nvidia-smi"
+
+
+def wait_until(ready: Callable[[], bool], *, who: str, waits_for: str, proc: subprocess.Popen[bytes],
+               log_path: Path, timeout: float, stall_timeout: float | None = DEFAULT_STALL_TIMEOUT,
+               reporter: Reporter | None = None, poll_s: float = POLL_S) -> float:
+    """Poll ``ready()`` until it is true, showing the wait; the seconds waited.
+
+    ``who`` names the child ("the sglang server on :30001"), ``waits_for`` what it should do ("answer
+    /health"). Raises :class:`ProcessDied` when ``proc`` exits first, :class:`WaitTimedOut` past ``timeout``, and
+    :class:`ProcessStalled` after ``stall_timeout`` seconds without progress (None or 0: never); each names the
+    child and carries its log's tail. The caller stops the child (its ``with`` block or ``finally``). A child
+    that speaks a pipe protocol can be waited on with ``ready`` reading ``select.select([pipe], [], [], 0)``.
+    """
+    rep = reporter or Reporter(quiet=True)
+    start = time.monotonic()
+    activity = Activity(proc.pid, log_path)
+    with rep.waiting(f"waiting for {who} to {waits_for}") as say:
+        while True:
+            if ready():
+                return time.monotonic() - start
+            elapsed = time.monotonic() - start
+            rc = proc.poll()
+            if rc is not None:
+                raise ProcessDied(failure(f"{who} {exit_text(rc)} {elapsed:.0f} s after it started, before it was "
+                                          "ready", log_path), hint=f"the whole log is {log_path}")
+            if elapsed > timeout:
+                raise WaitTimedOut(failure(f"{who} did not {waits_for} within {timeout:.0f}s", log_path),
+                                   hint=f"raise --timeout, or read the whole log: {log_path}")
+            still = activity.poll()
+            if stall_timeout and still > stall_timeout:
+                line = last_line(log_path) or "(its log is empty)"
+                raise ProcessStalled(
+                    failure(f"{who} made no progress for {still:.0f} s ({activity.signals()}) while quantkit "
+                            f"waited {elapsed:.0f} s for it to {waits_for}, and is stopped; its last log line: "
+                            f"{line}", log_path),
+                    hint=f"a slower start that is still healthy needs a longer --stall-timeout (recipe: "
+                         f"smoke.stall_timeout); the whole log is {log_path}")
+            say(f"waiting for {who} to {waits_for}: {elapsed:.0f} s, last log: {last_line(log_path) or '(none yet)'}")
+            time.sleep(poll_s)

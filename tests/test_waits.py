@@ -1,0 +1,113 @@
+"""No silent waits: a server quantkit waits on shows what it waits for, and one that stops making progress is
+stopped and named in one line (quantkit.engines.watch, through quantkit.engines.serving).
+
+The servers are real processes (small Python scripts given as the server command), waited on by the real serving
+code: one that prints and then goes silent, one that is slow but keeps printing until it answers /health."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from conftest import gone, quantkit
+from quantkit.engines import watch
+from quantkit.engines.serving import ServerProcess
+from quantkit.errors import EXIT_FAILURE
+from quantkit.progress import Reporter
+
+pytestmark = pytest.mark.cli
+
+# Prints a line, then hangs without a word: what an SGLang server beside another one did on the H200.
+SILENT = textwrap.dedent("""\
+    import sys, time
+    print("Load weight begin. avail mem=79.1 GB", flush=True)
+    time.sleep(600)
+    """)
+
+# Prints a line a second and answers /health (200) only after READY_S seconds: slow, never stalled.
+SLOW = textwrap.dedent("""\
+    import http.server, sys, threading, time
+    port, ready_s = int(sys.argv[1]), float(sys.argv[2])
+    start = time.monotonic()
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if time.monotonic() - start > ready_s else 503)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", port), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    for i in range(600):
+        print(f"compiling kernel {i}", flush=True)
+        time.sleep(1.0)
+    """)
+
+
+def _script(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_a_silent_server_is_stopped_and_named_in_one_line(tmp_path: Path) -> None:
+    """The CLI: ``smoke --stall-timeout 2`` on a server that goes silent ends in 1 (not the 600 s timeout) with one
+    line naming the engine, what it waited for, how long, and the server's last log line; the wait was shown."""
+    gguf = tmp_path / "art"
+    gguf.mkdir()
+    (gguf / "m.gguf").write_bytes(b"")
+    script = _script(tmp_path, "silent.py", SILENT)
+    started = time.monotonic()
+    proc = quantkit("smoke", gguf, "--engine", "llama.cpp", "--skip-doctor", "--server-cmd",
+                    f"{sys.executable} {script} {{port}}", "--stall-timeout", "2", "--log-dir", tmp_path, "--json",
+                    timeout=120)
+    assert proc.returncode == EXIT_FAILURE, proc.stderr[-2000:]
+    assert time.monotonic() - started < 60
+    run = json.loads(proc.stdout)["runs"][0]
+    first = run["error"].splitlines()[0]
+    assert first.startswith("the llama.cpp server on :") and "made no progress for" in first
+    assert "to answer /health" in first and "its last log line: Load weight begin. avail mem=79.1 GB" in first
+    assert run["stopped"] and gone(run["pid"])
+    error = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "made no progress" in error[0] and "Load weight begin" in error[0]
+    assert "Traceback" not in proc.stderr
+    # not a terminal: the wait is said in plain lines on stderr
+    assert "waiting for the llama.cpp server on :" in proc.stderr and "to answer /health: " in proc.stderr
+
+
+def test_a_slow_server_that_keeps_talking_is_waited_for(tmp_path: Path) -> None:
+    """A server healthy after 4 s, printing every second, is not stopped by a 2 s stall timeout; the wait is said
+    with the server's last log line."""
+    script = _script(tmp_path, "slow.py", SLOW)
+    out = io.StringIO()
+    rep = Reporter(Console(file=out, stderr=True, width=300))
+    srv = ServerProcess("slowpoke", lambda port: [sys.executable, str(script), str(port), "4"],
+                        log_path=tmp_path / "slow.log", timeout=60, stall_timeout=2.0, reporter=rep)
+    with srv:
+        assert srv.healthy_after is not None and srv.healthy_after >= 4
+        pid = srv.proc.pid if srv.proc else 0
+    assert gone(pid)
+    said = out.getvalue()
+    assert f"waiting for the slowpoke server on :{srv.port} to answer /health: 0 s, last log: " in said
+    assert "slowpoke server ready" in said
+
+
+def test_an_overall_timeout_still_bounds_a_talking_server(tmp_path: Path) -> None:
+    """Progress is no licence to wait forever: the overall timeout stops a server that talks but never answers."""
+    script = _script(tmp_path, "slow.py", SLOW)
+    srv = ServerProcess("slowpoke", lambda port: [sys.executable, str(script), str(port), "600"],
+                        log_path=tmp_path / "slow.log", timeout=3, stall_timeout=2.0)
+    with pytest.raises(watch.WaitTimedOut) as caught:
+        srv.__enter__()
+    assert not isinstance(caught.value, watch.ProcessStalled)
+    assert "did not answer /health within 3s" in caught.value.message and "compiling kernel" in caught.value.message
+    assert not srv.running()
