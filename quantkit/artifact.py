@@ -137,6 +137,7 @@ class CalibrationInfo(Section):
     chat_template_setting: bool | str | None = None  # what was asked: auto, true, false (None: older)
     tokens: int
     tokens_sha256: str
+    tokens_reused: bool = False  # taken from the calibration token cache (quantkit.token_cache), not tokenized again
     images: int = 0  # image+text samples of a vision-language model: how many images, their bytes' sha256
     images_source: str | None = None
     images_sha256: str | None = None

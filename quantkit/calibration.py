@@ -204,6 +204,7 @@ class CalibrationSet:
         return sum(len(s) for s in self.samples)
 
     chat: bool = False  # whether the samples went through the chat template (what ``auto`` resolved to)
+    reused: bool = False  # the tokens came from the calibration token cache (quantkit.token_cache)
     pictures: list[Any] = field(default_factory=list)  # image+text calibration: the quantkit.images.Picture used
 
     def manifest(self) -> CalibrationInfo:
@@ -213,7 +214,8 @@ class CalibrationSet:
                                source_sha256=self.documents.file_sha256, samples=len(self.samples),
                                seq_len=self.spec.seq_len, seed=self.spec.seed, chat_template=self.chat,
                                chat_template_setting=self.spec.chat_template, tokens=self.num_tokens,
-                               tokens_sha256=self.tokens_sha256, images=len(self.pictures),
+                               tokens_sha256=self.tokens_sha256, tokens_reused=self.reused,
+                               images=len(self.pictures),
                                images_source=self.spec.images if self.pictures else None,
                                images_sha256=images.sha256(self.pictures) if self.pictures else None)
 
@@ -252,11 +254,28 @@ def tokens_sha256(samples: list[list[int]]) -> str:
 
 
 def build(spec: CalibrationSpec, tokenizer: Any, docs: Documents | None = None) -> CalibrationSet:
-    """Tokenize a source into ``spec.samples`` samples of ``spec.seq_len`` tokens (see the module docstring)."""
+    """Tokenize a source into ``spec.samples`` samples of ``spec.seq_len`` tokens (see the module docstring); the
+    same spec, documents and tokenizer files again reuse the tokens made the first time
+    (:mod:`quantkit.token_cache`), which the manifest says."""
+    from quantkit import token_cache
+
     docs = docs or load_documents(spec.dataset, spec.field)
     docs = Documents(docs.source, docs.kind, [i for i in docs.items if i], docs.chat, docs.file_sha256)
     if not docs.items:
         raise CalibrationError(f"calibration source {docs.source!r} is empty")
+    name = token_cache.key(spec.model_dump(mode="json", exclude={"min_expert_tokens"}), docs.file_sha256, tokenizer)
+    hit = token_cache.read(name, tokens_sha256) if name else None
+    if hit is not None:
+        samples, chat, digest = hit
+        return CalibrationSet(spec=spec, documents=docs, samples=samples, tokens_sha256=digest, chat=chat,
+                              reused=True)
+    made = _tokenize(spec, tokenizer, docs)
+    if name:
+        token_cache.write(name, made.samples, made.chat, made.tokens_sha256)
+    return made
+
+
+def _tokenize(spec: CalibrationSpec, tokenizer: Any, docs: Documents) -> CalibrationSet:
     rng = random.Random(spec.seed)
     order = list(range(len(docs.items)))
     rng.shuffle(order)
