@@ -4,9 +4,11 @@ A shape carries its architecture (the transformers class and ``model_type``) and
 that shape; :meth:`Shape.config` adds the family's fixed fields (activation, norms, rope), so a script builds the
 right model class from the name alone. Token ids are left to each script: they belong to the tokenizer it ships.
 
-Llama shapes follow the Llama 3.x configs; the MoE shapes follow Qwen3-30B-A3B's published config.json
-(hidden 2048, 128 experts of intermediate 768, top-8 with renormalised weights, 32 query heads and 4 KV heads of
-128, vocabulary 151,936, rope theta 1e6 without scaling, 40,960 positions), with fewer layers.
+Llama shapes follow the Llama 3.x configs; the 32B dense shapes follow Qwen2.5-32B's published config.json (64
+layers of hidden 5120 and intermediate 27648, 40 query heads and 8 KV heads of 128 with biases on q, k and v,
+vocabulary 152,064, rope theta 1e6, 32,768 positions); the MoE shapes follow Qwen3-30B-A3B's (48 layers of hidden
+2048, 128 experts of intermediate 768, top-8 with renormalised weights, 32 query heads and 4 KV heads of 128,
+vocabulary 151,936, rope theta 1e6 without scaling, 40,960 positions), all 48 layers or fewer.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ def llama3_rope(factor: float) -> dict:
 FAMILY = {
     "llama": {"hidden_act": "silu", "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
               "attention_bias": False, "mlp_bias": False},
+    "qwen2": {"hidden_act": "silu", "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+              "use_sliding_window": False, "sliding_window": None, "attention_dropout": 0.0},
     "qwen3_moe": {"hidden_act": "silu", "max_position_embeddings": 40960, "rms_norm_eps": 1e-6,
                   "rope_theta": 1000000.0, "attention_bias": False, "norm_topk_prob": True, "decoder_sparse_step": 1,
                   "mlp_only_layers": [], "use_sliding_window": False, "sliding_window": None,
@@ -56,12 +60,18 @@ def _llama(mirrors: str = "", projected: bool = False, **fields: Any) -> Shape:
     return Shape("LlamaForCausalLM", "llama", fields, mirrors, projected)
 
 
+def _qwen2(mirrors: str = "", **fields: Any) -> Shape:
+    return Shape("Qwen2ForCausalLM", "qwen2", fields, mirrors)
+
+
 def _qwen3_moe(mirrors: str = "", **fields: Any) -> Shape:
     return Shape("Qwen3MoeForCausalLM", "qwen3_moe", fields, mirrors)
 
 
 _LLAMA_70B = dict(hidden_size=8192, intermediate_size=28672, num_attention_heads=64, num_key_value_heads=8,
                   vocab_size=128256, tie_word_embeddings=False, rope_scaling=llama3_rope(8.0))
+_QWEN25_32B = dict(hidden_size=5120, intermediate_size=27648, num_attention_heads=40, num_key_value_heads=8,
+                   vocab_size=152064, tie_word_embeddings=False)
 _QWEN3_30B_A3B = dict(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
                       num_experts_per_tok=8, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
                       vocab_size=151936)
@@ -90,6 +100,12 @@ SHAPES: dict[str, Shape] = {
     "405b": _llama("Llama-3.1-405B", projected=True, hidden_size=16384, intermediate_size=53248, num_hidden_layers=126,
                    num_attention_heads=128, num_key_value_heads=8, vocab_size=128256, tie_word_embeddings=False,
                    rope_scaling=llama3_rope(8.0)),
+    # Qwen2.5-32B's shape (32.8B parameters, 65.5 GB bf16): more than the 64 GiB disk of a one-H200 machine holds
+    # beside its output, so bench/wide.py plans it there and refuses it, and measures the width at 8 layers.
+    "32b": _qwen2("Qwen2.5-32B", **_QWEN25_32B, num_hidden_layers=64, max_window_layers=64),
+    "32b-8l": _qwen2("Qwen2.5-32B, 8 of 64 layers", **_QWEN25_32B, num_hidden_layers=8, max_window_layers=8),
+    # Qwen3-30B-A3B itself: 30.5B parameters (61.1 GB bf16), 3.3B active per token.
+    "qwen3-30b-a3b": _qwen3_moe("Qwen3-30B-A3B", **_QWEN3_30B_A3B, num_hidden_layers=48),
     # Qwen3-30B-A3B's width with 12 of its 48 layers: 8.1B parameters (16.2 GB bf16), 0.99B active per token.
     "qwen3-30b-a3b-12l": _qwen3_moe("Qwen3-30B-A3B, 12 of 48 layers", **_QWEN3_30B_A3B, num_hidden_layers=12),
     # Its width with 2 layers (1.9B parameters, 3.8 GB bf16): the load, linearization and save path of the real

@@ -17,6 +17,7 @@ of loading (``bench/results/h200/70b/``).
 from __future__ import annotations
 
 import re
+import resource
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,7 +98,7 @@ def make(recipe: Recipe, *, force: bool = False, pipeline: bool = False, evaluat
     src = source_mod.resolve(recipe.model)
     out = Plan(source={"id": src.spec, "path": str(src.path), "architecture": src.architecture,
                        "parameters": src.num_parameters, "size_bytes": src.size_bytes})
-    layer = _largest_layer_bytes(src)
+    layer = _largest_layer(src)
     for spec, path in recipe.artifacts():
         if method is not None and spec.method != method:
             continue
@@ -150,9 +151,20 @@ def _smoke(kind: Kind, recipe: Recipe, asked: bool) -> str:
     return f"skipped ({why})" if why else f"{kind.serve} server on 127.0.0.1"
 
 
-def _largest_layer_bytes(src: SourceModel) -> int:
-    """Bytes of the biggest decoder layer (all its experts, for a mixture of experts), from the headers."""
-    per_layer: dict[int, int] = {}
+@dataclass(frozen=True)
+class LayerWeights:
+    """The biggest decoder layer, from the headers: what llm-compressor's sequential pipeline holds on the GPU at
+    once (it onloads one decoder layer, calibrates it, quantizes it, propagates, and offloads it again)."""
+
+    total: int = 0  # bytes of the layer, every expert included
+    experts: int = 0  # bytes of its routed experts (tensors under ``.experts.``)
+    matrices: tuple[tuple[int, int], ...] = ()  # (out, in) of each 2-D weight: the Linears GPTQ holds a Hessian of
+
+
+def _largest_layer(src: SourceModel) -> LayerWeights:
+    """The decoder layer with the most bytes (all its experts, for a mixture of experts), from the headers; the
+    whole model as one layer where no tensor is named as a layer's."""
+    layers: dict[int, list[tuple[str, list[int], int]]] = {}
     for f in src.weight_files:
         if f.suffix != ".safetensors":
             continue
@@ -161,27 +173,56 @@ def _largest_layer_bytes(src: SourceModel) -> int:
             m = _LAYER.match(name)
             if m and isinstance(info, dict):
                 start, stop = info["data_offsets"]
-                per_layer[int(m.group(1))] = per_layer.get(int(m.group(1)), 0) + stop - start
-    return max(per_layer.values(), default=src.size_bytes)
+                layers.setdefault(int(m.group(1)), []).append((name, info.get("shape") or [], stop - start))
+    if not layers:
+        return LayerWeights(total=src.size_bytes)
+    tensors = max(layers.values(), key=lambda ts: sum(n for _, _, n in ts))
+    return LayerWeights(total=sum(n for _, _, n in tensors),
+                        experts=sum(n for name, _, n in tensors if ".experts." in name),
+                        matrices=tuple((int(s[0]), int(s[1])) for name, s, _ in tensors
+                                       if len(s) == 2 and name.endswith(".weight")))
 
 
-# GPU memory of llm-compressor's sequential pipeline, fitted to nvidia-smi peaks of the 8B shape and the 70B width on
-# an H200 (bench/results/h200/: FP8 static, GPTQ, AWQ with and without offload, 32 and 128 x 2048 tokens; each within
-# 8% of what was measured): a fixed part (CUDA context, allocator, embeddings) and about five copies of the layer in
-# work; GPTQ adds one float32 Hessian per input width; AWQ keeps every calibration token's layer inputs and outputs
-# on the GPU for its grid search, about 46 bytes per token per hidden unit, 79% of that when offloaded.
+# GPU memory of llm-compressor 0.14's sequential pipeline: a fixed part (CUDA context, allocator, embeddings) and the
+# layer in work, its dense weights about five times over (the onloaded copy, fake-quantized copies, the activations
+# of its big modules) and an MoE layer's experts twice (hundreds of small modules, whose temporaries are small).
+# GPTQ adds what it holds when the layer ends (:func:`_gptq_bytes`). AWQ keeps every calibration token's layer inputs
+# and outputs on the GPU for its grid search, about 46 bytes per token per hidden unit, 79% of that when offloaded.
+# Against nvidia-smi peaks on an H200 (bench/results/h200/, 32 x 2048 tokens): the 8B shape 4.36 GiB FP8 static
+# (measured 4.75), 7.47 GiB GPTQ (7.42), the 70B width 22.7 GiB GPTQ (22.63); Qwen3-30B-A3B's width with 12 layers
+# 4.76 GiB FP8 static (4.66), 20.1 GiB GPTQ (21.68); AWQ as fitted on the 8B and 70B shapes.
 _GPU_FIXED = 2_500_000_000
-_GPU_LAYER_COPIES = 5
+_GPU_DENSE_COPIES = 5
+_GPU_EXPERT_COPIES = 2
+_GPTQ_BLOCK = 128  # llm-compressor's GPTQ block size (its default; quantkit keeps it)
 _AWQ_BYTES_PER_TOKEN_AND_HIDDEN = 46
 _AWQ_OFFLOADED_SHARE = 0.79
 
 
-def _memory(row: formats.Format, spec: MethodBase, recipe: Recipe, src: SourceModel, layer: int) -> tuple[int, int]:
+def _gptq_bytes(layer: LayerWeights) -> int:
+    """What llm-compressor 0.14's GPTQ holds at the end of a layer: a float32 Hessian (in x in) of every Linear, all
+    accumulated before any is solved, then the largest batched solve. ``batched_quantization="auto"`` solves every
+    Linear of one weight shape together (all 256 gate and up projections of a Qwen3-30B-A3B layer), each taking the
+    larger of its quantization and activation-ordering peaks (``gptq/helpers.py: max_batch_size``), the Hessians
+    among them counted once. Where the GPU has less free than that, llm-compressor makes the batches smaller
+    (75% of free memory), so this part shrinks on a smaller GPU instead of running out."""
+    hessians = sum(4 * i * i for _, i in layer.matrices)
+    groups: dict[tuple[int, int], int] = {}
+    for shape in layer.matrices:
+        groups[shape] = groups.get(shape, 0) + 1
+    solve = max((n * 4 * (max(i * i + 3 * o * i + 4 * o * _GPTQ_BLOCK, 3 * i * i + 2 * o * i) - i * i)
+                 for (o, i), n in groups.items()), default=0)
+    return hessians + solve
+
+
+def _memory(row: formats.Format, spec: MethodBase, recipe: Recipe, src: SourceModel,
+            layer: LayerWeights) -> tuple[int, int]:
     """(host, GPU) peak bytes, by producer family.
 
     * llm-compressor: the whole model sits on the host in its load dtype, plus the calibration activations between
-      layers (samples x seq_len x hidden, bf16, twice): a floor. The GPU holds one layer at a time: the fit above.
-      No GPU: the layer's work (activations of a few samples, GPTQ's Hessians) on the host instead.
+      layers (samples x seq_len x hidden, bf16, twice) and, for a mixture of experts, one layer's experts copied while
+      they are linearized: a floor. The GPU holds one layer at a time: the fit above. No GPU: the layer's work
+      (activations of a few samples, GPTQ's Hessians) on the host instead.
     * GGUF: streams one tensor chunk at a time; llama.cpp's quantizer holds one tensor in float32 and its output.
     * ModelOpt: the whole model on the device it runs on.
 
@@ -189,11 +230,10 @@ def _memory(row: formats.Format, spec: MethodBase, recipe: Recipe, src: SourceMo
     """
     cfg = src.config.get("text_config") or src.config
     hidden = int(cfg.get("hidden_size") or 0)
-    width = max(int(cfg.get("intermediate_size") or 0), int(cfg.get("moe_intermediate_size") or 0), hidden)
     model = src.size_bytes if recipe.model.dtype == "auto" else src.num_parameters * (
         4 if recipe.model.dtype == "float32" else 2)
     if row.kind == KindName.GGUF:
-        return (64 << 20) + layer * 2, 0
+        return (64 << 20) + layer.total * 2, 0
     device = recipe.runtime.device
     on_gpu = device.startswith("cuda") or (device == "auto" and _cuda())
     if row.kind == KindName.TENSORRT_LLM:
@@ -201,23 +241,26 @@ def _memory(row: formats.Format, spec: MethodBase, recipe: Recipe, src: SourceMo
     c = recipe.calibration
     tokens = c.samples * c.seq_len if row.calibrates(spec) else 0
     acts = tokens * hidden * 2 * 2
-    hessians = 4 * width * width * 4 if Method.GPTQ in (spec.method, getattr(spec, "weights", None)) else 0
+    host = model + acts + layer.experts
+    gptq = _gptq_bytes(layer) if Method.GPTQ in (spec.method, getattr(spec, "weights", None)) else 0
     if not on_gpu:
-        return model + acts + acts // max(c.samples, 1) * 8 + hessians, 0
+        return host + acts // max(c.samples, 1) * 8 + gptq, 0
     awq = tokens * hidden * _AWQ_BYTES_PER_TOKEN_AND_HIDDEN if spec.method == Method.AWQ else 0
     if getattr(spec, "offload_activations", False):
         awq = int(awq * _AWQ_OFFLOADED_SHARE)
-    return model + acts, _GPU_FIXED + _GPU_LAYER_COPIES * layer + hessians + awq
+    work = _GPU_DENSE_COPIES * (layer.total - layer.experts) + _GPU_EXPERT_COPIES * layer.experts
+    return host, _GPU_FIXED + work + gptq + awq
 
 
 def memory(recipe: Recipe, spec: MethodBase, src: SourceModel) -> tuple[int, int]:
     """(host, GPU) peak bytes of one output, the floor that ``--dry-run`` shows."""
-    return _memory(formats.for_spec(spec), spec, recipe, src, _largest_layer_bytes(src))
+    return _memory(formats.for_spec(spec), spec, recipe, src, _largest_layer(src))
 
 
 def host_limit() -> tuple[int, str] | None:
     """How much memory this process can have, and where that limit comes from: RAM plus swap, or the cgroup v2
-    limit of the container it runs in when that is lower; None where neither can be read (not Linux)."""
+    limit of the container it runs in, or its address-space limit (``ulimit -v``), whichever is lowest; None where
+    none can be read (not Linux). A model the address space cannot map cannot be loaded whatever the RAM."""
     try:
         info = {k: int(v.split()[0]) * 1024 for k, v in
                 (ln.split(":", 1) for ln in Path("/proc/meminfo").read_text().splitlines() if ":" in ln)}
@@ -230,6 +273,9 @@ def host_limit() -> tuple[int, str] | None:
         cg = "max"
     if cg.isdigit() and int(cg) < limit[0]:
         limit = (int(cg), "the container's memory limit")
+    address_space = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if address_space != resource.RLIM_INFINITY and address_space < limit[0]:
+        limit = (address_space, "the process's address-space limit (ulimit -v)")
     return limit if limit[0] > 0 else None
 
 
