@@ -9,6 +9,11 @@ holds more than one window's distributions at a time.
 Dense engines (transformers, llama.cpp) return the full log-softmax over the vocabulary. Sparse engines (vLLM's
 ``prompt_logprobs``) return the top-k ids with their log-probabilities plus the log-probability of the actual
 next token; :mod:`quantkit.evaluation.metrics` says how KL divergence is bounded from those.
+
+Evaluation reads engines through :func:`scored_rows`: :class:`Rows`, the scored positions of consecutive windows as
+torch tensors. An engine that computes in torch (transformers) gives them batched and on its own device
+(``batches``), so the comparison runs where the logits are and only per-token figures reach the host; the others'
+per-window :class:`LogProbs` are wrapped as they come.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import importlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -25,6 +30,9 @@ from quantkit.engines import registry
 from quantkit.errors import UsageError
 from quantkit.formats import kinds
 from quantkit.formats.names import EVALUATING, LLAMACPP, TRANSFORMERS, VLLM, KindName
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -76,6 +84,37 @@ class LogProbs:
         return self.ids[:, 0]
 
 
+@dataclass
+class Rows:
+    """Log-probabilities at the scored positions of consecutive windows, as torch tensors on one device: the rows of
+    each window in turn (``sum(w.n_scored)`` of them), either ``dense`` ([rows, vocab] float32) or ``ids``/``values``
+    ([rows, k], the top-k in rank order) with ``target`` ([rows], the actual next token's log-probability)."""
+
+    windows: list[Window]
+    dense: torch.Tensor | None = None
+    ids: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    target: torch.Tensor | None = None
+
+    @property
+    def device(self) -> torch.device:
+        t = self.dense if self.dense is not None else self.values
+        assert t is not None
+        return t.device
+
+    @classmethod
+    def of(cls, window: Window, lp: LogProbs) -> Rows:
+        """One window's :class:`LogProbs` as rows on the CPU (the arrays shared, not copied)."""
+        import torch
+
+        if lp.dense is not None:
+            return cls([window], dense=torch.from_numpy(np.ascontiguousarray(lp.dense, dtype=np.float32)))
+        assert lp.ids is not None and lp.values is not None and lp.target is not None
+        return cls([window], ids=torch.from_numpy(np.asarray(lp.ids, dtype=np.int64)),
+                   values=torch.from_numpy(np.asarray(lp.values, dtype=np.float32)),
+                   target=torch.from_numpy(np.asarray(lp.target, dtype=np.float32)))
+
+
 @dataclass(frozen=True)
 class EngineOptions:
     """How to run an engine; the protocol (windows, ctx) comes from the caller."""
@@ -85,6 +124,7 @@ class EngineOptions:
     python: str | None = None  # vLLM: the interpreter of vLLM's own environment
     topk: int = 20  # vLLM: log-probabilities returned per position
     numerics: str = "auto"  # an FP4 W4A4 artifact's activations: auto, emulated, weight-only (engines/numerics.py)
+    batch: int | None = None  # transformers: windows per forward pass (None: chosen from free memory)
 
 
 class LogitsEngine(Protocol):
@@ -100,6 +140,17 @@ class LogitsEngine(Protocol):
 
     def close(self) -> None:
         """Free the model (GPU memory, subprocess) before the next engine loads."""
+
+
+def scored_rows(engine: LogitsEngine, windows: Sequence[Window]) -> Iterator[Rows]:
+    """The engine's log-probabilities over ``windows``, in order: batched where it computes them (``batches``, an
+    engine in torch), else one window at a time."""
+    batches = getattr(engine, "batches", None)
+    if batches is not None:
+        yield from batches(windows)
+        return
+    for w, lp in zip(windows, engine.logits(windows), strict=True):
+        yield Rows.of(w, lp)
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:

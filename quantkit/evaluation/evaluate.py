@@ -8,8 +8,10 @@ Tested with the engines' versions named in :mod:`quantkit.engines.registry` (tra
 0.3.36).
 
 Order of work: every cheap check first (artifact paths, manifests and their sha256, the baseline, gate limits),
-then the protocol (tokenize once), then the baseline through its engine once, its distributions stored on disk,
-then each artifact through its engine, compared window by window against the stored baseline. Each engine is
+then the protocol (tokenize once), then the baseline through its engine once, its distributions stored (on its
+device when they fit, else on disk: :class:`~quantkit.evaluation.metrics.BaselineStore`), then each artifact
+through its engine, compared batch by batch against the stored baseline on the device where the artifact's
+log-probabilities are, only per-token figures moved to the host. Each engine is
 closed before the next loads, so one GPU holds one model at a time. Results go into a report (markdown + plot)
 and into each artifact's ``quantkit.json`` (``evaluation`` section) before any gate is enforced, so a failed
 gate still leaves its evidence behind.
@@ -36,7 +38,7 @@ from quantkit.formats.names import LLAMACPP, SGLANG, TRANSFORMERS, VLLM, Method
 from quantkit.progress import Reporter
 from quantkit.recipe import GateSpec, ModelSpec, EvaluationSpec
 from quantkit.evaluation import gates as gates_mod, images as images_mod, protocol as protocol_mod, report as report_mod
-from quantkit.evaluation.metrics import Accumulator, BaselineStore, Metrics
+from quantkit.evaluation.metrics import Accumulator, BaselineStore, Metrics, score_rows
 from quantkit.evaluation.results import EvalReport, Result, Target
 
 
@@ -60,6 +62,7 @@ class EvalOptions:
     write: bool = True
     image_prompts: int = images_mod.DEFAULT_PROMPTS  # a vision-language model's image prompts scored (0: none)
     numerics: str = numerics_mod.AUTO  # an FP4 W4A4 artifact's activations: auto, emulated, weight-only
+    batch: int | None = None  # transformers: windows per forward pass (None: chosen from free memory)
 
     @classmethod
     def from_spec(cls, spec: EvaluationSpec, **overrides: Any) -> "EvalOptions":
@@ -228,12 +231,13 @@ def _preflight(kinds: set[str], options: EvalOptions) -> None:
 
 def _engine_options(options: EvalOptions) -> EngineOptions:
     return EngineOptions(ctx=options.ctx, device=options.device, python=options.python, topk=options.vllm_topk,
-                         numerics=options.numerics)
+                         numerics=options.numerics, batch=options.batch)
 
 
 def _score(label: str, kind: str, path: Path, proto: protocol_mod.Protocol, options: EvalOptions,
            reporter: Reporter, store: BaselineStore, is_baseline: bool) -> tuple[Metrics, dict[str, Any], float]:
-    """Run one model over every window; the baseline fills the store, the others are compared against it."""
+    """Run one model over every window; the baseline fills the store, the others are compared against it where
+    their log-probabilities are (:func:`quantkit.evaluation.metrics.score_rows`)."""
     start = time.perf_counter()
     with reporter.step(f"load:{label}", f"loading {label} in {kind}"):
         engine = engines.open_engine(kind, path, _engine_options(options))
@@ -245,15 +249,16 @@ def _score(label: str, kind: str, path: Path, proto: protocol_mod.Protocol, opti
             say(f"{label}: {line}")
         with reporter.bar(f"{label} ({kind})", total=proto.tokens_scored, unit="tok") as bar:
             t0, done = time.perf_counter(), 0
-            for w, lp in zip(proto.windows, engine.logits(proto.windows), strict=True):
+            for rows in engines.scored_rows(engine, proto.windows):
                 if is_baseline:
-                    store.put(w, lp)
-                    acc.add(w, lp)
-                else:
-                    acc.add(w, lp, store.get(w))
-                done += w.n_scored
-                bar.advance(w.n_scored)
+                    store.put_rows(rows)
+                acc.add_scores(score_rows(rows, None if is_baseline else store))
+                n = sum(w.n_scored for w in rows.windows)
+                done += n
+                bar.advance(n)
                 bar.update(rate=f"{done / max(time.perf_counter() - t0, 1e-9):,.0f} tok/s")
+            info["scoring_s"] = round(time.perf_counter() - t0, 3)
+            info["scored_tokens_per_s"] = round(done / max(time.perf_counter() - t0, 1e-9), 1)
     finally:
         engine.close()
     return acc.result(), info, time.perf_counter() - start

@@ -1,6 +1,6 @@
-"""Perplexity, KL divergence and top-1 agreement, accumulated window by window as engines stream them.
+"""Perplexity, KL divergence and top-1 agreement, accumulated batch by batch as engines stream them.
 
-Tested with numpy 2.4.6.
+Tested with numpy 2.4.6 and torch 2.13.0 (CPU; the same code runs on CUDA).
 
 Over the protocol's scored tokens (natural logarithms):
 
@@ -9,14 +9,15 @@ Over the protocol's scored tokens (natural logarithms):
   p_artifact(v))``, the direction llama.cpp's ``perplexity --kl-divergence`` reports;
 * top-1 agreement: the share of scored positions where both models' most likely next token is the same.
 
-The baseline is run once. Its distributions are kept in a :class:`BaselineStore` on disk, one file per window,
-and read back one window at a time while each artifact streams its own, so neither side's full set of logits
-is ever in memory. The store keeps either
+The baseline is run once. Its distributions are kept in a :class:`BaselineStore`, one row per scored token in
+the protocol's order, and read back batch by batch while each artifact computes its own, so neither side's full
+set of logits is ever held twice. The store keeps either
 
 * ``full``: every log-probability in float16 (2 bytes x vocabulary per token; renormalised in float32 when
   read back, so rounding cannot make the two distributions differ by more than second-order terms). KLD is then
-  exact. Chosen when it fits in ``DENSE_BUDGET_BYTES`` and half the free space of the temporary folder: a
-  vocabulary of 8k costs 16 KiB per token, 128k costs 256 KiB per token.
+  exact. Kept on the device the baseline ran on (GPU memory, or host memory on a CPU) when it fits a share of that
+  device's free memory (:func:`device_budget`), else on disk when it fits ``DENSE_BUDGET_BYTES`` and half the free
+  space of the temporary folder: a vocabulary of 8k costs 16 KiB per token, 128k costs 256 KiB per token.
 * ``top-k``: the baseline's ``k`` most likely ids and their log-probabilities. KLD is then computed between the
   two distributions coarse-grained into ``k + 1`` bins: one per known id and one for the rest of the vocabulary
   (whose masses are ``1 - sum`` of the known ones on each side). By the data-processing inequality that is a
@@ -24,87 +25,292 @@ is ever in memory. The store keeps either
 
 Sparse engines (vLLM returns only the artifact's top-k) are handled by the same binning, over the ids whose
 log-probabilities both sides know.
+
+The comparison (:func:`score_rows`) runs in torch on the device where the artifact's log-probabilities are (the
+GPU for transformers on CUDA), the baseline's rows brought there; only per-token figures (NLL, KL, whether the
+top-1 tokens agree) go to the host. :func:`kld_rows` is the same KL in numpy, one window at a time, for callers that
+hold numpy arrays (image prompts).
 """
 
 from __future__ import annotations
 
 import math
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from quantkit.engines.logits import LogProbs, Window, log_softmax
+from quantkit.engines.logits import LogProbs, Rows, Window, log_softmax
 from quantkit.errors import BackendError
+
+if TYPE_CHECKING:
+    import torch
 
 DENSE_BUDGET_BYTES = 8 << 30
 DEFAULT_TOPK = 256
 ROW_CHUNK = 256  # rows of [rows, vocab] temporaries at a time: bounded memory for 128k vocabularies
+DEVICE_SHARE = 0.4  # of a GPU's free memory the baseline may keep (the artifact's model and batches need the rest)
+HOST_SHARE = 0.25  # of the host's available memory, on a CPU
+CHUNK_BYTES = {"cuda": 1 << 30, "cpu": 64 << 20}  # one [rows, vocab] float32 temporary of the comparison
+
+
+def device_budget(device: torch.device) -> int:
+    """Bytes of the baseline's full distributions that may stay on ``device``: a share of its free memory now."""
+    if device.type == "cuda":
+        import torch
+
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free * DEVICE_SHARE)
+    if device.type == "cpu":
+        import psutil
+
+        return int(min(DENSE_BUDGET_BYTES, psutil.virtual_memory().available * HOST_SHARE))
+    return 0
+
+
+def row_chunk(vocab: int, device: torch.device) -> int:
+    """Rows per step of the comparison, so that each [rows, vocab] float32 temporary stays within CHUNK_BYTES."""
+    return max(1, CHUNK_BYTES.get(device.type, CHUNK_BYTES["cpu"]) // (4 * vocab))
 
 
 @dataclass
 class BaselineWindow:
-    """The stored baseline for one window: argmax, and either the full log-probs or the top-k."""
+    """The stored baseline for one window, as numpy arrays: argmax, and either the full log-probs or the top-k."""
 
     argmax: np.ndarray
-    dense: np.ndarray | None = None  # [n, vocab] float16 (memory-mapped), renormalised when used
+    dense: np.ndarray | None = None  # [n, vocab] float16, renormalised when used
     ids: np.ndarray | None = None
     values: np.ndarray | None = None
 
 
+@dataclass
+class BaselineRows:
+    """The stored baseline at a batch of scored rows, on the device they are compared on."""
+
+    argmax: torch.Tensor  # [n] int64
+    dense: torch.Tensor | None = None  # [n, vocab] float16, renormalised when used
+    ids: torch.Tensor | None = None  # [n, k] int64, rank order
+    values: torch.Tensor | None = None  # [n, k] float32
+
+
 class BaselineStore:
-    """The baseline's per-window distributions on disk, written once and read for every artifact."""
+    """The baseline's distributions at every scored token, written once and read for every artifact.
+
+    Rows are kept in the order windows are put (the protocol's); ``put_rows``/``rows`` move whole batches, ``put``
+    and ``get`` one window as numpy arrays."""
 
     def __init__(self, root: Path, tokens_scored: int, topk: int | None = None) -> None:
         self.root = root
         self.tokens_scored = tokens_scored
         self.forced_topk = topk
         self.mode: str | None = None
+        self.where: str | None = None  # full mode: "device" (a torch tensor) or "disk" (a memory-mapped file)
+        self.device: torch.device | None = None  # where "device" keeps it
         self.topk: int | None = None
         self.vocab_size: int | None = None
-        self._argmax: dict[int, np.ndarray] = {}
+        self._offsets: dict[int, tuple[int, int]] = {}
+        self._filled = 0
+        self._argmax = np.empty(tokens_scored, dtype=np.int64)
+        self._dense: Any = None  # torch.Tensor on the device, or np.memmap on disk
+        self._ids: np.ndarray | None = None
+        self._values: np.ndarray | None = None
 
-    def _choose(self, vocab: int) -> None:
+    def _choose(self, vocab: int, device: torch.device) -> None:
+        import torch
+
         self.vocab_size = vocab
         need = self.tokens_scored * vocab * 2
-        free = shutil.disk_usage(self.root).free
-        if self.forced_topk is None and need <= min(DENSE_BUDGET_BYTES, free // 2):
-            self.mode = "full"
-        else:
-            self.mode = "top-k"
-            self.topk = min(vocab, self.forced_topk or DEFAULT_TOPK)
+        if self.forced_topk is None and need <= device_budget(device):
+            self.mode, self.where = "full", "device"
+            self.device = device
+            self._dense = torch.empty((self.tokens_scored, vocab), dtype=torch.float16, device=device)
+            return
+        if self.forced_topk is None and need <= min(DENSE_BUDGET_BYTES, shutil.disk_usage(self.root).free // 2):
+            self.mode, self.where = "full", "disk"
+            self._dense = np.lib.format.open_memmap(self.root / "baseline.f16.npy", mode="w+", dtype=np.float16,
+                                                    shape=(self.tokens_scored, vocab))
+            return
+        self.mode = "top-k"
+        self.topk = min(vocab, self.forced_topk or DEFAULT_TOPK)
+        shape = (self.tokens_scored, self.topk)
+        self._ids = np.lib.format.open_memmap(self.root / "baseline.ids.npy", mode="w+", dtype=np.int32, shape=shape)
+        self._values = np.lib.format.open_memmap(self.root / "baseline.values.npy", mode="w+", dtype=np.float32,
+                                                 shape=shape)
 
     @property
     def kld_method(self) -> str:
         if self.mode == "full":
-            return "exact: full baseline distribution stored as float16 log-probabilities"
+            where = "on disk" if self.device is None else \
+                f"in {'GPU' if self.device.type == 'cuda' else 'host'} memory ({self.device})"
+            return f"exact: full baseline distribution stored as float16 log-probabilities {where}"
         return (f"lower bound: baseline top-{self.topk} ids as bins plus one bin for the rest of the vocabulary "
                 "(full distribution did not fit the store budget)")
 
-    def put(self, w: Window, lp: LogProbs) -> None:
-        if lp.dense is None:
+    def put_rows(self, rows: Rows) -> None:
+        """Keep a batch of the baseline's rows (dense: the baseline runs in an engine that returns whole
+        distributions)."""
+        import torch
+
+        if rows.dense is None:
             raise BackendError("the baseline must be evaluated by an engine that returns full distributions",
                                hint="evaluate the baseline with transformers (the default)")
+        lp = rows.dense
         if self.mode is None:
-            self._choose(int(lp.dense.shape[-1]))
-        self._argmax[w.index] = lp.dense.argmax(axis=-1).astype(np.int32)
+            self._choose(int(lp.shape[-1]), lp.device)
+        start = self._filled
+        for w in rows.windows:
+            self._offsets[w.index] = (self._filled, w.n_scored)
+            self._filled += w.n_scored
+        end = self._filled
+        if end > self.tokens_scored or lp.shape[0] != end - start:
+            raise BackendError(f"the baseline gave {lp.shape[0]} rows for {end - start} scored tokens "
+                               f"({self.tokens_scored} expected in all)")
+        with torch.inference_mode():
+            self._argmax[start:end] = lp.argmax(dim=-1).cpu().numpy()
+            if self.mode == "full" and self.where == "device":
+                self._dense[start:end] = lp.to(self._dense.device, torch.float16)
+            elif self.mode == "full":
+                self._dense[start:end] = lp.to("cpu", torch.float16).numpy()
+            else:
+                assert self._ids is not None and self._values is not None
+                values, ids = lp.topk(self.topk or DEFAULT_TOPK, dim=-1)  # sorted, most likely first
+                self._ids[start:end] = ids.cpu().numpy()
+                self._values[start:end] = values.cpu().numpy()
+
+    def put(self, w: Window, lp: LogProbs) -> None:
+        """Keep one window's rows, given as numpy arrays."""
+        self.put_rows(Rows.of(w, lp))
+
+    def _span(self, windows: Sequence[Window]) -> tuple[int, int] | list[int]:
+        """The stored rows of ``windows``: one (start, end) when they lie together (as batches do), else indices."""
+        spans = [self._offsets[w.index] for w in windows]
+        if all(spans[i][0] + spans[i][1] == spans[i + 1][0] for i in range(len(spans) - 1)):
+            return spans[0][0], spans[-1][0] + spans[-1][1]
+        return [i for s, n in spans for i in range(s, s + n)]
+
+    def rows(self, windows: Sequence[Window], device: torch.device) -> BaselineRows:
+        """The baseline at the scored rows of ``windows``, brought to ``device``."""
+        import torch
+
+        span = self._span(windows)
+        pick = slice(*span) if isinstance(span, tuple) else span
+        argmax = torch.from_numpy(self._argmax[pick]).to(device)
+        if self.mode == "full" and self.where == "device":
+            index = pick if isinstance(pick, slice) else torch.tensor(pick, device=self._dense.device)
+            return BaselineRows(argmax, dense=self._dense[index].to(device))
         if self.mode == "full":
-            np.save(self.root / f"w{w.index}.npy", lp.dense.astype(np.float16))
-            return
-        k = self.topk or DEFAULT_TOPK
-        ids = np.argpartition(lp.dense, -k, axis=-1)[:, -k:]
-        vals = np.take_along_axis(lp.dense, ids, axis=-1)
-        order = np.argsort(-vals, axis=-1)
-        np.save(self.root / f"w{w.index}.ids.npy", np.take_along_axis(ids, order, axis=-1).astype(np.int32))
-        np.save(self.root / f"w{w.index}.values.npy", np.take_along_axis(vals, order, axis=-1).astype(np.float32))
+            return BaselineRows(argmax, dense=torch.from_numpy(np.ascontiguousarray(self._dense[pick])).to(device))
+        assert self._ids is not None and self._values is not None
+        return BaselineRows(argmax, ids=torch.from_numpy(self._ids[pick].astype(np.int64)).to(device),
+                            values=torch.from_numpy(np.ascontiguousarray(self._values[pick])).to(device))
 
     def get(self, w: Window) -> BaselineWindow:
-        if self.mode == "full":
-            return BaselineWindow(self._argmax[w.index], dense=np.load(self.root / f"w{w.index}.npy", mmap_mode="r"))
-        return BaselineWindow(self._argmax[w.index], ids=np.load(self.root / f"w{w.index}.ids.npy"),
-                              values=np.load(self.root / f"w{w.index}.values.npy"))
+        """One window's stored baseline as numpy arrays (for :func:`kld_rows`)."""
+        b = self.rows([w], _cpu())
+        if b.dense is not None:
+            return BaselineWindow(b.argmax.numpy(), dense=b.dense.numpy())
+        assert b.ids is not None and b.values is not None
+        return BaselineWindow(b.argmax.numpy(), ids=b.ids.numpy(), values=b.values.numpy())
+
+
+def _cpu() -> torch.device:
+    import torch
+
+    return torch.device("cpu")
+
+
+@dataclass
+class TokenScores:
+    """Per-token figures of a batch, on the host: NLL, and against a baseline the KL and top-1 agreement."""
+
+    nll: np.ndarray
+    kl: np.ndarray | None = None
+    agree: np.ndarray | None = None
+
+
+def score_rows(rows: Rows, base: BaselineStore | None = None) -> TokenScores:
+    """NLL of the actual tokens, and against the stored baseline the KL(base || rows) and top-1 agreement, at every
+    scored row of ``rows``, computed on the rows' own device; only the per-token results are copied to the host."""
+    import torch
+
+    device = rows.device
+    with torch.inference_mode():
+        targets = torch.from_numpy(np.concatenate([w.targets for w in rows.windows])).to(device)
+        if rows.dense is not None:
+            nll = -rows.dense.gather(1, targets[:, None])[:, 0]
+            top = rows.dense.argmax(dim=-1)
+        else:
+            assert rows.ids is not None and rows.target is not None
+            nll, top = -rows.target, rows.ids[:, 0]
+        if base is None:
+            return TokenScores(nll=nll.double().cpu().numpy())
+        b = base.rows(rows.windows, device)
+        kl = _kl(b, rows)
+        return TokenScores(nll=nll.double().cpu().numpy(), kl=kl.cpu().numpy(), agree=(top == b.argmax).cpu().numpy())
+
+
+def _kl(b: BaselineRows, a: Rows) -> torch.Tensor:
+    """KL(base || artifact) per row in float64, exact when both are dense, else binned (see the module docstring);
+    in chunks of rows so no [rows, vocab] temporary outgrows :data:`CHUNK_BYTES`."""
+    import torch
+
+    n = len(b.argmax)
+    width = a.dense.shape[-1] if a.dense is not None else b.dense.shape[-1] if b.dense is not None else 1
+    step = row_chunk(width, b.argmax.device)
+    out = torch.empty(n, dtype=torch.float64, device=b.argmax.device)
+    for lo in range(0, n, step):
+        hi = min(n, lo + step)
+        out[lo:hi] = _kl_chunk(b, a, lo, hi)
+    return out.clamp_min(0.0)  # KL is non-negative; tiny negatives are rounding
+
+
+def _kl_chunk(b: BaselineRows, a: Rows, lo: int, hi: int) -> torch.Tensor:
+    import torch
+
+    if b.dense is not None:
+        lb = b.dense[lo:hi].float().log_softmax(dim=-1)  # renormalised after float16 rounding
+        if a.dense is not None:
+            _same_vocab(lb.shape[-1], a.dense.shape[-1])
+            la = a.dense[lo:hi]
+            p = lb.exp()
+            terms = torch.where(p > 0, p * (lb - la), 0.0)
+            return terms.sum(dim=-1, dtype=torch.float64)
+        assert a.ids is not None and a.values is not None
+        ids, known = _known(a.ids[lo:hi], lb.shape[-1])
+        return _binned(lb.gather(1, ids), a.values[lo:hi], known)
+    assert b.ids is not None and b.values is not None
+    bids, bvals = b.ids[lo:hi], b.values[lo:hi]
+    if a.dense is not None:
+        ids, known = _known(bids, a.dense.shape[-1])
+        return _binned(bvals, a.dense[lo:hi].gather(1, ids), known)
+    # Both sparse: bins are the artifact's top-k ids that the baseline's top-k also holds.
+    assert a.ids is not None and a.values is not None
+    aids = a.ids[lo:hi]
+    match = aids[:, :, None] == bids[:, None, :]
+    known = match.any(dim=-1) & (aids >= 0)
+    return _binned(bvals.gather(1, match.int().argmax(dim=-1)), a.values[lo:hi], known)
+
+
+def _known(ids: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    known = (ids >= 0) & (ids < vocab)
+    return ids.where(known, 0), known
+
+
+def _binned(lb: torch.Tensor, la: torch.Tensor, known: torch.Tensor) -> torch.Tensor:
+    """KL between both distributions coarse-grained to the ``known`` ids plus one bin for all other ids."""
+    import torch
+
+    lb = lb.double().where(known, -math.inf)
+    la = la.double().where(known, -math.inf)
+    pb, pa = lb.exp(), la.exp()
+    terms = torch.where(pb > 0, pb * (lb - la), 0.0).sum(dim=-1)
+    rb = (1.0 - pb.sum(dim=-1)).clamp(0.0, 1.0)
+    ra = (1.0 - pa.sum(dim=-1)).clamp(0.0, 1.0)
+    tail = torch.where(rb > 1e-9, rb * (rb.log() - ra.clamp_min(1e-30).log()), 0.0)
+    return terms + tail
 
 
 def kld_rows(base: BaselineWindow, art: LogProbs) -> np.ndarray:
@@ -201,7 +407,17 @@ class Accumulator:
     compared: int = 0
     kl: list[np.ndarray] = field(default_factory=list)
 
+    def add_scores(self, s: TokenScores) -> None:
+        """A batch's per-token figures (:func:`score_rows`)."""
+        self.nll_sum += float(s.nll.sum(dtype=np.float64))
+        self.tokens += len(s.nll)
+        if s.kl is not None and s.agree is not None:
+            self.agree += int(s.agree.sum())
+            self.compared += len(s.kl)
+            self.kl.append(s.kl)
+
     def add(self, w: Window, lp: LogProbs, base: BaselineWindow | None = None) -> None:
+        """One window's numpy log-probabilities, against the baseline's numpy arrays (:meth:`BaselineStore.get`)."""
         targets = w.targets
         self.nll_sum -= float(np.asarray(lp.target_logprobs(targets), dtype=np.float64).sum())
         self.tokens += len(targets)

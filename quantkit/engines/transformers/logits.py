@@ -20,6 +20,13 @@ the activations' scheme from every module first, which leaves them in 16/32 bits
 compressed-tensors 0.19 decompresses FP4 weights into bfloat16 whatever the model's dtype, so on CPU the weights are
 decompressed at load and cast to float32 with the rest (the same order as its first-forward hook: scales first).
 
+Windows go through the model in batches of equal-length consecutive windows (no padding, so every window is
+computed exactly as alone), as many as a share of the device's free memory holds (:func:`auto_batch`, or
+``EngineOptions.batch``), under ``torch.inference_mode``. Only the positions that predict scored tokens go
+through ``lm_head``; their log-softmax is taken in float32 on the device, and :meth:`TransformersEngine.batches`
+hands those rows over where they are (evaluation compares them there); :meth:`TransformersEngine.logits` copies
+them to the host per window, for callers that want numpy.
+
 ModelOpt exports (``hf_quant_config.json``) are refused: transformers ignores that file and would load the
 quantized tensors as if they were plain weights, giving numbers that look valid and are not.
 """
@@ -37,17 +44,20 @@ from quantkit.architectures import vision_language
 from quantkit.checkpoint import read_config
 from quantkit.devices import resolve_device
 from quantkit.engines import numerics
-from quantkit.engines.logits import EngineOptions, LogProbs, Window, check_compatible
+from quantkit.engines.logits import EngineOptions, LogProbs, Rows, Window, check_compatible
 from quantkit.engines.transformers import dense_copy
 from quantkit.errors import BackendError, UsageError
 from quantkit.formats.kinds import Kind
 from quantkit.formats.names import TRANSFORMERS, KindName
 from quantkit.versions import require
 
+MAX_BATCH = {"cuda": 64, "cpu": 8}  # windows per forward pass at most
+MEMORY_SHARE = {"cuda": 0.4, "cpu": 0.2}  # of the free memory at load one batch may use
+
 
 class TransformersEngine:
     """A causal LM loaded with ``AutoModelForCausalLM`` (or a vision-language model with its own class); one forward
-    pass per window."""
+    pass per batch of windows."""
 
     name = TRANSFORMERS
 
@@ -91,6 +101,7 @@ class TransformersEngine:
                 numerics.WEIGHT_ONLY if weight_only else numerics.EMULATED
             self.numerics_line = numerics.line(found, self.numerics, f"transformers on {self.device}")
         self._torch = torch
+        self.batch = options.batch or auto_batch(self.model, self.device, options.ctx)
         self._versions = {"transformers": transformers.__version__, "torch": torch.__version__}
 
     def info(self) -> dict[str, Any]:
@@ -98,22 +109,36 @@ class TransformersEngine:
         if dtype == "auto":
             dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
         return {"engine": self.name, "version": self._versions["transformers"], "torch": self._versions["torch"],
-                "device": self.device, "dtype": dtype, "model": str(self.path),
+                "device": self.device, "dtype": dtype, "model": str(self.path), "batch": self.batch,
                 **({"numerics": self.numerics, "numerics_line": self.numerics_line} if self.numerics else {}),
                 **({"loaded": "a dense copy decompressed by compressed-tensors (transformers 5.17 cannot reload "
                               "asymmetric int4 or FP4 compressed experts)"} if self._dense else {})}
 
-    def logits(self, windows: Sequence[Window]) -> Iterator[LogProbs]:
+    def batches(self, windows: Sequence[Window]) -> Iterator[Rows]:
+        """Log-probabilities of each batch's scored rows, float32 on the model's device."""
         torch = self._torch
-        for w in windows:
-            ids = torch.tensor([w.tokens], dtype=torch.long, device=self.device)
-            # Only the rows that predict scored tokens go through lm_head: the last n_scored + 1 positions,
-            # of which the very last predicts past the window and is dropped.
+        for group in batches_of(windows, self.batch):
+            ids = torch.tensor([w.tokens for w in group], dtype=torch.long, device=self.device)
+            # Only the rows that predict scored tokens go through lm_head: the last n_scored + 1 positions of the
+            # window with the most, of which the very last predicts past the window and is dropped.
+            keep = max(w.n_scored for w in group) + 1
             with torch.inference_mode():
-                out = self.model(input_ids=ids, use_cache=False, logits_to_keep=w.n_scored + 1)
-                lp = out.logits[0, :-1].float().log_softmax(dim=-1)
-            yield LogProbs(dense=lp.cpu().numpy())
-            del out, lp
+                logits = self.model(input_ids=ids, use_cache=False, logits_to_keep=keep).logits
+                if all(w.n_scored == keep - 1 for w in group):
+                    lp = torch.log_softmax(logits[:, :-1], dim=-1, dtype=torch.float32).flatten(0, 1)
+                else:
+                    lp = torch.cat([torch.log_softmax(logits[i, keep - 1 - w.n_scored:-1], dim=-1, dtype=torch.float32)
+                                    for i, w in enumerate(group)])
+                del logits
+            yield Rows(list(group), dense=lp)
+
+    def logits(self, windows: Sequence[Window]) -> Iterator[LogProbs]:
+        for rows in self.batches(windows):
+            start = 0
+            for w in rows.windows:
+                assert rows.dense is not None
+                yield LogProbs(dense=rows.dense[start:start + w.n_scored].cpu().numpy())
+                start += w.n_scored
 
     def close(self) -> None:
         del self.model
@@ -122,6 +147,45 @@ class TransformersEngine:
             shutil.rmtree(self._dense, ignore_errors=True)
         if self.device.startswith("cuda"):
             self._torch.cuda.empty_cache()
+
+
+def batches_of(windows: Sequence[Window], size: int) -> Iterator[list[Window]]:
+    """Consecutive windows of one length, ``size`` at most per batch (the protocol's windows all have ``ctx`` tokens
+    but the last, so batches stay full without padding)."""
+    group: list[Window] = []
+    for w in windows:
+        if group and (len(group) == size or len(w.tokens) != len(group[0].tokens)):
+            yield group
+            group = []
+        group.append(w)
+    if group:
+        yield group
+
+
+def auto_batch(model: Any, device: str, ctx: int) -> int:
+    """Windows of ``ctx`` tokens per forward pass that fit a share of the device's free memory now (the model loaded):
+    per token, the kept logits in the model's dtype, their float32 log-softmax and the comparison's float32
+    temporaries (about 4 more per vocabulary entry, in chunks), and the layer activations; on a CPU also the
+    attention scores, which its attention kernel materialises."""
+    import torch
+
+    cfg = model.config
+    cfg = getattr(cfg, "text_config", None) or cfg
+    vocab = int(getattr(cfg, "vocab_size", 0) or 32000)
+    hidden = int(getattr(cfg, "hidden_size", 0) or 4096)
+    inter = int(getattr(cfg, "intermediate_size", 0) or 4 * hidden)
+    heads = int(getattr(cfg, "num_attention_heads", 0) or 32)
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    width = next(model.parameters()).element_size()
+    per_token = vocab * (width + 4 + 8) + (8 * hidden + 4 * inter) * width
+    per_window = ctx * per_token + (heads * ctx * ctx * 4 if kind == "cpu" else 0)
+    if kind == "cuda":
+        free, _total = torch.cuda.mem_get_info(torch.device(device))
+    else:
+        import psutil
+
+        free = psutil.virtual_memory().available
+    return max(1, min(MAX_BATCH[kind], int(free * MEMORY_SHARE[kind]) // per_window))
 
 
 def refuse(path: Path, kind: Kind) -> None:
