@@ -34,9 +34,11 @@ if TYPE_CHECKING:  # the modules behind the lazy imports below, for their result
     from quantkit.formats.specs import MethodBase
     from quantkit.evaluation.evaluate import EvalOptions
     from quantkit.evaluation.results import EvalReport
+    from quantkit.tasks.evaluate import TaskOptions
+    from quantkit.tasks.results import TaskReport
 
 __all__ = ["MANIFEST", "ArtifactResult", "Manifest", "build_trt", "calibration_sets", "doctor", "evaluate",
-           "eval_options", "fmt_bytes", "fmt_num", "inspect", "load_recipe", "plan", "preview_calibration", "publish",
+           "evaluate_tasks", "eval_options", "task_options", "fmt_bytes", "fmt_num", "inspect", "load_recipe", "plan", "preview_calibration", "publish",
            "quantize", "quantize_one", "recipe_schema", "show_recipe", "shipped_recipes", "size_bytes",
            "smoke", "trt_recipe", "tune", "verify", "verify_all"]
 
@@ -243,6 +245,33 @@ def evaluate(artifacts: list[Path], baseline: str | None = None, options: EvalOp
     Returns an ``EvalReport``; gates are checked and recorded, not raised: call ``report.raise_for_gates()``.
     """
     from quantkit.evaluation.evaluate import evaluate as _evaluate
+
+    return _evaluate([Path(a) for a in artifacts], baseline, options, reporter)
+
+
+def task_options(tasks: str | list[str], *, recipe_path: str | None = None, num_fewshot: int | None = None,
+                 limit: int | None = None, min_recovery: float | None = None, engine: str | None = None,
+                 device: str = "auto", python: str | None = None, report_dir: Path | None = None) -> TaskOptions:
+    """``eval --tasks``'s options: the tasks (comma-separated or a list), each with the flags' few-shot and limit
+    over the recipe's entry for that task (whose ``min_recovery`` gates are kept), ``--min-recovery`` over every
+    gate, and where the models run."""
+    from quantkit.tasks.evaluate import TaskOptions, task_specs
+    from quantkit.tasks.runner import RunOptions
+
+    names = [n.strip() for n in (tasks.split(",") if isinstance(tasks, str) else tasks) if n.strip()]
+    recipe_tasks = None
+    if recipe_path:
+        recipe_tasks = recipe_mod.load(recipe_mod.find(recipe_path), check_output_escape=False).evaluation.tasks
+    return TaskOptions(tasks=task_specs(names, num_fewshot=num_fewshot, limit=limit, recipe_tasks=recipe_tasks),
+                       engine=engine or "auto", min_recovery=min_recovery,
+                       run=RunOptions(device=device, python=python), report_dir=report_dir)
+
+
+def evaluate_tasks(artifacts: list[Path], baseline: str | None, options: TaskOptions,
+                   reporter: Reporter | None = None) -> TaskReport:
+    """lm-eval task accuracy of artifacts against their baseline, each in the engine that serves it
+    (:mod:`quantkit.tasks.evaluate`). Gates are checked and recorded, not raised: call ``report.raise_for_gates()``."""
+    from quantkit.tasks.evaluate import evaluate as _evaluate
 
     return _evaluate([Path(a) for a in artifacts], baseline, options, reporter)
 

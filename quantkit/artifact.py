@@ -165,6 +165,10 @@ class EvaluationInfo(Section):
     # An FP4 W4A4 artifact: the arithmetic its figures measured (quantkit.engines.numerics: "w4a4", "emulated w4a4",
     # "weight-only (Marlin FP4: this GPU has no FP4 arithmetic)", ...); None for every other artifact and older files.
     numerics: str | None = None
+    # ``quantkit eval --tasks``: lm-eval task accuracy against the baseline, one row per task and metric (baseline,
+    # artifact, recovery, standard errors, engine, few-shot, limit, task sha256) and the recovery gates
+    # (quantkit.tasks.results.TaskReport.manifest); kept when the perplexity evaluation is re-run, and vice versa.
+    tasks: dict[str, Any] | None = None
 
 
 class SmokeInfo(Section):

@@ -28,7 +28,7 @@ from quantkit import artifact
 from quantkit.errors import OutputExistsError, UnsafeOutputError
 
 REMOVE_HINT = "remove it yourself, or choose another output"
-BUNDLE_FILES = ("report.json", "SHA256SUMS", "report.md", "size-vs-ppl.png")
+BUNDLE_FILES = ("report.json", "SHA256SUMS", "report.md", "size-vs-ppl.png", "tasks.md")
 _SNIFF = 1 << 20  # the most quantkit reads of a file to tell whether it wrote it
 _SUM_LINE = re.compile(r"[0-9a-f]{64}  \S.*")
 _PNG = b"\x89PNG\r\n\x1a\n"
@@ -107,6 +107,8 @@ def wrote(path: Path) -> bool:
         return False
     if path.name == "report.md":
         return text.startswith("# quantkit evaluation\n")
+    if path.name == "tasks.md":
+        return text.startswith("# quantkit task accuracy\n")
     if path.name == "SHA256SUMS":
         return all(_SUM_LINE.fullmatch(line) for line in text.splitlines() if line)
     if path.name == "report.json":

@@ -71,6 +71,27 @@ class GateSpec(Strict):
     min_top1: float | None = Field(None, ge=0.0, le=1.0, description="share of tokens whose argmax agrees")
 
 
+class TaskSpec(Strict):
+    """One lm-eval task scored on the baseline and each artifact (``quantkit eval --tasks``; quantkit/tasks/)."""
+
+    task: str = Field(max_length=PATH_LENGTH, description="a shipped task (quantkit_lastword, quantkit_nextsentence, "
+                      "quantkit_lastword_gen), a task name lm-eval knows, or a path to a task YAML in lm-eval's format")
+    num_fewshot: int | None = Field(None, ge=0, le=1024, description="few-shot examples per prompt (the task's own "
+                                    "default when unset)")
+    limit: int | None = Field(None, ge=1, le=10**9, description="score only the first N items of the task")
+    min_recovery: float | dict[str, float] | None = Field(
+        None, description="fail when artifact / baseline (baseline / artifact for a lower-is-better metric) is "
+        "below this, for every metric of the task (a number) or per metric ({acc_norm: 0.95})")
+
+    @model_validator(mode="after")
+    def _recoveries_in_range(self) -> "TaskSpec":
+        limits = self.min_recovery.values() if isinstance(self.min_recovery, dict) else [self.min_recovery]
+        for x in limits:
+            if x is not None and not (0.0 < x <= 10.0 and math.isfinite(x)):
+                raise ValueError(f"min_recovery {x} is not a ratio in (0, 10]")
+        return self
+
+
 class EvaluationSpec(Strict):
     """The evaluation protocol and its gates (the recipe's ``evaluation:`` block; ``verify:`` in recipes written
     before it was renamed, still read)."""
@@ -83,6 +104,8 @@ class EvaluationSpec(Strict):
     max_tokens: int | None = Field(None, ge=16, le=10**12, description="score at most this many tokens")
     engine: Literal[("auto", *EVALUATING)] = "auto"  # type: ignore[valid-type]
     gates: GateSpec = Field(default_factory=lambda: GateSpec(max_ppl_ratio=1.5, max_kld=0.5, min_top1=0.6))
+    tasks: list[TaskSpec] = Field(default_factory=list, max_length=64, description="lm-eval tasks scored on the "
+                                  "baseline and each artifact, with their recovery gates (quantkit eval --tasks)")
 
 
 class SmokeSpec(Strict):

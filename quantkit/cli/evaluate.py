@@ -1,4 +1,5 @@
-"""``quantkit eval``: perplexity, KL divergence and top-1 agreement of artifacts against their baseline.
+"""``quantkit eval``: perplexity, KL divergence and top-1 agreement of artifacts against their baseline; with
+``--tasks``, lm-eval task accuracy instead (:mod:`quantkit.tasks`).
 
 Flags override the ``evaluation:`` block of ``--recipe``, which overrides the defaults of the recipe schema. Nothing
 heavy is imported until the command runs, so ``quantkit --help`` stays fast.
@@ -14,11 +15,13 @@ from rich.table import Table
 
 from quantkit import api
 from quantkit.cli.common import JSON_OPT, RECIPE_OPT, command, emit_json, reporter
+from quantkit.errors import UsageError
 from quantkit.formats.names import EVALUATING
 
 PANEL_PROTOCOL = "Protocol"
 PANEL_GATES = "Gates"
 PANEL_ENGINE = "Engine"
+PANEL_TASKS = "Task accuracy"
 
 
 def _summary(console: Any, report: Any) -> None:
@@ -35,6 +38,23 @@ def _summary(console: Any, report: Any) -> None:
     console.print(t)
     if report.report_path:
         console.print(f"report: {report.report_path}" + (f"  plot: {report.plot_path}" if report.plot_path else ""))
+
+
+def _tasks_summary(console: Any, report: Any) -> None:
+    header, rows = report.table()
+    t = Table(title=f"quantkit eval --tasks: {len(report.artifacts)} artifact(s), "
+                    f"{', '.join(x.name for x in report.tasks)}", title_justify="left")
+    for col in header:
+        t.add_column(col, justify="right" if col in ("baseline", "artifact", "recovery", "n", "shots") else "left")
+    for cells, passed in rows:
+        gate = cells[-1] if passed is None else f"[green]{cells[-1]}[/]" if passed else f"[bold red]{cells[-1]}[/]"
+        t.add_row(*cells[:-1], gate)
+    console.print(t)
+    for engine, b in report.baselines.items():
+        if b.scores.cached:
+            console.print(f"baseline in {engine}: reused from the cache")
+    if report.report_path:
+        console.print(f"report: {report.report_path}")
 
 
 @command
@@ -79,6 +99,18 @@ def eval_cmd(
                                             rich_help_panel=PANEL_GATES),
     min_top1: Optional[float] = typer.Option(None, "--min-top1", help="Fail when top-1 agreement is below X "
                                              "\\[default: recipe's, else 0.6].", rich_help_panel=PANEL_GATES),
+    tasks: Optional[str] = typer.Option(None, "--tasks", help="Score lm-eval tasks instead of perplexity: comma-"
+                                        "separated shipped tasks (quantkit_lastword, quantkit_nextsentence, "
+                                        "quantkit_lastword_gen), lm-eval task names, or task YAML paths. GGUF files "
+                                        "take generation tasks only (llama-server refuses echo).",
+                                        rich_help_panel=PANEL_TASKS),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="Score only the first N items of each task.",
+                                        rich_help_panel=PANEL_TASKS),
+    num_fewshot: Optional[int] = typer.Option(None, "--num-fewshot", min=0, help="Few-shot examples per prompt "
+                                              "\\[default: each task's own].", rich_help_panel=PANEL_TASKS),
+    min_recovery: Optional[float] = typer.Option(None, "--min-recovery", help="Fail when artifact / baseline is "
+                                                 "below R on any task and metric \\[default: the recipe's "
+                                                 "min_recovery per task, else no gate].", rich_help_panel=PANEL_TASKS),
     recipe: Optional[str] = RECIPE_OPT,
     report_dir: Optional[Path] = typer.Option(None, "--report-dir", help="Where report.md and the plot go "
                                               "\\[default: the artifact folder, or the common parent of several; "
@@ -87,7 +119,15 @@ def eval_cmd(
 ) -> None:
     """Perplexity, KL divergence and top-1 agreement of each artifact against its baseline, on the same tokens
     in every engine. Writes report.md, a size-vs-perplexity plot and each artifact's quantkit.json evaluation
-    section. Exits 3 when a gate fails (after writing the report)."""
+    section. With --tasks: lm-eval task accuracy of the baseline and each artifact in the engine that serves it,
+    and recovery (artifact / baseline) per task and metric, in tasks.md and the manifest. Exits 3 when a gate fails
+    (after writing the report)."""
+    if tasks is not None:
+        _eval_tasks(artifacts, baseline, tasks, limit, num_fewshot, min_recovery, engine, device, python, recipe,
+                    report_dir, json)
+        return
+    if limit is not None or num_fewshot is not None or min_recovery is not None:
+        raise UsageError("--limit, --num-fewshot and --min-recovery apply to --tasks", hint="add --tasks T1,T2")
     options, recipe_model = api.eval_options(
         recipe, flags={"dataset": dataset, "ctx": ctx, "stride": stride, "max_tokens": max_tokens, "engine": engine},
         gate_flags={"max_ppl_ratio": max_ppl_ratio, "max_kld": max_kld, "min_top1": min_top1},
@@ -98,6 +138,22 @@ def eval_cmd(
         emit_json(report.to_json())
     else:
         _summary(rep.console, report)
+    report.raise_for_gates()
+
+
+def _eval_tasks(artifacts: list[Path], baseline: Optional[str], tasks: str, limit: Optional[int],
+                num_fewshot: Optional[int], min_recovery: Optional[float], engine: Optional[str],
+                device: Optional[str], python: Optional[str], recipe: Optional[str], report_dir: Optional[Path],
+                json: bool) -> None:
+    options = api.task_options(tasks, recipe_path=recipe, num_fewshot=num_fewshot, limit=limit,
+                               min_recovery=min_recovery, engine=engine, device=device or "auto", python=python,
+                               report_dir=report_dir)
+    rep = reporter(json)
+    report = api.evaluate_tasks(artifacts, baseline, options, rep)
+    if json:
+        emit_json(report.to_json())
+    else:
+        _tasks_summary(rep.console, report)
     report.raise_for_gates()
 
 
