@@ -66,8 +66,9 @@ def reference(base: Path, art: Path, device: str, dtype: Any) -> dict[str, float
 
 
 def batched(base: Path, art: Path, device: str) -> tuple[dict[str, float], Any]:
-    report = evaluate([art], str(base), EvalOptions(dataset="heldout", ctx=CTX, max_tokens=TOKENS, engine="transformers",
-                                                     device=device, batch=BATCH, write=False))
+    options = EvalOptions(dataset="heldout", ctx=CTX, max_tokens=TOKENS, engine="transformers", device=device,
+                          batch=BATCH, write=False)
+    report = evaluate([art], str(base), options)
     m = report.results[0].metrics
     return {"tokens": m.tokens, "ppl_base": report.baseline.metrics.ppl, "ppl": m.ppl, "kld": m.kld,
             "top1": m.top1}, report
@@ -98,3 +99,92 @@ def test_batched_on_device_scores_equal_the_per_window_reference_on_cuda(smollm2
     for key in ("ppl_base", "ppl"):
         assert abs(ours[key] / ref[key] - 1) < 1e-3, (key, ours[key], ref[key])
     assert abs(ours["kld"] - ref["kld"]) < 1e-3 and abs(ours["top1"] - ref["top1"]) < 3e-3, (ours, ref)
+
+
+@pytest.mark.unit
+def test_the_torch_comparison_equals_numpys_for_every_pairing(tmp_path: Path) -> None:
+    """Dense against dense (exact), and the binned bound of a sparse artifact (vLLM, SGLang) or a top-k baseline:
+    :func:`score_rows` in torch gives what :func:`kld_rows` gives in numpy, row by row."""
+    import numpy as np
+    import torch
+
+    from quantkit.engines.logits import LogProbs, Rows, Window, log_softmax
+    from quantkit.evaluation.metrics import BaselineStore, kld_rows, score_rows
+
+    rng = np.random.default_rng(0)
+    vocab, k = 300, 8
+    windows = [Window(index=i, tokens=tuple(int(t) for t in rng.integers(0, vocab, 9)), score_from=1 + i)
+               for i in range(3)]
+    n = [w.n_scored for w in windows]
+    logits = rng.normal(size=(sum(n), vocab)) * 3
+    lb = log_softmax(logits)
+    la = log_softmax(logits + rng.normal(size=logits.shape))
+    order = np.argsort(-la, axis=-1)[:, :k]
+    sparse = LogProbs(ids=order, values=np.take_along_axis(la, order, -1), target=la[np.arange(len(la)), 0])
+    cuts = np.cumsum([0, *n])
+    for topk in (None, k):
+        store = BaselineStore(tmp_path / f"s{topk}", sum(n), topk)
+        store.root.mkdir()
+        store.put_rows(Rows(windows, dense=torch.from_numpy(lb)))
+        for art in (LogProbs(dense=la), sparse):
+            got = np.concatenate([score_rows(Rows.of(w, _rows_of(art, cuts[i], cuts[i + 1])), store).kl
+                                  for i, w in enumerate(windows)])
+            want = np.concatenate([kld_rows(store.get(w), _rows_of(art, cuts[i], cuts[i + 1]))
+                                   for i, w in enumerate(windows)])
+            assert np.allclose(got, want, rtol=1e-5, atol=1e-7), (topk, art.dense is None)
+            assert got.mean() > 0.05
+
+
+def _rows_of(lp: Any, lo: int, hi: int) -> Any:
+    from quantkit.engines.logits import LogProbs
+
+    if lp.dense is not None:
+        return LogProbs(dense=lp.dense[lo:hi])
+    return LogProbs(ids=lp.ids[lo:hi], values=lp.values[lo:hi], target=lp.target[lo:hi])
+
+
+@pytest.mark.unit
+def test_the_vllm_worker_reads_flat_logprobs_as_it_reads_the_dicts() -> None:
+    """vLLM's prompt log-probabilities as ``append_logprobs_for_next_position`` stores them, both ways: a list of
+    per-position dicts ({id: Logprob(logprob, rank)}, the prompt token first, deduplicated when it is in the top-k)
+    and a FlatLogprobs (start/end indices over flat columns, the prompt token's entry first, nothing deduplicated;
+    the first prompt position empty). The worker's whole-array reading of the flat one equals its reading of the
+    dicts, and both equal the distributions they came from."""
+    import importlib.util
+    from collections import namedtuple
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from quantkit.engines.logits import log_softmax
+    from quantkit.engines.vllm import logits as vllm_logits
+
+    spec = importlib.util.spec_from_file_location("_logits_worker", vllm_logits.WORKER)
+    worker = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(worker)
+    Logprob = namedtuple("Logprob", "logprob rank decoded_token")
+    rng = np.random.default_rng(1)
+    vocab, k, score_from = 64, 5, 3
+    tokens = [int(t) for t in rng.integers(0, vocab, 12)]
+    lp = log_softmax(rng.normal(size=(len(tokens), vocab)) * 2)  # row p: the distribution of token p
+    tokens[6] = int(np.argmax(lp[6]))  # a prompt token inside its position's top-k
+    dicts: list[Any] = [None]
+    flat = SimpleNamespace(start_indices=[0], end_indices=[0], token_ids=[], logprobs=[])
+    for p in range(1, len(tokens)):
+        top = np.argsort(-lp[p], kind="stable")[:k]
+        rank = int((lp[p] > lp[p, tokens[p]]).sum()) + 1
+        ids, values, ranks = [tokens[p], *top.tolist()], [float(lp[p, tokens[p]]), *lp[p, top].tolist()], \
+            [rank, *range(1, k + 1)]
+        dicts.append({i: Logprob(v, r, None) for i, v, r in zip(ids, values, ranks)})
+        flat.start_indices.append(len(flat.token_ids))
+        flat.token_ids += ids
+        flat.logprobs += values
+        flat.end_indices.append(len(flat.token_ids))
+    from_flat = worker._window_arrays(np, flat, tokens, score_from, k)
+    from_dicts = worker._window_arrays(np, dicts, tokens, score_from, k)
+    rows = lp[score_from:]
+    truth = (rows[np.arange(len(rows)), tokens[score_from:]], np.argsort(-rows, axis=1, kind="stable")[:, :k])
+    for got in (from_flat, from_dicts):
+        assert np.allclose(got[0], truth[0], atol=1e-6) and (got[1] == truth[1]).all()
+        assert np.allclose(got[2], np.take_along_axis(rows, truth[1], 1), atol=1e-6)

@@ -102,6 +102,13 @@ class Rows:
         assert t is not None
         return t.device
 
+    def to(self, device: torch.device) -> Rows:
+        """The same rows on ``device`` (themselves when they are there)."""
+        if device == self.device:
+            return self
+        return Rows(self.windows, *(None if t is None else t.to(device)
+                                    for t in (self.dense, self.ids, self.values, self.target)))
+
     @classmethod
     def of(cls, window: Window, lp: LogProbs) -> Rows:
         """One window's :class:`LogProbs` as rows on the CPU (the arrays shared, not copied)."""

@@ -259,6 +259,8 @@ def _score(label: str, kind: str, path: Path, proto: protocol_mod.Protocol, opti
                 bar.update(rate=f"{done / max(time.perf_counter() - t0, 1e-9):,.0f} tok/s")
             info["scoring_s"] = round(time.perf_counter() - t0, 3)
             info["scored_tokens_per_s"] = round(done / max(time.perf_counter() - t0, 1e-9), 1)
+            if facts := getattr(engine, "scoring_facts", None):  # vLLM: its own share of that time
+                info.update(facts())
     finally:
         engine.close()
     return acc.result(), info, time.perf_counter() - start

@@ -233,11 +233,15 @@ class TokenScores:
 
 def score_rows(rows: Rows, base: BaselineStore | None = None) -> TokenScores:
     """NLL of the actual tokens, and against the stored baseline the KL(base || rows) and top-1 agreement, at every
-    scored row of ``rows``, computed on the rows' own device; only the per-token results are copied to the host."""
+    scored row of ``rows``, computed on the device of the baseline's store (else the rows' own); only the per-token
+    results are copied to the host."""
     import torch
 
-    device = rows.device
+    # Where the baseline is kept on a device (a GPU), rows an engine gave on the host go there: moving them is
+    # cheaper than moving the baseline's whole distributions out.
+    device = base.device if base is not None and base.device is not None else rows.device
     with torch.inference_mode():
+        rows = rows.to(device)
         targets = torch.from_numpy(np.concatenate([w.targets for w in rows.windows])).to(device)
         if rows.dense is not None:
             nll = -rows.dense.gather(1, targets[:, None])[:, 0]

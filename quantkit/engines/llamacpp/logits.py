@@ -2,9 +2,10 @@
 
 Tested with llama-cpp-python 0.3.36 (CPU build) and gguf 0.19.0.
 
-The model is opened with ``logits_all=True`` so every position's logits are kept, and ``n_ctx`` equal to the
-protocol's window length. Each window is evaluated from an empty KV cache (``reset`` then ``eval``), with the
-token ids given directly: llama.cpp's own tokenizer is never used, so its scores are over exactly the tokens
+The model is opened with ``logits_all=True`` so every position's logits are kept, and ``n_ctx`` and ``n_batch``
+equal to the protocol's window length, so a window is one ``llama_decode`` (as ``llama-perplexity`` runs a chunk).
+Each window is evaluated from an empty KV cache (``reset`` then ``eval``); the scored rows' log-softmax is taken by
+torch on all cores (:meth:`LlamaCppEngine.batches`), not row by row in numpy. The token ids are given directly: llama.cpp's own tokenizer is never used, so its scores are over exactly the tokens
 the baseline scored. Layers are offloaded to a GPU when the wheel was built with one and ``--device`` is not
 ``cpu``.
 """
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from quantkit.checkpoint import gguf_files
-from quantkit.engines.logits import EngineOptions, LogProbs, Window, log_softmax
+from quantkit.engines.logits import EngineOptions, LogProbs, Rows, Window
 from quantkit.errors import BackendError, UsageError
 from quantkit.formats.kinds import Kind
 from quantkit.formats.names import LLAMACPP
@@ -37,7 +38,7 @@ class LlamaCppEngine:
         self.path = files[0]
         self.n_gpu_layers = 0 if options.device == "cpu" else -1
         try:
-            self.llm = llama_cpp.Llama(model_path=str(self.path), n_ctx=options.ctx, n_batch=min(options.ctx, 512),
+            self.llm = llama_cpp.Llama(model_path=str(self.path), n_ctx=options.ctx, n_batch=options.ctx,
                                        logits_all=True, n_gpu_layers=self.n_gpu_layers, verbose=False)
         except (ValueError, RuntimeError, OSError) as e:
             raise BackendError(f"llama.cpp could not load {self.path}: {e}",
@@ -49,12 +50,20 @@ class LlamaCppEngine:
         return {"engine": self.name, "version": version("llama_cpp_python"), "device": "gpu" if self.gpu else "cpu",
                 "model": str(self.path)}
 
-    def logits(self, windows: Sequence[Window]) -> Iterator[LogProbs]:
+    def batches(self, windows: Sequence[Window]) -> Iterator[Rows]:
+        """Each window's scored rows as float32 log-probabilities (a torch tensor on the host)."""
+        import torch
+
         for w in windows:
             self.llm.reset()
             self.llm.eval(list(w.tokens))
-            rows = self.llm.scores[w.score_from - 1:len(w.tokens) - 1]
-            yield LogProbs(dense=log_softmax(rows))
+            logits = torch.from_numpy(self.llm.scores[w.score_from - 1:len(w.tokens) - 1])
+            yield Rows([w], dense=torch.log_softmax(logits, dim=-1))
+
+    def logits(self, windows: Sequence[Window]) -> Iterator[LogProbs]:
+        for rows in self.batches(windows):
+            assert rows.dense is not None
+            yield LogProbs(dense=rows.dense.numpy())
 
     def close(self) -> None:
         self.llm.close()

@@ -20,6 +20,9 @@ log-softmax of the logits (``layers/logprob_processor.py``: no temperature on pr
 above ``vocab_size - 1`` come back as 0 in ``input_token_logprobs`` (its "clip padded hash values" step); the
 log-probability next to them is still the real token's.
 
+Batches go out :data:`IN_FLIGHT` at a time (a thread each), and each answer becomes arrays in a few whole-array
+conversions (no step per token in Python but the JSON decoding itself), so the server, not quantkit, sets the pace.
+
 So, as with vLLM: perplexity and top-1 agreement are exact (the actual token's log-probability is returned for
 every position), KL divergence is a lower bound computed over the top-k bins plus one bin for the rest of the
 vocabulary (:func:`quantkit.evaluation.metrics.kld_rows`).
@@ -30,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,6 +54,7 @@ PYTHON_ENV = ROW.env_var
 ARGS_ENV = "QUANTKIT_SGLANG_ARGS"
 TIMEOUT_ENV = "QUANTKIT_SGLANG_TIMEOUT"
 BATCH = 8  # windows per /generate request (SGLang schedules them together)
+IN_FLIGHT = 3  # requests sent before the first answer is read: the server never waits on quantkit's parsing
 DEFAULT_TIMEOUT = 900.0  # seconds to health: the first start compiles SGLang's JIT kernels
 REQUEST_TIMEOUT = 1800.0
 # SGLang 0.5.17 takes a prompt only when it is shorter than max_req_input_len = (context_length - 1) - 5
@@ -118,27 +123,58 @@ def parse_result(result: Mapping[str, Any], window: Window, topk: int) -> LogPro
         raise BackendError(f"SGLang answered window {window.index} with {len(tokens)} token and {len(tops)} top-k "
                            f"entries from position {first}; {expected} expected")
     n = window.n_scored
-    target = np.empty(n, dtype=np.float32)
-    ids = np.full((n, topk), -1, dtype=np.int64)
-    values = np.full((n, topk), -np.inf, dtype=np.float32)
-    for row in range(n):
-        j = row + 1  # entry 0 is the null one, at the token before the first scored position
-        pos = first + j
-        lp, tok = tokens[j][0], tokens[j][1]
-        if lp is None or tok not in (window.tokens[pos], 0):
-            raise BackendError(f"SGLang's entry for position {pos} of window {window.index} is {tokens[j][:2]}, "
-                               f"not token {window.tokens[pos]} with a log-probability")
-        target[row] = lp
-        ranked = sorted((e for e in (tops[j] or [])), key=lambda e: -e[0])[:topk]
-        if not ranked:
-            raise BackendError(f"SGLang returned no top-k log-probabilities at position {pos} of window "
-                               f"{window.index}")
-        for k, entry in enumerate(ranked):
-            values[row, k], ids[row, k] = entry[0], entry[1]
-        if target[row] > values[row, 0] + 1e-3:
-            raise BackendError(f"SGLang's log-probability of token {window.tokens[pos]} at position {pos} of window "
-                               f"{window.index} ({target[row]:.4f}) exceeds its own top-1 ({values[row, 0]:.4f})")
-    return LogProbs(ids=ids, values=values, target=target)
+    # Entry 0 is the null one, at the token before the first scored position; the rest become arrays at once.
+    entries = _numbers(tokens[1:], 2)
+    if entries is None:  # a null log-probability, or an entry that is not [logprob, id, ...]: find which
+        entries = np.array([e[:2] if isinstance(e, list) and len(e) > 1 and None not in e[:2] else [np.nan] * 2
+                            for e in tokens[1:]], dtype=np.float64)
+    target, got = entries[:, 0], entries[:, 1]
+    bad = np.flatnonzero(np.isnan(target) | ((got != window.targets) & (got != 0)))
+    if len(bad):
+        pos = first + 1 + int(bad[0])
+        raise BackendError(f"SGLang's entry for position {pos} of window {window.index} is {tokens[1 + bad[0]][:2]}, "
+                           f"not token {window.tokens[pos]} with a log-probability")
+    ids, values = _top_arrays(tops[1:], topk, window, first)
+    over = np.flatnonzero(target > values[:, 0] + 1e-3)
+    if len(over):
+        pos = first + 1 + int(over[0])
+        raise BackendError(f"SGLang's log-probability of token {window.tokens[pos]} at position {pos} of window "
+                           f"{window.index} ({target[over[0]]:.4f}) exceeds its own top-1 ({values[over[0], 0]:.4f})")
+    return LogProbs(ids=ids, values=values, target=target.astype(np.float32))
+
+
+def _numbers(entries: list[Any], ndim: int) -> np.ndarray | None:
+    """``[logprob, id, text]`` entries (nested ``ndim - 1`` deep) as float64 [..., 2], in one conversion; None
+    when they are ragged or hold a null."""
+    table = np.array(entries, dtype=object)
+    if table.ndim != ndim or table.shape[-1] < 2:
+        return None
+    try:
+        return table[..., :2].astype(np.float64)
+    except (TypeError, ValueError):
+        return None
+
+
+def _top_arrays(rows: list[Any], topk: int, window: Window, first: int) -> tuple[np.ndarray, np.ndarray]:
+    """The top-k ids and log-probabilities of every scored position, most likely first; -1/-inf pad a position
+    that came with fewer than k, none is an error."""
+    width = max((len(r) for r in rows if r), default=0)
+    empty = [j for j, r in enumerate(rows) if not r]
+    if empty or width == 0:
+        j = empty[0] if empty else 0
+        raise BackendError(f"SGLang returned no top-k log-probabilities at position {first + 1 + j} of window "
+                           f"{window.index}")
+    table = _numbers(rows, 3)
+    if table is None:  # positions with fewer entries than others: padded one by one
+        pad = [float("-inf"), -1]
+        table = np.array([[e[:2] for e in r] + [pad] * (width - len(r)) for r in rows], dtype=np.float64)
+    order = np.argsort(-table[:, :, 0], axis=1, kind="stable")[:, :topk]
+    values = np.take_along_axis(table[:, :, 0], order, axis=1)
+    ids = np.take_along_axis(table[:, :, 1], order, axis=1).astype(np.int64)
+    if width < topk:
+        values = np.pad(values, ((0, 0), (0, topk - width)), constant_values=-np.inf)
+        ids = np.pad(ids, ((0, 0), (0, topk - width)), constant_values=-1)
+    return ids, values.astype(np.float32)
 
 
 class SglangEngine:
@@ -183,24 +219,36 @@ class SglangEngine:
                 "tp": self._info.get("tp_size")}
 
     def logits(self, windows: Sequence[Window]) -> Iterator[LogProbs]:
-        for i in range(0, len(windows), BATCH):
-            batch = windows[i:i + BATCH]
-            try:
-                results = client.post_json(self.server.url + "/generate", generate_request(batch, self.topk),
-                                           timeout=REQUEST_TIMEOUT)
-            except BackendError as e:
-                self._failed = True
-                raise (self.server.died("/generate") or e) from None
-            if not isinstance(results, list) or len(results) != len(batch):
-                self._failed = True
-                raise BackendError(f"SGLang answered a batch of {len(batch)} windows with "
-                                   f"{len(results) if isinstance(results, list) else 'no list of'} results")
-            for w, result in zip(batch, results):
-                try:
-                    yield parse_result(result, w, self.topk)
-                except BackendError:
-                    self._failed = True
-                    raise
+        """Batches of windows, IN_FLIGHT requests at a time so the server computes the next while the last one's
+        answer is read; results come back in order."""
+        batches = [windows[i:i + BATCH] for i in range(0, len(windows), BATCH)]
+        pool = ThreadPoolExecutor(max_workers=IN_FLIGHT, thread_name_prefix="quantkit-sglang")
+        try:
+            futures = [pool.submit(self._generate, batch) for batch in batches]
+            for batch, future in zip(batches, futures):
+                results = future.result()
+                for w, result in zip(batch, results):
+                    try:
+                        yield parse_result(result, w, self.topk)
+                    except BackendError:
+                        self._failed = True
+                        raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    def _generate(self, batch: Sequence[Window]) -> list[Any]:
+        """One ``/generate`` request for a batch of windows: its list of results, checked for length."""
+        try:
+            results = client.post_json(self.server.url + "/generate", generate_request(batch, self.topk),
+                                       timeout=REQUEST_TIMEOUT)
+        except BackendError as e:
+            self._failed = True
+            raise (self.server.died("/generate") or e) from None
+        if not isinstance(results, list) or len(results) != len(batch):
+            self._failed = True
+            raise BackendError(f"SGLang answered a batch of {len(batch)} windows with "
+                               f"{len(results) if isinstance(results, list) else 'no list of'} results")
+        return results
 
     def close(self) -> None:
         self.server.stop()

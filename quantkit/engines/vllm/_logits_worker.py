@@ -12,12 +12,25 @@ the scored positions) and prints ``WINDOW <index>``; after the last it prints ``
 object ``{"images": FILE, "out": DIR}`` scores image prompts instead: FILE lists ``tokens`` (the prompt with one image
 placeholder, which vLLM's own processor expands, then the answer), ``image`` (a file) and ``answer`` (how many of
 the last tokens to score); each writes ``i<index>.npz`` (the same arrays, for the answer's positions) and prints
-``IMAGE <index>``, then ``DONE``. An empty line or end of input ends the worker. Protocol lines go to the original stdout; everything else vLLM prints goes to stderr.
+``IMAGE <index>``, then ``DONE``. An empty line or end of input ends the worker. Protocol lines go to the original
+stdout; everything else vLLM prints goes to stderr.
+
+``DONE`` after windows carries a JSON object: ``generate_s``, the seconds spent inside ``llm.generate`` with
+``prompt_logprobs`` (vLLM's own prompt-logprob throughput on these tokens), ``convert_s``, the seconds spent turning
+its answers into arrays and files, and ``tokens``, the tokens run. A line ``{"prefill": FILE}`` (the same ``.npz``)
+times ``llm.generate`` over those windows without ``prompt_logprobs`` and answers ``DONE {"generate_s": ...}``: what
+the forward passes alone cost, the floor under prompt log-probabilities.
+
+vLLM's answers are read as arrays: with ``SamplingParams(flat_logprobs=True)`` (vLLM 0.11.1 on) a request's prompt
+log-probabilities come as one ``FlatLogprobs``, columns over every (position, entry): each scored position holds the
+prompt token with its rank first, then the top-k in rank order, so the rows are gathered by index arithmetic over all
+positions at once. An older vLLM's list of per-position dicts is read one position at a time.
 """
 
 import json
 import os
 import sys
+import time
 
 # Run as a script, this folder is sys.path[0], where quantkit's own modules (kernels.py...) would shadow packages of
 # the same name that vLLM and its dependencies import.
@@ -27,7 +40,7 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or '.') != os.path.dirna
 # is thrown away: only prompt positions are scored. vLLM refuses that extra position unless told it is intended.
 os.environ.setdefault("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
 
-BATCH = 32  # windows handed to vLLM at once (it schedules them together)
+BATCH = 64  # windows handed to vLLM at once (it schedules them together)
 
 
 def _emit(stream, line):
@@ -37,6 +50,10 @@ def _emit(stream, line):
 
 def _window_arrays(np, prompt_logprobs, tokens, score_from, k):
     """The scored rows of one window: actual-token log-prob, and top-k ids/log-probs in rank order."""
+    if hasattr(prompt_logprobs, "start_indices"):
+        rows = _flat_arrays(np, prompt_logprobs, tokens, score_from, k)
+        if rows is not None:
+            return rows
     n = len(tokens) - score_from
     target = np.empty(n, dtype=np.float32)
     ids = np.full((n, k), -1, dtype=np.int32)
@@ -49,6 +66,31 @@ def _window_arrays(np, prompt_logprobs, tokens, score_from, k):
             ids[row, j] = tid
             values[row, j] = lp.logprob
     return target, ids, values
+
+
+def _flat_arrays(np, flat, tokens, score_from, k):
+    """The same rows from a FlatLogprobs, for every position at once; None when a position does not hold the
+    prompt token then exactly k ranked entries (then the per-position reading decides)."""
+    stop = len(tokens)
+    starts = np.asarray(flat.start_indices, dtype=np.int64)[score_from:stop]
+    ends = np.asarray(flat.end_indices, dtype=np.int64)[score_from:stop]
+    if len(starts) != stop - score_from or not np.all(ends - starts == k + 1):
+        return None
+    entry_ids = np.asarray(flat.token_ids, dtype=np.int64)
+    entry_lps = np.asarray(flat.logprobs, dtype=np.float32)
+    if not np.array_equal(entry_ids[starts], np.asarray(tokens[score_from:stop], dtype=np.int64)):
+        return None
+    ranked = starts[:, None] + 1 + np.arange(k)
+    return entry_lps[starts], entry_ids[ranked].astype(np.int32), entry_lps[ranked]
+
+
+def _params(SamplingParams, k):
+    """Prompt log-probabilities only, flat where this vLLM can (see the module docstring)."""
+    base = {"max_tokens": 1, "temperature": 0.0, "prompt_logprobs": k, "detokenize": False}
+    try:
+        return SamplingParams(**base, flat_logprobs=True)
+    except TypeError:  # vLLM before 0.11.1 has no flat_logprobs
+        return SamplingParams(**base)
 
 
 def main():
@@ -74,31 +116,55 @@ def main():
     except Exception:  # the device name is informative only
         info["device"] = "cuda"
     _emit(proto, "READY " + json.dumps(info))
-    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=k, detokenize=False)
+    params = _params(SamplingParams, k)
     for line in sys.stdin:
         line = line.strip()
         if not line:
             break
         request = json.loads(line)
-        if isinstance(request, dict):
+        if isinstance(request, dict) and "prefill" in request:
+            _prefill(np, llm, SamplingParams, TokensPrompt, request["prefill"], proto)
+        elif isinstance(request, dict):
             _images(np, llm, params, request, k, proto)
-            continue
-        windows_path, out_dir = request
-        data = np.load(windows_path)
-        offsets, score_from, flat, index = data["offsets"], data["score_from"], data["tokens"], data["index"]
-        count = len(score_from)
-        for start in range(0, count, BATCH):
-            chunk = range(start, min(count, start + BATCH))
-            prompts = [TokensPrompt(prompt_token_ids=flat[offsets[i]:offsets[i + 1]].tolist()) for i in chunk]
-            outputs = llm.generate(prompts, params, use_tqdm=False)
-            for i, out in zip(chunk, outputs):
-                tokens = flat[offsets[i]:offsets[i + 1]].tolist()
-                target, ids, values = _window_arrays(np, out.prompt_logprobs, tokens, int(score_from[i]), k)
-                dest = os.path.join(out_dir, f"w{int(index[i])}.npz")
-                np.savez(dest + ".tmp.npz", target=target, ids=ids, values=values)
-                os.replace(dest + ".tmp.npz", dest)
-                _emit(proto, f"WINDOW {int(index[i])}")
-        _emit(proto, "DONE")
+        else:
+            _windows(np, llm, params, TokensPrompt, request, k, proto)
+
+
+def _windows(np, llm, params, TokensPrompt, request, k, proto):
+    """Score a file of windows, each written as it is ready; DONE carries the time vLLM itself took."""
+    windows_path, out_dir = request
+    data = np.load(windows_path)
+    offsets, score_from, flat, index = data["offsets"], data["score_from"], data["tokens"], data["index"]
+    count = len(score_from)
+    generate_s = convert_s = 0.0
+    for start in range(0, count, BATCH):
+        chunk = range(start, min(count, start + BATCH))
+        prompts = [TokensPrompt(prompt_token_ids=flat[offsets[i]:offsets[i + 1]].tolist()) for i in chunk]
+        t0 = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        t1 = time.perf_counter()
+        generate_s += t1 - t0
+        for i, out in zip(chunk, outputs):
+            tokens = flat[offsets[i]:offsets[i + 1]].tolist()
+            target, ids, values = _window_arrays(np, out.prompt_logprobs, tokens, int(score_from[i]), k)
+            dest = os.path.join(out_dir, f"w{int(index[i])}.npz")
+            np.savez(dest + ".tmp.npz", target=target, ids=ids, values=values)
+            os.replace(dest + ".tmp.npz", dest)
+            _emit(proto, f"WINDOW {int(index[i])}")
+        convert_s += time.perf_counter() - t1
+    _emit(proto, "DONE " + json.dumps({"generate_s": generate_s, "convert_s": convert_s, "tokens": int(offsets[-1])}))
+
+
+def _prefill(np, llm, SamplingParams, TokensPrompt, windows_path, proto):
+    """Time the same windows' forward passes without prompt log-probabilities (one token generated, greedy)."""
+    data = np.load(windows_path)
+    offsets, flat = data["offsets"], data["tokens"]
+    prompts = [TokensPrompt(prompt_token_ids=flat[offsets[i]:offsets[i + 1]].tolist()) for i in range(len(offsets) - 1)]
+    params = SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+    t0 = time.perf_counter()
+    for start in range(0, len(prompts), BATCH):
+        llm.generate(prompts[start:start + BATCH], params, use_tqdm=False)
+    _emit(proto, "DONE " + json.dumps({"generate_s": time.perf_counter() - t0, "tokens": int(offsets[-1])}))
 
 
 def _images(np, llm, params, request, k, proto):

@@ -8,7 +8,10 @@ vLLM runs with its own Python (``--python``, or ``QUANTKIT_VLLM_PYTHON``, or thi
 importable here), so it may pin a different torch than quantkit's. The worker script
 (:mod:`quantkit.engines.vllm._logits_worker`) is run as a plain file and imports nothing from quantkit. Windows are
 passed as token ids in a ``.npz`` file; the worker writes one ``.npz`` per window and announces it on its
-stdout, so results stream back while vLLM works through the batch.
+stdout, so results stream back (and are compared, on the baseline's device) while vLLM works through the next
+batch. The worker reads vLLM's answers as arrays (``FlatLogprobs``) and reports the seconds ``llm.generate`` itself
+took, so evaluation can say how close its scoring runs to vLLM's own prompt-logprob throughput
+(:meth:`VllmEngine.scoring_facts`).
 
 What comes back is sparse: per scored position, the top-k token ids with their log-probabilities (vLLM's raw
 log-probabilities, before any sampling processing) and the log-probability of the actual next token. So
@@ -108,6 +111,7 @@ class VllmEngine:
             self.close()
             raise
         self._info = json.loads(line.partition(" ")[2] or "{}")
+        self._facts: dict[str, Any] = {}
 
     def _expect(self, word: str) -> str:
         """The next protocol line, which must start with ``word``; a dead worker becomes a BackendError."""
@@ -139,7 +143,6 @@ class VllmEngine:
     def logits(self, windows: Sequence[Window]) -> Iterator[LogProbs]:
         if not windows:
             return
-        assert self.proc.stdin is not None
         out_dir = self.tmp / "out"
         out_dir.mkdir(exist_ok=True)
         lengths = [len(w.tokens) for w in windows]
@@ -148,8 +151,7 @@ class VllmEngine:
         windows_path = self.tmp / "windows.npz"
         np.savez(windows_path, tokens=flat, offsets=offsets, score_from=np.array([w.score_from for w in windows]),
                  index=np.array([w.index for w in windows]))
-        self.proc.stdin.write(json.dumps([str(windows_path), str(out_dir)]) + "\n")
-        self.proc.stdin.flush()
+        self._send([str(windows_path), str(out_dir)])
         for w in windows:
             line = self._expect("WINDOW")
             if int(line.split()[1]) != w.index:
@@ -159,19 +161,41 @@ class VllmEngine:
                 lp = LogProbs(ids=data["ids"].astype(np.int64), values=data["values"], target=data["target"])
             result.unlink()
             yield lp
-        self._expect("DONE")
+        self._facts = self._done()
+
+    def scoring_facts(self) -> dict[str, Any]:
+        """vLLM's own share of the last scoring: the seconds inside ``llm.generate`` with ``prompt_logprobs`` (its
+        own prompt-logprob throughput on these tokens) and the worker's conversion of its answers."""
+        return {f"vllm_{k}": round(v, 3) if isinstance(v, float) else v for k, v in self._facts.items()}
+
+    def prefill_seconds(self, windows: Sequence[Window]) -> float:
+        """Seconds vLLM takes to run ``windows`` without prompt log-probabilities: the floor under scoring them."""
+        path = self.tmp / "prefill.npz"
+        offsets = np.concatenate([[0], np.cumsum([len(w.tokens) for w in windows])]).astype(np.int64)
+        np.savez(path, tokens=np.fromiter((t for w in windows for t in w.tokens), dtype=np.int32,
+                                          count=int(offsets[-1])), offsets=offsets)
+        self._send({"prefill": str(path)})
+        return float(self._done()["generate_s"])
+
+    def _send(self, request: Any) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+
+    def _done(self) -> dict[str, Any]:
+        """The worker's DONE line and the timings it carries."""
+        facts = json.loads(self._expect("DONE").partition(" ")[2] or "{}")
+        return facts if isinstance(facts, dict) else {}
 
     def image_logprobs(self, prompts: Sequence[tuple[list[int], Path, int]]) -> list[LogProbs]:
         """Top-k log-probabilities at the answer positions of image prompts: (prompt with one image placeholder
         followed by the answer, the image file, answer length) each; vLLM's own processor expands the image."""
-        assert self.proc.stdin is not None
         out_dir = self.tmp / "images"
         out_dir.mkdir(exist_ok=True)
         request = self.tmp / "images.json"
         request.write_text(json.dumps([{"tokens": list(map(int, t)), "image": str(img), "answer": int(n), "index": i}
                                        for i, (t, img, n) in enumerate(prompts)]))
-        self.proc.stdin.write(json.dumps({"images": str(request), "out": str(out_dir)}) + "\n")
-        self.proc.stdin.flush()
+        self._send({"images": str(request), "out": str(out_dir)})
         out = []
         for i in range(len(prompts)):
             self._expect(f"IMAGE {i}")
