@@ -334,7 +334,8 @@ def evaluate(paths: list[Path], baseline: str | None, options: EvalOptions | Non
     rep.log(f"protocol: {proto.source} ({proto.kind}), {len(proto.windows)} windows of ctx {proto.ctx}"
             f"{f', stride {proto.stride}' if proto.stride else ''}, {proto.tokens_scored:,} tokens scored")
     with tempfile.TemporaryDirectory(prefix="quantkit-eval-") as tmp:
-        store = BaselineStore(Path(tmp), proto.tokens_scored, options.kld_topk)
+        store = BaselineStore(Path(tmp), proto.tokens_scored, options.kld_topk,
+                              shared_gpu=any(t.engine in (VLLM, SGLANG) for t in targets))
         base_kind = TRANSFORMERS  # full distributions, and the tokenizer's own framework
         m, info, secs = _score("baseline", base_kind, src.path, proto, options, rep, store, is_baseline=True)
         base_target = Target(label=f"{src.path.name} (baseline)", path=src.path, engine=base_kind, manifest_dir=None,

@@ -54,16 +54,19 @@ DEFAULT_TOPK = 256
 ROW_CHUNK = 256  # rows of [rows, vocab] temporaries at a time: bounded memory for 128k vocabularies
 DEVICE_SHARE = 0.4  # of a GPU's free memory the baseline may keep (the artifact's model and batches need the rest)
 HOST_SHARE = 0.25  # of the host's available memory, on a CPU
-CHUNK_BYTES = {"cuda": 1 << 30, "cpu": 64 << 20}  # one [rows, vocab] float32 temporary of the comparison
+SHARED_GPU_SHARE = 0.05  # vLLM takes 0.8 of a GPU's memory by default, SGLang about as much: room for the rest
+CHUNK_BYTES = {"cuda": 256 << 20, "cpu": 64 << 20}  # one [rows, vocab] float32 temporary of the comparison
 
 
-def device_budget(device: torch.device) -> int:
-    """Bytes of the baseline's full distributions that may stay on ``device``: a share of its free memory now."""
+def device_budget(device: torch.device, shared: bool = False) -> int:
+    """Bytes of the baseline's full distributions that may stay on ``device``: a share of its free memory now; a
+    GPU that an engine in another process (vLLM, SGLang) will load onto, asking for most of its memory, lends at
+    most :data:`SHARED_GPU_SHARE` of its whole."""
     if device.type == "cuda":
         import torch
 
-        free, _total = torch.cuda.mem_get_info(device)
-        return int(free * DEVICE_SHARE)
+        free, total = torch.cuda.mem_get_info(device)
+        return int(min(free * DEVICE_SHARE, total * SHARED_GPU_SHARE if shared else free))
     if device.type == "cpu":
         import psutil
 
@@ -102,13 +105,15 @@ class BaselineStore:
     Rows are kept in the order windows are put (the protocol's); ``put_rows``/``rows`` move whole batches, ``put``
     and ``get`` one window as numpy arrays."""
 
-    def __init__(self, root: Path, tokens_scored: int, topk: int | None = None) -> None:
+    def __init__(self, root: Path, tokens_scored: int, topk: int | None = None, shared_gpu: bool = False) -> None:
         self.root = root
+        self.shared_gpu = shared_gpu  # an engine in another process will load onto the GPU (device_budget)
         self.tokens_scored = tokens_scored
         self.forced_topk = topk
         self.mode: str | None = None
         self.where: str | None = None  # full mode: "device" (a torch tensor) or "disk" (a memory-mapped file)
         self.device: torch.device | None = None  # where "device" keeps it
+        self.compare_device: torch.device | None = None  # the baseline's own device, where rows are compared
         self.topk: int | None = None
         self.vocab_size: int | None = None
         self._offsets: dict[int, tuple[int, int]] = {}
@@ -122,8 +127,9 @@ class BaselineStore:
         import torch
 
         self.vocab_size = vocab
+        self.compare_device = device
         need = self.tokens_scored * vocab * 2
-        if self.forced_topk is None and need <= device_budget(device):
+        if self.forced_topk is None and need <= device_budget(device, self.shared_gpu):
             self.mode, self.where = "full", "device"
             self.device = device
             self._dense = torch.empty((self.tokens_scored, vocab), dtype=torch.float16, device=device)
@@ -233,13 +239,13 @@ class TokenScores:
 
 def score_rows(rows: Rows, base: BaselineStore | None = None) -> TokenScores:
     """NLL of the actual tokens, and against the stored baseline the KL(base || rows) and top-1 agreement, at every
-    scored row of ``rows``, computed on the device of the baseline's store (else the rows' own); only the per-token
+    scored row of ``rows``, computed on the device the baseline ran on (else the rows' own); only the per-token
     results are copied to the host."""
     import torch
 
-    # Where the baseline is kept on a device (a GPU), rows an engine gave on the host go there: moving them is
-    # cheaper than moving the baseline's whole distributions out.
-    device = base.device if base is not None and base.device is not None else rows.device
+    # Rows are compared on the baseline's device (a GPU), where rows an engine gave on the host go: moving them is
+    # cheaper than moving the baseline's whole distributions out, and the GPU computes the comparison faster.
+    device = base.compare_device if base is not None and base.compare_device is not None else rows.device
     with torch.inference_mode():
         rows = rows.to(device)
         targets = torch.from_numpy(np.concatenate([w.targets for w in rows.windows])).to(device)
