@@ -1,0 +1,82 @@
+"""bench/serve_bench.py: its arithmetic on recorded stream timings (TTFT, inter-token latency, tokens/s, ratios to
+the reference), and one short run against a real llama-server on the real model (e2e)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, quantkit
+
+sys.path.insert(0, str(ROOT / "bench"))
+import serve_bench  # noqa: E402
+from serve_bench import Stream  # noqa: E402
+
+pytestmark = pytest.mark.unit
+
+
+def test_percentile_interpolates_between_ranks_like_numpy() -> None:
+    xs = [4.0, 1.0, 3.0, 2.0]
+    assert serve_bench.percentile(xs, 50) == 2.5
+    assert serve_bench.percentile(xs, 90) == pytest.approx(3.7)
+    assert serve_bench.percentile(xs, 0) == 1.0 and serve_bench.percentile(xs, 100) == 4.0
+    assert serve_bench.percentile([], 50) is None
+
+
+def test_a_level_summarized_from_its_streams() -> None:
+    """Two requests of 3 tokens: first chunks 0.1 s and 0.3 s after their sends, gaps 0.02, 0.04, 0.02, 0.06."""
+    streams = [Stream(sent=10.0, arrivals=[10.1, 10.12, 10.16], tokens=3),
+               Stream(sent=10.0, arrivals=[10.3, 10.32, 10.38], tokens=3)]
+    f = serve_bench.summarize(streams, wall_s=0.5)
+    assert f["requests"] == 2 and f["output_tokens"] == 6 and f["output_tokens_per_s"] == 12.0
+    assert f["ttft_ms_p50"] == pytest.approx(200.0) and f["ttft_ms_p90"] == pytest.approx(280.0)
+    assert f["itl_ms_p50"] == pytest.approx(30.0) and f["itl_ms_p90"] == pytest.approx(54.0)
+    assert f["tpot_ms_mean"] == pytest.approx((30.0 + 40.0) / 2)
+
+
+def test_a_one_token_request_has_a_ttft_and_no_inter_token_latency() -> None:
+    f = serve_bench.summarize([Stream(sent=0.0, arrivals=[0.05], tokens=1)], wall_s=0.05)
+    assert f["ttft_ms_p50"] == pytest.approx(50.0)
+    assert f["itl_ms_p50"] is None and f["tpot_ms_mean"] is None
+
+
+def test_ratios_against_the_reference_at_the_same_level() -> None:
+    ref = {"levels": {"1": {"output_tokens_per_s": 100.0, "ttft_ms_p50": 40.0, "itl_ms_p50": 10.0},
+                      "4": {"output_tokens_per_s": 300.0, "ttft_ms_p50": 80.0, "itl_ms_p50": 12.0}}}
+    row = {"levels": {"1": {"output_tokens_per_s": 150.0, "ttft_ms_p50": 30.0, "itl_ms_p50": 6.5},
+                      "16": {"output_tokens_per_s": 900.0, "ttft_ms_p50": 90.0, "itl_ms_p50": 15.0}}}
+    r = serve_bench.ratios(row, ref)
+    assert r == {"1": {"output_tokens_per_s": 1.5, "ttft_ms_p50": 0.75, "itl_ms_p50": 0.65}}  # no level 16 there
+
+
+def test_deployment_flags_size_the_server_for_the_largest_level() -> None:
+    extra, ctx = serve_bench.deployment_args("llama.cpp", 4, prompt_len=100, gen=20)
+    assert ctx == 136 and extra == ["--parallel", "4", "--ctx-size", str(136 * 4)]
+    extra, _ = serve_bench.deployment_args("vllm", 64, 512, 128)
+    sizes = json.loads(extra[extra.index("--compilation-config") + 1])["cudagraph_capture_sizes"]
+    assert sizes == [1, 2, 4, 8, 16, 32, 64] and "--no-enforce-eager" in extra
+
+
+@pytest.mark.e2e
+def test_a_real_llama_server_on_the_real_model(tmp_path: Path, smollm2: Path) -> None:
+    """SmolLM2 as Q8_0 GGUF behind llama-server, one client, tiny lengths: every request decodes exactly the asked
+    tokens (checked by the script), and the table, JSON and plot are written."""
+    quantkit("gguf", smollm2, tmp_path / "gguf", "-t", "Q8_0", check=True)
+    (gguf,) = (tmp_path / "gguf").glob("*.gguf")
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "serve_bench.py"), "--engine", "llama.cpp",
+                           "--reference", str(gguf), str(gguf), "--tokenizer", str(smollm2), "--concurrency", "1",
+                           "--rounds", "2", "--prompt-len", "16", "--gen", "4", "--results-dir", str(tmp_path),
+                           "--name", "sb", "--logs", str(tmp_path / "logs")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((tmp_path / "sb" / "results.json").read_text())
+    (row,) = data["rows"]
+    level = row["levels"]["1"]
+    assert level["requests"] == 2 and level["output_tokens"] == 8
+    assert level["ttft_ms_p50"] > 0 and level["itl_ms_p50"] > 0 and level["output_tokens_per_s"] > 0
+    assert (tmp_path / "sb" / "results.png").stat().st_size > 0
+    assert f"| {gguf.stem} | 1 |" in (tmp_path / "sb" / "results.md").read_text()
