@@ -137,6 +137,9 @@ def run(recipe: Recipe, *, force: bool = False, reporter: Reporter | None = None
     todo = [r for r in done if force or r.status == "built" or not _recall(r, checks)]
     if todo and evaluate and recipe.evaluation.enabled:
         _evaluate(recipe, src, todo, rep)
+        if recipe.evaluation.tasks:
+            for r in todo:
+                _score_tasks(recipe, src, r, rep)
     if todo and smoke and recipe.smoke.enabled:
         for r in todo:
             _smoke(recipe, r, rep)
@@ -222,6 +225,28 @@ def _evaluate(recipe: Recipe, src: source_mod.SourceModel, done: list[OutputResu
                    for x in mine for g in x.gates]
 
 
+def _score_tasks(recipe: Recipe, src: source_mod.SourceModel, r: OutputResult, rep: Reporter) -> None:
+    """The recipe's lm-eval tasks on one artifact (:mod:`quantkit.tasks`; the baseline's scores come from the cache
+    after the first artifact): its rows into its evaluation record, its recovery gates into its gates, ``tasks.md``
+    into its folder. A task its engine cannot score (a loglikelihood task on GGUF) is recorded as skipped, with why."""
+    from quantkit.tasks.evaluate import TaskOptions
+    from quantkit.tasks.runner import RunOptions
+
+    options = TaskOptions(tasks=list(recipe.evaluation.tasks), engine=recipe.evaluation.engine,
+                          run=RunOptions(device=recipe.runtime.device, python=recipe.smoke.python))
+    try:
+        report = api.evaluate_tasks([r.path], str(src.path), options, rep)
+    except UsageError as e:
+        r.evaluation = {**(r.evaluation or {}), "tasks": {"status": "skipped", "summary": e.message}}
+        rep.log(f"[yellow]-[/] tasks of {r.name}: skipped ({e.message})")
+        return
+    r.evaluation = {**(r.evaluation or {}), "tasks": [row.to_json() for row in report.rows]}
+    r.gates += [{"gate": f"min_recovery {row.task.name} {row.metric} (artifact {row.value:.4f}, baseline "
+                         f"{row.baseline:.4f})", "value": row.recovery, "limit": row.limit, "passed": row.passed,
+                 "file": Path(row.label).name if row.label.endswith(".gguf") else None}
+                for row in report.rows if row.limit is not None]
+
+
 def _smoke(recipe: Recipe, r: OutputResult, rep: Reporter) -> None:
     """Smoke-test one artifact where its engine can run; otherwise record the step as skipped, with why."""
     from quantkit.engines import registry, serving
@@ -291,6 +316,8 @@ def write_model_card(r: OutputResult, recipe: Recipe, src: source_mod.SourceMode
     lines += ["", "Recipe:", "", "```yaml", m.recipe_yaml.strip(), "```"]
     if r.evaluation:
         lines += ["", "## Evaluation", ""] + _eval_table(r.evaluation)
+        if isinstance(r.evaluation.get("tasks"), list):
+            lines += ["", "## Task accuracy", ""] + _tasks_table(r.evaluation["tasks"])
     if r.smoke:
         lines += ["", "## Smoke test", "", f"{r.smoke.get('status', '?')}: {r.smoke.get('summary', '')}"]
     lines += tune_mod.card_section(m.serving.model_dump(mode="json") if m.serving else None)
@@ -320,6 +347,20 @@ def _eval_table(ev: dict[str, Any]) -> list[str]:
         f = artifact.fmt_num
         out.append(f"| {x.get('file', x.get('name', ''))} | {f(x.get('ppl'))} | {f(x.get('ppl_ratio'))} | "
                    f"{f(x.get('kld'), 4)} | {f(x.get('top1'))} |")
+    return out
+
+
+def _tasks_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The model card's lm-eval table: each task and metric, baseline and artifact with their standard errors."""
+    def pm(x: float, err: float | None) -> str:
+        return f"{x:.4f}" + (f" ± {err:.4f}" if err is not None else "")
+
+    out = ["| task | metric | baseline | artifact | recovery | items | few-shot |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+    for x in rows:
+        rec = "-" if x["recovery"] is None else f"{x['recovery']:.4f}"
+        out.append(f"| {x['task']} | {x['metric']} | {pm(x['baseline'], x['baseline_stderr'])} | "
+                   f"{pm(x['artifact'], x['artifact_stderr'])} | {rec} | {x['samples']} | {x['num_fewshot']} |")
     return out
 
 
