@@ -31,7 +31,8 @@ from quantkit.formats.kinds import Kind
 from quantkit.formats.names import KindName, Method
 from quantkit.formats.specs import MethodBase
 from quantkit.producers.base import Producer
-from quantkit.producers.groups import Checked
+from quantkit.producers import mixed
+from quantkit.producers.groups import Checked, input_widths
 from quantkit.recipe import Recipe
 from quantkit.reuse import reusable
 from quantkit.source import SourceModel, safetensors_header
@@ -121,13 +122,17 @@ def make(recipe: Recipe, *, force: bool = False, pipeline: bool = False, evaluat
         host, gpu = _memory(row, spec, recipe, src, layer)
         kind = formats.kind(row.kind)
         choice = prepared.checked.choice if isinstance(prepared.checked, Checked) else None
+        notes = [choice.reason] if choice is not None and choice.changed else []
+        if row.llmcompressor and getattr(spec, "target_bits", None) is not None:  # the bits target's plan
+            notes.append(mixed.describe(choice.apply(spec) if choice else spec,
+                                        list(input_widths(src.config).values())))
         out.outputs.append(PlannedOutput(
             name=formats.folder(spec) if recipe.outputs else path.name, format=row.key, kind=kind.label,
             path=str(path), action=action, why=why, calibration=calib,
             disk_bytes=prepared.producer.estimate_bytes(spec, src), host_bytes=host, gpu_bytes=gpu,
             evaluate=_evaluate(kind, recipe, pipeline and evaluate),
             smoke=_smoke(kind, recipe, pipeline and smoke),
-            notes=[choice.reason] if choice is not None and choice.changed else []))
+            notes=notes))
     return out
 
 

@@ -26,9 +26,9 @@ from typing import Any
 
 from quantkit.formats import kinds
 from quantkit.formats.names import KindName, Method
-from quantkit.formats.specs import (DEFAULT_GROUP_SIZE, FP4_OBSERVER_HELP, FP4_SCHEME_HELP, FP4_TARGET_BITS_HELP,
-                                   AutoRoundSpec, AwqSpec, Fp4Spec, Fp8Spec, GgufSpec, GptqSpec, Int8Spec, Mxfp4Spec,
-                                   Nvfp4Spec, RtnSpec, TrtSpec, W4a8Spec)
+from quantkit.formats.specs import (DEFAULT_GROUP_SIZE, FP4_HIGH_HELP, FP4_OBSERVER_HELP, FP4_SCHEME_HELP,
+                                   FP4_TARGET_BITS_HELP, AutoRoundSpec, AwqSpec, Fp4Spec, Fp8Spec, GgufSpec, GptqSpec,
+                                   Int8Spec, Mxfp4Spec, Nvfp4Spec, RtnSpec, TrtSpec, W4a8Spec)
 
 
 @dataclass(frozen=True)
@@ -152,11 +152,14 @@ def _fp4_flags() -> tuple[Flag, ...]:
                "minmax or mse: llm-compressor's observer for the FP4 weight scales (memoryless_minmax, memoryless_mse) "
                f"\\[default: {FP4_OBSERVER_HELP}]."),
             _f("target_bits", "--target-bits", float, "quantize.target_bits",
-               FP4_TARGET_BITS_HELP[0].upper() + FP4_TARGET_BITS_HELP[1:] + ": refused."))
+               FP4_TARGET_BITS_HELP[0].upper() + FP4_TARGET_BITS_HELP[1:] + " (e.g. 5.5; the plan and the bits "
+               "counted from the files go into the manifest)."),
+            _f("high", "--high", str, "quantize.high", FP4_HIGH_HELP[0].upper() + FP4_HIGH_HELP[1:] + "."))
 
 
 def _fp4_folder(spec: Any) -> str:
-    return f"{spec.method}-{spec.scheme}-{spec.algorithm}"
+    mix = f"-b{spec.target_bits:g}{spec.high_precision}" if spec.target_bits is not None else ""
+    return f"{spec.method}-{spec.scheme}-{spec.algorithm}{mix}"
 
 
 def _int_folder(spec: Any) -> str:

@@ -193,8 +193,22 @@ FP4_SCHEME_HELP = ("w4a16: FP4 weights, activations left in bf16/fp16 (llm-compr
 FP4_OBSERVERS = {"gptq": "mse", "rtn": "minmax", "awq": "minmax"}
 FP4_OBSERVER_HELP = (", ".join(f"{o} with {a}" for a, o in FP4_OBSERVERS.items())
                      + ", the lower KLD measured (bench/results/fp4_cpu/)")
-FP4_TARGET_BITS_HELP = ("not supported yet: vLLM 0.26 loads FP4 mixed with FP8-dynamic or int8 weight-only layers "
-                        "(bench/results/h200/fp4/mixes.md), but quantkit's bits planner mixes only int4 with int8")
+# The 8-bit layers an FP4 bits target may mix in, per FP4 method and scheme: the mixes vLLM 0.26 loaded on an H200
+# (bench/results/h200/fp4/mixes.md: NVFP4A16 and MXFP4A16 with FP8_DYNAMIC and with W8A16, NVFP4 W4A4 with
+# FP8_DYNAMIC). A mix it was not measured loading (NVFP4 W4A4 with int8, MXFP4 W4A4 with either) is refused before any
+# work. The first of each is the default: int8 weight-only scored lower than FP8-dynamic on SmolLM2-135M-Instruct
+# (bench/results/fp4_bits_cpu/), and NVFP4 W4A4 has FP8 only.
+FP4_MIXES: dict[tuple[str, str], tuple[str, ...]] = {
+    (Method.NVFP4, "w4a16"): (Method.INT8, Method.FP8), (Method.NVFP4, "w4a4"): (Method.FP8,),
+    (Method.MXFP4, "w4a16"): (Method.INT8, Method.FP8)}
+FP4_TARGET_BITS_HELP = ("average bits per weight of the quantized layers, scales included (NVFP4 alone is 4.5, MXFP4 "
+                        "4.25): the layer groups whose FP4 quantization costs the most KLD (each measured on the "
+                        "calibration set) go to 8 bits (--high) until the average is reached; unset: every layer FP4")
+FP4_HIGH_HELP = ("the 8-bit layers of a --target-bits mix: int8 (int8 weight-only, one bf16 scale per output channel, "
+                 "8.03 bits per weight at width 576) or fp8 (llm-compressor's FP8_DYNAMIC: FP8 E4M3 weights per "
+                 "channel and FP8 activations per token); unset: int8, which scored the lower KLD on "
+                 "SmolLM2-135M-Instruct (bench/results/fp4_bits_cpu/), and fp8 for nvfp4 --scheme w4a4, the one W4A4 mix vLLM 0.26 was "
+                 "measured loading (bench/results/h200/fp4/mixes.md)")
 
 
 class Fp4Spec(MethodBase):
@@ -213,14 +227,28 @@ class Fp4Spec(MethodBase):
         None, description="llm-compressor's observer for the weights' FP4 scales: minmax (memoryless_minmax, each "
                           "group's absolute maximum) or mse (memoryless_mse, the range that minimises the group's "
                           "quantization error); unset: " + FP4_OBSERVER_HELP)
-    target_bits: float | None = Field(None, description=FP4_TARGET_BITS_HELP)
+    target_bits: float | None = Field(None, gt=0, le=16, description=FP4_TARGET_BITS_HELP)
+    high: Literal[Method.INT8.value, Method.FP8.value] | None = Field(None, description=FP4_HIGH_HELP)
 
-    @field_validator("target_bits")
-    @classmethod
-    def _no_target_bits(cls, v: float | None) -> float | None:
-        if v is not None:
-            raise ValueError(f"{FP4_TARGET_BITS_HELP}; drop it (every quantized layer is FP4)")
-        return v
+    @model_validator(mode="after")
+    def _mix(self) -> "Fp4Spec":
+        """Refuse, before any work, a mix vLLM was not measured loading (:data:`FP4_MIXES`), and --high alone."""
+        if self.target_bits is None:
+            if self.high is not None:
+                raise ValueError("high chooses the 8-bit layers of a target_bits mix: give target_bits, or drop high")
+            return self
+        loaded = FP4_MIXES.get((self.method, self.scheme), ())
+        if not loaded or (self.high is not None and self.high not in loaded):
+            what = f"{self.method} {self.scheme} layers mixed with {self.high or 'any 8-bit'} layers"
+            ok = "; ".join(f"{m} {s} with {' or '.join(h)}" for (m, s), h in FP4_MIXES.items())
+            raise ValueError(f"target_bits: vLLM 0.26 was not measured loading {what} (bench/results/h200/fp4/"
+                             f"mixes.md); the mixes it loads: {ok}")
+        return self
+
+    @property
+    def high_precision(self) -> str:
+        """The 8-bit layers' precision of a bits target: the one asked for, else the mix's measured default."""
+        return self.high or FP4_MIXES[self.method, self.scheme][0]
 
     @property
     def weight_observer(self) -> str:
@@ -235,10 +263,11 @@ class Fp4Spec(MethodBase):
 
     @property
     def calibrates(self) -> bool:
-        """Whether making this spec reads calibration data: GPTQ and AWQ always; round-to-nearest only for NVFP4's
-        W4A4, whose static activation global scales are observed on data (MXFP4's activation scales are dynamic,
-        and weight scales need no data)."""
-        return self.algorithm != "rtn" or (self.scheme == "w4a4" and self.method == Method.NVFP4)
+        """Whether making this spec reads calibration data: GPTQ and AWQ always; round-to-nearest for a bits target
+        (each layer group's sensitivity is measured on it) and for NVFP4's W4A4, whose static activation global
+        scales are observed on data (MXFP4's activation scales are dynamic, and weight scales need no data)."""
+        return (self.algorithm != "rtn" or self.target_bits is not None
+                or (self.scheme == "w4a4" and self.method == Method.NVFP4))
 
 
 class Nvfp4Spec(Fp4Spec):

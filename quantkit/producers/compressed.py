@@ -37,33 +37,46 @@ from typing import Any
 from quantkit import ignore as ignore_mod
 from quantkit.errors import SourceModelError, UsageError
 from quantkit.architectures import text_config
-from quantkit.producers import mixed, moe, oneshot, torchrun, vision
+from quantkit.producers import mixed, moe, oneshot, sensitivity, torchrun, vision
 from quantkit.producers.base import ProduceContext, Produced
-from quantkit.producers.groups import (Checked, check_tiles, group_choice, grouped, input_widths, narrow_layers,
+from quantkit.producers.groups import (Checked, check_tiles, group_choice, input_widths, narrow_layers,
                                       narrow_note)
 from quantkit.producers.job import Job
 from quantkit.producers.modifiers import Plan, plan
 from quantkit.source import SourceModel
 
 
-def _check_target_bits(spec: Any, source: SourceModel, group_size: int) -> None:
+def _check_target_bits(spec: Any, source: SourceModel) -> None:
     """Refuse a bits target quantkit cannot plan here, before anything loads: on a mixture-of-experts model (vLLM's
     fused MoE layers take one scheme for all experts of a layer, and the expert weights are most of the model), or
-    one outside what int4 and int8 layers mix to."""
+    one outside what its two precisions mix to."""
     if moe.family(source.config):
         raise UsageError(f"--target-bits plans dense layers; {source.spec} is a mixture-of-experts model",
                          hint="drop --target-bits (and choose --bits 4 or 8), or use fp8 / int8")
-    mixed.check_target(spec.target_bits, group_size, spec.symmetric, list(input_widths(source.config).values()))
+    mixed.check_target(spec.target_bits, *mixed.precisions(spec), list(input_widths(source.config).values()))
 
 
-def _bits_plan(model: Any, job: Job, device: str, rep: Any) -> tuple[list[mixed.Unit], dict[str, Any]]:
-    """Measure each layer group's 4-bit sensitivity on the model as loaded (moved to the GPU for it, when there is
-    one, and back), then choose which groups go to 8 bits; says the choice in one line."""
+def _bits_plan(model: Any, job: Job, device: str, rep: Any, source: SourceModel,
+               tokens_sha256: str) -> tuple[list[mixed.Unit], dict[str, Any], str | None]:
+    """Measure each layer group's low-precision sensitivity on the model as loaded (moved to the GPU for it, when
+    there is one, and back), or read it from the cache (:mod:`quantkit.producers.sensitivity`), then choose which
+    groups go to 8 bits; says the choice in one line. Returns the plan, the measurement's record and the note a
+    cached measurement leaves in the manifest."""
     import torch
 
     spec = job.spec
+    low, high = mixed.precisions(spec)
     found = mixed.units(model, job.ignore)
     where = "cuda" if device == "cuda" else "cpu"
+    name = sensitivity.key(source, tokens_sha256, low, found, job.dtype, where)
+    cached = sensitivity.read(name, found)
+    if cached is not None:
+        measured, record = cached
+        note = (f"the {low.name} sensitivity of the {len(found)} layer groups was read from quantkit's cache "
+                f"(sensitivity/{name[:16]}, measured in {record.get('seconds', '?')} s by an earlier run on the same "
+                "source and calibration tokens)")
+        rep.log(note)
+        return _choose(measured, spec, low, high, rep), {**record, "cache": "read", "cache_key": name}, note
     if where == "cuda":
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
         free, _ = torch.cuda.mem_get_info()
@@ -71,21 +84,27 @@ def _bits_plan(model: Any, job: Job, device: str, rep: Any) -> tuple[list[mixed.
             raise UsageError(f"--target-bits measures each layer group with the whole model on one GPU, and its "
                              f"{weights / 2**30:.1f} GiB of weights do not fit in the {free / 2**30:.1f} GiB free",
                              hint="use a GPU with more memory, or drop --target-bits")
-    with rep.timed("sensitivity"), rep.bar(f"Measuring the 4-bit KLD of {len(found)} layer groups on {where}",
+    with rep.timed("sensitivity"), rep.bar(f"Measuring the {low.name} KLD of {len(found)} layer groups on {where}",
                                            len(found)) as task:
         model.to(where)
         try:
-            measured, sensitivity = mixed.measure(model, found, job.samples or [], spec.group_size,
-                                                  spec.symmetric, task.advance)
+            measured, record = mixed.measure(model, found, job.samples or [], low, task.advance)
         finally:
             model.to("cpu")
-    chosen = mixed.choose(measured, spec.target_bits, spec.group_size, spec.symmetric)
-    high = [u for u in chosen if u.bits == mixed.HIGH_BITS]
-    rep.log(f"bits plan: {len(high)} of {len(chosen)} layer groups at int{mixed.HIGH_BITS} "
-            f"({mixed.planned_bits(chosen, spec.group_size, spec.symmetric):.3f} bits per weight planned, "
-            f"target {spec.target_bits:g}); estimated KLD {sum(u.kld for u in chosen if u.bits == mixed.LOW_BITS):.4f}"
-            f" instead of {sum(u.kld for u in chosen):.4f} with every group at int{mixed.LOW_BITS}")
-    return chosen, sensitivity
+    sensitivity.write(name, measured, record)
+    return _choose(measured, spec, low, high, rep), {**record, "cache": "written", "cache_key": name}, None
+
+
+def _choose(measured: list[mixed.Unit], spec: Any, low: mixed.Precision, high: mixed.Precision,
+            rep: Any) -> list[mixed.Unit]:
+    """The groups at 8 bits for the spec's target, said in one line."""
+    chosen = mixed.choose(measured, spec.target_bits, low, high)
+    raised = [u for u in chosen if u.bits == mixed.HIGH_BITS]
+    rep.log(f"bits plan: {len(raised)} of {len(chosen)} layer groups at {high.name} "
+            f"({mixed.planned_bits(chosen, low, high):.3f} bits per weight planned, target {spec.target_bits:g}); "
+            f"estimated KLD {sum(u.kld for u in chosen if u.bits == mixed.LOW_BITS):.4f} instead of "
+            f"{sum(u.kld for u in chosen):.4f} with every group at {low.name}")
+    return chosen
 
 
 class CompressedProducer:
@@ -109,8 +128,8 @@ class CompressedProducer:
         check_tiles(spec, source)
         ignore = ignore_mod.effective(spec, source)  # a misspelt --ignore fails here, before anything loads
         narrow = narrow_layers(spec, source, ignore)  # FP4: nothing (or an expert) left to quantize fails here
-        if getattr(spec, "target_bits", None) is not None and choice is not None:
-            _check_target_bits(choice.apply(spec), source, choice.size)
+        if getattr(spec, "target_bits", None) is not None:
+            _check_target_bits(choice.apply(spec) if choice is not None else spec, source)
         return Checked(choice, narrow)
 
     def estimate_bytes(self, spec: Any, source: SourceModel) -> int:
@@ -135,7 +154,7 @@ class CompressedProducer:
                 else:  # a default chosen for the bits target: its reason names the flags
                     rep.log(choice.reason)
         p = plan(spec)
-        if grouped(spec) and getattr(spec, "target_bits", None) is not None and ctx.runtime.num_gpus > 1:
+        if getattr(spec, "target_bits", None) is not None and ctx.runtime.num_gpus > 1:
             raise UsageError("--target-bits measures and quantizes in one process",
                              hint="drop --num-gpus (the model is quantized one layer at a time on one GPU anyway)")
         job = Job.of(ctx, spec)
@@ -160,7 +179,8 @@ class CompressedProducer:
                 model = oneshot.load_model(job)
             bits_plan = None
             if getattr(spec, "target_bits", None) is not None:
-                bits_plan, sensitivity = _bits_plan(model, job, device, rep)
+                bits_plan, measurement, cached = _bits_plan(model, job, device, rep, ctx.source, calib.tokens_sha256)
+                notes += [cached] if cached else []
                 p = plan(spec, {b: mixed.targets(bits_plan, b) for b in (mixed.LOW_BITS, mixed.HIGH_BITS)})
                 description = f"Quantizing {spec.method} ({p.scheme}) with llm-compressor on {device}"
             with rep.layers("quantize", description), oneshot.quiet_backend():
@@ -168,15 +188,15 @@ class CompressedProducer:
             with rep.step("check", "Checking that every module that should be quantized was"):
                 info["coverage"] = oneshot.check(model, p, job)
                 if bits_plan is not None:
-                    mixed.check_bits(model, bits_plan)
+                    mixed.check_bits(model, bits_plan, *mixed.precisions(spec))
             with rep.step("save", "Saving the compressed-tensors checkpoint"), oneshot.quiet_backend():
                 oneshot.save(model, tokenizer, job, p.save_format)
             del model
             if bits_plan is not None:
                 achieved = mixed.measured_bits(ctx.workdir, bits_plan)
                 mixed.verify(achieved, spec.target_bits)
-                info["mixed"] = mixed.manifest(bits_plan, spec.target_bits, achieved, spec.group_size, spec.symmetric,
-                                               sensitivity)
+                info["mixed"] = mixed.manifest(bits_plan, spec.target_bits, achieved, *mixed.precisions(spec),
+                                               measurement)
                 rep.log(f"bits per weight of the quantized layers: {achieved:.3f} (target {spec.target_bits:g})")
         vl = vision.family(ctx.source.config)
         if vl is not None:

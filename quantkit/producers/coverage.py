@@ -9,7 +9,11 @@ neither. This check counts, on the model as oneshot left it:
   positive scales (FP4's global scales included);
 * for a mixture-of-experts family quantkit knows (:mod:`quantkit.producers.moe`), every expert projection of every
   MoE layer must, whatever the ignore list says: the experts are most of the weights and the point of quantizing;
-* no module the ignore list names (routers, ``lm_head``) may have been quantized.
+* no module the ignore list names (routers, ``lm_head``) may have been quantized;
+* in a mix of schemes (a bits target: int4 with int8, FP4 with int8 or FP8), every module's scales must be its own
+  scheme's: one per group of its group size along the input (one per output channel for a per-channel scheme), and
+  a global scale exactly where its strategy has one (NVFP4's tensor groups), so a module quantized under the other
+  group's arguments cannot pass.
 
 A failure is a :class:`~quantkit.errors.BackendError` (exit 1) naming the modules, raised inside the producer, so the
 artifact writer removes the temporary folder and nothing is published.
@@ -36,13 +40,14 @@ class Coverage:
     missing: list[str] = field(default_factory=list)
     absent: list[str] = field(default_factory=list)
     bad_scales: list[str] = field(default_factory=list)
+    wrong_scales: list[str] = field(default_factory=list)
     ignored_but_quantized: list[str] = field(default_factory=list)
     caught_by: dict[str, str] = field(default_factory=dict)
     experts: dict[int, dict[str, Any]] | None = None
 
     @property
     def ok(self) -> bool:
-        return not (self.missing or self.absent or self.bad_scales or self.ignored_but_quantized)
+        return not (self.missing or self.absent or self.bad_scales or self.wrong_scales or self.ignored_but_quantized)
 
     def manifest(self) -> dict[str, Any]:
         """The manifest's compact record (module lists only where something failed, which then never publishes)."""
@@ -74,6 +79,9 @@ class Coverage:
         if self.bad_scales:
             parts.append(f"{len(self.bad_scales)} modules have NaN, infinite or zero scales: {_names(self.bad_scales)}")
             hints.append("scales like these come from modules calibration never reached: use more calibration data")
+        if self.wrong_scales:
+            parts.append(f"{len(self.wrong_scales)} modules of a mix carry scales other than their scheme's: "
+                         f"{_names(self.wrong_scales)}")
         if self.ignored_but_quantized:
             parts.append(f"{len(self.ignored_but_quantized)} modules the ignore list names were quantized: "
                          f"{_names(self.ignored_but_quantized)}")
@@ -110,6 +118,28 @@ def _scales_ok(module: Any, signed: bool = False) -> bool:
     return True
 
 
+def _scheme_key(module: Any) -> tuple[Any, ...]:
+    """What sets a module's weight scales apart: its scheme's type, bits, strategy and group size."""
+    w = module.quantization_scheme.weights
+    return str(w.type), w.num_bits, str(w.strategy), w.group_size
+
+
+def _scales_fit(module: Any) -> bool:
+    """Whether a module's weight scales are its scheme's: ``weight_scale`` one per group of its size along the input
+    (group and tensor-group strategies) or one per output channel (channel), and ``weight_global_scale`` exactly
+    where the strategy is tensor-group (NVFP4). Other strategies (tensor, block) are not checked here."""
+    from compressed_tensors.quantization import QuantizationStrategy
+
+    w = module.quantization_scheme.weights
+    out_features, in_features = module.weight.shape
+    expected = {QuantizationStrategy.GROUP: (out_features, in_features // (w.group_size or 1)),
+                QuantizationStrategy.TENSOR_GROUP: (out_features, in_features // (w.group_size or 1)),
+                QuantizationStrategy.CHANNEL: (out_features, 1)}.get(w.strategy)
+    if expected is not None and tuple(module.weight_scale.shape) != expected:
+        return False
+    return hasattr(module, "weight_global_scale") == (w.strategy == QuantizationStrategy.TENSOR_GROUP)
+
+
 def check(model: Any, ignore: list[str], config: dict[str, Any], signed_scales: bool = False) -> Coverage:
     """Count what oneshot quantized in ``model`` against what ``ignore`` and the MoE family say it must.
 
@@ -141,6 +171,9 @@ def check(model: Any, ignore: list[str], config: dict[str, Any], signed_scales: 
             cov.quantized += 1
             if not _scales_ok(module, signed_scales):
                 cov.bad_scales.append(name)
+    quantized = [modules[n] for n in must if isinstance(modules.get(n), torch.nn.Linear) and _quantized(modules[n])]
+    if len({_scheme_key(m) for m in quantized}) > 1:
+        cov.wrong_scales = [n for n in must if modules.get(n) in quantized and not _scales_fit(modules[n])]
     cov.ignored_but_quantized = [n for n, m in modules.items()
                                  if n not in expert_names and is_match(n, m, ignore) and _quantized(m)]
     if fam:

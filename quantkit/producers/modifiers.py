@@ -202,14 +202,48 @@ def _plan_w4a8(spec: Any) -> Plan:
                 save_format="pack-quantized")
 
 
-def _plan_fp4(spec: Any) -> Plan:
+def _fp4_groups(spec: Any, split: dict[int, list[str]]) -> dict[str, Any]:
+    """The config groups of an FP4 bits plan (``split``: bits -> targets): the FP4 preset's arguments with the spec's
+    observer on its weights for the 4-bit layers, the 8-bit layers' as :data:`quantkit.producers.mixed.FP4_HIGH`
+    says (FP8-dynamic's preset, or int8 weight-only per channel), in one modifier so GPTQ and AWQ see both. Read from
+    compressed-tensors' presets when the plan is made (the model is loaded by then), so no argument is copied."""
+    from compressed_tensors.quantization import preset_name_to_scheme
+
+    def preset(name: str, targets: list[str]) -> dict[str, Any]:
+        return preset_name_to_scheme(name, targets).model_dump(mode="json", exclude_none=True)
+
+    _, high = mixed.precisions(spec)
+    groups = []
+    if split[mixed.LOW_BITS]:
+        low = preset(_FP4_PRESETS[spec.method, spec.scheme], split[mixed.LOW_BITS])
+        low["weights"]["observer"] = _FP4_OBSERVERS[spec.weight_observer]
+        groups.append(low)
+    if split[mixed.HIGH_BITS]:
+        raised = split[mixed.HIGH_BITS]
+        groups.append(preset(high.preset, raised) if high.preset else
+                      {"targets": raised, "weights": _int_weights(high.bits, high.group_size, True)})
+    return {"config_groups": {f"group_{i}": g for i, g in enumerate(groups)}}
+
+
+def _fp4_scheme(spec: Any, split: dict[int, list[str]] | None) -> str:
+    """The preset's name, or a bits plan's mix (``NVFP4A16+FP8_DYNAMIC``, ``MXFP4A16+W8A16``)."""
+    preset = _FP4_PRESETS[spec.method, spec.scheme]
+    if split is None or not split[mixed.HIGH_BITS]:
+        return preset
+    _, high = mixed.precisions(spec)
+    return f"{preset}+{high.preset or _int_scheme(high.bits, True)}"
+
+
+def _plan_fp4(spec: Any, split: dict[int, list[str]] | None = None) -> Plan:
     # NVFP4 and MXFP4 through compressed-tensors' presets. GPTQ takes the FP4 scheme itself (its column updates
     # quantize each group under the observer's scale; NVFP4's global scale comes first from the whole weight); AWQ
     # smooths with round-to-nearest of the same scheme in its grid search (llm-compressor's AWQ+NVFP4 example), then
     # the QuantizationModifier rounds the smoothed weights. compressed-tensors 0.19 infers nvfp4-pack-quantized for
-    # FP4 groups of 16 and mxfp4-pack-quantized for 32, what vLLM 0.26 reads, so no save format is forced.
+    # FP4 groups of 16 and mxfp4-pack-quantized for 32, what vLLM 0.26 reads, so no save format is forced; a bits
+    # plan's checkpoint is mixed-precision, each config group with its own format.
     preset = _FP4_PRESETS[spec.method, spec.scheme]
-    quantize = {"scheme": preset, "weight_observer": _FP4_OBSERVERS[spec.weight_observer]}
+    quantize: dict[str, Any] = ({"scheme": preset, "weight_observer": _FP4_OBSERVERS[spec.weight_observer]}
+                                if split is None else _fp4_groups(spec, split))
     if spec.algorithm == "gptq":
         modifiers: tuple[tuple[str, dict[str, Any]], ...] = (
             ("GPTQModifier", {**quantize, "dampening_frac": 0.01, "actorder": "static"}),)
@@ -217,12 +251,13 @@ def _plan_fp4(spec: Any) -> Plan:
         modifiers = (_awq_smoothing(duo_scaling=True, offload=False), ("QuantizationModifier", quantize))
     else:
         modifiers = (("QuantizationModifier", quantize),)
-    return Plan(preset, modifiers, calibrate=spec.calibrates,
-                summary={"algorithm": spec.algorithm, "observer": quantize["weight_observer"], "bits": 4,
+    return Plan(_fp4_scheme(spec, split), modifiers, calibrate=spec.calibrates,
+                summary={"algorithm": spec.algorithm, "observer": _FP4_OBSERVERS[spec.weight_observer], "bits": 4,
                          "group_size": spec.group_size, "symmetric": True, "fp4_scheme": spec.scheme,
                          "weights": f"fp4 e2m1 group {spec.group_size}", "scales": _FP4_SCALES[spec.method],
                          "activations": _FP4_ACTIVATIONS[spec.method] if spec.scheme == "w4a4"
-                         else "bf16/fp16 (weight-only)"})
+                         else "bf16/fp16 (weight-only)",
+                         **({"high": mixed.precisions(spec)[1].words} if spec.target_bits is not None else {})})
 
 
 _PLANS = {Method.AWQ: _plan_awq, Method.GPTQ: _plan_gptq, Method.AUTOROUND: _plan_autoround, Method.RTN: _plan_rtn,

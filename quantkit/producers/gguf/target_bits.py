@@ -109,7 +109,8 @@ def plan(model: Any, convert_plan: Any, base: Path, intermediate: Path, target: 
     names = {m: convert_plan.gguf_name(m) for u in found for m in u.modules}
     t0 = time.monotonic()
     with reporter.bar(f"Measuring the 4-bit KLD of {len(found)} layer groups", len(found)) as task:
-        measured, sensitivity = mixed.measure(model, found, samples, PROXY_GROUP, False, task.advance)
+        measured, sensitivity = mixed.measure(model, found, samples,
+                                              mixed.int_precision(mixed.LOW_BITS, PROXY_GROUP, False), task.advance)
     modules = dict(model.named_modules())
     proxy = {}
     for m, gguf_name in names.items():
