@@ -62,13 +62,15 @@ def test_deployment_flags_size_the_server_for_the_largest_level() -> None:
 
 
 @pytest.mark.e2e
-def test_a_real_llama_server_on_the_real_model(tmp_path: Path, smollm2: Path) -> None:
-    """SmolLM2 as Q8_0 GGUF behind llama-server, one client, tiny lengths: every request decodes exactly the asked
-    tokens (checked by the script), and the table, JSON and plot are written."""
-    quantkit("gguf", smollm2, tmp_path / "gguf", "-t", "Q8_0", check=True)
+def test_a_real_llama_server_on_the_reference_model(tmp_path: Path) -> None:
+    """The reference model as Q8_0 GGUF behind the real llama-server, one client, tiny lengths: every request decodes
+    exactly the asked tokens (checked by the script), and the table, JSON and plot are written. (The reference model,
+    not SmolLM2: what is checked is the benchmark's plumbing, and its conversion takes seconds, not a minute.)"""
+    model = ROOT / "models" / "quantkit-tiny"
+    quantkit("gguf", model, tmp_path / "gguf", "-t", "Q8_0", check=True)
     (gguf,) = (tmp_path / "gguf").glob("*.gguf")
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "serve_bench.py"), "--engine", "llama.cpp",
-                           "--reference", str(gguf), str(gguf), "--tokenizer", str(smollm2), "--concurrency", "1",
+                           "--reference", str(gguf), str(gguf), "--tokenizer", str(model), "--concurrency", "1",
                            "--rounds", "2", "--prompt-len", "16", "--gen", "4", "--results-dir", str(tmp_path),
                            "--name", "sb", "--logs", str(tmp_path / "logs")],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
