@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import sys
 import textwrap
 import time
@@ -19,6 +20,7 @@ from rich.console import Console
 from conftest import gone, quantkit
 from quantkit.engines import watch
 from quantkit.engines.serving import ServerProcess
+from quantkit.engines.vllm import kernel_sweep
 from quantkit.errors import EXIT_FAILURE
 from quantkit.progress import Reporter
 
@@ -111,3 +113,16 @@ def test_an_overall_timeout_still_bounds_a_talking_server(tmp_path: Path) -> Non
     assert not isinstance(caught.value, watch.ProcessStalled)
     assert "did not answer /health within 3s" in caught.value.message and "compiling kernel" in caught.value.message
     assert not srv.running()
+
+
+def test_a_sweep_load_that_goes_silent_is_stopped_and_says_why(tmp_path: Path) -> None:
+    """tune's kernel sweep waits on each vLLM load through the same watch: a load that stops speaking is stopped
+    after the stall timeout, its log ending with the reason the measurement reports; one that finishes is not."""
+    log = tmp_path / "load.log"
+    silent = [sys.executable, "-c", "print('loading', flush=True); import time; time.sleep(60)"]
+    rc, seconds = kernel_sweep.run_logged(silent, dict(os.environ), log, 50, who="a vLLM load", stall_timeout=2)
+    assert rc is None and seconds < 40
+    stopped = log.read_text().splitlines()[-1]
+    assert stopped.startswith(kernel_sweep.STOPPED) and "a vLLM load made no progress" in stopped
+    assert "last log line: loading" in stopped
+    assert kernel_sweep.run_logged([sys.executable, "-c", "print('ok')"], dict(os.environ), log, 50)[0] == 0

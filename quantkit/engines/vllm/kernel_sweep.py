@@ -25,8 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quantkit.engines import watch
 from quantkit.engines.vllm import kernels
 from quantkit.engines.vllm.kernels import Configuration, Measurement
+from quantkit.progress import Reporter
 
 CHILD = Path(__file__).with_name("_speed_worker.py")
 
@@ -100,31 +102,40 @@ def stop_all() -> None:
             time.sleep(3)
 
 
-def run_logged(argv: list[str], env: dict[str, str], log: Path, timeout: float,
-               cwd: Path | None = None) -> tuple[int | None, float]:
+def run_logged(argv: list[str], env: dict[str, str], log: Path, timeout: float, cwd: Path | None = None, *,
+               who: str = "the child process", stall_timeout: float | None = None,
+               reporter: Reporter | None = None) -> tuple[int | None, float]:
     """Run ``argv`` in its own process group with stdout and stderr into ``log``; its exit code (None when it
-    ran past ``timeout`` and was killed) and seconds. Whatever it left running in its group is killed too."""
+    ran past ``timeout``, or made no progress for ``stall_timeout`` seconds, and was stopped) and seconds.
+    Whatever it left running in its group is killed too. The wait is shown (``reporter``: what it waits for, how
+    long, the log's last line); a stopped child's reason is the log's last line, after a :data:`STOPPED` mark."""
     log.parent.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
     with open(log, "w") as f:
         proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
         with _groups_lock:
             _groups.add(proc.pid)
+        rc: int | None = None
         try:
-            rc: int | None = proc.wait(timeout=max(1.0, timeout))
-        except subprocess.TimeoutExpired:
-            rc = None
+            watch.wait_until(lambda: proc.poll() is not None, who=who, waits_for="finish", proc=proc, log_path=log,
+                             timeout=max(1.0, timeout), stall_timeout=stall_timeout, reporter=reporter)
+            rc = proc.returncode
+        except watch.WaitTimedOut as e:  # past the timeout, or stalled (a WaitTimedOut too)
             _kill(proc.pid, signal.SIGTERM)
             try:
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 pass
+            f.write(f"\n{STOPPED} {e.message.splitlines()[0]}\n")
         finally:
             _kill(proc.pid, signal.SIGKILL)  # stragglers: vLLM's engine core, compile workers
             proc.wait()
             with _groups_lock:
                 _groups.discard(proc.pid)
     return rc, time.perf_counter() - t
+
+
+STOPPED = "quantkit stopped it:"
 
 
 def _kill(pgid: int, sig: int) -> None:
@@ -167,14 +178,16 @@ def run_configuration(model: Path, config: Configuration, bench: Bench, runtime:
     request = log.with_suffix(".request.json")
     request.parent.mkdir(parents=True, exist_ok=True)
     request.write_text(json.dumps(bench.request(model, config), indent=2))
-    rc, seconds = run_logged([runtime.python, str(CHILD), str(request)], runtime.environ(config.env), log, timeout)
+    rc, seconds = run_logged([runtime.python, str(CHILD), str(request)], runtime.environ(config.env), log, timeout,
+                             who=f"the vLLM load with {config.name}", stall_timeout=watch.DEFAULT_STALL_TIMEOUT)
     text = log.read_text(errors="replace")
     result = result_line(text) or {}
     facts = kernels.log_facts("\n".join(ln for ln in text.splitlines() if not ln.startswith("RESULT ")))
     m = Measurement(config, "ok", facts, seconds=round(seconds, 1), log=str(log))
     if rc is None:
-        m.status, m.error = "timeout", f"no result within {timeout:.0f} s" + (f" ({facts.error})" if facts.error
-                                                                             else "")
+        stopped = [ln[len(STOPPED):].strip() for ln in text.splitlines() if ln.startswith(STOPPED)]
+        m.status, m.error = "timeout", (stopped[-1] if stopped else f"no result within {timeout:.0f} s") + (
+            f" ({facts.error})" if facts.error else "")
     elif rc != 0 or "error" in result or "batches" not in result:
         lines = [ln for ln in text.splitlines() if ln.strip()]
         m.status = "failed"
