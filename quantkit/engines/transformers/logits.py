@@ -3,8 +3,8 @@
 Tested with transformers 5.17.0, torch 2.13.0 (CPU) and compressed-tensors 0.19.0.
 
 A compressed-tensors checkpoint (int4 packed, FP8, INT8 W8A8) is loaded through transformers' own
-compressed-tensors quantizer, which decompresses the weights on the first forward pass and keeps each module's
-quantization scheme, so activation quantization is simulated as the checkpoint asks. On CPU the model runs in
+compressed-tensors quantizer, whose weights quantkit decompresses at load (what its hook would do on the first
+forward pass, so scoring times only scoring) keeping each module's quantization scheme, so activation quantization is simulated as the checkpoint asks. On CPU the model runs in
 float32 (bfloat16 weights upcast exactly; CPU bfloat16 matmuls are slow and less precise); on a GPU it runs
 in the checkpoint's own dtype, as a serving engine would.
 
@@ -90,8 +90,10 @@ class TransformersEngine:
         self.model.eval()
         if self.dtype is torch.float32:
             all_float32(self.model)
-            if decompress(self.model):
-                all_float32(self.model)
+        # What the first forward pass would do, done at load: scoring then times scoring alone, and the weights are
+        # decompressed in the same order on every device (scales cast first on a CPU).
+        if decompress(self.model) and self.dtype is torch.float32:
+            all_float32(self.model)
         self.numerics = None
         if found := numerics.w4a4(path):
             weight_only = options.numerics == numerics.ASK_WEIGHT_ONLY
