@@ -184,7 +184,7 @@ class CompressedProducer:
                 p = plan(spec, {b: mixed.targets(bits_plan, b) for b in (mixed.LOW_BITS, mixed.HIGH_BITS)})
                 description = f"Quantizing {spec.method} ({p.scheme}) with llm-compressor on {device}"
             with rep.layers("quantize", description), oneshot.quiet_backend():
-                info = oneshot.run(model, p, job)
+                info = oneshot.run(model, p, job, tokenizer)
             with rep.step("check", "Checking that every module that should be quantized was"):
                 info["coverage"] = oneshot.check(model, p, job)
                 if bits_plan is not None:

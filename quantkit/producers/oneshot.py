@@ -145,7 +145,7 @@ def _matching(pattern: str, names: list[str]) -> int:
     return sum(1 for n in names if n == pattern or n.endswith("." + pattern))
 
 
-def run(model: Any, p: Plan, job: Job) -> dict[str, Any]:
+def run(model: Any, p: Plan, job: Job, tokenizer: Any | None = None) -> dict[str, Any]:
     """Run llm-compressor's oneshot on a loaded model; returns what the manifest should know about the run."""
     _quiet_llmcompressor_log()
     import torch
@@ -179,12 +179,14 @@ def run(model: Any, p: Plan, job: Job) -> dict[str, Any]:
                    "max_seq_length": job.seq_len, "shuffle_calibration_samples": False}
     scoped: list[str] = []
     if vision.family(job.config):
+        scoped = vision.scope_modifiers(modifiers, model)
+    # The samples are token ids already; without a processor oneshot loads the checkpoint's own a second time (and,
+    # for a vision-language model, image and video processors that may need torchvision only to be thrown away).
+    if tokenizer is None:
         from transformers import AutoTokenizer
 
-        scoped = vision.scope_modifiers(modifiers, model)
-        # The samples are token ids already; without a processor oneshot builds the checkpoint's own, whose image
-        # and video processors may need torchvision only to be thrown away.
-        kwargs["processor"] = AutoTokenizer.from_pretrained(job.source, trust_remote_code=job.trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(job.source, trust_remote_code=job.trust_remote_code)
+    kwargs["processor"] = tokenizer
     fam = moe.family(job.config)
     split = _split_awq_router(modifiers, model, fam, job.config)
     # Under torchrun each rank routes only its share of the samples: counted in one process only.
