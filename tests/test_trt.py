@@ -1,7 +1,8 @@
 """TensorRT-LLM through ModelOpt, end to end on the reference model (issue 7).
 
-Each quantization of models/quantkit-tiny is built with tp=1 and tp=2 by the real producer (quantkit's calibration
-loader here, ModelOpt in the .venv-trt environment as a subprocess), and the exports are read back as tensors:
+Each quantization of models/quantkit-tiny is built with tp=1 (and each quantized layout but FP4 with tp=2) by the
+real producer (quantkit's calibration loader here, ModelOpt in the .venv-trt environment as a subprocess; the fp8
+build through the CLI), once for every test that reads it, and the exports are read back as tensors:
 
 * the TensorRT-LLM checkpoint: config fields, the exact tensor names, dtypes, and scales that dequantize back to the
   source weights (so a dropped or wrong scale fails), and the tp=2 shards put back together bit-equal to tp=1;
@@ -16,7 +17,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
 import sys
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -28,6 +31,8 @@ from quantkit import api, artifact, recipe
 from quantkit.errors import QuantkitError
 from quantkit.producers.trt import pyenv
 from quantkit.engines.vllm import kernels
+
+from conftest import quantkit
 
 pytestmark = pytest.mark.cli
 
@@ -82,7 +87,20 @@ LINEAR_SCALES = {
 }
 KV_SCALES = {"kv_cache_scaling_factor", "k_cache_scaling_factor", "v_cache_scaling_factor"}
 QUANTS = list(CASES)
-TP2_QUANTS = [q for q in QUANTS if q not in FP4]
+# tp=2 for each quantized layout whose shards split differently (per-tensor FP8, per-channel INT8 with SmoothQuant,
+# INT4 groups with AWQ, W4A8's second scale). Not for "none": its bf16 tensors split along the same dimensions as
+# every quantized format's weights, and its other tensors are those of every tp=2 build above.
+TP2_QUANTS = [q for q in QUANTS if q not in (*FP4, "none")]
+# The one build made through the CLI (``build-trt --checkpoint-only --json``, test_cli_build_trt_checkpoint_only_json
+# reads its output); the other tests read it as the fp8 tp=1 build, as they read every build made through the API.
+CLI_BUILD = ("fp8", 1)
+
+
+def _recipe(tmp_path: Path, **quantize: object) -> Path:
+    path = tmp_path / "trt.yaml"
+    path.write_text(json.dumps({"model": {"source": str(TINY)}, "output": "art", "calibration": CALIBRATION,
+                                "quantize": {"method": "trt", **quantize}}))
+    return path
 
 
 def _build_one(root: Path, quantization: str, tp: int) -> Path:
@@ -94,33 +112,67 @@ def _build_one(root: Path, quantization: str, tp: int) -> Path:
     return out
 
 
+def _build_cli(root: Path) -> tuple[Path, subprocess.CompletedProcess]:
+    """``build-trt --checkpoint-only --json`` of the fp8 recipe, with ``--python`` relative to where the user is
+    (the repository, as ``--python .venv-trt/bin/python``): the ModelOpt worker runs in another directory and must
+    still find it."""
+    quantization, tp = CLI_BUILD
+    out = root / f"{quantization}-tp{tp}"
+    recipe_file = _recipe(root, quantization=quantization, kv_cache=CASES[quantization][0], tp=tp)
+    proc = quantkit("build-trt", recipe_file, "--checkpoint-only", "--json", "--python",
+                    os.path.relpath(ENV.python, ROOT), "-o", str(out), cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc
+
+
 # The tensor-parallel sizes a test needs built, beyond its own ``tp`` parameter.
 TPS_NEEDED = {"test_tp2_shards_reassemble_to_tp1": (1, 2)}
+CLI_TEST = "test_cli_build_trt_checkpoint_only_json"
+
+
+class Builds:
+    """The module's ModelOpt builds, each made once: ``builds(quantization, tp)`` -> the artifact folder;
+    ``builds.cli()`` -> the CLI build's folder and its finished process."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.pool = ThreadPoolExecutor(max_workers=2)
+        self.futures: dict[tuple[str, int], Future] = {}
+
+    def submit(self, quantization: str, tp: int) -> Future:
+        key = (quantization, tp)
+        if key not in self.futures:
+            self.futures[key] = self.pool.submit(_build_cli, self.root) if key == CLI_BUILD else \
+                self.pool.submit(_build_one, self.root, quantization, tp)
+        return self.futures[key]
+
+    def __call__(self, quantization: str, tp: int) -> Path:
+        made = self.submit(quantization, tp).result()
+        return made[0] if (quantization, tp) == CLI_BUILD else made
+
+    def cli(self) -> tuple[Path, subprocess.CompletedProcess]:
+        return self.submit(*CLI_BUILD).result()
 
 
 @pytest.fixture(scope="module")
-def build(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    """``build(quantization, tp)`` -> the artifact folder, built once through quantkit's API.
+def build(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Builds]:
+    """The builds, through quantkit's API (one through the CLI).
 
     Every build the selected tests will ask for is started up front, two at a time: most of a build is the
     ModelOpt process importing torch, transformers and modelopt, which is single-threaded.
     """
-    root = tmp_path_factory.mktemp("trt")
-    pool = ThreadPoolExecutor(max_workers=2)
-    futures: dict[tuple[str, int], Future] = {}
-
-    def submit(quantization: str, tp: int) -> Future:
-        if (quantization, tp) not in futures:
-            futures[(quantization, tp)] = pool.submit(_build_one, root, quantization, tp)
-        return futures[(quantization, tp)]
-
+    builds = Builds(tmp_path_factory.mktemp("trt"))
     for item in request.session.items:
         params = getattr(getattr(item, "callspec", None), "params", {})
-        if item.module is request.module and "quantization" in params:
+        if item.module is not request.module:
+            continue
+        if item.originalname == CLI_TEST:
+            builds.submit(*CLI_BUILD)
+        elif "quantization" in params:
             for tp in TPS_NEEDED.get(item.originalname, (params.get("tp", 1),)):
-                submit(params["quantization"], tp)
-    yield lambda quantization, tp: submit(quantization, tp).result()
-    pool.shutdown(wait=True, cancel_futures=True)
+                builds.submit(params["quantization"], tp)
+    yield builds
+    builds.pool.shutdown(wait=True, cancel_futures=True)
 
 
 @pytest.fixture(scope="module")
@@ -277,7 +329,9 @@ def test_trtllm_checkpoint_config_and_tensors(build, quantization: str, tp: int)
     assert m.kind == "tensorrt-llm"
     assert m.quantization["quant_algo"] == algo and m.quantization["world_size"] == tp
     engine = m.quantization["engine"]
-    if not ENV.tensorrt_llm:  # step 2 says what is missing and what was produced instead
+    if (quantization, tp) == CLI_BUILD:  # --checkpoint-only: step 2 skipped (test_cli_build_trt_checkpoint_only_json)
+        assert engine["status"] == "skipped" and not (art / "engine").exists()
+    elif not ENV.tensorrt_llm:  # step 2 says what is missing and what was produced instead
         assert engine["status"] == "unavailable" and not (art / "engine").exists()
         assert f"tensorrt_llm is not installed in {ENV.python}" in m.notes[0]
         assert "trtllm-build --checkpoint_dir trtllm-ckpt --output_dir engine" in m.notes[0]
@@ -377,24 +431,12 @@ def test_unified_hf_checkpoint(build, source, quantization: str) -> None:
 # The command line
 
 
-def _recipe(tmp_path: Path, **quantize: object) -> Path:
-    path = tmp_path / "trt.yaml"
-    path.write_text(json.dumps({"model": {"source": str(TINY)}, "output": "art", "calibration": CALIBRATION,
-                                "quantize": {"method": "trt", **quantize}}))
-    return path
-
-
 @needs_modelopt
 @pytest.mark.slow
-def test_cli_build_trt_checkpoint_only_json(cli, tmp_path: Path) -> None:
-    # --python relative to where the user is (the repository, as `--python .venv-trt/bin/python`): the ModelOpt
-    # worker runs in another directory and must still find it
-    python = os.path.relpath(ENV.python, ROOT)
-    proc = cli("build-trt", _recipe(tmp_path, quantization="fp8", kv_cache="fp8"), "--checkpoint-only", "--json",
-               "--python", python, "-o", str(tmp_path / "art"), cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def test_cli_build_trt_checkpoint_only_json(build: Builds) -> None:
+    art, proc = build.cli()
     (res,) = json.loads(proc.stdout)
-    assert res["path"] == str(tmp_path / "art") and res["kind"] == "tensorrt-llm"
+    assert res["path"] == str(art) and res["kind"] == "tensorrt-llm"
     assert res["quantization"]["quant_algo"] == "FP8" and res["quantization"]["kv_cache_quant_algo"] == "FP8"
     assert res["calibration"]["samples"] == CALIBRATION["samples"]
     assert res["quantization"]["engine"]["status"] == "skipped"
@@ -402,10 +444,10 @@ def test_cli_build_trt_checkpoint_only_json(cli, tmp_path: Path) -> None:
     assert {"load_model", "calibrate", "export_trtllm", "export_hf"} <= set(res["timings"])
     for line in ("Writing the TensorRT-LLM checkpoint (tp=1, pp=1)", "Writing the unified Hugging Face checkpoint"):
         assert line in proc.stderr  # progress goes to stderr under --json
-    assert (tmp_path / "art" / "hf" / "hf_quant_config.json").is_file()
-    assert (tmp_path / "art" / "trtllm-ckpt" / "rank0.safetensors").is_file()
-    assert not (tmp_path / "art" / "engine").exists()
-    assert artifact.verify(tmp_path / "art").ok
+    assert (art / "hf" / "hf_quant_config.json").is_file()
+    assert (art / "trtllm-ckpt" / "rank0.safetensors").is_file()
+    assert not (art / "engine").exists()
+    assert artifact.verify(art).ok
 
 
 def test_cli_refuses_a_tp_the_model_cannot_shard(cli, tmp_path: Path) -> None:
