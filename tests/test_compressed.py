@@ -39,7 +39,7 @@ LAYERS = CONFIG["num_hidden_layers"]
 ARTIFACTS: dict[str, list[str]] = {
     "awq": ["awq", "--samples", "8", "--seq-len", "128", "--format", "autoawq"],
     "gptq": ["gptq", "--samples", "32", "--seq-len", "256", "--format", "gptq"],
-    "rtn": ["rtn"],
+    "rtn": ["rtn"],  # the session's tiny_rtn (tests/conftest.py), made so
     "fp8": ["fp8", "--kv-cache-fp8", "--samples", "4", "--seq-len", "128"],
     "fp8-dynamic": ["fp8", "--scheme", "dynamic"],
     "fp8-block": ["fp8", "--scheme", "block"],
@@ -53,10 +53,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("one_torch_thread")]
 
 
 @pytest.fixture(scope="module")
-def build(tmp_path_factory):
-    """Build an artifact through the CLI (in process) once per module; returns (folder, the --json result)."""
+def build(tmp_path_factory, tiny_rtn):
+    """Build an artifact through the CLI (in process) once per module; returns (folder, the --json result). "rtn" is
+    the session's (tests/conftest.py: ``quantkit rtn`` with the verb's defaults, read only), its manifest standing for
+    the result."""
     root = tmp_path_factory.mktemp("compressed")
-    done: dict[str, tuple[Path, dict]] = {}
+    done: dict[str, tuple[Path, dict]] = {"rtn": (tiny_rtn, json.loads((tiny_rtn / "quantkit.json").read_text()))}
 
     def _build(name: str) -> tuple[Path, dict]:
         if name not in done:

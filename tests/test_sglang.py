@@ -26,12 +26,12 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def artifacts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """quantkit's own W4A16 (rtn) and W4A8 (w4a8 --weights rtn) artifacts of the reference model."""
+def artifacts(tiny_rtn: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """quantkit's own W4A16 (rtn: the session's, read only) and W4A8 (w4a8 --weights rtn) artifacts of the reference
+    model."""
     root = tmp_path_factory.mktemp("sglang")
-    quantkit("rtn", TINY, root / "rtn", "--quiet", check=True)
     quantkit("w4a8", TINY, root / "w4a8", "--weights", "rtn", "--quiet", check=True)
-    return {"rtn": root / "rtn", "w4a8": root / "w4a8"}
+    return {"rtn": tiny_rtn, "w4a8": root / "w4a8"}
 
 
 def config_folder(tmp: Path, name: str, config: dict, hf_quant: dict | None = None) -> Path:
