@@ -47,7 +47,7 @@ ARTIFACTS: dict[str, tuple[str, list[str]]] = {
     "llava-fp8-dynamic": ("llava", ["fp8", "--scheme", "dynamic"]),
     "llava-fp8-block": ("llava", ["fp8", "--scheme", "block"]),
     "llava-int8": ("llava", ["int8", *CALIB]),
-    "llava-w4a8": ("llava", ["w4a8"]),
+    "llava-w4a8": ("llava", ["w4a8", *CALIB]),
     "llava-autoawq": ("llava", ["awq", "--format", "autoawq", *CALIB]),
     "llava-gptq-layout": ("llava", ["gptq", "--format", "gptq", *CALIB]),
     "qwen-awq": ("qwen2_5_vl", ["awq", *CALIB]),
