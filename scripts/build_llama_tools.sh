@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# Build llama.cpp's command-line tools (llama-imatrix, llama-quantize, llama-perplexity, llama-server) from the
-# llama.cpp source that llama-cpp-python vendors, so the tools and the Python library are one llama.cpp commit.
+# Build llama.cpp once from the source llama-cpp-python vendors: its shared libraries (libllama, libggml*, libmtmd)
+# and command-line tools (llama-imatrix, llama-quantize, llama-perplexity, llama-server), plus llama-cpp-python's
+# wheel without a llama.cpp of its own, so the Python library and the tools run the very same .so files.
 #
 #   scripts/build_llama_tools.sh DEST
 #
 # Environment (set by the Makefile): PYTHON (a Python with pip), LLAMA_CPP_PYTHON (the pinned llama-cpp-python
 # version), LLAMA_CPP_SDIST_SHA256 (its sdist's sha256), LLAMA_CPP_COMMIT and LLAMA_CPP_BUILD (the llama.cpp
-# commit and build number that sdist vendors), LLAMA_CMAKE_ARGS (the CPU flags the wheel is built with), JOBS.
+# commit and build number that sdist vendors), LLAMA_CMAKE_ARGS (the CPU flags), JOBS.
 #
-# The sdist is the one pip builds the wheel from (checked against its pinned sha256), and its CHANGELOG must name
-# the pinned commit. An sdist has no git history, so llama.cpp's build would stamp "0 (unknown)": the commit and
-# build number are passed in, and the tools' --version reports them. Everything lands in DEST.tmp and is renamed
-# to DEST only when complete, so an interrupted build never looks finished.
+# DEST gets bin/ (the tools), lib/ (the shared libraries, which `make install` links as the package's
+# llama_cpp/lib, where llama-cpp-python loads them from), wheel/ (llama-cpp-python built with -DLLAMA_BUILD=OFF:
+# Python only) and BUILD.json. The tools find lib/ through their RPATH ($ORIGIN/../lib, resolved through the
+# venv's links), the libraries each other through $ORIGIN. The sdist is checked against its pinned sha256, and its
+# CHANGELOG must name the pinned commit. An sdist has no git history, so llama.cpp's build would stamp
+# "0 (unknown)": the commit and build number are passed in, and the tools' --version reports them. Everything lands
+# in DEST.tmp and is renamed to DEST only when complete, so an interrupted build never looks finished.
 set -euo pipefail
 
 dest=${1:?usage: build_llama_tools.sh DEST}
@@ -19,12 +23,14 @@ dest=${1:?usage: build_llama_tools.sh DEST}
 : "${LLAMA_CMAKE_ARGS:?}"
 jobs=${JOBS:-2}
 tools=(llama-imatrix llama-quantize llama-perplexity llama-server)
+# What llama-cpp-python loads (llama_cpp.py, _ggml.py, mtmd_cpp.py); the tools pull in the rest they link.
+libs=(llama ggml mtmd)
 short=${LLAMA_CPP_COMMIT:0:9}
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/quantkit-llama-tools.XXXXXX")
 trap 'rm -rf "$work" "$dest.tmp"' EXIT
 
-echo "llama.cpp tools: downloading the llama-cpp-python $LLAMA_CPP_PYTHON sdist"
+echo "llama.cpp: downloading the llama-cpp-python $LLAMA_CPP_PYTHON sdist"
 "$PYTHON" -m pip download -q --no-deps --no-binary :all: -d "$work" "llama-cpp-python==$LLAMA_CPP_PYTHON"
 sdist="$work/llama_cpp_python-$LLAMA_CPP_PYTHON.tar.gz"
 echo "$LLAMA_CPP_SDIST_SHA256  $sdist" | sha256sum --quiet -c - || {
@@ -35,32 +41,42 @@ src="$work/llama_cpp_python-$LLAMA_CPP_PYTHON"
 sed -n "/^## \[$LLAMA_CPP_PYTHON\]/,/^## \[/p" "$src/CHANGELOG.md" | grep -q "llama.cpp@$short" || {
     echo "error: llama-cpp-python $LLAMA_CPP_PYTHON's CHANGELOG does not name llama.cpp@$short" >&2; exit 1; }
 
-# Static tools (no shared libraries to find at run time); no web UI (it would be downloaded), no OpenSSL.
+# Shared libraries, Release, no tests or examples; no web UI (it would be downloaded), no OpenSSL. The install
+# RPATH is used in the build tree too (the tools and libraries sit together in build/bin there).
 # shellcheck disable=SC2086 # LLAMA_CMAKE_ARGS is a list of -D flags
 cmake -S "$src/vendor/llama.cpp" -B "$work/build" -DCMAKE_BUILD_TYPE=Release $LLAMA_CMAKE_ARGS \
-    -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON \
-    -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
+    -DBUILD_SHARED_LIBS=ON -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON '-DCMAKE_INSTALL_RPATH=$ORIGIN:$ORIGIN/../lib' \
+    -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
+    -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
     -DLLAMA_BUILD_NUMBER="$LLAMA_CPP_BUILD" -DLLAMA_BUILD_COMMIT="$short" >"$work/configure.log" 2>&1 || {
     tail -30 "$work/configure.log" >&2; exit 1; }
-echo "llama.cpp tools: compiling ${tools[*]} (b$LLAMA_CPP_BUILD, $short) with $jobs jobs"
-cmake --build "$work/build" --parallel "$jobs" --target "${tools[@]}" >"$work/build.log" 2>&1 || {
+echo "llama.cpp: compiling ${libs[*]} ${tools[*]} (b$LLAMA_CPP_BUILD, $short) with $jobs jobs"
+cmake --build "$work/build" --parallel "$jobs" --target "${libs[@]}" "${tools[@]}" >"$work/build.log" 2>&1 || {
     tail -30 "$work/build.log" >&2; exit 1; }
 
+# llama-cpp-python itself: LLAMA_BUILD=OFF leaves its CMake nothing to compile or install, so the wheel is Python.
+echo "llama.cpp: building the llama-cpp-python $LLAMA_CPP_PYTHON wheel without its own llama.cpp"
+CMAKE_ARGS="-DLLAMA_BUILD=OFF" "$PYTHON" -m pip wheel -q --no-deps --no-cache-dir -w "$work/wheel" "$src" \
+    >"$work/wheel.log" 2>&1 || { tail -30 "$work/wheel.log" >&2; exit 1; }
+
 rm -rf "$dest.tmp"
-mkdir -p "$dest.tmp/bin"
+mkdir -p "$dest.tmp/bin" "$dest.tmp/lib"
 for t in "${tools[@]}"; do
     cp "$work/build/bin/$t" "$dest.tmp/bin/"
 done
+cp -P "$work/build/bin/"lib*.so* "$dest.tmp/lib/"
+cp -r "$work/wheel" "$dest.tmp/"
 "$dest.tmp/bin/llama-server" --version >"$dest.tmp/version.txt" 2>&1
 grep -q "$short" "$dest.tmp/version.txt" || {
     echo "error: the built llama-server reports $(head -1 "$dest.tmp/version.txt"), not $short" >&2; exit 1; }
-"$PYTHON" - "$dest.tmp/BUILD.json" <<EOF
+"$PYTHON" - "$dest.tmp/BUILD.json" <<PY
 import json, sys
 json.dump({"llama_cpp_python": "$LLAMA_CPP_PYTHON", "sdist_sha256": "$LLAMA_CPP_SDIST_SHA256",
            "commit": "$LLAMA_CPP_COMMIT", "build_number": $LLAMA_CPP_BUILD,
-           "cmake_args": "$LLAMA_CMAKE_ARGS".split(), "tools": "${tools[*]}".split()},
+           "cmake_args": "$LLAMA_CMAKE_ARGS".split(), "tools": "${tools[*]}".split(), "libraries": "lib",
+           "wheel": "wheel/$(basename "$work"/wheel/*.whl)"},
           open(sys.argv[1], "w"), indent=2)
-EOF
+PY
 rm -rf "$dest"
 mv "$dest.tmp" "$dest"
-echo "llama.cpp tools: installed in $dest/bin"
+echo "llama.cpp: tools in $dest/bin, libraries in $dest/lib, llama-cpp-python's wheel in $dest/wheel"

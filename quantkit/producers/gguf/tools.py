@@ -1,10 +1,12 @@
 """llama.cpp's command-line tools: where they are, which llama.cpp they were built from, and running them.
 
-``make install`` builds ``llama-imatrix``, ``llama-quantize``, ``llama-perplexity`` and ``llama-server`` from the
-llama.cpp source that the pinned llama-cpp-python vendors (``scripts/build_llama_tools.sh``: the same sdist, its
-sha256 checked, the same CPU flags), caches them in ``~/.cache/quantkit/llama-tools/<version>-b<build>-<flags>/``
-with a ``BUILD.json`` saying what they are, and links them into the virtual environment's ``bin``. So library and
-tools are one llama.cpp commit, and :func:`describe` can say so.
+``make install`` builds llama.cpp once from the source the pinned llama-cpp-python vendors
+(``scripts/build_llama_tools.sh``: the sdist's sha256 checked): ``llama-imatrix``, ``llama-quantize``,
+``llama-perplexity`` and ``llama-server`` with the shared libraries they run on, which llama-cpp-python (installed
+without a llama.cpp of its own) loads too. It caches them in ``<cache>/llama-tools/<version>-b<build>-<key>/``
+(``<cache>``: :func:`quantkit.cache.root`; ``<key>``: the CPU flags and the script) with a ``BUILD.json`` saying
+what they are, and links them into the virtual environment (``bin``, and the package's ``llama_cpp/lib``). So
+library and tools are one llama.cpp build, and :func:`describe` can say so.
 
 A tool is looked for, in order, in ``$QUANTKIT_LLAMACPP_BIN`` (a folder), beside the running Python (the venv's
 ``bin``, where ``make install`` links them), in the make cache (a build for the installed llama-cpp-python), and
@@ -12,7 +14,7 @@ on ``PATH``. The tools found on ``PATH`` may be any llama.cpp: :func:`describe` 
 and whether they are known to match the library.
 
 llama.cpp's HF -> GGUF converter (``convert_hf_to_gguf.py``, its ``conversion`` package and its own ``gguf-py``) is
-put by ``make install`` from the same sdist into ``~/.cache/quantkit/llama-convert/<version>-b<build>/``
+put by ``make install`` from the same sdist into ``<cache>/llama-convert/<version>-b<build>/``
 (``scripts/build_llama_convert.sh``, with a ``BUILD.json``); :func:`require_converter` finds it there or in
 ``$QUANTKIT_LLAMACPP_CONVERT`` (a folder holding ``convert_hf_to_gguf.py``, ``conversion/`` and ``gguf-py/``).
 
@@ -35,14 +37,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quantkit import cache
 from quantkit.errors import BackendError, MissingToolError, exit_text
 from quantkit.versions import version as dist_version
 
 ENV_VAR = "QUANTKIT_LLAMACPP_BIN"
 TOOLS = ("llama-imatrix", "llama-quantize", "llama-perplexity", "llama-server")
-CACHE = Path.home() / ".cache" / "quantkit" / "llama-tools"
+# make install's cache root is quantkit's (:func:`quantkit.cache.root`), so QUANTKIT_CACHE_DIR moves both.
+CACHE = cache.root() / "llama-tools"
 CONVERT_ENV_VAR = "QUANTKIT_LLAMACPP_CONVERT"
-CONVERT_CACHE = Path.home() / ".cache" / "quantkit" / "llama-convert"
+CONVERT_CACHE = cache.root() / "llama-convert"
 CONVERTER = "convert_hf_to_gguf.py"
 TAIL_LINES = 12
 # ``version: 0.5.0-dev (build 11312, commit 0c1e57098)``; older llama.cpp printed ``version: 11312 (0c1e57098)``.
