@@ -1,12 +1,12 @@
 """FP4 with a bits target (issue 40) and the sensitivity cache (the pace issue), end to end on SmolLM2-135M-Instruct.
 
 ``nvfp4 --target-bits 5.5`` through the real CLI and llm-compressor on the real model (widths 576 and 1536), round to
-nearest on a small calibration (2 x 128 tokens: the sensitivity pass is one forward per layer group, 120 of them):
+nearest on a small calibration (2 x 64 tokens: the sensitivity pass is one forward per layer group, 120 of them):
 the checkpoint holds both config groups (NVFP4 and the default int8 weight-only), its bits counted from the files
 sit within the tolerance of the target and equal the plan's, every module carries its group's scheme and scales (the
 coverage check), transformers evaluates it (``quantkit eval --engine transformers``) with a lower KLD than plain
-NVFP4's on the same tokens. The second run of the same command reads the sensitivity from the cache (the manifest's
-note says so), a changed calibration measures it again. Mixes vLLM 0.26 was not measured loading are refused in one
+NVFP4's on the same tokens. On the reference model (32 layer groups, a cheaper pass) the second run of the same
+command reads the sensitivity from the cache (the manifest's note says so), a changed calibration measures it again. Mixes vLLM 0.26 was not measured loading are refused in one
 line before anything loads. The coverage check's mix rule fails a module with another group's scales.
 """
 
@@ -30,25 +30,26 @@ from conftest import SMOLLM2, TINY, quantkit  # noqa: E402
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("one_torch_thread")]
 
-CALIB = ["--samples", "2", "--seq-len", "128"]
+CALIB = ["--samples", "2", "--seq-len", "64"]
 TARGET = 5.5
 MIX = ["nvfp4", "--algorithm", "rtn", "--target-bits", str(TARGET)]
-CACHED = "sensitivity of the 120 layer groups was read from quantkit's cache"
+CACHED = "sensitivity of the 32 layer groups was read from quantkit's cache"
 
 
 @pytest.fixture(scope="module")
 def made(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Plain NVFP4 and the NVFP4 mix at 5.5 bits (twice: the second reads the cache), each made in this process with
-    quantkit's cache in a folder of its own; returns each artifact's folder and manifest."""
+    """Plain NVFP4 and the NVFP4 mix at 5.5 bits of SmolLM2, and the mix of the reference model twice (the second
+    reads the cache), each made in this process with quantkit's cache in a folder of its own; returns each
+    artifact's folder and manifest."""
     root = tmp_path_factory.mktemp("fp4-bits")
-    runs = {"plain": ["nvfp4", "--algorithm", "rtn", "--observer", "minmax"], "mixed": [*MIX, *CALIB],
-            "again": [*MIX, *CALIB]}
+    runs = {"plain": (smollm2, ["nvfp4", "--algorithm", "rtn", "--observer", "minmax"]),
+            "mixed": (smollm2, [*MIX, *CALIB]), "tiny": (TINY, [*MIX, *CALIB]), "again": (TINY, [*MIX, *CALIB])}
     out: dict[str, Any] = {}
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("QUANTKIT_CACHE_DIR", str(root / "cache"))
-        for name, (verb, *flags) in runs.items():
+        for name, (source, (verb, *flags)) in runs.items():
             folder = root / name
-            res = CliRunner().invoke(app, [verb, str(smollm2), str(folder), *flags, "--json"])
+            res = CliRunner().invoke(app, [verb, str(source), str(folder), *flags, "--json"])
             assert res.exit_code == 0, f"quantkit {verb} failed:\n{res.output}\n{res.stderr}"
             out[name] = (folder, json.loads((folder / "quantkit.json").read_text()))
     out["cache"] = root / "cache"
@@ -102,27 +103,27 @@ def test_mix_scores_below_plain_nvfp4_in_transformers(made: dict[str, Any]) -> N
 
 
 def test_second_run_reads_the_sensitivity_from_the_cache(made: dict[str, Any]) -> None:
-    first, second = made["mixed"][1], made["again"][1]
+    first, second = made["tiny"][1], made["again"][1]
     assert not any(CACHED in n for n in first["notes"])
     assert any(CACHED in n for n in second["notes"]), second["notes"]
     m1, m2 = first["quantization"]["mixed"], second["quantization"]["mixed"]
     assert m2["sensitivity"]["cache"] == "read" and m2["sensitivity"]["cache_key"] == m1["sensitivity"]["cache_key"]
     assert m2["plan"] == m1["plan"]  # the same KLDs, so the same choice
-    assert len(list(made["cache"].glob("sensitivity/*.json"))) == 1
+    assert len(list(made["cache"].glob("sensitivity/*.json"))) == 2  # the reference model's and SmolLM2's
 
 
-def test_a_changed_calibration_measures_again(made: dict[str, Any], smollm2: Path, tmp_path: Path) -> None:
+def test_a_changed_calibration_measures_again(made: dict[str, Any], tmp_path: Path) -> None:
     """Another calibration (another seed draws other samples) is another key: measured, not read."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("QUANTKIT_CACHE_DIR", str(made["cache"]))
-        res = CliRunner().invoke(app, [MIX[0], str(smollm2), str(tmp_path / "out"), *MIX[1:], *CALIB, "--seed", "1",
+        res = CliRunner().invoke(app, [MIX[0], str(TINY), str(tmp_path / "out"), *MIX[1:], *CALIB, "--seed", "1",
                                        "--json"])
     assert res.exit_code == 0, res.output
     manifest = json.loads((tmp_path / "out" / "quantkit.json").read_text())
     assert not any(CACHED in n for n in manifest["notes"])
     assert manifest["quantization"]["mixed"]["sensitivity"]["cache"] == "written"
-    assert manifest["calibration"]["tokens_sha256"] != made["mixed"][1]["calibration"]["tokens_sha256"]
-    assert len(list(made["cache"].glob("sensitivity/*.json"))) == 2
+    assert manifest["calibration"]["tokens_sha256"] != made["tiny"][1]["calibration"]["tokens_sha256"]
+    assert len(list(made["cache"].glob("sensitivity/*.json"))) == 3
 
 
 @pytest.mark.cli
