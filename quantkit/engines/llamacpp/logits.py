@@ -2,12 +2,14 @@
 
 Tested with llama-cpp-python 0.3.36 (CPU build) and gguf 0.19.0.
 
-The model is opened with ``logits_all=True`` so every position's logits are kept, and ``n_ctx`` and ``n_batch``
-equal to the protocol's window length, so a window is one ``llama_decode`` (as ``llama-perplexity`` runs a chunk).
+The model is opened with ``logits_all=True`` so every position's logits are kept, ``n_ctx`` and ``n_batch`` equal
+to the protocol's window length, so a window is one ``llama_decode``, and flash attention on, as ``llama-perplexity``
+runs (its ``auto``): on the tokens ``llama-perplexity --kl-divergence`` scores, perplexity then equals its own to
+six decimals on SmolLM2 (``bench/eval_speed.py``), where without it the two differed in the fourth.
 Each window is evaluated from an empty KV cache (``reset`` then ``eval``); the scored rows' log-softmax is taken by
-torch on all cores (:meth:`LlamaCppEngine.batches`), not row by row in numpy. The token ids are given directly: llama.cpp's own tokenizer is never used, so its scores are over exactly the tokens
-the baseline scored. Layers are offloaded to a GPU when the wheel was built with one and ``--device`` is not
-``cpu``.
+torch on all cores (:meth:`LlamaCppEngine.batches`), not row by row in numpy. The token ids are given directly:
+llama.cpp's own tokenizer is never used, so its scores are over exactly the tokens the baseline scored. Layers are
+offloaded to a GPU when the wheel was built with one and ``--device`` is not ``cpu``.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ class LlamaCppEngine:
         self.n_gpu_layers = 0 if options.device == "cpu" else -1
         try:
             self.llm = llama_cpp.Llama(model_path=str(self.path), n_ctx=options.ctx, n_batch=options.ctx,
-                                       logits_all=True, n_gpu_layers=self.n_gpu_layers, verbose=False)
+                                       logits_all=True, flash_attn=True, n_gpu_layers=self.n_gpu_layers,
+                                       verbose=False)
         except (ValueError, RuntimeError, OSError) as e:
             raise BackendError(f"llama.cpp could not load {self.path}: {e}",
                                hint="the file may be corrupt, or newer than this llama-cpp-python; check it with "
