@@ -32,16 +32,17 @@ from quantkit.producers import modifiers  # noqa: E402
 from conftest import TINY, kld, log_probs, quantkit  # noqa: E402
 
 CONFIG = json.loads((TINY / "config.json").read_text())
-ARGS = {"autoround": ["autoround", "--samples", "8", "--seq-len", "128", "--iterations", "10", "--batch-size", "4"],
-        "rtn": ["rtn"]}
+ARGS = {"autoround": ["autoround", "--samples", "8", "--seq-len", "128", "--iterations", "10", "--batch-size", "4"]}
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("one_torch_thread")]
 
 
 @pytest.fixture(scope="module")
-def build(tmp_path_factory):
+def build(tmp_path_factory, tiny_rtn):
+    """Build an artifact through the CLI (in process) once per module; "rtn" is the session's (tests/conftest.py:
+    ``quantkit rtn`` with the verb's defaults, read only)."""
     root = tmp_path_factory.mktemp("autoround")
-    done: dict[str, Path] = {}
+    done: dict[str, Path] = {"rtn": tiny_rtn}
 
     def _build(name: str) -> Path:
         if name not in done:
