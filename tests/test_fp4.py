@@ -268,7 +268,7 @@ def no_width_fits(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("args,words", [
     (["nvfp4", "--algorithm", "rtn"], "nothing would be quantized"),
-    (["nvfp4", "--target-bits", "5"], "not supported yet"),
+    (["nvfp4", "--scheme", "w4a4", "--high", "int8", "--target-bits", "5.5"], "was not measured loading nvfp4 w4a4"),
     (["mxfp4", "--algorithm", "magic"], "algorithm"),
 ])
 def test_refusals_in_one_line_before_any_load(tmp_path, no_width_fits, args, words):
