@@ -111,8 +111,7 @@ class BaselineStore:
         self.tokens_scored = tokens_scored
         self.forced_topk = topk
         self.mode: str | None = None
-        self.where: str | None = None  # full mode: "device" (a torch tensor) or "disk" (a memory-mapped file)
-        self.device: torch.device | None = None  # where "device" keeps it
+        self.device: torch.device | None = None  # full mode on a device (a torch tensor there); None: on disk
         self.compare_device: torch.device | None = None  # the baseline's own device, where rows are compared
         self.topk: int | None = None
         self.vocab_size: int | None = None
@@ -130,12 +129,11 @@ class BaselineStore:
         self.compare_device = device
         need = self.tokens_scored * vocab * 2
         if self.forced_topk is None and need <= device_budget(device, self.shared_gpu):
-            self.mode, self.where = "full", "device"
-            self.device = device
+            self.mode, self.device = "full", device
             self._dense = torch.empty((self.tokens_scored, vocab), dtype=torch.float16, device=device)
             return
         if self.forced_topk is None and need <= min(DENSE_BUDGET_BYTES, shutil.disk_usage(self.root).free // 2):
-            self.mode, self.where = "full", "disk"
+            self.mode = "full"
             self._dense = np.lib.format.open_memmap(self.root / "baseline.f16.npy", mode="w+", dtype=np.float16,
                                                     shape=(self.tokens_scored, vocab))
             return
@@ -176,8 +174,8 @@ class BaselineStore:
                                f"({self.tokens_scored} expected in all)")
         with torch.inference_mode():
             self._argmax[start:end] = lp.argmax(dim=-1).cpu().numpy()
-            if self.mode == "full" and self.where == "device":
-                self._dense[start:end] = lp.to(self._dense.device, torch.float16)
+            if self.mode == "full" and self.device is not None:
+                self._dense[start:end] = lp.to(self.device, torch.float16)
             elif self.mode == "full":
                 self._dense[start:end] = lp.to("cpu", torch.float16).numpy()
             else:
@@ -204,7 +202,7 @@ class BaselineStore:
         span = self._span(windows)
         pick = slice(*span) if isinstance(span, tuple) else span
         argmax = torch.from_numpy(self._argmax[pick]).to(device)
-        if self.mode == "full" and self.where == "device":
+        if self.mode == "full" and self.device is not None:
             index = pick if isinstance(pick, slice) else torch.tensor(pick, device=self._dense.device)
             return BaselineRows(argmax, dense=self._dense[index].to(device))
         if self.mode == "full":
@@ -281,16 +279,24 @@ def _kl_chunk(b: BaselineRows, a: Rows, lo: int, hi: int) -> torch.Tensor:
     import torch
 
     if b.dense is not None:
-        lb = b.dense[lo:hi].float().log_softmax(dim=-1)  # renormalised after float16 rounding
+        # The stored float16 log-probabilities lb' are renormalised: lb = lb' - c with c = log sum exp(lb') (about 0,
+        # so exp(lb') cannot overflow). Then KL = sum p (lb - la) = exp(-c) sum exp(lb') (lb' - la) - c: one exp,
+        # one difference and one dot product per row, the fewest passes over [rows, vocab].
+        lb = b.dense[lo:hi].float()
+        eb = lb.exp()
+        c = eb.sum(dim=-1).log()
         if a.dense is not None:
             _same_vocab(lb.shape[-1], a.dense.shape[-1])
             la = a.dense[lo:hi]
-            p = lb.exp()
-            terms = torch.where(p > 0, p * (lb - la), 0.0)
-            return terms.sum(dim=-1, dtype=torch.float64)
+            kl = torch.linalg.vecdot(eb, lb - la) * (-c).exp() - c
+            if (bad := kl.isnan()).any():  # 0 x -inf where the baseline gives a token no mass: that term is 0
+                lbn, lan = lb[bad] - c[bad, None], la[bad]
+                p = lbn.exp()
+                kl[bad] = torch.where(p > 0, p * (lbn - lan), 0.0).sum(dim=-1)
+            return kl.double()
         assert a.ids is not None and a.values is not None
         ids, known = _known(a.ids[lo:hi], lb.shape[-1])
-        return _binned(lb.gather(1, ids), a.values[lo:hi], known)
+        return _binned(lb.gather(1, ids) - c[:, None], a.values[lo:hi], known)
     assert b.ids is not None and b.values is not None
     bids, bvals = b.ids[lo:hi], b.values[lo:hi]
     if a.dense is not None:
