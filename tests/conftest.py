@@ -137,6 +137,18 @@ def tiny_rtn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     assert _tree_sha256(out) == before, f"a test wrote into the shared artifact {out}: copy it first"
 
 
+@pytest.fixture(scope="session")
+def tiny_gguf_f32_f16(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """``quantkit gguf --type F32 --type F16`` of the reference model, one artifact folder, made once per session for
+    every test that reads the unquantized GGUF files (llama.cpp's tools, evaluation). Read only, as ``tiny_rtn``: a
+    test that runs ``eval`` or ``smoke`` on it copies it first."""
+    out = tmp_path_factory.mktemp("shared") / "tiny-gguf"
+    quantkit("gguf", TINY, out, "--type", "F32", "--type", "F16", check=True)
+    before = _tree_sha256(out)
+    yield out
+    assert _tree_sha256(out) == before, f"a test wrote into the shared artifact {out}: copy it first"
+
+
 def live_children(pid: int) -> list[tuple[psutil.Process, list[str]]]:
     """A process's descendants with their command lines, leaving out those that exit while being read.
 

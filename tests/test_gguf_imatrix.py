@@ -60,11 +60,10 @@ def have_tools() -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def unquantized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """F32 and F16 GGUF files of the reference model, written by quantkit's converter."""
-    out = tmp_path_factory.mktemp("imx") / "tiny"
-    res = make(out, ["F32", "F16"])
-    return {t: out / f for t, f in res.manifest.quantization["files"].items()}
+def unquantized(tiny_gguf_f32_f16: Path) -> dict[str, Path]:
+    """F32 and F16 GGUF files of the reference model, written by quantkit's converter (the session's, read only)."""
+    files = json.loads((tiny_gguf_f32_f16 / "quantkit.json").read_text())["quantization"]["files"]
+    return {t: tiny_gguf_f32_f16 / f for t, f in files.items()}
 
 
 @pytest.fixture(scope="session")
