@@ -329,7 +329,9 @@ def test_missing_tool_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.Mon
 
 
 # Quantizing with a matrix through the API in a child Python, the way the CLI runs it (signals routed by
-# quantkit.interrupts); IQ2_XS and IQ1_S keep llama-quantize busy for a few seconds each on this model.
+# quantkit.interrupts); IQ2_XS and IQ1_S keep llama-quantize busy for a few seconds each on this model. The matrix is
+# llama-imatrix's, given as a file: computing one first (what test_computed_imatrix_artifact checks) would only delay
+# the moment the signal is about.
 QUANTIZE_IN_A_CHILD = """
 import sys
 from pathlib import Path
@@ -338,18 +340,19 @@ from gguf_spec import make
 from quantkit import interrupts
 interrupts.install()
 try:
-    make(Path(sys.argv[1]), ["IQ2_XS", "IQ1_S", "IQ2_M"], imatrix_=True)
+    make(Path(sys.argv[1]), ["IQ2_XS", "IQ1_S", "IQ2_M"], imatrix_file=Path(sys.argv[2]))
 except KeyboardInterrupt:
     sys.exit(130)
 """
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_signal_while_llama_quantize_runs_stops_it_and_cleans_up(have_tools: dict[str, Path], tmp_path: Path,
+def test_signal_while_llama_quantize_runs_stops_it_and_cleans_up(have_tools: dict[str, Path],
+                                                                  llama_imatrix: dict[str, Path], tmp_path: Path,
                                                                   sig: signal.Signals) -> None:
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-c", QUANTIZE_IN_A_CHILD, str(out)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", QUANTIZE_IN_A_CHILD, str(out), str(llama_imatrix["gguf"])],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     quantizer = None
     deadline = time.monotonic() + 300
     while quantizer is None and proc.poll() is None and time.monotonic() < deadline:
