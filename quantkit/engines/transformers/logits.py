@@ -2,11 +2,11 @@
 
 Tested with transformers 5.17.0, torch 2.13.0 (CPU) and compressed-tensors 0.19.0.
 
-A compressed-tensors checkpoint (int4 packed, FP8, INT8 W8A8) is loaded through transformers' own
-compressed-tensors quantizer, whose weights quantkit decompresses at load (what its hook would do on the first
-forward pass, so scoring times only scoring) keeping each module's quantization scheme, so activation quantization is simulated as the checkpoint asks. On CPU the model runs in
-float32 (bfloat16 weights upcast exactly; CPU bfloat16 matmuls are slow and less precise); on a GPU it runs
-in the checkpoint's own dtype, as a serving engine would.
+A compressed-tensors checkpoint (int4 packed, FP8, INT8 W8A8) is loaded through transformers' own compressed-tensors
+quantizer, whose weights quantkit decompresses at load (what its hook would do on the first forward pass, so scoring
+times only scoring) keeping each module's quantization scheme, so activation quantization is simulated as the
+checkpoint asks. On CPU the model runs in float32 (bfloat16 weights upcast exactly; CPU bfloat16 matmuls are slow
+and less precise); on a GPU it runs in the checkpoint's own dtype, as a serving engine would.
 
 A mixture-of-experts checkpoint with asymmetric int4 or FP4 experts, which transformers 5.17 cannot reload, is
 scored through a dense copy (:mod:`.dense_copy`), said in the engine's info (an FP4 W4A4 one then runs weight-only).
