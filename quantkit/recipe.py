@@ -22,7 +22,6 @@ import yaml
 from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
 from quantkit import artifact, formats
-from quantkit.engines.watch import DEFAULT_STALL_TIMEOUT
 from quantkit.errors import RecipeError
 from quantkit.formats.names import EVALUATING, SERVING
 from quantkit.formats.specs import MethodBase, Strict
@@ -106,6 +105,12 @@ class EvaluationSpec(Strict):
     gates: GateSpec = Field(default_factory=lambda: GateSpec(max_ppl_ratio=1.5, max_kld=0.5, min_top1=0.6))
     tasks: list[TaskSpec] = Field(default_factory=list, max_length=64, description="lm-eval tasks scored on the "
                                   "baseline and each artifact, with their recovery gates (quantkit eval --tasks)")
+
+
+# Seconds a starting server may make no progress before it is stopped: the schema's default, which
+# quantkit.engines.watch applies to every wait on a child. The longest silence measured in a healthy start is 28 s
+# (vLLM 0.26.0 on the 135M model); a large checkpoint's load logs progress as it goes.
+DEFAULT_STALL_TIMEOUT = 180.0
 
 
 class SmokeSpec(Strict):

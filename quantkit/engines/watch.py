@@ -30,8 +30,7 @@ from pathlib import Path
 
 from quantkit.errors import BackendError, exit_text
 from quantkit.progress import Reporter
-
-DEFAULT_STALL_TIMEOUT = 180.0
+from quantkit.recipe import DEFAULT_STALL_TIMEOUT
 TAIL_LINES = 30
 HEADER = "# quantkit"  # the line quantkit writes first into a child's log (its command): not the child's own word
 POLL_S = 0.5

@@ -14,21 +14,17 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from quantkit import __version__, artifact
 from quantkit.progress import Reporter
 from quantkit.evaluation.results import HEADER, EvalReport, Result, row
 
-if TYPE_CHECKING:  # quantkit.tasks scores them; the report only writes them
-    from quantkit.tasks.results import TaskReport
-
 REPORT = "report.md"
 PLOT = "size-vs-ppl.png"
-TASKS_REPORT = "tasks.md"
 
 
-def _engine_line(info: dict[str, Any]) -> str:
+def engine_line(info: dict[str, Any]) -> str:
     extra = ", ".join(f"{k} {v}" for k, v in info.items() if k not in ("engine", "version", "model") and v)
     return f"{info.get('engine')} {info.get('version') or ''}".strip() + (f" ({extra})" if extra else "")
 
@@ -62,9 +58,9 @@ def markdown(report: EvalReport, plot_name: str | None) -> str:
               f"- tokens scored: {p.tokens_scored:,} (run through the models, context included: "
               f"{p.tokens_evaluated:,}); windows sha256 `{p.windows_sha256}`",
               f"- KLD: {report.kld_method}",
-              f"- baseline engine: {_engine_line(report.baseline.engine)}"]
+              f"- baseline engine: {engine_line(report.baseline.engine)}"]
     for r in report.results:
-        lines.append(f"- `{r.target.label}`: {_engine_line(r.engine)}, {r.seconds:.1f} s"
+        lines.append(f"- `{r.target.label}`: {engine_line(r.engine)}, {r.seconds:.1f} s"
                      + (f"; KLD {r.kld_method}" if r.kld_method else ""))
     lines += [f"- note: {n}" for n in p.notes]
     lines += [f"- quantkit {__version__}, {artifact.now_iso()}", ""]
@@ -162,59 +158,3 @@ def update_manifests(report: EvalReport) -> None:
         previous = artifact.read_manifest(folder).evaluation
         section["tasks"] = previous.tasks if previous else None  # task accuracy is its own run: kept
         artifact.update_manifest(folder, evaluation=section)
-
-
-def tasks_table(rows: list[list[str]], header: tuple[str, ...]) -> list[str]:
-    """A markdown table (the task report's and the model card's)."""
-    return ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"] + \
-        ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
-
-
-def tasks_markdown(report: TaskReport) -> str:
-    """``tasks.md``: every artifact's recovery per task and metric, then how each model was scored."""
-    header, rows = report.table()
-    lines = ["# quantkit task accuracy", "",
-             f"{len(report.artifacts)} artifact(s) against their baseline on {len(report.tasks)} lm-eval task(s).", ""]
-    lines += tasks_table([cells for cells, _ in rows], header)
-    lines += ["", "baseline and artifact: the metric ± lm-eval's standard error. recovery = artifact / baseline "
-              "(baseline / artifact where lower is better); a gate passes at its minimum or above.", "",
-              "## Tasks", ""]
-    for t in report.tasks:
-        lines.append(f"- `{t.name}` ({t.output_type}; {', '.join(t.metrics)}), from `{t.spec.task}`, few-shot "
-                     f"{t.spec.num_fewshot if t.spec.num_fewshot is not None else 'the task default'}, limit "
-                     f"{t.spec.limit or 'none'}, sha256 `{t.sha256}`")
-    lines += ["", "## Models", ""]
-    for engine, b in report.baselines.items():
-        how = "from the cache (scored before on the same model, task and settings)" if b.scores.cached else \
-            f"{b.scores.seconds:.1f} s"
-        lines.append(f"- baseline `{b.path}` in {_engine_line(b.scores.engine)}: {how}")
-    for a in report.artifacts:
-        lines.append(f"- `{a.label}` in {_engine_line(a.scores.engine)}: {a.scores.seconds:.1f} s")
-    lines += [f"- quantkit {__version__}, {artifact.now_iso()}", ""]
-    return "\n".join(lines)
-
-
-def write_tasks(report: TaskReport, out_dir: Path) -> None:
-    """Write ``tasks.md`` into ``out_dir``."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / TASKS_REPORT
-    artifact.write_text_atomic(path, tasks_markdown(report))
-    report.report_path = path
-
-
-def update_task_manifests(report: TaskReport) -> None:
-    """Record each artifact's task rows in its ``quantkit.json`` (``evaluation.tasks``), keeping the rest of the
-    evaluation section, and re-seal the folder. A folder of several GGUF files gets one entry per file."""
-    by_dir: dict[Path, list[str]] = {}
-    for a in report.artifacts:
-        if a.manifest_dir is not None:
-            by_dir.setdefault(a.manifest_dir, []).append(a.label)
-    for folder, labels in by_dir.items():
-        previous = artifact.read_manifest(folder).evaluation
-        section = previous.model_dump(mode="json") if previous else {}
-        entries = {label: report.manifest(label) for label in labels}
-        tasks = next(iter(entries.values())) if len(entries) == 1 else \
-            {"files": entries, "passed": all(e["passed"] for e in entries.values())}
-        tasks["created"] = artifact.now_iso()
-        tasks["report"] = os.path.relpath(report.report_path, folder) if report.report_path else None
-        artifact.update_manifest(folder, evaluation={**section, "tasks": tasks})

@@ -21,7 +21,7 @@ from pathlib import Path
 from quantkit import outputs
 from quantkit.engines import registry
 from quantkit.errors import UsageError
-from quantkit.evaluation import report as report_mod
+from quantkit.tasks import report as report_mod
 from quantkit.evaluation.evaluate import expand_targets, resolve_baseline
 from quantkit.evaluation.results import Target
 from quantkit.formats.names import LLAMACPP, SGLANG, TRANSFORMERS, VLLM
