@@ -32,6 +32,9 @@ evaluation:
   dataset: heldout
   ctx: 512
   max_tokens: 4096
+  tasks:
+    - task: quantkit_lastword_gen
+      limit: 8
 smoke:
   timeout: 120
 """
@@ -54,6 +57,11 @@ def test_every_output_is_built_evaluated_and_smoked_where_possible(release) -> N
     for o in outs.values():
         assert o["evaluation"]["results"], o["name"]
         assert all(g["passed"] for g in o["gates"])
+    for name in ("rtn-w4g128", "gptq-w4g128"):  # the recipe's task, scored in transformers against the baseline
+        (row,) = outs[name]["evaluation"]["tasks"]
+        assert row["task"] == "quantkit_lastword_gen" and row["samples"] == 8 and row["engine"] == "transformers"
+        assert row["recovery"] == (row["artifact"] / row["baseline"] if row["baseline"] else None) or \
+            row["baseline"] == 0
     gguf_files = {r["file"] for r in outs["gguf"]["evaluation"]["results"]}
     assert gguf_files == {"quantkit-tiny-Q8_0.gguf", "quantkit-tiny-Q4_K_M.gguf"}
     # llama.cpp's server ran for real on the GGUF files; without vLLM on a GPU the others say skipped, not passed.
@@ -78,6 +86,7 @@ def test_bundle_has_sums_reports_plot_and_model_cards(release) -> None:
         card = (rel / art / "README.md").read_text()
         assert "base_model_relation: quantized" in card and f"base_model: {TINY}" in card
         assert "## Evaluation" in card and "```yaml" in card
+        assert art == "gguf" or "## Task accuracy" in card
         assert artifact.verify(rel / art).ok
 
 
