@@ -228,11 +228,29 @@ def _evaluate(recipe: Recipe, src: source_mod.SourceModel, done: list[OutputResu
 def _score_tasks(recipe: Recipe, src: source_mod.SourceModel, r: OutputResult, rep: Reporter) -> None:
     """The recipe's lm-eval tasks on one artifact (:mod:`quantkit.tasks`; the baseline's scores come from the cache
     after the first artifact): its rows into its evaluation record, its recovery gates into its gates, ``tasks.md``
-    into its folder. A task its engine cannot score (a loglikelihood task on GGUF) is recorded as skipped, with why."""
+    into its folder. A task its engine cannot score is recorded as skipped, with why: on a GGUF output (llama-server
+    gives no prompt log-probabilities) the loglikelihood and multiple-choice tasks, while its generation tasks are
+    scored."""
     from quantkit.tasks.evaluate import TaskOptions
+    from quantkit.tasks.resolve import resolve
     from quantkit.tasks.runner import RunOptions
 
-    options = TaskOptions(tasks=list(recipe.evaluation.tasks), engine=recipe.evaluation.engine,
+    specs = list(recipe.evaluation.tasks)
+    skipped: list[str] = []
+    if r.manifest is not None and r.manifest.kind == KindName.GGUF:
+        try:
+            skipped = sorted({t.spec.task for t in resolve(specs) if t.needs_logprobs})
+        except UsageError:
+            skipped = []  # the run below refuses it in its own words
+        specs = [t for t in specs if t.task not in skipped]
+        if skipped:
+            rep.log(f"[yellow]-[/] tasks of {r.name}: {', '.join(skipped)} skipped (they need the prompt's "
+                    "log-probabilities, which llama-server does not give)")
+    if not specs:
+        r.evaluation = {**(r.evaluation or {}), "tasks": {"status": "skipped", "summary": f"{', '.join(skipped)}: "
+                                                          "llama-server gives no prompt log-probabilities"}}
+        return
+    options = TaskOptions(tasks=specs, engine=recipe.evaluation.engine,
                           run=RunOptions(device=recipe.runtime.device, python=recipe.smoke.python))
     try:
         report = api.evaluate_tasks([r.path], str(src.path), options, rep)
@@ -241,6 +259,8 @@ def _score_tasks(recipe: Recipe, src: source_mod.SourceModel, r: OutputResult, r
         rep.log(f"[yellow]-[/] tasks of {r.name}: skipped ({e.message})")
         return
     r.evaluation = {**(r.evaluation or {}), "tasks": [row.to_json() for row in report.rows]}
+    if skipped:
+        r.evaluation["tasks_skipped"] = {"tasks": skipped, "why": "llama-server gives no prompt log-probabilities"}
     r.gates += [{"gate": f"min_recovery {row.task.name} {row.metric} (artifact {row.value:.4f}, baseline "
                          f"{row.baseline:.4f})", "value": row.recovery, "limit": row.limit, "passed": row.passed,
                  "file": Path(row.label).name if row.label.endswith(".gguf") else None}

@@ -35,6 +35,8 @@ evaluation:
   tasks:
     - task: quantkit_lastword_gen
       limit: 8
+    - task: quantkit_nextsentence
+      limit: 8
 smoke:
   timeout: 120
 """
@@ -57,11 +59,18 @@ def test_every_output_is_built_evaluated_and_smoked_where_possible(release) -> N
     for o in outs.values():
         assert o["evaluation"]["results"], o["name"]
         assert all(g["passed"] for g in o["gates"])
-    for name in ("rtn-w4g128", "gptq-w4g128"):  # the recipe's task, scored in transformers against the baseline
-        (row,) = outs[name]["evaluation"]["tasks"]
-        assert row["task"] == "quantkit_lastword_gen" and row["samples"] == 8 and row["engine"] == "transformers"
-        assert row["recovery"] == (row["artifact"] / row["baseline"] if row["baseline"] else None) or \
-            row["baseline"] == 0
+    for name in ("rtn-w4g128", "gptq-w4g128"):  # the recipe's tasks, scored in transformers against the baseline
+        rows = outs[name]["evaluation"]["tasks"]
+        assert {(r["task"], r["metric"]) for r in rows} == {("quantkit_lastword_gen", "exact_match,first-word"),
+                                                          ("quantkit_nextsentence", "acc"),
+                                                          ("quantkit_nextsentence", "acc_norm")}
+        assert all(r["samples"] == 8 and r["engine"] == "transformers" for r in rows)
+        assert all(r["recovery"] == pytest.approx(r["artifact"] / r["baseline"]) for r in rows if r["baseline"])
+    # GGUF: the generation task through llama-server for each file; the multiple-choice one skipped, saying why
+    gguf_rows = outs["gguf"]["evaluation"]["tasks"]
+    assert {(r["task"], Path(r["label"]).name) for r in gguf_rows} == {
+        ("quantkit_lastword_gen", "quantkit-tiny-Q8_0.gguf"), ("quantkit_lastword_gen", "quantkit-tiny-Q4_K_M.gguf")}
+    assert outs["gguf"]["evaluation"]["tasks_skipped"]["tasks"] == ["quantkit_nextsentence"]
     gguf_files = {r["file"] for r in outs["gguf"]["evaluation"]["results"]}
     assert gguf_files == {"quantkit-tiny-Q8_0.gguf", "quantkit-tiny-Q4_K_M.gguf"}
     # llama.cpp's server ran for real on the GGUF files; without vLLM on a GPU the others say skipped, not passed.
