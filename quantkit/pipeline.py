@@ -214,7 +214,8 @@ def _evaluate(recipe: Recipe, src: source_mod.SourceModel, done: list[OutputResu
         rep.warn(f"evaluation failed: {summary}")
         return
     for r in done:
-        mine = [x for x in report.results if x.target.manifest_dir and x.target.manifest_dir.resolve() == r.path.resolve()]
+        mine = [x for x in report.results
+                if x.target.manifest_dir and x.target.manifest_dir.resolve() == r.path.resolve()]
         if not mine:
             continue
         rows = [x.to_json() for x in mine]
