@@ -133,7 +133,7 @@ def test_reference_model_artifact(tiny_gguf: dict) -> None:
     assert q["converter"]["commit"] == "0c1e57098" and q["converter"]["tool"] == "convert_hf_to_gguf.py"
     assert q["tokenizer"] == "gpt2" and q["architecture"] == "llama" and q["intermediate"] == "F16"
     assert q["fallbacks"] == {}  # every row of the reference model is a whole number of 256-value blocks
-    assert tiny_gguf["manifest"]["format"] == "gguf"
+    assert tiny_gguf["manifest"]["kind"] == "gguf"
     types = tensor_types(out / "quantkit-tiny-Q4_K_M.gguf")
     assert {"Q4_K", "Q6_K"} <= set(types.values())  # llama.cpp's Q4_K_M mix, not a uniform type
     assert types["blk.0.attn_norm.weight"] == "F32"
