@@ -174,9 +174,15 @@ def test_gptq_bits_target_defaults_to_group_32_with_zero_points(smollm2_shape: P
     points (the lowest KLD measured at equal bits) from 5.5 bits up, and says so; a given symmetry or group size, a
     lower target (at 5.0 bits the two layouts were level) and the other methods keep the plain default."""
     bits_target = "a bits target: int4 in groups of 32 with zero points"
-    notes = _plan(smollm2_shape, "gptq", target_bits=5.5)["notes"]
-    assert len(notes) == 1 and notes[0].startswith(bits_target), notes
+
+    def notes(method: str, **fields: object) -> list[str]:
+        """The plan's notes but the mix's own line (a bits target's plan: its two precisions), said for every mix."""
+        return [n for n in _plan(smollm2_shape, method, **fields)["notes"] if not n.startswith("bits target ")]
+
+    found = notes("gptq", target_bits=5.5)
+    assert len(found) == 1 and found[0].startswith(bits_target), found
     for method, fields in (("gptq", {"target_bits": 5.5, "symmetric": True}), ("gptq", {"target_bits": 5.4}),
                            ("gptq", {}), ("awq", {"target_bits": 5.5}), ("rtn", {"target_bits": 5.5})):
-        assert [n[:len(REASON)] for n in _plan(smollm2_shape, method, **fields)["notes"]] == [REASON], (method, fields)
-    assert _plan(smollm2_shape, "gptq", target_bits=5.5, group_size=64)["notes"] == []
+        assert [n[:len(REASON)] for n in notes(method, **fields)] == [REASON], (method, fields)
+    assert notes("gptq", target_bits=5.5, group_size=64) == []
+    assert "int4 group 64 symmetric or int8" in _plan(smollm2_shape, "gptq", target_bits=5.5, group_size=64)["notes"][0]
