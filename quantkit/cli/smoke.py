@@ -22,7 +22,7 @@ PYTHON_OPT = typer.Option(None, "--python", help="The engine's own Python (its e
                           "QUANTKIT_TRTLLM_PYTHON / QUANTKIT_SGLANG_PYTHON, else the engine's script on PATH, else "
                           "this Python].")
 ENV_OPT = typer.Option(None, "--env", metavar="KEY=VALUE", help="Set for the engine only (repeatable), e.g. "
-                       "--env PYTHONPATH=/tmp/site --env VLLM_USE_FLASHINFER_SAMPLER=0.")
+                       "--env PYTHONPATH=/opt/vllm-site --env VLLM_USE_FLASHINFER_SAMPLER=0.")
 
 
 def _engine(name: str) -> str:

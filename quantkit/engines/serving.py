@@ -34,6 +34,7 @@ from typing import Any
 
 from quantkit.checkpoint import read_config
 from quantkit.engines import client, registry, watch
+from quantkit.engines import watch
 from quantkit.engines.watch import DEFAULT_STALL_TIMEOUT, ProcessDied, log_tail
 from quantkit.errors import BackendError, QuantkitError, UsageError, exit_text
 from quantkit.formats.names import SERVING
@@ -332,19 +333,8 @@ def _group_alive(pgid: int) -> bool:
     ``killpg(pgid, 0)`` also succeeds for zombies waiting to be reaped by init, so the group's members are
     read from /proc where it exists.
     """
-    proc = Path("/proc")
-    if proc.is_dir():
-        for p in proc.iterdir():
-            if not p.name.isdigit():
-                continue
-            try:
-                stat = (p / "stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rfind(")") + 2:].split()
-            if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
-                return True
-        return False
+    if Path("/proc").is_dir():
+        return any(group == pgid for _, _, group in watch.live_processes())
     try:
         os.killpg(pgid, 0)
         return True

@@ -25,7 +25,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from quantkit.errors import BackendError, exit_text
@@ -83,14 +83,11 @@ def failure(what: str, log_path: Path) -> str:
     return f"{what}. Last lines of {log_path}:\n{tail}"
 
 
-def process_tree(root: int) -> frozenset[int]:
-    """The processes of ``root``'s tree: its process group (a server's own session) and every descendant of
-    ``root`` (one that started a session of its own included), read from /proc; ``{root}`` without /proc."""
+def live_processes() -> Iterator[tuple[int, int, int]]:
+    """(pid, parent pid, process group) of every process /proc lists that is not a zombie (none without /proc)."""
     proc = Path("/proc")
     if not proc.is_dir():
-        return frozenset({root})
-    parent: dict[int, int] = {}
-    members = {root}
+        return
     for p in proc.iterdir():
         if not p.name.isdigit():
             continue
@@ -99,11 +96,21 @@ def process_tree(root: int) -> frozenset[int]:
         except OSError:
             continue
         fields = stat[stat.rfind(")") + 2:].split()
-        if len(fields) < 3 or fields[0] == "Z":
-            continue
-        pid = int(p.name)
-        parent[pid] = int(fields[1])
-        if int(fields[2]) == root:
+        if len(fields) >= 3 and fields[0] != "Z":
+            yield int(p.name), int(fields[1]), int(fields[2])
+
+
+def process_tree(root: int) -> frozenset[int]:
+    """The processes of ``root``'s tree: its process group (a server's own session) and every descendant of
+    ``root`` (one that started a session of its own included), read from /proc; ``{root}`` without /proc."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return frozenset({root})
+    parent: dict[int, int] = {}
+    members = {root}
+    for pid, ppid, pgid in live_processes():
+        parent[pid] = ppid
+        if pgid == root:
             members.add(pid)
     for pid in parent:
         chain, seen = pid, 0
