@@ -6,6 +6,7 @@ Standard library only (plus quantkit.versions), so it also works in a bare GPU e
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
 import os
@@ -91,3 +92,26 @@ def write(name: str, data: dict[str, Any], markdown: str, folder: Path = RESULTS
         tmp.write_text(text)
         tmp.replace(path)
     return j, m
+
+
+def int_list(text: str) -> list[int]:
+    """A comma-separated list of integers on a command line (``1,4,16``)."""
+    return [int(x) for x in text.split(",")]
+
+
+def serving_parser(doc: str, *, checkpoints: str, engine: str, engine_path: str, timeout: float, timeout_help: str,
+                   name: str, name_help: str) -> argparse.ArgumentParser:
+    """The command line the serving benchmarks share (bench/serve_bench.py, bench/serve_speed.py): the checkpoints,
+    the engine's Python (``--python``) and a PYTHONPATH for it (``engine_path``, the flag's name), prompt and output
+    lengths, the timeout, and where the results go. Each script adds its own flags after these."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("checkpoints", nargs="+", type=Path, help=checkpoints)
+    ap.add_argument("--python", help=f"{engine} Python [default: quantkit's rule, quantkit/envs.py: its variable, "
+                                     "its script on PATH, this one]")
+    ap.add_argument(engine_path, help=f"PYTHONPATH of {engine} Python (a folder pip install --target put it into)")
+    ap.add_argument("--prompt-len", type=int, default=512, help="prompt length in token ids")
+    ap.add_argument("--gen", type=int, default=128, help="output tokens per request")
+    ap.add_argument("--timeout", type=float, default=timeout, help=timeout_help)
+    ap.add_argument("--results-dir", type=Path, default=RESULTS)
+    ap.add_argument("--name", default=name, help=name_help)
+    return ap

@@ -302,25 +302,20 @@ def write(data: dict[str, Any], folder: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("checkpoints", nargs="+", type=Path, help="artifacts (folders, or .gguf files for llama.cpp)")
+    ap = meta.serving_parser(__doc__, checkpoints="artifacts (folders, or .gguf files for llama.cpp)",
+                             engine="the engine's", engine_path="--engine-path", timeout=900.0,
+                             timeout_help="seconds to health, and per request", name="serve_bench",
+                             name_help="results folder under --results-dir")
     ap.add_argument("--reference", type=Path, required=True, help="the bf16 (or F16/Q8_0 GGUF) reference")
     ap.add_argument("--engine", type=lambda s: s.split(","), default=["vllm"],
                     help=f"comma-separated, from {', '.join(ENGINES)}")
-    ap.add_argument("--python", help="the engine's Python [default: quantkit's rule, quantkit/envs.py]")
-    ap.add_argument("--engine-path", help="PYTHONPATH for the server (a pip install --target folder)")
     ap.add_argument("--tokenizer", type=Path, help="where the prompts' tokenizer is [default: the reference]")
-    ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16, 64])
+    ap.add_argument("--concurrency", type=meta.int_list, default=[1, 4, 16, 64])
     ap.add_argument("--rounds", type=int, default=4, help="requests each client sends per level")
-    ap.add_argument("--prompt-len", type=int, default=512)
-    ap.add_argument("--gen", type=int, default=128, help="output tokens per request")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     ap.add_argument("--server-arg", action="append", default=[], help="one more server flag (repeat)")
-    ap.add_argument("--timeout", type=float, default=900.0, help="seconds to health, and per request")
-    ap.add_argument("--name", default="serve_bench", help="results folder under --results-dir")
     ap.add_argument("--title", help="the table's title [default: the reference's name]")
     ap.add_argument("--note", default="", help="a sentence for the table (the machine, if it matters)")
-    ap.add_argument("--results-dir", type=Path, default=meta.RESULTS)
     ap.add_argument("--logs", type=Path, default=Path(tempfile.gettempdir()) / "quantkit-serve-bench")
     args = ap.parse_args()
     bad = [e for e in args.engine if e not in ENGINES]

@@ -3,7 +3,7 @@ vLLM, for a bf16 checkpoint (the "bf16" row) and its quantized artifacts, with t
 memory-bandwidth limit beside each.
 
 On a machine with a CUDA GPU and vLLM, after ``python bench/quantize_cost.py --shape SHAPE --keep quantkit`` has
-left the source and its quantkit artifacts in its --workdir W (/tmp/quantkit-bench-qcost):
+left the source and its quantkit artifacts in its --workdir W:
 
     python3 bench/serve_speed.py W/src-8b W/out-quantkit-* [--kernels]
     python3 bench/serve_speed.py W/src-qwen3-30b-a3b-12l W/out-quantkit-{gptq,fp8-static} --name serve_speed_moe
@@ -35,7 +35,10 @@ one warm-up generation at the largest batch:
   use for the checkpoint (quantkit.engines.vllm.kernels) and reports the fastest configuration's ``vllm serve`` command.
 
 Writes bench/results/NAME.{json,md} (``--name``, default serve_speed) after every checkpoint (the command, machine
-and versions included). This parent needs only the standard library and quantkit's source module.
+and versions included). The work folder ``--workdir`` is ``bench/serve_speed`` under quantkit's cache root unless
+given (quantkit/cache.py: ``$QUANTKIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/quantkit``, else ``~/.cache/quantkit``);
+vLLM's log and the request of each run go to its ``logs/`` (``--logs`` names another folder). This parent needs only
+the standard library and quantkit's source module.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import meta  # noqa: E402
 
 sys.path.insert(0, str(meta.ROOT))
+from quantkit import cache  # noqa: E402
 from quantkit.engines import registry  # noqa: E402
 from quantkit.engines.vllm import kernel_sweep, kernels  # noqa: E402
 from quantkit.formats.names import VLLM  # noqa: E402
@@ -166,8 +170,8 @@ def markdown(data: dict[str, Any]) -> str:
         lines.append(f"| {name} | {r['format']} | {r.get('tp', 1)} | {r.get('quantization') or 'none'} | "
                      f"{'; '.join(r.get('kernels') or []) or '-'} | {r['bytes_per_step'] / 2**30:.2f} | "
                      f"{r['ttft_s'] * 1000:.0f} ms | " + " | ".join(cells) + " |")
-    lines += ["", "Decode tok/s in brackets: the share of the bandwidth limit reached. With tensor parallelism (tp > 1) "
-              "the limit is tp GPUs' bandwidth over the same bytes."]
+    lines += ["", "Decode tok/s in brackets: the share of the bandwidth limit reached. With tensor parallelism "
+              "(tp > 1) the limit is tp GPUs' bandwidth over the same bytes."]
     speedups = tp_speedups(data["rows"], batches)
     if speedups:
         lines += ["", "| checkpoint | " + " | ".join(f"tp=N / tp=1 at b{b}" for b in batches) + " |",
@@ -204,24 +208,22 @@ def tp_speedups(rows: list[dict[str, Any]], batches: list[int]) -> list[str]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("checkpoints", nargs="+", type=Path, help="checkpoint folders: the bf16 source and artifacts")
-    ap.add_argument("--python", help="vLLM's Python [default: QUANTKIT_VLLM_PYTHON, vllm's on PATH, this one]")
-    ap.add_argument("--vllm-path", help="PYTHONPATH of vLLM's Python (folders where pip install --target put it)")
+    ap = meta.serving_parser(__doc__, checkpoints="checkpoint folders: the bf16 source and artifacts",
+                             engine="vLLM's", engine_path="--vllm-path", timeout=600,
+                             timeout_help="seconds per vLLM start", name="serve_speed",
+                             name_help="result file name (NAME.json, NAME.md)")
     ap.add_argument("--kernels", action="store_true", help="also measure every other kernel vLLM could use")
-    ap.add_argument("--prompt-len", type=int, default=512)
-    ap.add_argument("--gen", type=int, default=128)
-    ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16])
+    ap.add_argument("--batches", type=meta.int_list, default=[1, 16])
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--bandwidth", type=float, default=H200_BANDWIDTH, help="bytes/s (default: H200, 4.8e12)")
-    ap.add_argument("--timeout", type=float, default=600, help="seconds per vLLM start")
-    ap.add_argument("--results-dir", type=Path, default=meta.RESULTS)
-    ap.add_argument("--name", default="serve_speed", help="result file name (NAME.json, NAME.md)")
     ap.add_argument("--capture-all", action="store_true", help="let vLLM capture its default CUDA graph sizes")
-    ap.add_argument("--logs", type=Path, default=Path("/tmp/quantkit-bench-serve"))
-    ap.add_argument("--tp", type=lambda s: [int(x) for x in s.split(",")], default=[1],
+    ap.add_argument("--workdir", type=Path, default=cache.root() / "bench" / "serve_speed",
+                    help="work folder (vLLM's logs and requests) [default: %(default)s, under quantkit's cache root]")
+    ap.add_argument("--logs", type=Path, help="vLLM's logs and requests [default: WORKDIR/logs]")
+    ap.add_argument("--tp", type=meta.int_list, default=[1],
                     help="tensor-parallel sizes, each checkpoint measured at each (e.g. 1,2)")
     args = ap.parse_args()
+    args.logs = args.logs or args.workdir / "logs"
     args.python = registry.get(VLLM).find_python(args.python).python
     missing = [str(c) for c in args.checkpoints if not (c / "config.json").is_file()]
     if missing:

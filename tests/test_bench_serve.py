@@ -1,9 +1,11 @@
 """bench/serve_bench.py: its arithmetic on recorded stream timings (TTFT, inter-token latency, tokens/s, ratios to
-the reference), and one short run against a real llama-server on the real model (e2e)."""
+the reference), and one short run against a real llama-server on the real model (e2e); bench/serve_speed.py's work
+folder (cli)."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -82,3 +84,23 @@ def test_a_real_llama_server_on_the_reference_model(tmp_path: Path) -> None:
     assert level["ttft_ms_p50"] > 0 and level["itl_ms_p50"] > 0 and level["output_tokens_per_s"] > 0
     assert (tmp_path / "sb" / "results.png").stat().st_size > 0
     assert f"| {gguf.stem} | 1 |" in (tmp_path / "sb" / "results.md").read_text()
+
+
+@pytest.mark.cli
+def test_serve_speed_work_folder_under_the_cache_root_or_workdir(tmp_path: Path) -> None:
+    """bench/serve_speed.py keeps vLLM's logs and requests in WORKDIR/logs, WORKDIR being bench/serve_speed under
+    quantkit's cache root unless --workdir names one (here vLLM is absent, so each run fails and is recorded)."""
+    model = ROOT / "models" / "quantkit-tiny"
+    cache = tmp_path / "cache"
+    env = {**os.environ, "QUANTKIT_CACHE_DIR": str(cache), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    for extra, logs in (([], cache / "bench" / "serve_speed" / "logs"),
+                        (["--workdir", str(tmp_path / "w")], tmp_path / "w" / "logs")):
+        proc = subprocess.run([sys.executable, str(ROOT / "bench" / "serve_speed.py"), str(model), "--vllm-path",
+                               str(tmp_path / "none"), "--results-dir", str(tmp_path), "--name", "ss",
+                               "--timeout", "120", "--batches", "1,4", *extra],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert (logs / "quantkit-tiny.request.json").is_file() and (logs / "quantkit-tiny.log").is_file()
+        data = json.loads((tmp_path / "ss.json").read_text())
+        (row,) = data["rows"]
+        assert "vllm" in row["error"] and data["batches"] == [1, 4]  # --batches through the shared int list
