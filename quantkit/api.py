@@ -251,7 +251,8 @@ def evaluate(artifacts: list[Path], baseline: str | None = None, options: EvalOp
 
 def task_options(tasks: str | list[str], *, recipe_path: str | None = None, num_fewshot: int | None = None,
                  limit: int | None = None, min_recovery: float | None = None, engine: str | None = None,
-                 device: str = "auto", python: str | None = None, report_dir: Path | None = None) -> TaskOptions:
+                 device: str = "auto", python: str | None = None, report_dir: Path | None = None,
+                 stall_timeout: float | None = None) -> TaskOptions:
     """``eval --tasks``'s options: the tasks (comma-separated or a list), each with the flags' few-shot and limit
     over the recipe's entry for that task (whose ``min_recovery`` gates are kept), ``--min-recovery`` over every
     gate, and where the models run."""
@@ -259,12 +260,14 @@ def task_options(tasks: str | list[str], *, recipe_path: str | None = None, num_
     from quantkit.tasks.runner import RunOptions
 
     names = [n.strip() for n in (tasks.split(",") if isinstance(tasks, str) else tasks) if n.strip()]
-    recipe_tasks = None
+    spec = recipe_mod.EvaluationSpec()
     if recipe_path:
-        recipe_tasks = recipe_mod.load(recipe_mod.find(recipe_path), check_output_escape=False).evaluation.tasks
-    return TaskOptions(tasks=task_specs(names, num_fewshot=num_fewshot, limit=limit, recipe_tasks=recipe_tasks),
-                       engine=engine or "auto", min_recovery=min_recovery,
-                       run=RunOptions(device=device, python=python), report_dir=report_dir)
+        spec = recipe_mod.load(recipe_mod.find(recipe_path), check_output_escape=False).evaluation
+    run = RunOptions(device=device, python=python,
+                     stall_timeout=spec.stall_timeout if stall_timeout is None else stall_timeout)
+    return TaskOptions(tasks=task_specs(names, num_fewshot=num_fewshot, limit=limit,
+                                        recipe_tasks=spec.tasks if recipe_path else None),
+                       engine=engine or "auto", min_recovery=min_recovery, run=run, report_dir=report_dir)
 
 
 def evaluate_tasks(artifacts: list[Path], baseline: str | None, options: TaskOptions,

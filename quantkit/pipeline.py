@@ -252,7 +252,8 @@ def _score_tasks(recipe: Recipe, src: source_mod.SourceModel, r: OutputResult, r
                                                           "llama-server gives no prompt log-probabilities"}}
         return
     options = TaskOptions(tasks=specs, engine=recipe.evaluation.engine,
-                          run=RunOptions(device=recipe.runtime.device, python=recipe.smoke.python))
+                          run=RunOptions(device=recipe.runtime.device, python=recipe.smoke.python,
+                                         stall_timeout=recipe.evaluation.stall_timeout))
     try:
         report = api.evaluate_tasks([r.path], str(src.path), options, rep)
     except UsageError as e:

@@ -91,6 +91,12 @@ class TaskSpec(Strict):
         return self
 
 
+# Seconds a starting server may make no progress before it is stopped: the schema's default, which
+# quantkit.engines.watch applies to every wait on a child. The longest silence measured in a healthy start is 28 s
+# (vLLM 0.26.0 on the 135M model); a large checkpoint's load logs progress as it goes.
+DEFAULT_STALL_TIMEOUT = 180.0
+
+
 class EvaluationSpec(Strict):
     """The evaluation protocol and its gates (the recipe's ``evaluation:`` block; ``verify:`` in recipes written
     before it was renamed, still read)."""
@@ -102,15 +108,12 @@ class EvaluationSpec(Strict):
     stride: int | None = Field(None, ge=1, le=1 << 20)
     max_tokens: int | None = Field(None, ge=16, le=10**12, description="score at most this many tokens")
     engine: Literal[("auto", *EVALUATING)] = "auto"  # type: ignore[valid-type]
+    stall_timeout: float = Field(DEFAULT_STALL_TIMEOUT, ge=0, le=7 * 86400, description="seconds an engine loading a "
+                                 "model (vLLM's worker, an SGLang or task server) may make no progress before it is "
+                                 "stopped; 0: never")
     gates: GateSpec = Field(default_factory=lambda: GateSpec(max_ppl_ratio=1.5, max_kld=0.5, min_top1=0.6))
     tasks: list[TaskSpec] = Field(default_factory=list, max_length=64, description="lm-eval tasks scored on the "
                                   "baseline and each artifact, with their recovery gates (quantkit eval --tasks)")
-
-
-# Seconds a starting server may make no progress before it is stopped: the schema's default, which
-# quantkit.engines.watch applies to every wait on a child. The longest silence measured in a healthy start is 28 s
-# (vLLM 0.26.0 on the 135M model); a large checkpoint's load logs progress as it goes.
-DEFAULT_STALL_TIMEOUT = 180.0
 
 
 class SmokeSpec(Strict):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from conftest import gone, quantkit
+from conftest import TINY, gone, quantkit
 from quantkit.engines import watch
 from quantkit.engines.serving import ServerProcess
 from quantkit.engines.vllm import kernel_sweep
@@ -126,3 +126,34 @@ def test_a_sweep_load_that_goes_silent_is_stopped_and_says_why(tmp_path: Path) -
     assert stopped.startswith(kernel_sweep.STOPPED) and "a vLLM load made no progress" in stopped
     assert "last log line: loading" in stopped
     assert kernel_sweep.run_logged([sys.executable, "-c", "print('ok')"], dict(os.environ), log, 50)[0] == 0
+
+
+# Stands in for vLLM's Python under `eval --engine vllm` (run as `PY WORKER REQUEST`, it ignores both): says what a
+# load says, starts a child as vLLM's engine core does, then neither answers READY nor says another word.
+HUNG_LOAD = textwrap.dedent("""\
+    import subprocess, sys, time
+    core = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    print(f"INFO Starting to load model, engine core {core.pid}", file=sys.stderr, flush=True)
+    time.sleep(600)
+    """)
+
+
+def test_an_eval_worker_whose_load_stalls_is_stopped_and_named(tmp_path: Path) -> None:
+    """``eval --engine vllm``'s worker is waited on as a server is: a load that goes silent is stopped after
+    ``--stall-timeout`` (not left to hang the release), named in one line with its last log line, exit 1, and its
+    whole process group (the engine core too) is gone."""
+    python = _script(tmp_path, "vllm-python", f"#!{sys.executable}\n" + HUNG_LOAD)
+    python.chmod(0o755)
+    started = time.monotonic()
+    proc = quantkit("eval", TINY, "--baseline", TINY, "--engine", "vllm", "--python", python, "--stall-timeout", "2",
+                    "--dataset", "heldout", "--max-tokens", "64", "--report-dir", tmp_path / "report", timeout=120)
+    assert proc.returncode == EXIT_FAILURE, proc.stderr[-2000:]
+    assert time.monotonic() - started < 60
+    error = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1, proc.stderr[-2000:]
+    assert "vLLM's worker for quantkit-tiny made no progress for" in error[0] and "to load the model" in error[0]
+    assert "its last log line: INFO Starting to load model, engine core" in error[0]
+    assert "waiting for vLLM's worker for quantkit-tiny to load the model: " in proc.stderr
+    assert "Traceback" not in proc.stderr
+    core = int(error[0].split("engine core ")[1].split()[0].rstrip(".,;"))
+    assert gone(core)

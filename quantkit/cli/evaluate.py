@@ -85,6 +85,11 @@ def eval_cmd(
     python: Optional[str] = typer.Option(None, "--python", help="vLLM's or SGLang's own Python interpreter "
                                          "\\[default: $QUANTKIT_VLLM_PYTHON / $QUANTKIT_SGLANG_PYTHON, else this "
                                          "one].", rich_help_panel=PANEL_ENGINE),
+    stall_timeout: Optional[float] = typer.Option(None, "--stall-timeout", min=0, help="Stop an engine whose load "
+                                                  "makes no progress (no log output, no new process, no change of "
+                                                  "its GPU memory) for S seconds, naming it with its log's tail; 0: "
+                                                  "never \\[default: the recipe's evaluation.stall_timeout, else 180].",
+                                                  rich_help_panel=PANEL_ENGINE),
     numerics: Optional[str] = typer.Option(None, "--numerics", help="An FP4 W4A4 artifact's activations: auto "
                                            "(what the engine does: transformers emulates FP4 activations, vLLM on a "
                                            "GPU without FP4 arithmetic runs weight-only), emulated (FP4 activations "
@@ -124,12 +129,13 @@ def eval_cmd(
     (after writing the report)."""
     if tasks is not None:
         _eval_tasks(artifacts, baseline, tasks, limit, num_fewshot, min_recovery, engine, device, python, recipe,
-                    report_dir, json)
+                    report_dir, json, stall_timeout)
         return
     if limit is not None or num_fewshot is not None or min_recovery is not None:
         raise UsageError("--limit, --num-fewshot and --min-recovery apply to --tasks", hint="add --tasks T1,T2")
     options, recipe_model = api.eval_options(
-        recipe, flags={"dataset": dataset, "ctx": ctx, "stride": stride, "max_tokens": max_tokens, "engine": engine},
+        recipe, flags={"dataset": dataset, "ctx": ctx, "stride": stride, "max_tokens": max_tokens, "engine": engine,
+                       "stall_timeout": stall_timeout},
         gate_flags={"max_ppl_ratio": max_ppl_ratio, "max_kld": max_kld, "min_top1": min_top1},
         device=device, python=python, report_dir=report_dir, numerics=numerics)
     rep = reporter(json)
@@ -144,10 +150,10 @@ def eval_cmd(
 def _eval_tasks(artifacts: list[Path], baseline: Optional[str], tasks: str, limit: Optional[int],
                 num_fewshot: Optional[int], min_recovery: Optional[float], engine: Optional[str],
                 device: Optional[str], python: Optional[str], recipe: Optional[str], report_dir: Optional[Path],
-                json: bool) -> None:
+                json: bool, stall_timeout: Optional[float]) -> None:
     options = api.task_options(tasks, recipe_path=recipe, num_fewshot=num_fewshot, limit=limit,
                                min_recovery=min_recovery, engine=engine, device=device or "auto", python=python,
-                               report_dir=report_dir)
+                               report_dir=report_dir, stall_timeout=stall_timeout)
     rep = reporter(json)
     report = api.evaluate_tasks(artifacts, baseline, options, rep)
     if json:

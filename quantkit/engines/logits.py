@@ -30,6 +30,7 @@ from quantkit.engines import registry
 from quantkit.errors import UsageError
 from quantkit.formats import kinds
 from quantkit.formats.names import EVALUATING, LLAMACPP, TRANSFORMERS, VLLM, KindName
+from quantkit.recipe import DEFAULT_STALL_TIMEOUT
 
 if TYPE_CHECKING:
     import torch
@@ -132,6 +133,7 @@ class EngineOptions:
     topk: int = 20  # vLLM: log-probabilities returned per position
     numerics: str = "auto"  # an FP4 W4A4 artifact's activations: auto, emulated, weight-only (engines/numerics.py)
     batch: int | None = None  # transformers: windows per forward pass (None: chosen from free memory)
+    stall_timeout: float | None = DEFAULT_STALL_TIMEOUT  # vLLM, SGLang: a load without progress this long is stopped
 
 
 class LogitsEngine(Protocol):

@@ -296,21 +296,21 @@ class ServerProcess:
         try:
             self._terminate()
         except BaseException:
-            _signal_group(self.proc.pid, signal.SIGKILL)
+            watch.signal_group(self.proc.pid, signal.SIGKILL)
             raise
 
     def _terminate(self) -> None:
         assert self.proc is not None
         pgid = self.proc.pid
         if self.proc.poll() is None or _group_alive(pgid):
-            _signal_group(pgid, signal.SIGTERM)
+            watch.signal_group(pgid, signal.SIGTERM)
             deadline = time.monotonic() + self.grace
             while time.monotonic() < deadline:
                 if self.proc.poll() is not None and not _group_alive(pgid):
                     break
                 time.sleep(0.1)
             else:
-                _signal_group(pgid, signal.SIGKILL)
+                watch.signal_group(pgid, signal.SIGKILL)
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:  # a process stuck in the kernel (D state): nothing more we can do
@@ -318,13 +318,6 @@ class ServerProcess:
         deadline = time.monotonic() + 5
         while _group_alive(pgid) and time.monotonic() < deadline:  # SIGKILLed stragglers being reaped
             time.sleep(0.05)
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _group_alive(pgid: int) -> bool:

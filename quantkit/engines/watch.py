@@ -27,6 +27,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from quantkit.errors import BackendError, exit_text
 from quantkit.progress import Reporter
@@ -98,6 +99,15 @@ def live_processes() -> Iterator[tuple[int, int, int]]:
         fields = stat[stat.rfind(")") + 2:].split()
         if len(fields) >= 3 and fields[0] != "Z":
             yield int(p.name), int(fields[1]), int(fields[2])
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    """Send ``sig`` to a child's process group (its own session): the engine's workers and compilers with it. A
+    group already gone, or not ours to signal, is not an error: what is wanted is that it is not running."""
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def process_tree(root: int) -> frozenset[int]:
@@ -192,7 +202,7 @@ class Activity:
         return "no new log output, no new process; GPU memory not watched: no nvidia-smi"
 
 
-def wait_until(ready: Callable[[], bool], *, who: str, waits_for: str, proc: subprocess.Popen[bytes],
+def wait_until(ready: Callable[[], bool], *, who: str, waits_for: str, proc: subprocess.Popen[Any],
                log_path: Path, timeout: float, stall_timeout: float | None = DEFAULT_STALL_TIMEOUT,
                reporter: Reporter | None = None, poll_s: float = POLL_S) -> float:
     """Poll ``ready()`` until it is true, showing the wait; the seconds waited.

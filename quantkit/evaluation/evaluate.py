@@ -36,7 +36,7 @@ from quantkit.engines.logits import EngineOptions
 from quantkit.errors import IntegrityError, UsageError
 from quantkit.formats.names import LLAMACPP, SGLANG, TRANSFORMERS, VLLM, Method
 from quantkit.progress import Reporter
-from quantkit.recipe import GateSpec, ModelSpec, EvaluationSpec
+from quantkit.recipe import DEFAULT_STALL_TIMEOUT, EvaluationSpec, GateSpec, ModelSpec
 from quantkit.evaluation import gates as gates_mod, images as images_mod, protocol as protocol_mod, report as report_mod
 from quantkit.evaluation.metrics import Accumulator, BaselineStore, Metrics, score_rows
 from quantkit.evaluation.results import EvalReport, Result, Target
@@ -63,12 +63,13 @@ class EvalOptions:
     image_prompts: int = images_mod.DEFAULT_PROMPTS  # a vision-language model's image prompts scored (0: none)
     numerics: str = numerics_mod.AUTO  # an FP4 W4A4 artifact's activations: auto, emulated, weight-only
     batch: int | None = None  # transformers: windows per forward pass (None: chosen from free memory)
+    stall_timeout: float = DEFAULT_STALL_TIMEOUT  # vLLM, SGLang: a load without progress this long is stopped
 
     @classmethod
     def from_spec(cls, spec: EvaluationSpec, **overrides: Any) -> "EvalOptions":
         """Options from a recipe's ``evaluation`` block, with explicit (non-None) overrides on top."""
         base = {"dataset": spec.dataset, "ctx": spec.ctx, "stride": spec.stride, "max_tokens": spec.max_tokens,
-                "engine": spec.engine, "recipe_gates": spec.gates}
+                "engine": spec.engine, "recipe_gates": spec.gates, "stall_timeout": spec.stall_timeout}
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)
 
@@ -231,7 +232,7 @@ def _preflight(kinds: set[str], options: EvalOptions) -> None:
 
 def _engine_options(options: EvalOptions) -> EngineOptions:
     return EngineOptions(ctx=options.ctx, device=options.device, python=options.python, topk=options.vllm_topk,
-                         numerics=options.numerics, batch=options.batch)
+                         numerics=options.numerics, batch=options.batch, stall_timeout=options.stall_timeout)
 
 
 def _score(label: str, kind: str, path: Path, proto: protocol_mod.Protocol, options: EvalOptions,

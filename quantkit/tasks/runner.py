@@ -28,6 +28,7 @@ from quantkit.engines.logits import EngineOptions
 from quantkit.errors import BackendError
 from quantkit.formats.names import LLAMACPP, TRANSFORMERS
 from quantkit.progress import Reporter
+from quantkit.recipe import DEFAULT_STALL_TIMEOUT
 from quantkit.tasks.resolve import Task, environment, lm_eval_tasks
 
 CONCURRENCY = 8  # requests in flight to a served engine
@@ -45,6 +46,7 @@ class RunOptions:
     batch_size: int = 16  # transformers: requests per forward pass
     concurrency: int = CONCURRENCY
     timeout: float = 900.0  # a server's start
+    stall_timeout: float = DEFAULT_STALL_TIMEOUT  # a server's start without progress (engines/watch.py)
     seed: int = SEED
 
     def key(self) -> dict[str, Any]:
@@ -211,7 +213,7 @@ def _served(engine_name: str, path: Path, tokenizer: Path, tasks: list[Task], op
 
     log = Path(tempfile.gettempdir()) / "quantkit-tasks" / f"{label.replace('/', '-')}.{engine_name}.log"
     with serving.ServerProcess(engine_name, argv, log_path=log, health_path=server.health_path_for(argv(0)),
-                               timeout=opts.timeout, reporter=rep) as srv:
+                               timeout=opts.timeout, stall_timeout=opts.stall_timeout, reporter=rep) as srv:
         with environment(local=True):
             lm = LocalCompletionsAPI(model=str(target), base_url=f"{srv.url}/v1/completions",
                                      tokenizer_backend="huggingface", tokenizer=str(tokenizer),

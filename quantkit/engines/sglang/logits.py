@@ -201,7 +201,8 @@ class SglangEngine:
 
         timeout = float(os.environ.get(TIMEOUT_ENV) or DEFAULT_TIMEOUT)
         self.server = ServerProcess(SGLANG, argv, log_path=self.log_path, env=SERVER_ENV,
-                                    health_path=SERVER.health_path, timeout=timeout)
+                                    health_path=SERVER.health_path, timeout=timeout,
+                                    stall_timeout=options.stall_timeout)
         try:
             self.server.__enter__()
             self._info = client.get_json(self.server.url + "/server_info", timeout=120)

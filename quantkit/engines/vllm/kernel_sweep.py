@@ -94,10 +94,7 @@ def stop_all() -> None:
         groups = list(_groups)
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pgid in groups:
-            try:
-                os.killpg(pgid, sig)
-            except OSError:
-                pass
+            watch.signal_group(pgid, sig)
         if sig == signal.SIGTERM:
             time.sleep(3)
 
@@ -121,14 +118,14 @@ def run_logged(argv: list[str], env: dict[str, str], log: Path, timeout: float, 
                              timeout=max(1.0, timeout), stall_timeout=stall_timeout, reporter=reporter)
             rc = proc.returncode
         except watch.WaitTimedOut as e:  # past the timeout, or stalled (a WaitTimedOut too)
-            _kill(proc.pid, signal.SIGTERM)
+            watch.signal_group(proc.pid, signal.SIGTERM)
             try:
                 proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 pass
             f.write(f"\n{STOPPED} {e.message.splitlines()[0]}\n")
         finally:
-            _kill(proc.pid, signal.SIGKILL)  # stragglers: vLLM's engine core, compile workers
+            watch.signal_group(proc.pid, signal.SIGKILL)  # stragglers: vLLM's engine core, compile workers
             proc.wait()
             with _groups_lock:
                 _groups.discard(proc.pid)
@@ -136,13 +133,6 @@ def run_logged(argv: list[str], env: dict[str, str], log: Path, timeout: float, 
 
 
 STOPPED = "quantkit stopped it:"
-
-
-def _kill(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except OSError:
-        pass
 
 
 def result_line(text: str) -> dict[str, Any] | None:

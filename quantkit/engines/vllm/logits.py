@@ -26,8 +26,11 @@ FP4) and read back from the kernels vLLM's log names at load (:mod:`quantkit.eng
 from __future__ import annotations
 
 import json
+import math
 import os
+import select
 import shutil
+import signal
 import subprocess
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -36,12 +39,13 @@ from typing import IO, Any
 
 import numpy as np
 
-from quantkit.engines import numerics, registry
+from quantkit.engines import numerics, registry, watch
 from quantkit.engines.logits import EngineOptions, LogProbs, Window
 from quantkit.engines.vllm import kernels
 from quantkit.errors import BackendError, UsageError
 from quantkit.formats.kinds import Kind
 from quantkit.formats.names import VLLM
+from quantkit.progress import command_reporter
 
 WORKER = Path(__file__).with_name("_logits_worker.py")
 ROW = registry.get(VLLM)
@@ -106,12 +110,25 @@ class VllmEngine:
             shutil.rmtree(self.tmp, ignore_errors=True)
             raise BackendError(f"cannot start vLLM's Python {self.python}: {e}") from None
         try:
-            line = self._expect("READY")
+            line = self._wait_ready(options.stall_timeout)
         except BaseException:
+            self._failed = True
             self.close()
             raise
         self._info = json.loads(line.partition(" ")[2] or "{}")
         self._facts: dict[str, Any] = {}
+
+    def _wait_ready(self, stall_timeout: float | None) -> str:
+        """The worker's READY line, waited for as every engine start is (:func:`quantkit.engines.watch.wait_until`):
+        the wait shows how long vLLM has been loading and its log's last line, and a worker that makes no progress
+        for ``stall_timeout`` seconds is stopped and named. No overall bound: a large model's load is long but never
+        silent (its log and GPU memory move), and the stall is what a hung load shows."""
+        assert self.proc.stdout is not None
+        pipe = self.proc.stdout
+        watch.wait_until(lambda: bool(select.select([pipe], [], [], 0)[0]), who=f"vLLM's worker for {self.path.name}",
+                         waits_for="load the model", proc=self.proc, log_path=self.log_path, timeout=math.inf,
+                         stall_timeout=stall_timeout, reporter=command_reporter())
+        return self._expect("READY")
 
     def _expect(self, word: str) -> str:
         """The next protocol line, which must start with ``word``; a dead worker becomes a BackendError."""
@@ -205,16 +222,20 @@ class VllmEngine:
         return out
 
     def close(self) -> None:
+        """Ask the worker to finish (it frees the GPU); one that failed, stalled or does not finish within a minute
+        is killed with its process group (vLLM's engine core runs in a process of its own)."""
         proc = getattr(self, "proc", None)
-        if proc is not None and proc.poll() is None:
+        if proc is not None and proc.poll() is None and not self._failed:
             try:
                 if proc.stdin:
                     proc.stdin.write("\n")
                     proc.stdin.close()
                 proc.wait(timeout=60)
             except (OSError, subprocess.TimeoutExpired):
-                proc.kill()
-                proc.wait()
+                pass
+        if proc is not None:
+            watch.signal_group(proc.pid, signal.SIGKILL)
+            proc.wait()
         self._log.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
         if not self._failed:
