@@ -87,12 +87,16 @@ real-models: install
 	ln -sfn $(SMOLLM2) models/real/SmolLM2-135M-Instruct
 
 # OpenMP threads that spin-wait slow torch's small CPU ops several-fold when cores are shared (servers, workers).
+# Two pytest-xdist workers (TEST_WORKERS), a module's tests on one of them (--dist loadfile: its module fixtures are
+# built once), each worker's torch on one thread (tests/conftest.py); docs/testing.md has the measurements.
+TEST_WORKERS ?= 2
+PYTEST = OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile
 test: install install-trt real-models
-	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -ra
+	$(PYTEST)
 
 # The fast tiers (docs/testing.md): unit and cli, no model end to end, so neither install-trt nor real-models.
 test-fast: install
-	OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -ra -m "unit or cli"
+	$(PYTEST) -m "unit or cli"
 
 demo: install
 	$(BIN)/quantkit run recipes/demo.yaml --force

@@ -5,21 +5,28 @@ Every test belongs to exactly one tier (docs/testing.md): ``unit`` (pure Python,
 A module says its tier once, ``pytestmark = pytest.mark.<tier>`` at its top; a test marked with another tier (or
 ``slow``, which means e2e) takes that one instead. Collection fails when a test has no tier, so a new module cannot
 slip past ``make test-fast`` or into it unnoticed.
+
+``make test`` runs the suite on two pytest-xdist workers, a module's tests on one worker (``--dist loadfile``), so a
+module fixture is built once. A session artifact that several modules read is built once for both workers
+(:func:`shared_artifact`), and each worker runs torch on one thread (:func:`pytest_configure`).
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import os
+import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+from filelock import FileLock
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "models" / "quantkit-tiny"
@@ -69,6 +76,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for node in item.iter_parents():
             node.own_markers[:] = [m for m in node.own_markers if m.name not in TIERS]
         item.add_marker(tier)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In a pytest-xdist worker, torch and OpenMP run one thread (unless OMP_NUM_THREADS says otherwise), in the
+    worker and in every ``quantkit`` process it starts: two workers of two threads each on a 2-core machine slowed
+    the suite, one thread each is the machine's cores (docs/testing.md, measured)."""
+    if hasattr(config, "workerinput"):
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -124,29 +139,58 @@ def _tree_sha256(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+def shared_artifact(tmp_path_factory: pytest.TempPathFactory, name: str,
+                    build: Callable[[Path], object]) -> Iterator[Path]:
+    """An artifact folder ``build`` makes once per run for every test that reads it, whichever pytest-xdist worker
+    runs that test: the first worker to ask builds it under a lock in the folder the workers share (the parent of
+    each worker's base temp), the others wait and read it. Read only: ``eval`` and ``smoke`` record their results
+    in the artifact, so a test that runs them copies it first (shutil.copytree); each worker's session ends in an
+    error if anything under it differs from what was built."""
+    base = tmp_path_factory.getbasetemp()
+    shared = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared"
+    shared.mkdir(parents=True, exist_ok=True)
+    out, digest = shared / name, shared / f"{name}.sha256.json"
+    with FileLock(str(shared / f"{name}.lock")):
+        if not digest.is_file():
+            shutil.rmtree(out, ignore_errors=True)  # what a failed build in another worker left
+            build(out)
+            digest.write_text(json.dumps(_tree_sha256(out)))
+    built = json.loads(digest.read_text())
+    yield out
+    assert _tree_sha256(out) == built, f"a test wrote into the shared artifact {out}: copy it first"
+
+
 @pytest.fixture(scope="session")
 def tiny_rtn(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """``quantkit rtn`` of the reference model with the verb's defaults (W4A16 in groups of 128, compressed-tensors
-    pack-quantized), made once per session for every test that reads such an artifact. Read only: ``eval`` and
-    ``smoke`` record their results in the artifact, so a test that runs them copies it first (shutil.copytree);
-    the session ends in an error if anything under it changed."""
-    out = tmp_path_factory.mktemp("shared") / "tiny-rtn"
-    quantkit("rtn", TINY, out, "--quiet", check=True)
-    before = _tree_sha256(out)
-    yield out
-    assert _tree_sha256(out) == before, f"a test wrote into the shared artifact {out}: copy it first"
+    pack-quantized), made once per run for every test that reads such an artifact (:func:`shared_artifact`)."""
+    yield from shared_artifact(tmp_path_factory, "tiny-rtn", lambda out: quantkit("rtn", TINY, out, "--quiet",
+                                                                                  check=True))
 
 
 @pytest.fixture(scope="session")
 def tiny_gguf_f32_f16(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """``quantkit gguf --type F32 --type F16`` of the reference model, one artifact folder, made once per session for
-    every test that reads the unquantized GGUF files (llama.cpp's tools, evaluation). Read only, as ``tiny_rtn``: a
-    test that runs ``eval`` or ``smoke`` on it copies it first."""
-    out = tmp_path_factory.mktemp("shared") / "tiny-gguf"
-    quantkit("gguf", TINY, out, "--type", "F32", "--type", "F16", check=True)
-    before = _tree_sha256(out)
-    yield out
-    assert _tree_sha256(out) == before, f"a test wrote into the shared artifact {out}: copy it first"
+    """``quantkit gguf --type F32 --type F16`` of the reference model, one artifact folder, made once per run for
+    every test that reads the unquantized GGUF files (llama.cpp's tools, evaluation; :func:`shared_artifact`)."""
+    yield from shared_artifact(tmp_path_factory, "tiny-gguf",
+                               lambda out: quantkit("gguf", TINY, out, "--type", "F32", "--type", "F16", check=True))
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """``quantkit gguf`` of SmolLM2 with the verb's defaults (Q4_K_M), made once per run (:func:`shared_artifact`)
+    for the modules that read a real model's GGUF (tests/test_gguf_real.py, tests/test_tasks.py): converting it
+    takes minutes of CPU."""
+    yield from shared_artifact(tmp_path_factory, "smollm2-gguf",
+                               lambda out: quantkit("gguf", smollm2, out, "--json", check=True))
+
+
+@pytest.fixture(scope="session")
+def smollm2_rtn(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """``quantkit rtn`` of SmolLM2 with the verb's defaults (W4A16 g128), made once per run for the modules that
+    evaluate a real model's compressed-tensors artifact (:func:`shared_artifact`)."""
+    yield from shared_artifact(tmp_path_factory, "smollm2-rtn",
+                               lambda out: quantkit("rtn", smollm2, out, "--quiet", check=True))
 
 
 def live_children(pid: int) -> list[tuple[psutil.Process, list[str]]]:

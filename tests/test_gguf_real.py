@@ -12,6 +12,7 @@ back. Hidden size 576 is not a multiple of 256, so K-quant rows fall back (to Q5
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,10 +30,13 @@ gguf = pytest.importorskip("gguf")
 
 
 @pytest.fixture(scope="module")
-def made(smollm2: Path, tmp_path_factory: pytest.TempPathFactory, cli: Callable) -> dict[str, Any]:
+def made(smollm2: Path, smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory,
+         cli: Callable) -> dict[str, Any]:
+    """The default-flags GGUF (the session's, copied: eval records its results in it) and one with a matrix, both
+    scored by llama.cpp against SmolLM2."""
     root = tmp_path_factory.mktemp("real-gguf")
     plain, imx = root / "plain", root / "imatrix"
-    cli("gguf", smollm2, plain, "--json", check=True)
+    shutil.copytree(smollm2_gguf, plain)
     cli("gguf", smollm2, imx, "-t", "F16", "-t", "Q4_K_M", "--imatrix", "--calib", "mixed", "--samples", "16",
         "--seq-len", "512", "--json", check=True)
     proc = cli("eval", plain, imx, "--engine", "llama.cpp", "--baseline", smollm2, "--dataset", "heldout",

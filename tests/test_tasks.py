@@ -65,30 +65,16 @@ def test_metric_the_task_does_not_report_refused(smollm2: Path, tmp_path: Path, 
     _refused(proc, "quantkit_lastword does not report the metric 'acc_norm'", "it reports: acc")
 
 
-@pytest.fixture(scope="module")
-def rtn(smollm2: Path, tmp_path_factory: pytest.TempPathFactory, cli: Callable) -> Path:
-    out = tmp_path_factory.mktemp("tasks") / "rtn"
-    cli("rtn", smollm2, out, "--quiet", check=True, env=ONE_THREAD)
-    return out
-
-
-@pytest.fixture(scope="module")
-def gguf(smollm2: Path, tmp_path_factory: pytest.TempPathFactory, cli: Callable) -> Path:
-    out = tmp_path_factory.mktemp("tasks") / "gguf-q8"
-    cli("gguf", smollm2, out, "-t", "Q8_0", "--quiet", check=True, env=ONE_THREAD)
-    return out
-
-
 def _tasks(folder: Path) -> dict[str, Any]:
     return json.loads((folder / "quantkit.json").read_text())["evaluation"]["tasks"]
 
 
-def test_transformers_recovery_recorded_cached_and_gated(rtn: Path, tmp_path: Path, cli: Callable) -> None:
+def test_transformers_recovery_recorded_cached_and_gated(smollm2_rtn: Path, tmp_path: Path, cli: Callable) -> None:
     """The baseline is scored once: the second artifact's eval reads it from the cache, says so, and a gate above
     reach fails (exit 3) naming the task, the metric and both scores."""
     first, second = tmp_path / "a", tmp_path / "b"
-    shutil.copytree(rtn, first)
-    shutil.copytree(rtn, second)
+    shutil.copytree(smollm2_rtn, first)
+    shutil.copytree(smollm2_rtn, second)
     args = ("--tasks", "quantkit_lastword", "--limit", "6", "--json")
     proc = cli("eval", first, *args, env=_env(tmp_path), check=True)
     rec = _tasks(first)
@@ -114,9 +100,9 @@ def test_transformers_recovery_recorded_cached_and_gated(rtn: Path, tmp_path: Pa
     assert (tmp_path / "b" / "tasks.md").read_text().startswith("# quantkit task accuracy\n")
 
 
-def test_gguf_generation_task_through_llama_server(gguf: Path, tmp_path: Path, cli: Callable) -> None:
+def test_gguf_generation_task_through_llama_server(smollm2_gguf: Path, tmp_path: Path, cli: Callable) -> None:
     art = tmp_path / "gguf"
-    shutil.copytree(gguf, art)
+    shutil.copytree(smollm2_gguf, art)
     cli("eval", art, "--tasks", "quantkit_lastword_gen", "--limit", "6", env=_env(tmp_path), check=True)
     rec = _tasks(art)
     row = rec["rows"][0]
@@ -125,7 +111,7 @@ def test_gguf_generation_task_through_llama_server(gguf: Path, tmp_path: Path, c
     assert row["baseline"] > 0 and row["recovery"] == pytest.approx(row["artifact"] / row["baseline"])
 
 
-def test_loglikelihood_task_on_gguf_refused(gguf: Path, tmp_path: Path, cli: Callable) -> None:
-    proc = cli("eval", gguf, "--tasks", "quantkit_lastword", env=_env(tmp_path))
+def test_loglikelihood_task_on_gguf_refused(smollm2_gguf: Path, tmp_path: Path, cli: Callable) -> None:
+    proc = cli("eval", smollm2_gguf, "--tasks", "quantkit_lastword", env=_env(tmp_path))
     _refused(proc, "quantkit_lastword is a loglikelihood task", "llama-server refuses echo")
-    assert "tasks" not in (json.loads((gguf / "quantkit.json").read_text()).get("evaluation") or {})
+    assert "tasks" not in (json.loads((smollm2_gguf / "quantkit.json").read_text()).get("evaluation") or {})
