@@ -20,6 +20,7 @@ from conftest import ROOT, quantkit
 
 sys.path.insert(0, str(ROOT / "bench"))
 import header_only  # noqa: E402
+import wide  # noqa: E402
 
 pytestmark = pytest.mark.cli
 
@@ -49,10 +50,10 @@ def expected(cfg: dict, size_bytes: int, method: str) -> tuple[int, int]:
     """(host, GPU) bytes as the memory model says, worked out here from the config: the model and the activations
     between layers (and one layer's experts, linearized one block at a time) on the host; on the GPU 2.5 GB fixed,
     the layer's dense weights five times and its experts twice, GPTQ's Hessians and its largest batched solve,
-    AWQ's 46 bytes per calibration token and hidden unit."""
+    AWQ's 46 bytes per calibration token and hidden unit. Qwen2 has biases on q, k and v; Llama and Qwen3-MoE none."""
     h = cfg["hidden_size"]
     hd = cfg.get("head_dim") or h // cfg["num_attention_heads"]
-    biases = 0 if "num_experts" in cfg else (cfg["num_attention_heads"] + 2 * cfg["num_key_value_heads"]) * hd
+    biases = (cfg["num_attention_heads"] + 2 * cfg["num_key_value_heads"]) * hd if cfg["model_type"] == "qwen2" else 0
     norms = 2 * h + (2 * hd if "num_experts" in cfg else 0)  # Qwen3 has q_norm and k_norm
     mats = layer_matrices(cfg)
     experts = 2 * 3 * cfg.get("num_experts", 0) * cfg.get("moe_intermediate_size", 0) * h
@@ -129,3 +130,146 @@ def test_a_machine_too_small_for_the_32b_is_refused_in_one_line_before_any_work(
     assert "needs at least" in error[0] and "of host memory for gptq" in error[0]
     assert f"address-space limit (ulimit -v) allow {fmt_bytes(limit)}" in error[0], error[0]
     assert "Traceback" not in proc.stderr and not out.exists() and not list(tmp_path.glob(".out.partial-*"))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Issue 43: the 70B shape on one, two and four H200s as lent (bench/wide.py --machine: their GPUs, host memory and
+# disk), GPTQ and FP8 static with the calibration spread over the GPUs, served at two tp sizes.
+
+GB = 1e9
+H200_MACHINES = {"h200": ("1", "1"), "h200x2": ("2", "2,1"), "h200x4": ("4", "4,2")}  # --num-gpus, --tp
+
+
+@pytest.fixture(scope="module")
+def plans_70b(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[wide.Machine, dict[str, wide.Case]]]:
+    """bench/wide.py's plan of the 70B on each machine, in this process (one quantkit --dry-run each; the header-only
+    checkpoint written once): each case by name."""
+    work = tmp_path_factory.mktemp("wide70")
+    out = {}
+    for name, (gpus, tp) in H200_MACHINES.items():
+        args = wide.parse(["--shapes", "70b", "--methods", "gptq,fp8-static", "--machine", name, "--num-gpus", gpus,
+                           "--tp", tp, "--workdir", str(work), "--dry-run"])
+        m = wide.machine(args)
+        out[name] = (m, {c.name: c for c in wide.cases(args, m)})
+    return out
+
+
+def header_70b(plans: dict) -> Path:
+    """The header-only 70B checkpoint the plans were made from (in their workdir)."""
+    return Path(plans["h200x4"][1]["70b/build"].command[-1]).parent / "header-70b"
+
+
+def source_bytes(plans: dict) -> int:
+    """The 70B source's size as quantkit reads it: its safetensors files."""
+    return sum(f.stat().st_size for f in header_70b(plans).glob("*.safetensors"))
+
+
+def test_the_70b_plan_is_what_the_memory_model_derives(plans_70b: dict) -> None:
+    """Each rank of a --num-gpus run holds one layer at a time, as one GPU does: the same per-GPU peak on every
+    machine (22.7 GiB for GPTQ, measured 22.63 GiB on the 70B width with 4 and 8 layers), and the whole model plus the
+    activations between layers on the host (143 GB)."""
+    src = header_70b(plans_70b)
+    cfg = json.loads((src / "config.json").read_text())
+    size = source_bytes(plans_70b)
+    assert round(size / GB, 1) == 141.1  # 70.55B parameters in bf16
+    for _, cases in plans_70b.values():
+        for method, planned in (("gptq", "gptq"), ("fp8", "fp8-static")):
+            c = cases[f"70b/{planned}/quantkit"]
+            assert (c.host_bytes, c.gpu_bytes) == expected(cfg, size, method), method
+    gptq = plans_70b["h200x4"][1]["70b/gptq/quantkit"]
+    assert abs(gptq.gpu_bytes / GIB - 22.63) / 22.63 <= wide.PLAN_TOLERANCE  # the measured 70B-width peak
+
+
+def test_one_h200_refuses_the_70b_by_disk_and_host_memory(plans_70b: dict) -> None:
+    """64 GiB of disk cannot hold the 141 GB source, and 128 GiB of host memory the 143 GB floor of a one-GPU run:
+    one line each, before anything runs."""
+    m, cases = plans_70b["h200"]
+    assert all(c.skip for c in cases.values())
+    build = cases["70b/build"].skip
+    assert build.startswith("disk: the source and one output at a time need") and f"has {m.disk_bytes / GB:.1f} GB" \
+        in build and "70b-4l, 70b-8l" in build and "\n" not in build
+    for name in ("70b/gptq/quantkit", "70b/gptq/llm-compressor", "70b/fp8-static/quantkit"):
+        assert cases[name].skip == "host memory: the plan's floor is 143.3 GB, the machine allows 137.4 GB", name
+    assert cases["70b/bf16/serve-tp1"].skip.startswith("GPU memory: the 141.1 GB checkpoint's 1/1 exceeds")
+
+
+def test_two_h200s_hold_the_70b_in_memory_but_not_on_disk(plans_70b: dict) -> None:
+    """Two H200s: the calibration fits (per GPU and on the host), but 128 GiB of disk cannot hold the source beside an
+    output and what /dev/shm (half of 256 GiB, less compressed-tensors' 5 GB reserve) spills; quantkit eval's
+    float32 baseline on the host (4 bytes x 70.55B + margin) exceeds 256 GiB."""
+    m, cases = plans_70b["h200x2"]
+    source = source_bytes(plans_70b)
+    spill = source - (m.shm_bytes - wide.SHM_RESERVE)
+    assert cases["70b/build"].disk_bytes == source + cases["70b/fp8-static/quantkit"].disk_bytes + spill \
+        + wide.DISK_MARGIN
+    assert cases["70b/build"].skip.startswith("disk: ")
+    for name in ("70b/gptq/eval-tp2", "70b/fp8-static/eval-tp1"):
+        assert cases[name].skip.startswith("host memory: quantkit eval's baseline in float32 on the host needs "
+                                           "290.2 GB, the machine allows 274.9 GB"), name
+    # everything else is refused only for want of the source: memory would hold it
+    for name in ("70b/gptq/quantkit", "70b/fp8-static/llm-compressor", "70b/fp8-static/serve-tp1"):
+        assert cases[name].skip == "no source (70b/build is skipped)", name
+
+
+def test_four_h200s_run_everything_in_the_order_the_disk_allows(plans_70b: dict) -> None:
+    """Four H200s (512 GiB host, 235 GiB disk): every case runs; the disk holds the source and one output at a time
+    (the direct output measured and deleted before quantkit's is made), 222.6 of 252.3 GB; each quantkit artifact
+    is smoke-tested, served and evaluated at tp 4 and 2 before the next method starts."""
+    m, cases = plans_70b["h200x4"]
+    assert not [c.skip for c in cases.values() if c.skip]
+    assert cases["70b/build"].disk_bytes <= m.disk_bytes == 235 * GIB
+    order = list(cases)
+    assert order.index("70b/gptq/llm-compressor") < order.index("70b/gptq/quantkit") < order.index(
+        "70b/gptq/smoke-tp4") < order.index("70b/gptq/eval-tp2") < order.index("70b/fp8-static/llm-compressor")
+    last = wide.last_users(list(cases.values()))
+    assert last[("70b", "gptq")] == "70b/gptq/eval-tp2" and last[("70b", "fp8-static")] == "70b/fp8-static/eval-tp2"
+    args = wide.parse(["--shapes", "70b", "--num-gpus", "4", "--vllm-python", "/vllm/bin/python"])
+    inputs = {"src": Path("/w/src-70b"), "calib": Path("/w/calib.jsonl.gz"), "tokens": Path("/w/tokens.json")}
+    qk = wide.quantize_command(cases["70b/gptq/quantkit"], args, inputs, Path("/w/peak.json"))
+    assert qk[qk.index("--num-gpus") + 1] == "4"
+    direct = wide.quantize_command(cases["70b/gptq/llm-compressor"], args, inputs, Path("/w/peak.json"))
+    assert "torch.distributed.run" in direct and "--nproc-per-node=4" in direct
+    smoke = wide.engine_command(cases["70b/gptq/smoke-tp2"], args, inputs)
+    assert smoke[smoke.index("--tp") + 1] == "2"
+
+
+def test_the_plan_check_says_whether_a_peak_is_within_fifteen_percent() -> None:
+    assert wide.plan_check(115, 100) == {"planned": 115, "measured": 100, "error": 0.15, "within": True}
+    assert wide.plan_check(84, 100)["within"] is False
+    assert wide.plan_check(100, None)["within"] is None  # nothing measured: no verdict
+
+
+def test_quantkit_refuses_a_one_gpu_70b_run_in_one_line(plans_70b: dict, tmp_path: Path) -> None:
+    """quantkit itself, not only the bench plan: a one-GPU GPTQ of the 70B with an address space below its 141 GB
+    floor is refused before any weight is read, naming --num-gpus 2 as the way out."""
+    from quantkit.plan import host_limit
+
+    ram = host_limit()
+    if ram is None:
+        pytest.skip("no /proc/meminfo here")
+    limit = min(128 * GIB, ram[0] // GIB * GIB // 2)
+    hdr = header_70b(plans_70b)
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "quantkit", "gptq", str(hdr), str(out), "--device", "cpu",
+                           "--samples", "4", "--seq-len", "64"], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200"}, timeout=300,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    error = [ln for ln in proc.stderr.splitlines() if ln.strip() and "hint:" not in ln]
+    assert len(error) == 1 and "of host memory for gptq" in error[0], proc.stderr
+    assert "--num-gpus 2 or more" in proc.stderr and not out.exists()
+
+
+def test_the_source_is_written_tensor_by_tensor_and_loads_as_transformers_saves_it(tmp_path: Path) -> None:
+    """bench/wide.py's build (a shard at a time, so a 70B source needs neither a GPU nor a host that holds it) gives
+    a checkpoint transformers loads with every weight found: the tiny shape's, on the CPU."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    wide.build("tiny", tmp_path / "src")
+    model, info = AutoModelForCausalLM.from_pretrained(tmp_path / "src", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    state = model.state_dict()
+    assert torch.equal(state["model.norm.weight"], torch.ones(256, dtype=state["model.norm.weight"].dtype))
+    std = state["model.layers.0.mlp.down_proj.weight"].float().std().item()
+    assert 0.018 < std < 0.022
