@@ -92,8 +92,8 @@ class Sealer:
     # A file untouched this long is hashed now. Safe at any value well above the file system's timestamp tick
     # (a later write changes the signature, and the file is hashed again); short, because the shards of a
     # checkpoint appear complete (renamed into place) and the last of them is what the artifact waits for.
-    quiet_s = 0.25
-    poll_s = 0.1
+    quiet_s = 0.1
+    poll_s = 0.05
 
     def __init__(self, root: Path, include: Callable[[Path], bool]) -> None:
         self.root = root

@@ -31,10 +31,12 @@ from quantkit.producers.job import Job
 from quantkit.producers.modifiers import Plan
 from quantkit.producers.patches import awq_resolved, awq_without_pin_memory
 
-# Weights in files of at most 4 GB (transformers 5 writes one file up to 50 GB): what the hub's own checkpoints
-# ship (Llama 3.1, Qwen3: 4-5 GB shards), each file resumable on its own, and a shard finished while the next is
-# written is hashed and fsynced meanwhile (quantkit.seal) instead of all 9 GB of an 8B FP8 artifact at the end.
-SHARD_SIZE = "4GB"
+# Weights in files of at most 1 GB (transformers 5 writes one file up to 50 GB), each resumable on its own: a shard
+# finished while the next is written is hashed and fsynced meanwhile (quantkit.seal), so what an artifact waits for
+# after the save is the last shard or two, one hashing thread each. With 4 GB shards that wait was 4.4 s for the 8B
+# GPTQ artifact and 5.6 s for FP8 on the H200 host (a 4 GB file hashed at about 1 GB/s by one thread,
+# bench/results/h200/8b/); 1 GB shards bound it near 1 s, and loaders (transformers, vLLM) take any number of them.
+SHARD_SIZE = "1GB"
 
 
 @contextlib.contextmanager
