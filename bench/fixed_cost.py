@@ -85,7 +85,9 @@ def _token_ids(tok: Any) -> list[list[int]]:
 
 def direct(job: str, out: str) -> None:
     """The job as a user of llm-compressor writes it: load, oneshot with the recipe, save (no checks, no manifest).
-    Prints the sha256 of its calibration tokens (quantkit.calibration.tokens_sha256's layout) on stdout."""
+    Prints the sha256 of its calibration tokens (quantkit.calibration.tokens_sha256's layout) on stdout, and at the
+    end the time and its CPU seconds so far (``work_done: TIME CPU``): what it cost before the interpreter's
+    teardown, which quantkit's exit skips."""
     import hashlib
     import importlib
 
@@ -113,18 +115,21 @@ def direct(job: str, out: str) -> None:
     oneshot(model=model, recipe=recipe, processor=tok, **data)
     model.save_pretrained(out, save_compressed=True)
     tok.save_pretrained(out)
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    print(f"work_done: {time.time()} {used.ru_utime + used.ru_stime}", flush=True)
 
 
-def _timed(argv: list[str], env: dict[str, str]) -> tuple[float, float, str]:
-    """(wall, CPU) seconds of one process and its children, and its stdout."""
+def _timed(argv: list[str], env: dict[str, str]) -> tuple[float, float, str, float]:
+    """(wall, CPU) seconds of one process and its children, its stdout, and when it started (epoch seconds)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.time()
     t = time.perf_counter()
     proc = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(argv)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), proc.stdout
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), proc.stdout, started
 
 
 def _load() -> str:
@@ -137,21 +142,23 @@ def measure(runs: int, label: str, jobs: list[str], note: str) -> dict:
     rows = []
     with tempfile.TemporaryDirectory(prefix="quantkit-fixed-cost-") as tmp:
         for job in jobs:
-            times: dict[str, list[tuple[float, float]]] = {"quantkit": [], "direct": []}
+            times: dict[str, list[tuple[float, float]]] = {"quantkit": [], "direct": [], "direct_work": []}
             loads, same_recipe, same_tokens = [_load()], [], []
             for i in range(runs):  # alternated, so a drift of the machine's load falls on both
                 out = Path(tmp) / f"{job}-{i}"
-                *timed, _ = _timed([sys.executable, "-m", "quantkit", *QUANTKIT[job], str(MODEL), str(out / "q"),
-                                    "--quiet"], env)
-                times["quantkit"].append(tuple(timed))
+                wall, cpu, _, _ = _timed([sys.executable, "-m", "quantkit", *QUANTKIT[job], str(MODEL),
+                                          str(out / "q"), "--quiet"], env)
+                times["quantkit"].append((wall, cpu))
                 manifest = json.loads((out / "q" / "quantkit.json").read_text())
-                *timed, stdout = _timed([sys.executable, __file__, "direct", job, str(out / "d")], env)
-                times["direct"].append(tuple(timed))
+                wall, cpu, stdout, started = _timed([sys.executable, __file__, "direct", job, str(out / "d")], env)
+                times["direct"].append((wall, cpu))
+                said = dict(line.split(": ", 1) for line in stdout.splitlines() if ": " in line)
+                done, work_cpu = map(float, said["work_done"].split())
+                times["direct_work"].append((done - started, work_cpu))
                 loads.append(_load())
                 same_recipe.append(manifest["quantization"]["recipe"] == RECIPES[job])
-                digest = next((line.split()[1] for line in stdout.splitlines() if line.startswith("tokens_sha256:")),
-                              None)
-                same_tokens.append(digest == (manifest.get("calibration") or {}).get("tokens_sha256"))
+                recorded = (manifest.get("calibration") or {}).get("tokens_sha256")
+                same_tokens.append(said.get("tokens_sha256") == recorded)
                 shutil.rmtree(out)
             med = {k: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v))
                    for k, v in times.items()}
@@ -160,10 +167,13 @@ def measure(runs: int, label: str, jobs: list[str], note: str) -> dict:
                                       "cpu_s": [round(c, 1) for _, c in times["quantkit"]]},
                          "direct": {"wall_s": [round(w, 1) for w, _ in times["direct"]],
                                     "cpu_s": [round(c, 1) for _, c in times["direct"]]},
+                         "direct_before_teardown": {"wall_s": [round(w, 1) for w, _ in times["direct_work"]],
+                                                    "cpu_s": [round(c, 1) for _, c in times["direct_work"]]},
                          "median_wall_s": {k: round(v[0], 1) for k, v in med.items()},
                          "median_cpu_s": {k: round(v[1], 1) for k, v in med.items()},
                          "quantkit_own_wall_s": round(med["quantkit"][0] - med["direct"][0], 1),
                          "quantkit_own_cpu_s": round(med["quantkit"][1] - med["direct"][1], 1),
+                         "quantkit_own_cpu_s_teardown_aside": round(med["quantkit"][1] - med["direct_work"][1], 1),
                          "same_recipe": all(same_recipe), "same_tokens": all(same_tokens),
                          "last_timings": manifest.get("timings"),
                          "last_calibration_reused": (manifest.get("calibration") or {}).get("tokens_reused")})
@@ -186,22 +196,28 @@ def markdown(results: list[dict]) -> str:
              "save), fresh processes, alternated; medians. CPU = user + system of the process and its children, "
              "steadier than wall time on a shared machine. quantkit's own = quantkit − direct. Same recipe / same "
              "tokens: whether the direct script ran the recipe quantkit's manifest records, on the token ids it "
-             "records, in every run (- where the section predates the check).", ""]
+             "records, in every run (- where the section predates the check). Teardown aside: quantkit's CPU against "
+             "the direct script's before its interpreter's teardown (which quantkit's exit skips, "
+             "quantkit.cli.main._leave), so what quantkit's own work costs whatever the way out (- where the section "
+             "predates it).", ""]
     for res in results:
         lines += [f"## {res['label']} ({res['when']}, commit {res['commit']})", "",
                   f"`{res['command']}`; {res['machine']}; model {res['model']}.", ""]
         if res.get("note"):
             lines += [res["note"], ""]
         lines += ["| job | runs | quantkit wall | direct wall | quantkit's own wall | quantkit CPU | direct CPU | "
-                  "quantkit's own CPU | same recipe / tokens | load average |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  "quantkit's own CPU | direct CPU before teardown | quantkit's own CPU, teardown aside | "
+                  "same recipe / tokens | load average |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for r in res["rows"]:
             mw, mc = r["median_wall_s"], r["median_cpu_s"]
             same = "-" if "same_recipe" not in r else \
                 f"{'yes' if r['same_recipe'] else 'NO'} / {'yes' if r['same_tokens'] else 'NO'}"
+            work = f"{mc['direct_work']} s" if "direct_work" in mc else "-"
+            aside = f"{r['quantkit_own_cpu_s_teardown_aside']} s" if "direct_work" in mc else "-"
             lines.append(f"| {r['job']} | {r['runs']} | {mw['quantkit']} s | {mw['direct']} s | "
                          f"{r['quantkit_own_wall_s']} s | {mc['quantkit']} s | {mc['direct']} s | "
-                         f"{r['quantkit_own_cpu_s']} s | {same} | {', '.join(r['load_average'])} |")
+                         f"{r['quantkit_own_cpu_s']} s | {work} | {aside} | {same} | {', '.join(r['load_average'])} |")
         lines.append("")
     return "\n".join(lines)
 
