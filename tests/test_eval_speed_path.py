@@ -11,6 +11,7 @@ model in its bfloat16, where a batch of windows and one window alone go through 
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 from conftest import quantkit, requires_gpu
+from quantkit.engines.logits import EngineOptions, open_engine, scored_rows
 from quantkit.evaluation import protocol
 from quantkit.evaluation.evaluate import EvalOptions, evaluate
 
@@ -37,24 +39,31 @@ def rtn(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def reference(base: Path, art: Path, device: str, dtype: Any) -> dict[str, float]:
     """ppl of both models, KLD(base || art) and top-1 agreement, one window at a time in plain torch."""
+    windows = protocol.build(base, dataset="heldout", ctx=CTX, max_tokens=TOKENS).windows
+    assert len(windows) % BATCH and len({len(w.tokens) for w in windows}) == 2
+    return compare(windows, hf_logprobs(base, windows, device, dtype), hf_logprobs(art, windows, device, dtype))
+
+
+def hf_logprobs(path: Path, windows: list[Any], device: str, dtype: Any) -> list[Any]:
+    """Each window's scored rows from a plain transformers forward pass, as float64 log-probabilities."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    windows = protocol.build(base, dataset="heldout", ctx=CTX, max_tokens=TOKENS).windows
-    assert len(windows) % BATCH and len({len(w.tokens) for w in windows}) == 2
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+    out = []
+    with torch.no_grad():
+        for w in windows:
+            logits = model(torch.tensor([w.tokens], device=device)).logits[0, w.score_from - 1:-1]
+            out.append(logits.float().log_softmax(-1).double())
+    del model
+    return out
 
-    def run(path: Path) -> list[Any]:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
-        out = []
-        with torch.no_grad():
-            for w in windows:
-                logits = model(torch.tensor([w.tokens], device=device)).logits[0, w.score_from - 1:-1]
-                out.append(logits.float().log_softmax(-1).double())
-        del model
-        return out
 
-    lb, la = run(base), run(art)
-    targets = [torch.tensor(w.tokens[w.score_from:], device=device) for w in windows]
+def compare(windows: list[Any], lb: list[Any], la: list[Any]) -> dict[str, float]:
+    """ppl of both, KLD(base || art) and top-1 agreement over the windows' scored rows (float64)."""
+    import torch
+
+    targets = [torch.tensor(w.tokens[w.score_from:], device=b.device) for w, b in zip(windows, lb)]
     n = sum(len(t) for t in targets)
 
     def ppl(lps: list[Any]) -> float:
@@ -83,6 +92,47 @@ def test_batched_on_device_scores_equal_the_per_window_reference_on_cpu(smollm2:
     assert report.results[0].engine["batch"] == BATCH
     assert ours["tokens"] == ref["tokens"] == TOKENS
     assert ours["kld"] > 0.1 and ours["top1"] < 0.9, ours  # a 4-bit artifact: the comparison has something to find
+    for key in ("ppl_base", "ppl"):
+        assert abs(ours[key] / ref[key] - 1) < 1e-5, (key, ours[key], ref[key])
+    for key in ("kld", "top1"):
+        assert round(ours[key], 4) == pytest.approx(round(ref[key], 4), abs=1.01e-4), (key, ours[key], ref[key])
+
+
+def test_llamacpp_scores_only_the_scored_rows_and_gives_the_previous_paths_numbers(smollm2: Path) -> None:
+    """The llama.cpp engine asks llama.cpp for logits at the scored positions only (its batch's per-token flags) and
+    reads them in place. On the real model's own GGUF, with windows that score all their tokens (the first) and
+    windows that score only their second half (a stride of ctx/2), each window's rows equal those of the previous
+    path (``Llama.eval`` with ``logits_all``, every position's logits, the scored rows cut out), and ``quantkit
+    eval``'s figures equal the plain per-window computation over those rows (baseline in transformers) to 4
+    decimals."""
+    import llama_cpp
+    import torch
+
+    gguf = smollm2 / json.loads((smollm2 / "BUILD.json").read_text())["original"]
+    report = evaluate([gguf], str(smollm2), EvalOptions(dataset="heldout", ctx=CTX, max_tokens=TOKENS, stride=CTX // 2,
+                                                        engine="llama.cpp", device="cpu", write=False))
+    windows = report.protocol.windows
+    assert windows[0].score_from == 1 and {w.score_from for w in windows[1:-1]} == {CTX // 2}, windows
+    engine = open_engine("llama.cpp", gguf, EngineOptions(ctx=CTX, device="cpu"))
+    llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=CTX, n_batch=CTX, logits_all=True, flash_attn=True,
+                          verbose=False)
+    previous = []
+    try:
+        for w, rows in zip(windows, scored_rows(engine, windows), strict=True):
+            llm.reset()
+            llm.eval(list(w.tokens))
+            full = torch.log_softmax(torch.from_numpy(llm.scores[w.score_from - 1:len(w.tokens) - 1]), dim=-1)
+            assert rows.dense is not None and rows.dense.shape == full.shape, (w.index, full.shape)
+            assert torch.allclose(rows.dense, full, rtol=0, atol=1e-5), (w.index, (rows.dense - full).abs().max())
+            previous.append(full.double())
+    finally:
+        engine.close()
+        llm.close()
+    ref = compare(windows, hf_logprobs(smollm2, windows, "cpu", torch.float32), previous)
+    m = report.results[0].metrics
+    ours = {"tokens": m.tokens, "ppl_base": report.baseline.metrics.ppl, "ppl": m.ppl, "kld": m.kld, "top1": m.top1}
+    assert ours["tokens"] == ref["tokens"] == report.protocol.tokens_scored
+    assert ours["kld"] > 1e-4 and ours["top1"] < 1, ours  # the GGUF's llama.cpp kernels differ: something to find
     for key in ("ppl_base", "ppl"):
         assert abs(ours[key] / ref[key] - 1) < 1e-5, (key, ours[key], ref[key])
     for key in ("kld", "top1"):

@@ -2,22 +2,32 @@
 
 Tested with llama-cpp-python 0.3.36 (CPU build) and gguf 0.19.0.
 
-The model is opened with ``logits_all=True`` so every position's logits are kept, ``n_ctx`` and ``n_batch`` equal
-to the protocol's window length, so a window is one ``llama_decode``, and flash attention on, as ``llama-perplexity``
-runs (its ``auto``): on the tokens ``llama-perplexity --kl-divergence`` scores, perplexity then equals its own to
-six decimals on SmolLM2 (``bench/eval_speed.py``), where without it the two differed in the fourth.
-Each window is evaluated from an empty KV cache (``reset`` then ``eval``); the scored rows' log-softmax is taken by
-torch on all cores (:meth:`LlamaCppEngine.batches`), not row by row in numpy. The token ids are given directly:
-llama.cpp's own tokenizer is never used, so its scores are over exactly the tokens the baseline scored. Layers are
-offloaded to a GPU when the wheel was built with one and ``--device`` is not ``cpu``.
+llama-cpp-python loads the model and its context (``n_ctx`` and ``n_batch`` equal to the protocol's window length,
+so a window is one ``llama_decode``; ``n_ubatch`` its default 512, flash attention on, both as ``llama-perplexity``
+runs: on the tokens ``llama-perplexity --kl-divergence`` scores, perplexity then equals its own to six decimals on
+SmolLM2, ``bench/eval_speed.py``, where without flash attention the two differed in the fourth). Each window is
+then decoded through llama.cpp's own batch API from an empty KV cache, asking for logits only at the positions
+that predict a scored token (the batch's per-token ``logits`` flags): llama.cpp then skips the output layer, and
+the last layer's feed-forward, at every other position, and its contiguous output buffer holds exactly the scored
+rows, which torch reads in place (no copy) for the log-softmax on all cores. Through ``Llama.eval`` every position's
+logits were computed and copied (``logits_all``: 400 MB a 2048-window for a 49k vocabulary) where a window scoring
+its second half needs half of them. Both thread counts are the cores this process may run on, as
+``llama-perplexity``'s default.
+
+The token ids are given directly: llama.cpp's own tokenizer is never used, so its scores are over exactly the
+tokens the baseline scored. Layers are offloaded to a GPU when the wheel was built with one and ``--device`` is not
+``cpu``.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from quantkit.checkpoint import gguf_files
 from quantkit.engines.logits import EngineOptions, LogProbs, Rows, Window
@@ -27,41 +37,67 @@ from quantkit.formats.names import LLAMACPP
 from quantkit.versions import require, version
 
 
+def cores() -> int:
+    """The CPUs this process may run on (its affinity, which a container or ``taskset`` narrows)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 class LlamaCppEngine:
-    """A GGUF model in llama.cpp; one ``eval`` per window."""
+    """A GGUF model in llama.cpp; one ``llama_decode`` per window, logits at its scored positions only."""
 
     name = LLAMACPP
 
     def __init__(self, path: Path, options: EngineOptions) -> None:
-        llama_cpp = require("llama_cpp", "gguf", "evaluating GGUF files")
+        self.lib = require("llama_cpp", "gguf", "evaluating GGUF files")
         files = gguf_files(path)
         if len(files) != 1:
             raise UsageError(f"{path} holds {len(files)} GGUF files; the llama.cpp engine loads one at a time")
         self.path = files[0]
         self.n_gpu_layers = 0 if options.device == "cpu" else -1
         try:
-            self.llm = llama_cpp.Llama(model_path=str(self.path), n_ctx=options.ctx, n_batch=options.ctx,
-                                       logits_all=True, flash_attn=True, n_gpu_layers=self.n_gpu_layers,
-                                       verbose=False)
+            self.llm = self.lib.Llama(model_path=str(self.path), n_ctx=options.ctx, n_batch=options.ctx,
+                                      n_threads=cores(), n_threads_batch=cores(), flash_attn=True,
+                                      n_gpu_layers=self.n_gpu_layers, verbose=False)
         except (ValueError, RuntimeError, OSError) as e:
             raise BackendError(f"llama.cpp could not load {self.path}: {e}",
                                hint="the file may be corrupt, or newer than this llama-cpp-python; check it with "
                                     "`quantkit inspect` and upgrade llama-cpp-python") from None
-        self.gpu = bool(self.n_gpu_layers and llama_cpp.llama_supports_gpu_offload())
+        self.gpu = bool(self.n_gpu_layers and self.lib.llama_supports_gpu_offload())
+        self.n_vocab = self.llm.n_vocab()
+        self.batch = self.lib.llama_batch_init(options.ctx, 0, 1)
+        for i in range(options.ctx):  # one sequence: every token's only sequence id is 0
+            self.batch.seq_id[i][0] = 0
+        self.capacity = options.ctx
 
     def info(self) -> dict[str, Any]:
         return {"engine": self.name, "version": version("llama_cpp_python"), "device": "gpu" if self.gpu else "cpu",
-                "model": str(self.path)}
+                "model": str(self.path), "threads": cores()}
+
+    def decode(self, w: Window) -> np.ndarray:
+        """Run one window from an empty KV cache; its scored rows' logits ([n_scored, vocab] float32), a view of
+        llama.cpp's output buffer that the next ``decode`` overwrites."""
+        n = len(w.tokens)
+        if n > self.capacity:
+            raise BackendError(f"a window of {n} tokens does not fit the context of {self.capacity}")
+        lib, b = self.lib, self.batch
+        b.n_tokens = n
+        np.ctypeslib.as_array(b.token, shape=(n,))[:] = w.tokens
+        np.ctypeslib.as_array(b.pos, shape=(n,))[:] = np.arange(n)
+        np.ctypeslib.as_array(b.n_seq_id, shape=(n,))[:] = 1
+        wanted = np.ctypeslib.as_array(b.logits, shape=(n,))
+        wanted[:] = 0
+        wanted[w.score_from - 1:n - 1] = 1  # row i predicts tokens[score_from + i]
+        lib.llama_memory_clear(lib.llama_get_memory(self.llm.ctx), True)
+        if (rc := lib.llama_decode(self.llm.ctx, b)) != 0:
+            raise BackendError(f"llama_decode failed ({rc}) on window {w.index} of {self.path.name}")
+        return np.ctypeslib.as_array(lib.llama_get_logits(self.llm.ctx), shape=(w.n_scored, self.n_vocab))
 
     def batches(self, windows: Sequence[Window]) -> Iterator[Rows]:
         """Each window's scored rows as float32 log-probabilities (a torch tensor on the host)."""
         import torch
 
         for w in windows:
-            self.llm.reset()
-            self.llm.eval(list(w.tokens))
-            logits = torch.from_numpy(self.llm.scores[w.score_from - 1:len(w.tokens) - 1])
-            yield Rows([w], dense=torch.log_softmax(logits, dim=-1))
+            yield Rows([w], dense=torch.log_softmax(torch.from_numpy(self.decode(w)), dim=-1))
 
     def logits(self, windows: Sequence[Window]) -> Iterator[LogProbs]:
         for rows in self.batches(windows):
@@ -69,6 +105,7 @@ class LlamaCppEngine:
             yield LogProbs(dense=rows.dense.numpy())
 
     def close(self) -> None:
+        self.lib.llama_batch_free(self.batch)
         self.llm.close()
         del self.llm
         gc.collect()
