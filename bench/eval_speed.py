@@ -15,11 +15,11 @@ F32 + Q8_0 artifact for llama.cpp), made once in ``--workdir``, are scored on th
   ``prompt_logprobs``, its conversion, the comparison on the baseline's device) against vLLM's own prompt-logprob
   throughput (the seconds inside ``llm.generate``, which the worker reports) and against the same windows run
   without ``prompt_logprobs`` (the forward passes alone: what bounds prompt log-probabilities);
-* ``llama.cpp``: ``llama-perplexity --kl-divergence-base`` (the F32 file) then ``--kl-divergence`` (Q8_0) against
-  quantkit's llama.cpp engine on the very tokens llama-perplexity scores (the second half of each chunk, read from
-  its base file, BOS in front only where the file asks llama.cpp to add one, as llama-perplexity does), the F32
-  file as baseline here too so only the two programs differ, and on quantkit's own protocol (every token of each
-  window scored, BOS first).
+* ``llama.cpp``: ``llama-perplexity --kl-divergence-base`` (the F32 file) then, ``--rounds`` times alternated with
+  quantkit, ``--kl-divergence`` (Q8_0) against quantkit's llama.cpp engine on the very tokens llama-perplexity
+  scores (:func:`quantkit.evaluation.llama_perplexity.windows`), the F32 file as baseline here too so only the two
+  programs differ, and on quantkit's own protocol (every token of each window scored, BOS first): medians of the
+  wall and CPU seconds, each run's load average beside them (the machine may be shared).
 
 vLLM runs in its own Python: ``--vllm-python`` (or ``QUANTKIT_VLLM_PYTHON``); ``--vllm-path DIR`` (repeatable) puts
 folders of a ``pip install --target DIR`` on that Python's PYTHONPATH through a small wrapper script, as
@@ -31,9 +31,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shlex
 import stat
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -46,12 +46,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 import meta  # noqa: E402
 
-from quantkit.engines.logits import EngineOptions, Rows, Window, open_engine, scored_rows  # noqa: E402
-from quantkit.evaluation import protocol  # noqa: E402
+from quantkit.engines.llamacpp.logits import cores  # noqa: E402
+from quantkit.engines.logits import EngineOptions, Window, open_engine  # noqa: E402
+from quantkit.evaluation import llama_perplexity, protocol  # noqa: E402
 from quantkit.evaluation.evaluate import EvalOptions, evaluate  # noqa: E402
-from quantkit.evaluation.metrics import Accumulator, BaselineStore, score_rows  # noqa: E402
+from quantkit.evaluation.metrics import Accumulator, BaselineStore, score_windows  # noqa: E402
 
 MODEL = ROOT / "models" / "real" / "SmolLM2-135M-Instruct"
+OPENMP_ENV = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")  # recorded: both change how llama.cpp's and torch's threads wait
 
 
 def quantkit(*args: Any) -> None:
@@ -162,100 +164,85 @@ def vllm_part(model: Path, art: Path, args: argparse.Namespace, python: str | No
 # llama.cpp
 
 
-def llama_perplexity(args_: list[str], want: tuple[str, ...]) -> tuple[dict[str, float], float]:
-    """Run llama-perplexity (repeated when its log loses the summary: tests/test_gguf_llamacpp_eval.py says why);
-    the figures asked for and the wall seconds of the run that gave them."""
-    from quantkit.producers.gguf import tools
-
-    patterns = {"ppl": r"Mean PPL\(Q\)\s*:\s*([\d.]+)", "ppl_base": r"Mean PPL\(base\)\s*:\s*([\d.]+)",
-                "kld": r"Mean\s+KLD:\s*([\d.]+)", "top1": r"Same top p:\s*([\d.]+)"}
-    for _ in range(3):
-        t0, c0 = time.perf_counter(), children_cpu()
-        out = tools.run("llama-perplexity", args_, purpose="the eval speed benchmark")
-        secs, cpu = time.perf_counter() - t0, children_cpu() - c0
-        text = out.stdout + out.stderr
-        found = {k: re.search(patterns[k], text) for k in want}
-        if all(found.values()):
-            return {**{k: float(m.group(1)) for k, m in found.items() if m}, "cpu_s": round(cpu, 3)}, secs
-    raise RuntimeError(f"llama-perplexity printed no summary in 3 runs:\n{text[-2000:]}")
-
-
-def children_cpu() -> float:
-    """CPU seconds (user + system) of this process's finished children: on a shared machine the work a run did,
-    whatever else competed for the cores."""
-    import resource
-
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
-
-
-def read_kld_base(path: Path) -> tuple[int, list[list[int]]]:
-    """n_ctx and the token chunks of a --kl-divergence-base file (magic, n_ctx, n_vocab, n_chunk, tokens)."""
-    import numpy as np
-
-    data = path.read_bytes()
-    n_ctx, _vocab, n_chunk = np.frombuffer(data, dtype="<i4", count=3, offset=8)
-    tokens = np.frombuffer(data, dtype="<i4", count=int(n_ctx * n_chunk), offset=20)
-    return int(n_ctx), [tokens[k * n_ctx:(k + 1) * n_ctx].tolist() for k in range(int(n_chunk))]
-
-
-def adds_bos(gguf_file: Path) -> bool:
-    """The file's tokenizer.ggml.add_bos_token (llama.cpp's default, true, when it has none)."""
-    import gguf
-
-    field = gguf.GGUFReader(gguf_file).fields.get("tokenizer.ggml.add_bos_token")
-    return True if field is None else bool(field.parts[-1][0])
-
-
-def ours(base: Path, art: Path, windows: list[Window], ctx: int, tmp: Path) -> dict[str, Any]:
-    """quantkit's llama.cpp engine and comparison over ``windows``, the F32 file as baseline; artifact timed."""
+def baseline_store(base: Path, windows: list[Window], ctx: int, tmp: Path) -> tuple[BaselineStore, float]:
+    """The F32 file's distributions over ``windows``, kept as ``quantkit eval`` keeps the baseline's (untimed), and
+    its perplexity there."""
     store = BaselineStore(tmp, sum(w.n_scored for w in windows))
-    result: dict[str, Any] = {}
-    for label, path in (("baseline", base), ("artifact", art)):
-        engine = open_engine("llama.cpp", path, EngineOptions(ctx=ctx, device="cpu"))
-        acc = Accumulator()
-        t0, c0 = time.perf_counter(), time.process_time()
-        rows: Rows
-        for rows in scored_rows(engine, windows):
-            if label == "baseline":
-                store.put_rows(rows)
-            acc.add_scores(score_rows(rows, None if label == "baseline" else store))
-        secs, cpu = time.perf_counter() - t0, time.process_time() - c0
+    engine = open_engine("llama.cpp", base, EngineOptions(ctx=ctx, device="cpu"))
+    try:
+        return store, score_windows(engine, windows, store, baseline=True).ppl
+    finally:
         engine.close()
-        result[label] = {"scoring_s": round(secs, 3), "cpu_s": round(cpu, 3),
-                         "tokens_per_s": round(acc.tokens / secs, 1), **figures(acc.result())}
-    return result
+
+
+def ours(art: Path, windows: list[Window], ctx: int, store: BaselineStore) -> dict[str, Any]:
+    """quantkit's llama.cpp engine and comparison over ``windows``: seconds and CPU seconds of the load and the
+    scoring (this process's CPU time: llama.cpp's threads and torch's)."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    engine = open_engine("llama.cpp", art, EngineOptions(ctx=ctx, device="cpu"))
+    t1, c1 = time.perf_counter(), time.process_time()
+    try:
+        m = score_windows(engine, windows, store, baseline=False)
+    finally:
+        engine.close()
+    t2, c2 = time.perf_counter(), time.process_time()
+    return {"whole_s": t2 - t0, "whole_cpu_s": c2 - c0, "scoring_s": t2 - t1, "scoring_cpu_s": c2 - c1,
+            **figures(m)}
+
+
+def theirs(art: Path, base_file: Path, common: list[str]) -> dict[str, Any]:
+    """``llama-perplexity --kl-divergence`` on ``art`` against the stored F32 run: the whole process (its load and
+    its read of the base file included)."""
+    r = llama_perplexity.run(["-m", str(art), "--kl-divergence-base", str(base_file), "--kl-divergence", *common],
+                             want=("ppl", "ppl_base", "kld", "top1"), purpose="the eval speed benchmark")
+    return {"whole_s": r.wall_s, "whole_cpu_s": r.cpu_s, **r.figures, "top1": r.figures["top1"] / 100}
 
 
 def llamacpp_part(model: Path, files: dict[str, Path], args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """llama-perplexity and quantkit's engine alternated, ``--rounds`` times each, on the same tokens; quantkit on
+    its own protocol too. Each run records the 1-minute load average it started under."""
     from quantkit.calibration import eval_text
-    from transformers import AutoTokenizer
 
     text_file = work / "heldout.txt"
     text_file.write_text(eval_text("heldout", "text")[0], encoding="utf-8")
-    chunks = max(1, args.tokens // args.ctx)
-    common = ["-c", str(args.ctx), "-b", str(args.ctx), "-t", str(os.cpu_count() or 1)]
+    common = ["-c", str(args.ctx), "-b", str(args.ctx), "-t", str(cores())]
     base_file = work / "base.kld"
-    _, base_s = llama_perplexity(["-m", str(files["F32"]), "-f", str(text_file), "--chunks", str(chunks),
-                                  "--kl-divergence-base", str(base_file), *common], want=())
-    theirs, q_s = llama_perplexity(["-m", str(files["Q8_0"]), "--kl-divergence-base", str(base_file),
-                                    "--kl-divergence", *common], want=("ppl", "ppl_base", "kld", "top1"))
-    n_ctx, token_chunks = read_kld_base(base_file)
-    # llama-perplexity puts BOS in place of a chunk's first token only where the file says to add one
-    # (tokenizer.ggml.add_bos_token; SmolLM2's says no): then the chunk is scored as it is.
-    bos = AutoTokenizer.from_pretrained(model).bos_token_id if adds_bos(files["F32"]) else None
-    half = [Window(index=k, tokens=tuple(c) if bos is None else (bos, *c[1:]), score_from=n_ctx // 2 + 1)
-            for k, c in enumerate(token_chunks)]
-    scored = sum(w.n_scored for w in half)
+    chunks = str(max(1, args.tokens // args.ctx))
+    llama_perplexity.run(["-m", str(files["F32"]), "-f", str(text_file), "--chunks", chunks, "--kl-divergence-base",
+                          str(base_file), *common], want=(), purpose="the eval speed benchmark")
+    half = llama_perplexity.windows(base_file, files["F32"])
     full = protocol.build(model, dataset="heldout", ctx=args.ctx, max_tokens=args.tokens).windows
-    with tempfile.TemporaryDirectory() as tmp:
-        same = ours(files["F32"], files["Q8_0"], half, n_ctx, Path(tmp))
-    with tempfile.TemporaryDirectory() as tmp:
-        own = ours(files["F32"], files["Q8_0"], full, args.ctx, Path(tmp))
-    return {"chunks": len(token_chunks), "ctx": n_ctx, "tokens_scored": scored, "bos_prefixed": bos is not None,
-            "llama_perplexity": {"base_s": round(base_s, 3), "kld_s": round(q_s, 3),
-                                 "tokens_per_s": round(scored / q_s, 1), **theirs},
-            "quantkit_same_tokens": same, "quantkit_own_protocol": own}
+    runs: dict[str, list[dict[str, Any]]] = {"llama_perplexity": [], "quantkit_same_tokens": [],
+                                             "quantkit_own_protocol": []}
+    with tempfile.TemporaryDirectory() as t1, tempfile.TemporaryDirectory() as t2:
+        stores = {"quantkit_same_tokens": (half, *baseline_store(files["F32"], half, args.ctx, Path(t1))),
+                  "quantkit_own_protocol": (full, *baseline_store(files["F32"], full, args.ctx, Path(t2)))}
+        for r in range(args.rounds):
+            for name in list(runs)[::1 if r % 2 == 0 else -1]:  # alternated: neither always runs first
+                load = round(os.getloadavg()[0], 2)
+                if name == "llama_perplexity":
+                    res = theirs(files["Q8_0"], base_file, common)
+                else:
+                    windows, store, ppl_base = stores[name]
+                    res = {**ours(files["Q8_0"], windows, args.ctx, store), "ppl_base": ppl_base}
+                runs[name].append({"loadavg_1min": load, **{k: round(v, 6) if isinstance(v, float) else v
+                                                            for k, v in res.items()}})
+    scored = {"llama_perplexity": sum(w.n_scored for w in half), "quantkit_same_tokens": sum(w.n_scored for w in half),
+              "quantkit_own_protocol": sum(w.n_scored for w in full)}
+    return {"chunks": len(half), "ctx": len(half[0].tokens), "tokens_scored": scored["llama_perplexity"],
+            "bos_prefixed": llama_perplexity.bos_to_add(files["F32"]) is not None, "threads": cores(),
+            "rounds": args.rounds, "runs": runs, "medians": {k: medians(v, scored[k]) for k, v in runs.items()}}
+
+
+def medians(runs: list[dict[str, Any]], scored: int) -> dict[str, Any]:
+    """The median of each timing over the runs, scored tokens per second of the median seconds, and the figures
+    (the same in every run)."""
+    keys = [k for k in ("whole_s", "whole_cpu_s", "scoring_s", "scoring_cpu_s") if k in runs[0]]
+    out: dict[str, Any] = {k: round(statistics.median(r[k] for r in runs), 3) for k in keys}
+    out |= {f"tokens_per_s_{k[:-2]}": round(scored / out[k], 1) for k in ("whole_s", "scoring_s") if k in out}
+    out |= {k: runs[0][k] for k in ("tokens", "ppl_base", "ppl", "kld", "top1") if k in runs[0]}
+    out["tokens_scored"] = scored
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -265,6 +252,7 @@ def llamacpp_part(model: Path, files: dict[str, Path], args: argparse.Namespace,
 def markdown(h: dict[str, Any], data: dict[str, Any], args: argparse.Namespace) -> str:
     lines = [f"# Evaluation speed: scored tokens per second ({args.device})", "", meta.md_header(h),
              f"- load average at start: {data['loadavg_start']}; at end: {data['loadavg_end']}",
+             f"- environment: {', '.join(f'{k}={v}' for k, v in data['env'].items()) or 'no OpenMP settings'}",
              f"- protocol: held-out text, ctx {args.ctx}, {args.tokens:,} tokens, model {data['model']}", ""]
     if t := data.get("transformers"):
         lines += ["## transformers", "", f"batch {t['batch']} windows per pass; KLD {t['kld_method']}", "",
@@ -288,22 +276,38 @@ def markdown(h: dict[str, Any], data: dict[str, Any], args: argparse.Namespace) 
                   f"quantkit / vLLM's own: {v.get('ratio')}x; ppl {v['ppl']:.4f}, KLD {_f(v['kld'])} "
                   f"({v['kld_method']}), top-1 {_f(v['top1'])}", ""]
     if c := data.get("llama.cpp"):
-        lp, same, own = c["llama_perplexity"], c["quantkit_same_tokens"], c["quantkit_own_protocol"]
-        lines += ["## llama.cpp (Q8_0 against F32)", "",
-                  f"{c['chunks']} chunks of {c['ctx']}, {c['tokens_scored']:,} tokens scored (second halves)", "",
-                  "| what | seconds | CPU seconds | scored tok/s | ppl (base) | ppl | KLD | top-1 |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- |",
-                  f"| llama-perplexity --kl-divergence (whole run, load included) | {lp['kld_s']:.2f} | "
-                  f"{lp['cpu_s']:.2f} | {lp['tokens_per_s']:,.0f} | {lp['ppl_base']:.6f} | {lp['ppl']:.6f} | "
-                  f"{lp['kld']:.6f} | {lp['top1'] / 100:.4f} |",
-                  *[f"| quantkit, {what} | {r['artifact']['scoring_s']:.2f} | {r['artifact']['cpu_s']:.2f} | "
-                    f"{r['artifact']['tokens_per_s']:,.0f} | {r['baseline']['ppl']:.6f} | {r['artifact']['ppl']:.6f} | "
-                    f"{r['artifact']['kld']:.6f} | {r['artifact']['top1']:.4f} |"
-                    for what, r in (("the same tokens", same), ("its own protocol (every token, BOS first)", own))],
-                  "", "llama-perplexity's Mean KLD uses its base file's log-probabilities, stored in 16 bits per "
-                  "entry; quantkit's store keeps float16. Scoring seconds exclude loading for quantkit; "
-                  "llama-perplexity's include its load.", ""]
+        lines += llamacpp_markdown(c)
     return "\n".join(lines) + "\n"
+
+
+def llamacpp_markdown(c: dict[str, Any]) -> list[str]:
+    """The llama.cpp section: medians of the alternated runs, then every run with the load it started under."""
+    med = c["medians"]
+    lp, same, own = med["llama_perplexity"], med["quantkit_same_tokens"], med["quantkit_own_protocol"]
+    rows = [("llama-perplexity --kl-divergence, whole run (load and base file read included)", lp, "whole"),
+            ("quantkit, the same tokens: load + scoring", same, "whole"),
+            ("quantkit, the same tokens: scoring", same, "scoring"),
+            ("quantkit, its own protocol (every token, BOS first): scoring", own, "scoring")]
+    lines = ["## llama.cpp (Q8_0 against F32)", "",
+             f"{c['chunks']} chunks of {c['ctx']}, {c['tokens_scored']:,} tokens scored (second halves), "
+             f"{c['threads']} threads on both sides; medians of {c['rounds']} runs each, alternated", "",
+             "| what | seconds | CPU seconds | scored tok/s | ppl (base) | ppl | KLD | top-1 |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for what, r, part in rows:
+        lines.append(f"| {what} | {r[f'{part}_s']:.2f} | {r[f'{part}_cpu_s']:.2f} | {r[f'tokens_per_s_{part}']:,.0f} | "
+                     f"{r['ppl_base']:.6f} | {r['ppl']:.6f} | {r['kld']:.6f} | {r['top1']:.4f} |")
+    lines += ["", "| run | load avg (1 min) at start | llama-perplexity s / CPU s | quantkit same tokens s / CPU s "
+                  "(load + scoring) | quantkit own protocol s / CPU s (load + scoring) |",
+              "| --- | --- | --- | --- | --- |"]
+    runs = c["runs"]
+    for i in range(c["rounds"]):
+        a, b, d = (runs[k][i] for k in ("llama_perplexity", "quantkit_same_tokens", "quantkit_own_protocol"))
+        lines.append(f"| {i + 1} | {a['loadavg_1min']} / {b['loadavg_1min']} / {d['loadavg_1min']} | "
+                     f"{a['whole_s']:.2f} / {a['whole_cpu_s']:.2f} | {b['whole_s']:.2f} / {b['whole_cpu_s']:.2f} | "
+                     f"{d['whole_s']:.2f} / {d['whole_cpu_s']:.2f} |")
+    return lines + ["", "llama-perplexity's Mean KLD uses its base file's log-probabilities, stored in 16 bits per "
+                    "entry; quantkit's store keeps float16. quantkit's CPU seconds are its process's (llama.cpp's "
+                    "threads and torch's), llama-perplexity's its child process's.", ""]
 
 
 def _f(x: float | None, spec: str = ".4f") -> str:
@@ -316,6 +320,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--rounds", type=int, default=3, help="llama.cpp: alternated runs of each side (medians)")
     ap.add_argument("--engines", default="transformers,llama.cpp")
     ap.add_argument("--no-previous", dest="previous", action="store_false")
     ap.add_argument("--vllm-python")
@@ -327,7 +332,8 @@ def main() -> None:
     args.workdir.mkdir(parents=True, exist_ok=True)
     h = meta.header()
     data: dict[str, Any] = {**h, "model": str(args.model), "ctx": args.ctx, "tokens": args.tokens,
-                            "loadavg_start": [round(x, 2) for x in os.getloadavg()]}
+                            "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+                            "env": {k: os.environ[k] for k in OPENMP_ENV if k in os.environ}}
     arts = artifacts(args.model, args.workdir, "llama.cpp" in engines)
     if "transformers" in engines:
         data["transformers"] = transformers_part(args.model, arts["rtn"], args)

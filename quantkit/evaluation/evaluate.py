@@ -38,7 +38,7 @@ from quantkit.formats.names import LLAMACPP, SGLANG, TRANSFORMERS, VLLM, Method
 from quantkit.progress import Reporter
 from quantkit.recipe import DEFAULT_STALL_TIMEOUT, EvaluationSpec, GateSpec, ModelSpec
 from quantkit.evaluation import gates as gates_mod, images as images_mod, protocol as protocol_mod, report as report_mod
-from quantkit.evaluation.metrics import Accumulator, BaselineStore, Metrics, score_rows
+from quantkit.evaluation.metrics import BaselineStore, Metrics, score_windows
 from quantkit.evaluation.results import EvalReport, Result, Target
 
 
@@ -242,7 +242,6 @@ def _score(label: str, kind: str, path: Path, proto: protocol_mod.Protocol, opti
     start = time.perf_counter()
     with reporter.step(f"load:{label}", f"loading {label} in {kind}"):
         engine = engines.open_engine(kind, path, _engine_options(options))
-    acc = Accumulator()
     try:
         info = engine.info()
         if line := info.pop("numerics_line", None):  # an FP4 W4A4 artifact: which arithmetic these scores are
@@ -250,21 +249,21 @@ def _score(label: str, kind: str, path: Path, proto: protocol_mod.Protocol, opti
             say(f"{label}: {line}")
         with reporter.bar(f"{label} ({kind})", total=proto.tokens_scored, unit="tok") as bar:
             t0, done = time.perf_counter(), 0
-            for rows in engines.scored_rows(engine, proto.windows):
-                if is_baseline:
-                    store.put_rows(rows)
-                acc.add_scores(score_rows(rows, None if is_baseline else store))
-                n = sum(w.n_scored for w in rows.windows)
+
+            def advance(n: int) -> None:
+                nonlocal done
                 done += n
                 bar.advance(n)
                 bar.update(rate=f"{done / max(time.perf_counter() - t0, 1e-9):,.0f} tok/s")
+
+            metrics = score_windows(engine, proto.windows, store, baseline=is_baseline, progress=advance)
             info["scoring_s"] = round(time.perf_counter() - t0, 3)
             info["scored_tokens_per_s"] = round(done / max(time.perf_counter() - t0, 1e-9), 1)
             if facts := getattr(engine, "scoring_facts", None):  # vLLM: its own share of that time
                 info.update(facts())
     finally:
         engine.close()
-    return acc.result(), info, time.perf_counter() - start
+    return metrics, info, time.perf_counter() - start
 
 
 def _score_images(source: Path, results: list[Result], options: EvalOptions, rep: Reporter) -> None:

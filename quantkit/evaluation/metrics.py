@@ -36,14 +36,14 @@ from __future__ import annotations
 
 import math
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from quantkit.engines.logits import LogProbs, Rows, Window, log_softmax
+from quantkit.engines.logits import LogitsEngine, LogProbs, Rows, Window, log_softmax, scored_rows
 from quantkit.errors import BackendError
 
 if TYPE_CHECKING:
@@ -258,6 +258,20 @@ def score_rows(rows: Rows, base: BaselineStore | None = None) -> TokenScores:
         b = base.rows(rows.windows, device)
         kl = _kl(b, rows)
         return TokenScores(nll=nll.double().cpu().numpy(), kl=kl.cpu().numpy(), agree=(top == b.argmax).cpu().numpy())
+
+
+def score_windows(engine: LogitsEngine, windows: Sequence[Window], store: BaselineStore, *, baseline: bool,
+                  progress: Callable[[int], None] | None = None) -> Metrics:
+    """One model over ``windows`` as ``quantkit eval`` scores it: the baseline fills ``store``, any other model is
+    compared against it batch by batch (:func:`score_rows`); ``progress`` hears the tokens each batch scored."""
+    acc = Accumulator()
+    for rows in scored_rows(engine, windows):
+        if baseline:
+            store.put_rows(rows)
+        acc.add_scores(score_rows(rows, None if baseline else store))
+        if progress is not None:
+            progress(sum(w.n_scored for w in rows.windows))
+    return acc.result()
 
 
 def _kl(b: BaselineRows, a: Rows) -> torch.Tensor:
