@@ -112,6 +112,12 @@ def direct(job: str, out: str) -> None:
         print(f"tokens_sha256: {h.hexdigest()}", flush=True)
         data = {"dataset": Dataset.from_dict({"input_ids": ids}), "num_calibration_samples": SAMPLES,
                 "max_seq_length": SEQ_LEN, "shuffle_calibration_samples": False}
+    if job == "awq" and not torch.accelerator.is_available():
+        # llm-compressor 0.14.0.1's AWQ pins its cached activations, which torch refuses without an accelerator: the
+        # same skip quantkit makes (quantkit.producers.patches.awq_without_pin_memory), or AWQ cannot run on a CPU
+        from llmcompressor.pipelines.cache import IntermediatesCache
+
+        IntermediatesCache.pin_memory = lambda self, batch_index, input_names=None: None
     oneshot(model=model, recipe=recipe, processor=tok, **data)
     model.save_pretrained(out, save_compressed=True)
     tok.save_pretrained(out)
@@ -232,12 +238,16 @@ def main() -> None:
     ap.add_argument("--jobs", nargs="+", choices=list(QUANTKIT), default=list(QUANTKIT))
     ap.add_argument("--note", default="", help="a paragraph shown under the section's heading")
     args = ap.parse_args()
-    res = measure(args.runs, args.label, args.jobs, args.note)
     path = RESULTS / "fixed_cost.json"
-    results = json.loads(path.read_text()) if path.exists() else []
-    results = [r for r in results if r["label"] != args.label] + [res]
-    path.write_text(json.dumps(results, indent=2) + "\n")
-    (RESULTS / "fixed_cost.md").write_text(markdown(results))
+    res: dict = {}
+    for job in args.jobs:  # written after each job, so a run cut short keeps what it measured
+        one = measure(args.runs, args.label, [job], args.note)
+        res = {**one, "rows": [*res.get("rows", []), *one["rows"]],
+               "command": one["command"].replace(f"--jobs {job}", f"--jobs {' '.join(args.jobs)}")}
+        results = json.loads(path.read_text()) if path.exists() else []
+        results = [r for r in results if r["label"] != args.label] + [res]
+        path.write_text(json.dumps(results, indent=2) + "\n")
+        (RESULTS / "fixed_cost.md").write_text(markdown(results))
     print(markdown([res]))
 
 
