@@ -80,8 +80,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_configure(config: pytest.Config) -> None:
     """In a pytest-xdist worker, torch and OpenMP run one thread (unless OMP_NUM_THREADS says otherwise), in the
-    worker and in every ``quantkit`` process it starts: two workers of two threads each on a 2-core machine slowed
-    the suite, one thread each is the machine's cores (docs/testing.md, measured)."""
+    worker and in every ``quantkit`` process it starts: two workers of two threads each would put four busy threads
+    on a 2-core machine, where one thread per process already measured faster (docs/testing.md, two workers)."""
     if hasattr(config, "workerinput"):
         os.environ.setdefault("OMP_NUM_THREADS", "1")
 
