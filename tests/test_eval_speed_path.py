@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from conftest import quantkit, requires_gpu
+from conftest import requires_gpu
 from quantkit.engines.logits import EngineOptions, open_engine, scored_rows
 from quantkit.evaluation import protocol
 from quantkit.evaluation.evaluate import EvalOptions, evaluate
@@ -31,10 +31,9 @@ BATCH = 3  # does not divide 7
 
 
 @pytest.fixture(scope="module")
-def rtn(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("speed") / "rtn"
-    quantkit("rtn", smollm2, out, "--quiet", check=True)
-    return out
+def rtn(smollm2_rtn: Path) -> Path:
+    """The session's ``quantkit rtn`` of SmolLM2, read only (evaluation here writes nothing)."""
+    return smollm2_rtn
 
 
 def reference(base: Path, art: Path, device: str, dtype: Any) -> dict[str, float]:
