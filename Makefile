@@ -90,7 +90,7 @@ real-models: install
 # Two pytest-xdist workers (TEST_WORKERS), a module's tests on one of them (--dist loadfile: its module fixtures are
 # built once), each worker's torch on one thread (tests/conftest.py); docs/testing.md has the measurements.
 TEST_WORKERS ?= 2
-PYTEST = OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile
+PYTEST = OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: install install-trt real-models
 	$(PYTEST)
 

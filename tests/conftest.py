@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "models" / "quantkit-tiny"
 SMOLLM2 = ROOT / "models" / "real" / "SmolLM2-135M-Instruct"
 TIERS = ("unit", "cli", "e2e", "gpu")
+COST_ORDER = ("e2e", "cli", "unit", "gpu")  # the tiers from the costliest per module (gpu: skipped without CUDA)
 
 
 @functools.cache
@@ -76,6 +77,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for node in item.iter_parents():
             node.own_markers[:] = [m for m in node.own_markers if m.name not in TIERS]
         item.add_marker(tier)
+    items.sort(key=_costliest_first(tiers))
+
+
+def _costliest_first(tiers: dict[pytest.Item, str]) -> Callable[[pytest.Item], tuple[int, int]]:
+    """The order modules are handed to pytest-xdist's workers in (the Makefile's ``--no-loadscope-reorder`` keeps
+    it): modules with end-to-end tests first, the more of them the earlier, then cli, unit and gpu modules, which
+    are cheap and fill the workers' last minutes. xdist's own order (most tests first) put the cheap unit modules
+    first and left a few slow modules of few tests running alone at the end. Stable: a module's tests keep theirs."""
+    rank: dict[str, int] = {}
+    heavy: dict[str, int] = {}
+    for item, tier in tiers.items():
+        module = item.nodeid.split("::")[0]
+        rank[module] = min(rank.get(module, len(COST_ORDER)), COST_ORDER.index(tier))
+        heavy[module] = heavy.get(module, 0) + (tier == COST_ORDER[0])
+    return lambda item: (rank[m := item.nodeid.split("::")[0]], -heavy[m])
 
 
 def pytest_configure(config: pytest.Config) -> None:
