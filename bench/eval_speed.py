@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 import meta  # noqa: E402
 
-from quantkit.engines.llamacpp.logits import cores  # noqa: E402
+from quantkit.devices import cores  # noqa: E402
 from quantkit.engines.logits import EngineOptions, Window, open_engine  # noqa: E402
 from quantkit.evaluation import llama_perplexity, protocol  # noqa: E402
 from quantkit.evaluation.evaluate import EvalOptions, evaluate  # noqa: E402

@@ -23,6 +23,7 @@ import pytest
 from conftest import ROOT, TINY, gone, live_children, quantkit
 from gguf_spec import make
 from quantkit import api, pipeline
+from quantkit.devices import cores
 from quantkit.errors import MissingToolError, UsageError
 from quantkit.formats import gguf_types as types
 from quantkit.producers.gguf import collect, imatrix, quantize, tools
@@ -273,7 +274,7 @@ def test_given_imatrix_is_applied_exactly_as_llama_quantize_does(fmt: str, llama
     # the same file llama-quantize --imatrix writes from the same F16 file
     direct = tmp_path / "direct.gguf"
     tools.run("llama-quantize", ["--imatrix", str(res.path / im["file"]), str(res.path / "quantkit-tiny-F16.gguf"),
-                                 str(direct), "IQ3_M", str(quantize.threads())], purpose="the test")
+                                 str(direct), "IQ3_M", str(cores())], purpose="the test")
     ours = {t.name: bytes(t.data) for t in gguf.GGUFReader(res.path / "quantkit-tiny-IQ3_M.gguf").tensors}
     theirs = {t.name: bytes(t.data) for t in gguf.GGUFReader(direct).tensors}
     assert ours == theirs

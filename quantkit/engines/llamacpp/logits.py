@@ -22,7 +22,6 @@ tokens the baseline scored. Layers are offloaded to a GPU when the wheel was bui
 from __future__ import annotations
 
 import gc
-import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,16 +29,12 @@ from typing import Any
 import numpy as np
 
 from quantkit.checkpoint import gguf_files
+from quantkit.devices import cores
 from quantkit.engines.logits import EngineOptions, LogProbs, Rows, Window
 from quantkit.errors import BackendError, UsageError
 from quantkit.formats.kinds import Kind
 from quantkit.formats.names import LLAMACPP
 from quantkit.versions import require, version
-
-
-def cores() -> int:
-    """The CPUs this process may run on (its affinity, which a container or ``taskset`` narrows)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 class LlamaCppEngine:

@@ -25,11 +25,11 @@ Tested with llama-cpp-python 0.3.36, its llama.cpp (b11312) tools, and gguf 0.19
 from __future__ import annotations
 
 import ctypes
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from quantkit.devices import cores
 from quantkit.errors import BackendError
 from quantkit.formats import gguf_types as types
 from quantkit.producers.gguf import tools
@@ -46,10 +46,6 @@ def ggml_type(type_name: str):  # noqa: ANN201 - gguf.GGMLQuantizationType
     import gguf
 
     return gguf.GGMLQuantizationType[types.get(type_name).bulk]
-
-
-def threads() -> int:
-    return len(os.sched_getaffinity(0))
 
 
 @contextmanager
@@ -80,7 +76,7 @@ def quantize(src: Path, dst: Path, type_name: str, nthread: int | None = None) -
     llama_cpp.llama_backend_init()
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = t.ftype_id
-    params.nthread = nthread or threads()
+    params.nthread = nthread or cores()
     with _captured_llama_log() as log:
         rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
     if rc != 0 or not dst.exists():
@@ -93,7 +89,7 @@ def quantize_with_imatrix(src: Path, dst: Path, type_name: str, imatrix: Path, n
     """Quantize with ``llama-quantize --imatrix``; returns the tool's output (its log of every tensor)."""
     t = types.get(type_name)
     proc = tools.run("llama-quantize", ["--imatrix", str(imatrix), str(src), str(dst), t.name,
-                                        str(nthread or threads())],
+                                        str(nthread or cores())],
                      purpose=f"quantizing {type_name} with an importance matrix")
     if not dst.exists():
         raise BackendError(f"llama-quantize exited without writing {dst.name}: "

@@ -29,10 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quantkit.devices import cores
 from quantkit.errors import UsageError
 from quantkit.producers import mixed
 from quantkit.formats import gguf_types as types
-from quantkit.producers.gguf import quantize, tools
+from quantkit.producers.gguf import tools
 
 HIGH_TYPE = "Q8_0"
 HIGH_BITS = 8.5  # Q8_0: 32 int8 values and one f16 scale per block
@@ -165,6 +166,6 @@ def requantize(intermediate: Path, dest: Path, type_name: str, assignment: dict[
     args = ["--tensor-type-file", str(listing)] + (["--imatrix", str(imatrix)] if imatrix else [])
     try:
         tools.run("llama-quantize", [*args, str(intermediate), str(dest), types.get(type_name).name,
-                                     str(quantize.threads())], purpose=f"quantizing {type_name} to the bits target")
+                                     str(cores())], purpose=f"quantizing {type_name} to the bits target")
     finally:
         listing.unlink(missing_ok=True)
