@@ -28,6 +28,7 @@ pytestmark = pytest.mark.e2e
 CTX = 256
 TOKENS = 1536  # 7 windows: six of BOS + 255 tokens and a last one of BOS + 6
 BATCH = 3  # does not divide 7
+STRIDED_TOKENS = 640  # with a stride of CTX / 2: a window scoring BOS + 255 tokens, three scoring 128, a last one 1
 
 
 @pytest.fixture(scope="module")
@@ -108,10 +109,11 @@ def test_llamacpp_scores_only_the_scored_rows_and_gives_the_previous_paths_numbe
     import torch
 
     gguf = smollm2 / json.loads((smollm2 / "BUILD.json").read_text())["original"]
-    report = evaluate([gguf], str(smollm2), EvalOptions(dataset="heldout", ctx=CTX, max_tokens=TOKENS, stride=CTX // 2,
-                                                        engine="llama.cpp", device="cpu", write=False))
+    report = evaluate([gguf], str(smollm2), EvalOptions(dataset="heldout", ctx=CTX, max_tokens=STRIDED_TOKENS,
+                                                        stride=CTX // 2, engine="llama.cpp", device="cpu", write=False))
     windows = report.protocol.windows
     assert windows[0].score_from == 1 and {w.score_from for w in windows[1:-1]} == {CTX // 2}, windows
+    assert len(windows) == 5 and report.protocol.tokens_scored == STRIDED_TOKENS, windows
     engine = open_engine("llama.cpp", gguf, EngineOptions(ctx=CTX, device="cpu"))
     llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=CTX, n_batch=CTX, logits_all=True, flash_attn=True,
                           verbose=False)

@@ -4,7 +4,7 @@ quantkit's converter refused this checkpoint (its pre-tokenizer, llama.cpp's ``s
 matched); llama.cpp's converter knows it by its hash. With default flags ``quantkit gguf`` makes Q4_K_M; with
 ``--imatrix`` F16 and Q4_K_M with an importance matrix computed from 16 x 512 calibration tokens. Checked: the
 F16 file's logits equal transformers' (float32) to float noise; both Q4_K_M files are scored by ``quantkit eval``
-with the llama.cpp engine against the checkpoint in transformers, with bounds from measured values (4,096
+with the llama.cpp engine against the checkpoint in transformers, with bounds from measured values (2,048
 held-out tokens, ctx 1024; measured KLD, top-1 in the bounds' comments) and margin; llama.cpp reads every file
 back. Hidden size 576 is not a multiple of 256, so K-quant rows fall back (to Q5_0/Q8_0), as llama.cpp does.
 """
@@ -32,21 +32,24 @@ gguf = pytest.importorskip("gguf")
 @pytest.fixture(scope="module")
 def made(smollm2: Path, smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory,
          cli: Callable) -> dict[str, Any]:
-    """The default-flags GGUF (the session's, copied: eval records its results in it) and one with a matrix, both
-    scored by llama.cpp against SmolLM2."""
+    """The default-flags GGUF (the session's, copied: eval records its results in it) and one with a matrix, their
+    Q4_K_M files scored by llama.cpp against SmolLM2 (the F16 file is compared with transformers logit by logit
+    below, which says more than its score)."""
     root = tmp_path_factory.mktemp("real-gguf")
     plain, imx = root / "plain", root / "imatrix"
     shutil.copytree(smollm2_gguf, plain)
     cli("gguf", smollm2, imx, "-t", "F16", "-t", "Q4_K_M", "--imatrix", "--calib", "mixed", "--samples", "16",
         "--seq-len", "512", "--json", check=True)
-    proc = cli("eval", plain, imx, "--engine", "llama.cpp", "--baseline", smollm2, "--dataset", "heldout",
-               "--max-tokens", "4096", "--ctx", "1024", "--report-dir", root / "report", "--json", timeout=900)
+    imx_q4 = imx / json.loads((imx / "quantkit.json").read_text())["quantization"]["files"]["Q4_K_M"]
+    proc = cli("eval", plain, imx_q4, "--engine", "llama.cpp", "--baseline", smollm2, "--dataset", "heldout",
+               "--max-tokens", "2048", "--ctx", "1024", "--report-dir", root / "report", "--json", timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     manifests = {k: json.loads((p / "quantkit.json").read_text()) for k, p in (("plain", plain), ("imatrix", imx))}
     files = {(k, t): (plain if k == "plain" else imx) / f for k, m in manifests.items()
              for t, f in m["quantization"]["files"].items()}
     by_path = {r["path"]: r for r in json.loads(proc.stdout)["results"]}
-    results = {key: next(r for p, r in by_path.items() if Path(p).resolve() == f.resolve()) for key, f in files.items()}
+    results = {key: next(r for p, r in by_path.items() if Path(p).resolve() == f.resolve()) for key, f in files.items()
+               if key[1] == "Q4_K_M"}
     return {"plain": plain, "imatrix": imx, "eval": results, "files": files, "manifests": manifests}
 
 
@@ -72,14 +75,14 @@ def test_f16_logits_equal_transformers(smollm2: Path, made: dict[str, Any], held
 
 
 def test_q4_k_m_scored_by_llamacpp(made: dict[str, Any]) -> None:
-    plain, imx, f16 = (made["eval"][k] for k in (("plain", "Q4_K_M"), ("imatrix", "Q4_K_M"), ("imatrix", "F16")))
-    for r in (plain, imx, f16):
-        assert r["engine"]["engine"] == "llama.cpp" and r["tokens"] == 4096 and r["passed"], r
-    # measured: F16 KLD 0.0000, top-1 1.000; Q4_K_M 0.0561 / 0.887 (ppl ratio 1.087, 6.27 bits/weight); with the
-    # importance matrix 0.0310 / 0.919 (1.044)
-    assert f16["kld"] < 0.002 and f16["top1"] > 0.98, f16
+    assert set(made["eval"]) == {("plain", "Q4_K_M"), ("imatrix", "Q4_K_M")}, made["eval"]
+    plain, imx = made["eval"]["plain", "Q4_K_M"], made["eval"]["imatrix", "Q4_K_M"]
+    for r in (plain, imx):
+        assert r["engine"]["engine"] == "llama.cpp" and r["tokens"] == 2048 and r["passed"], r
+    # measured: Q4_K_M KLD 0.0589, top-1 0.878 (6.27 bits/weight); with the importance matrix 0.0333 / 0.907 (over
+    # 4,096 tokens, scored until 2026-12-05: 0.0561 / 0.887 and 0.0310 / 0.919)
     assert plain["kld"] < 0.08 and plain["top1"] > 0.85, plain
-    assert imx["kld"] < 0.045 and imx["top1"] > 0.89, imx
+    assert imx["kld"] < 0.045 and imx["top1"] > 0.88, imx
     assert imx["kld"] < 0.8 * plain["kld"]  # the matrix really helps
     assert 5.5 < plain["bits_per_weight"] < 7
 
