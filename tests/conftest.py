@@ -193,6 +193,14 @@ def tiny_gguf_f32_f16(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path
 
 
 @pytest.fixture(scope="session")
+def tiny_gguf_q4_k_m(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """``quantkit gguf --type Q4_K_M`` of the reference model (llama.cpp's mix, no matrix), made once per run for the
+    tests that read it (:func:`shared_artifact`)."""
+    yield from shared_artifact(tmp_path_factory, "tiny-gguf-q4_k_m",
+                               lambda out: quantkit("gguf", TINY, out, "--type", "Q4_K_M", check=True))
+
+
+@pytest.fixture(scope="session")
 def smollm2_gguf(smollm2: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """``quantkit gguf`` of SmolLM2 with the verb's defaults (Q4_K_M), made once per run (:func:`shared_artifact`)
     for the modules that read a real model's GGUF (tests/test_gguf_real.py, tests/test_tasks.py): converting it

@@ -163,10 +163,10 @@ def test_reference_logits(tiny_gguf: dict, heldout: list[str]) -> None:
     assert kl(ref, q8) < kl(ref, q4)
 
 
-def test_only_requested_types_are_kept(tmp_path: Path) -> None:
-    res = convert(TINY, tmp_path / "q4", ["Q4_K_M"])
-    assert sorted(p.name for p in res.path.iterdir()) == ["quantkit-tiny-Q4_K_M.gguf", "quantkit.json"]
-    assert res.manifest.quantization["intermediate"] == "BF16"  # lossless for the bf16 checkpoint
+def test_only_requested_types_are_kept(tiny_gguf_q4_k_m: Path) -> None:
+    assert sorted(p.name for p in tiny_gguf_q4_k_m.iterdir()) == ["quantkit-tiny-Q4_K_M.gguf", "quantkit.json"]
+    quantization = json.loads((tiny_gguf_q4_k_m / "quantkit.json").read_text())["quantization"]
+    assert quantization["intermediate"] == "BF16"  # lossless for the bf16 checkpoint
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -180,15 +180,16 @@ def test_targets_name_exactly_the_planned_modules() -> None:
 
 
 @pytest.fixture(scope="module")
-def gguf_made(tmp_path_factory) -> dict[str, Path]:
-    """Q4_K_M on the reference model as llama.cpp mixes it, and raised to a bits target."""
+def gguf_made(tiny_gguf_q4_k_m: Path, tmp_path_factory) -> dict[str, Path]:
+    """Q4_K_M on the reference model as llama.cpp mixes it (the session's, copied: eval records its scores in it),
+    and raised to a bits target."""
     pytest.importorskip("gguf")
     root = tmp_path_factory.mktemp("gguf-target")
-    out = {}
-    for name, flags in {"q4km": [], "q4km-mixed": ["--target-bits", "5.5", *CALIB]}.items():
-        out[name] = root / name
-        proc = quantkit("gguf", TINY, out[name], "-t", "Q4_K_M", *flags, "--json", env={"OMP_NUM_THREADS": "1"})
-        assert proc.returncode == 0, proc.stderr[-3000:]
+    out = {"q4km": root / "q4km", "q4km-mixed": root / "q4km-mixed"}
+    shutil.copytree(tiny_gguf_q4_k_m, out["q4km"])
+    proc = quantkit("gguf", TINY, out["q4km-mixed"], "-t", "Q4_K_M", "--target-bits", "5.5", *CALIB, "--json",
+                    env={"OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 
 
