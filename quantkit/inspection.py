@@ -81,7 +81,7 @@ def describe_gguf_files(root: Path) -> list[dict[str, Any]]:
             r = GGUFReader(str(f))
             ft = r.fields.get("general.file_type")
             if ft is not None:
-                info["type"] = LlamaFileType(int(ft.parts[ft.data[0]][0])).name.removeprefix("MOSTLY_")
+                info["type"] = LlamaFileType(int(ft.contents())).name.removeprefix("MOSTLY_")
             info["tensors"] = len(r.tensors)
         except Exception as e:  # an unreadable GGUF is reported, not fatal to inspect
             info["error"] = f"{type(e).__name__}: {e}"

@@ -86,9 +86,9 @@ def bos_to_add(gguf_file: Path) -> int | None:
     fields = gguf.GGUFReader(gguf_file).fields
     add = fields.get("tokenizer.ggml.add_bos_token")
     bos = fields.get("tokenizer.ggml.bos_token_id")
-    if (add is not None and not bool(add.parts[-1][0])) or bos is None:
+    if (add is not None and not add.contents()) or bos is None:
         return None
-    return int(bos.parts[-1][0])
+    return int(bos.contents())
 
 
 def windows(base_file: Path, gguf_file: Path) -> list[Window]:

@@ -42,7 +42,7 @@ def gguf_chat_template(path: Path) -> str | None:
         from gguf import GGUFReader
 
         field = GGUFReader(str(path)).fields.get("tokenizer.chat_template")
-        return None if field is None else bytes(field.parts[field.data[0]]).decode()
+        return None if field is None else field.contents()
     except Exception:  # an unreadable file: the server reports it properly when it tries to load it
         return None
 

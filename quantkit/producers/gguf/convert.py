@@ -190,7 +190,7 @@ def convert(model_dir: Path, out: Path, type_name: str, *, name: str, reporter: 
 
     def text(key: str) -> str | None:
         f = reader.fields.get(key)
-        return bytes(f.parts[f.data[0]]).decode("utf-8") if f is not None and f.data else None
+        return f.contents() if f is not None else None
 
     notes = plan(model_dir).notes
     if res.get("scores_from") == "quantkit":

@@ -139,9 +139,9 @@ def _read_gguf(path: Path) -> Imatrix:
         raise UsageError(f"{path} is not a readable GGUF file: {e}") from None
     fields = reader.fields
     kind = fields.get("general.type")
-    if kind is None or _field_value(kind) != gguf.GGUFType.IMATRIX:
+    if kind is None or kind.contents() != gguf.GGUFType.IMATRIX:
         raise UsageError(f"{path} is a GGUF file but not an importance matrix (general.type is "
-                         f"{_field_value(kind) if kind else 'missing'})",
+                         f"{kind.contents() if kind else 'missing'})",
                          hint="pass the .gguf written by llama-imatrix (or quantkit), not a model")
     by_name: dict[str, dict[str, Any]] = {}
     for t in reader.tensors:
@@ -156,22 +156,14 @@ def _read_gguf(path: Path) -> Imatrix:
         counts = parts[".counts"].reshape(-1)
         entries[name] = Entry(parts[".in_sum2"].reshape(len(counts), -1), counts)
     datasets = fields.get(gguf.Keys.IMatrix.DATASETS)
-    return Imatrix(entries, datasets=[str(bytes(datasets.parts[i]), "utf-8") for i in datasets.data] if datasets
-                   else [], chunk_count=_int_field(fields, gguf.Keys.IMatrix.CHUNK_COUNT),
+    return Imatrix(entries, datasets=datasets.contents() if datasets else [],
+                   chunk_count=_int_field(fields, gguf.Keys.IMatrix.CHUNK_COUNT),
                    chunk_size=_int_field(fields, gguf.Keys.IMatrix.CHUNK_SIZE), format="gguf")
-
-
-def _field_value(f: Any) -> Any:
-    part = f.parts[f.data[0]]
-    try:
-        return str(bytes(part), "utf-8")
-    except (TypeError, UnicodeDecodeError):
-        return part.tolist()[0]
 
 
 def _int_field(fields: dict[str, Any], key: str) -> int:
     f = fields.get(key)
-    return int(f.parts[f.data[0]][0]) if f is not None else 0
+    return int(f.contents()) if f is not None else 0
 
 
 def _read_dat(path: Path) -> Imatrix:

@@ -120,7 +120,7 @@ def check_written(path: Path, p: Plan) -> None:
 
     reader = gguf.GGUFReader(path)
     field = reader.fields.get("general.type")
-    kind = bytes(field.parts[field.data[0]]).decode() if field is not None and field.data else None
+    kind = field.contents() if field is not None else None
     if kind != "mmproj":
         raise BackendError(f"{path.name}: llama.cpp's converter wrote general.type {kind!r}, not 'mmproj'")
     names = {t.name for t in reader.tensors}

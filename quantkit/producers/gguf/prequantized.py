@@ -143,7 +143,7 @@ def record(found: Quantized, path: Path) -> dict[str, Any]:
     for t in reader.tensors:
         counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
     field = reader.fields.get("general.file_type")
-    file_type = int(field.parts[field.data[0]][0]) if field is not None else None
+    file_type = int(field.contents()) if field is not None else None
     want = types.get(found.repacks_to)
     if not counts.get(want.bulk) or file_type != want.ftype_id:
         raise BackendError(f"llama.cpp's converter did not repack {found.describe()} into {want.name}: the file has "
