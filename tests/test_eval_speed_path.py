@@ -2,11 +2,12 @@
 
 ``quantkit eval`` runs the transformers engine over batches of windows and compares the artifact's log-probabilities
 with the stored baseline's on the device where they are (:func:`quantkit.evaluation.metrics.score_rows`). Here the
-real SmolLM2-135M-Instruct and a ``quantkit rtn`` artifact of it are scored that way, with a batch size that does not
-divide the number of windows (and a last window shorter than the others), and the perplexities, KLD and top-1
-agreement are checked against a straightforward computation written here: plain torch, one window at a time, KL in
-float64 from full float32 distributions. On the CPU (float32) they agree to 4 decimals; the CUDA variant runs the
-model in its bfloat16, where a batch of windows and one window alone go through differently tiled matrix products.
+real SmolLM2-135M-Instruct and a ``quantkit rtn`` artifact of it (the session's ``smollm2_rtn``, read only: nothing
+here writes into it) are scored that way, with a batch size that does not divide the number of windows (and a last
+window shorter than the others), and the perplexities, KLD and top-1 agreement are checked against a straightforward
+computation written here: plain torch, one window at a time, KL in float64 from full float32 distributions. On the
+CPU (float32) they agree to 4 decimals; the CUDA variant runs the model in its bfloat16, where a batch of windows and
+one window alone go through differently tiled matrix products.
 """
 
 from __future__ import annotations
@@ -29,12 +30,6 @@ CTX = 256
 TOKENS = 1536  # 7 windows: six of BOS + 255 tokens and a last one of BOS + 6
 BATCH = 3  # does not divide 7
 STRIDED_TOKENS = 640  # with a stride of CTX / 2: a window scoring BOS + 255 tokens, three scoring 128, a last one 1
-
-
-@pytest.fixture(scope="module")
-def rtn(smollm2_rtn: Path) -> Path:
-    """The session's ``quantkit rtn`` of SmolLM2, read only (evaluation here writes nothing)."""
-    return smollm2_rtn
 
 
 def reference(base: Path, art: Path, device: str, dtype: Any) -> dict[str, float]:
@@ -83,11 +78,11 @@ def batched(base: Path, art: Path, device: str) -> tuple[dict[str, float], Any]:
             "top1": m.top1}, report
 
 
-def test_batched_on_device_scores_equal_the_per_window_reference_on_cpu(smollm2: Path, rtn: Path) -> None:
+def test_batched_on_device_scores_equal_the_per_window_reference_on_cpu(smollm2: Path, smollm2_rtn: Path) -> None:
     import torch
 
-    ours, report = batched(smollm2, rtn, "cpu")
-    ref = reference(smollm2, rtn, "cpu", torch.float32)
+    ours, report = batched(smollm2, smollm2_rtn, "cpu")
+    ref = reference(smollm2, smollm2_rtn, "cpu", torch.float32)
     assert report.kld_method.startswith("exact") and "memory (cpu)" in report.kld_method, report.kld_method
     assert report.results[0].engine["batch"] == BATCH
     assert ours["tokens"] == ref["tokens"] == TOKENS
@@ -141,9 +136,9 @@ def test_llamacpp_scores_only_the_scored_rows_and_gives_the_previous_paths_numbe
 
 
 @requires_gpu
-def test_batched_on_device_scores_equal_the_per_window_reference_on_cuda(smollm2: Path, rtn: Path) -> None:
-    ours, report = batched(smollm2, rtn, "cuda")
-    ref = reference(smollm2, rtn, "cuda", "auto")
+def test_batched_on_device_scores_equal_the_per_window_reference_on_cuda(smollm2: Path, smollm2_rtn: Path) -> None:
+    ours, report = batched(smollm2, smollm2_rtn, "cuda")
+    ref = reference(smollm2, smollm2_rtn, "cuda", "auto")
     assert "GPU memory" in report.kld_method, report.kld_method
     assert ours["tokens"] == ref["tokens"] == TOKENS
     # bfloat16: the batched and the single-window products may round a logit differently, by one bfloat16 ulp.

@@ -40,13 +40,13 @@ def made(smollm2: Path, smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFac
     shutil.copytree(smollm2_gguf, plain)
     cli("gguf", smollm2, imx, "-t", "F16", "-t", "Q4_K_M", "--imatrix", "--calib", "mixed", "--samples", "16",
         "--seq-len", "512", "--json", check=True)
-    imx_q4 = imx / json.loads((imx / "quantkit.json").read_text())["quantization"]["files"]["Q4_K_M"]
-    proc = cli("eval", plain, imx_q4, "--engine", "llama.cpp", "--baseline", smollm2, "--dataset", "heldout",
-               "--max-tokens", "2048", "--ctx", "1024", "--report-dir", root / "report", "--json", timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
     manifests = {k: json.loads((p / "quantkit.json").read_text()) for k, p in (("plain", plain), ("imatrix", imx))}
     files = {(k, t): (plain if k == "plain" else imx) / f for k, m in manifests.items()
              for t, f in m["quantization"]["files"].items()}
+    proc = cli("eval", plain, files["imatrix", "Q4_K_M"], "--engine", "llama.cpp", "--baseline", smollm2, "--dataset",
+               "heldout", "--max-tokens", "2048", "--ctx", "1024", "--report-dir", root / "report", "--json",
+               timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
     by_path = {r["path"]: r for r in json.loads(proc.stdout)["results"]}
     results = {key: next(r for p, r in by_path.items() if Path(p).resolve() == f.resolve()) for key, f in files.items()
                if key[1] == "Q4_K_M"}
