@@ -107,6 +107,10 @@ def quantize_cost() -> list[str]:
     sealed, h200 = H200 / "8b" / "quantize_cost_8b_sealed.md", H200 / "8b" / "quantize_cost_8b.md"
     if md.exists():
         lines += [_body(md), ""]
+    medians = H200 / "8b" / "quantize_cost_8b_medians.md"
+    if medians.exists():
+        lines += ["### The 8B shape on one H200, medians of three runs per tool (issue 44; h200/8b/README.md)", "",
+                  _body(medians), ""]
     if sealed.exists():
         lines += ["### The 8B shape on one H200, quantkit sealing its output while it is written (issue 16; "
                   "h200/8b/README.md)", "",
