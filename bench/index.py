@@ -205,6 +205,13 @@ def serve_speed() -> list[str]:
             "format (at this size tokens/s measure per-step overhead, not weight bandwidth).", ""]
 
 
+def wide() -> list[str]:
+    """Issue 44 item 3: 32B-class widths on one H200 (bench/wide.py; the account is the folder's README)."""
+    md = H200 / "wide" / "README.md"
+    body = re.sub(r"^## ", "### ", _body(md), flags=re.M) if md.exists() else ""  # under this page's own "## 8."
+    return [body, ""] if body else ["**Not run yet** (h200/wide/README.md).", ""]
+
+
 def h200_table(name: str, command: str) -> list[str]:
     md = H200 / f"{name}.md"
     if not md.exists():
@@ -237,7 +244,8 @@ def build() -> Path:
              "## 4. GGUF conversion (CPU)", "", *gguf(),
              "## 5. Mixture of experts: Qwen3-30B-A3B's width, 12 layers, random weights (H200)", "", *moe(),
              "", "## 6. GGUF importance matrices (CPU)", "", *gguf_imatrix(),
-             "", "## 7. Two H200s: distributed calibration and tensor-parallel serving", "", *two_gpus()]
+             "", "## 7. Two H200s: distributed calibration and tensor-parallel serving", "", *two_gpus(),
+             "", "## 8. Qwen2.5-32B's width on one H200 (h200/wide/README.md)", "", *wide()]
     out = RESULTS / "README.md"
     out.write_text("\n".join(lines).rstrip() + "\n")
     return out

@@ -18,8 +18,9 @@ one warm-up generation at the largest batch:
 
 * TTFT: the median of 5 ``generate`` calls with one fresh prompt of ``--prompt-len`` random token ids and
   ``max_tokens=1`` (prefill plus the first sampled token, offline: no HTTP in the figure).
-* decode tok/s at batch B: B fresh prompts generate ``--gen`` tokens (ignore_eos); the time of the same call with
-  ``max_tokens=1`` (median of 3) is subtracted, so the figure is B x (gen - 1) tokens over pure decode time.
+* decode tok/s at batch B: B fresh prompts generate ``--gen`` tokens (ignore_eos), three times; from the median
+  time, the time of the same call with ``max_tokens=1`` (median of 3) is subtracted, so the figure is B x (gen - 1)
+  tokens over pure decode time (each run's figure is in the JSON, ``decode_tok_s_runs``).
 * limit: B x bandwidth / bytes-read-per-step bounds it from above (bench/step_bytes.py): a dense model reads every
   weight once (the input embedding table only one row per sequence, unless tied to ``lm_head``); an MoE model
   reads its attention, norms, routers and ``lm_head`` and, of its routed experts, top-k per layer at batch 1 and at

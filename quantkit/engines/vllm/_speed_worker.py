@@ -7,15 +7,18 @@ which is why each configuration is a fresh process. Written against vLLM 0.26.0'
 
 Protocol: ``python _speed_worker.py REQUEST.json``; the last stdout line starting with ``RESULT `` is the JSON
 result (``{"error": ...}`` when loading or generating failed). Request fields: ``model``, ``engine_args`` (for
-``vllm.LLM``), ``batches``, ``prompt_len``, ``gen``, ``ttft_repeats``, ``sample_prompt``, ``sample_tokens``.
+``vllm.LLM``), ``batches``, ``prompt_len``, ``gen``, ``ttft_repeats``, ``decode_repeats``, ``sample_prompt``,
+``sample_tokens``.
 
 Protocol of the timing (greedy, ``ignore_eos``, prefix caching off so a repeated prompt costs what a new one does,
 fresh random token-id prompts of ``prompt_len`` from a fixed seed):
 
 * one warm-up generation at the largest batch with ``gen`` tokens (CUDA graphs, autotuning, JIT kernels);
 * TTFT: median of ``ttft_repeats`` calls of one prompt with ``max_tokens=1`` (prefill plus the first token);
-* decode tok/s at batch B: B prompts generate ``gen`` tokens; the median time of the same call with
-  ``max_tokens=1`` (3 runs) is subtracted, so the figure is B x (gen - 1) tokens over pure decode time;
+* decode tok/s at batch B: B prompts generate ``gen`` tokens, ``decode_repeats`` times (3 unless asked: one
+  generation of 128 tokens at batch 1 is a quarter of a second on an H200, and two single timings of one artifact
+  differed by 32%); the median time of the same call with ``max_tokens=1`` (3 runs) is subtracted from the median
+  of those, so the figure is B x (gen - 1) tokens over pure decode time, with every run's figure beside it;
 * a greedy sample of ``sample_tokens`` from a fixed text prompt, to see that the output is not garbage.
 """
 
@@ -78,9 +81,12 @@ def measure(req):
     out["batches"] = {}
     for b in batches:
         first = _median(timed(b, 1)[0] for _ in range(3))
-        total, tokens = timed(b, gen)
+        runs = [timed(b, gen) for _ in range(int(req.get("decode_repeats", 3)))]
+        total, tokens = _median(runs)
         decode = b * (gen - 1) / (total - first) if total > first else None
-        out["batches"][str(b)] = {"first_token_s": first, "total_s": total, "tokens": tokens, "decode_tok_s": decode}
+        each = [round(b * (gen - 1) / (t - first), 1) if t > first else None for t, _ in runs]
+        out["batches"][str(b)] = {"first_token_s": first, "total_s": total, "tokens": tokens, "decode_tok_s": decode,
+                                  "decode_tok_s_runs": each}
     if req.get("sample_prompt"):
         sp = SamplingParams(temperature=0.0, max_tokens=int(req.get("sample_tokens", 32)), detokenize=False)
         ids = list(llm.generate([req["sample_prompt"]], sp, use_tqdm=False)[0].outputs[0].token_ids)

@@ -187,6 +187,9 @@ def run_configuration(model: Path, config: Configuration, bench: Bench, runtime:
         m.decode_tok_s = {b: round(v["decode_tok_s"], 1) for b, v in result["batches"].items()
                           if v.get("decode_tok_s")}
     m.extra = {k: v for k, v in result.items() if k not in ("batches", "ttft_s", "error", "sample_ids")}
+    if "batches" in result:  # each timed generation's figure, so a reader sees the spread behind the median
+        m.extra["decode_tok_s_runs"] = {b: v["decode_tok_s_runs"] for b, v in result["batches"].items()
+                                        if v.get("decode_tok_s_runs")}
     return m
 
 
