@@ -29,7 +29,11 @@ patterns (comma-separated). For each shape:
    The disk must hold the source and one output at a time (each method's direct output is measured and deleted
    before quantkit's is made; quantkit's is deleted after its last smoke, serve and eval), and for ``--num-gpus``
    2 or more what llm-compressor's offloaded load spills to disk (the model lives in /dev/shm, shared by the ranks;
-   what /dev/shm cannot hold, less its 5 GB reserve, goes to disk); the host the plan's floor; one GPU the plan's
+   what /dev/shm cannot hold, less its 5 GB reserve, goes to disk); on one GPU, a disk that cannot hold the
+   source beside an output gets help from /dev/shm: the source's first shards, as few as leave the disk enough,
+   are written there (less the same reserve) and linked from the source folder, and every case's host memory is
+   what the machine has less those shards (the 32B on the lent H200: 39 GB of its 65.5 GB source; they stay for
+   the next run until removed); the host the plan's floor; one GPU the plan's
    peak; serving the checkpoint's 1/tp share in 85% of a GPU; ``quantkit eval`` its baseline, which it scores in
    transformers on the CPU in float32 (four bytes a parameter: a 70B bf16 model fits no single GPU, and quantkit
    eval puts its baseline on one device).
@@ -101,6 +105,7 @@ SHM_RESERVE = 5_000_000_000  # compressed-tensors' load_offloaded_model keeps th
 EVAL_CPU_FLOPS = 1e12  # float32 FLOP/s of the baseline's forward on the host's cores (an assumption, not measured)
 EVAL_HOST_MARGIN = 8_000_000_000  # the eval process itself, its windows and the stored baseline distributions
 DISK_MARGIN = 2_000_000_000  # logs, tokenizer, the calibration file
+SHM = Path("/dev/shm")  # where a one-GPU run puts the source's shards that its disk cannot hold beside an output
 PLAN_TOLERANCE = 0.15  # issue 43: the plan must predict the measured peak within 15%
 DEFAULT_METHODS = ["gptq", "awq", "fp8-static"]
 USES_ARTIFACT = ("smoke", "serve", "eval")  # the case kinds that read quantkit's artifact of their method
@@ -120,6 +125,7 @@ class Case:
     host_bytes: int = 0
     gpu_bytes: int = 0  # quantize: one GPU's planned peak; serve, smoke, eval: the checkpoint
     disk_bytes: int = 0
+    shm_bytes: int = 0  # build: the source's first shards placed in /dev/shm (one GPU, a disk too small for it)
     skip: str = ""  # why it does not run ("" = it runs)
     command: list[str] = field(default_factory=list)
     result: dict[str, Any] = field(default_factory=dict)
@@ -228,17 +234,56 @@ def eval_estimate(source: int, parameters: int, artifact: int, tokens: int) -> f
     return source / 1e9 + 2 * parameters * tokens / EVAL_CPU_FLOPS + VLLM_START_S + artifact / LOAD_BYTES_S
 
 
+def shm_folder(src: Path) -> Path:
+    """Where ``build`` puts the source's shards that go to /dev/shm (the source folder links to them)."""
+    return SHM / f"quantkit-bench-{src.name}"
+
+
+def built(src: Path) -> bool:
+    """Whether a source is there to reuse: its stamp, and every shard readable (a link into a /dev/shm that was
+    emptied since is not)."""
+    return (src / "bench-config.json").exists() and all(f.exists() for f in src.glob("model-*.safetensors"))
+
+
+def in_shm(src: Path) -> int:
+    """Bytes of a built source that live in /dev/shm (its linked shards): host memory they hold."""
+    return sum(f.stat().st_size for f in src.glob("model-*.safetensors") if f.is_symlink()) if built(src) else 0
+
+
+def shm_shards(over: int, sizes: list[int]) -> tuple[int, int]:
+    """How many of the source's first shards, and their bytes, take at least ``over`` bytes off the disk."""
+    count = total = 0
+    for size in sizes:
+        if total >= over:
+            break
+        count, total = count + 1, total + size
+    return count, total
+
+
 def shape_cases(shape: str, args: argparse.Namespace, m: Machine) -> tuple[Case, list[Case]]:
-    """The build and, in the order they run, every case of one shape with its plan figures (no verdicts yet)."""
+    """The build and, in the order they run, every case of one shape with its plan figures (no verdicts yet).
+
+    On one GPU, a disk that cannot hold the source beside an output takes the source's first shards off it into
+    /dev/shm, if /dev/shm (less ``SHM_RESERVE``) holds them: host memory they hold while every case runs, which the
+    verdicts subtract from the machine's. A multi-GPU run's offloaded load has /dev/shm for itself."""
     plans = plan_outputs(shape, args)
     first = next(iter(plans.values()))
     source, parameters = first["source_bytes"], first["parameters"]
     largest = max(p["disk_bytes"] for p in plans.values())
-    built = (args.workdir / f"src-{shape}" / "bench-config.json").exists()
+    src = args.workdir / f"src-{shape}"
+    done = built(src)
     spill = spill_bytes(source, args, m)
+    disk = (0 if done else source) + largest + spill + DISK_MARGIN
+    count, shm = 0, in_shm(src)
+    if not done and disk > m.disk_bytes and args.num_gpus == 1:
+        sizes = [f.stat().st_size for f in sorted((args.workdir / f"header-{shape}").glob("model-*.safetensors"))]
+        count, shm = shm_shards(disk - m.disk_bytes, sizes)
+        if shm > m.shm_bytes - SHM_RESERVE:
+            count, shm = 0, 0  # /dev/shm cannot take enough: the disk's verdict stands
     build = Case(f"{shape}/build", "build", shape, estimate_s=source / BUILD_BYTES_S,
-                 disk_bytes=(0 if built else source) + largest + spill + DISK_MARGIN,
-                 command=[sys.executable, str(BENCH / "wide.py"), "--build", shape, str(args.workdir / f"src-{shape}")])
+                 disk_bytes=disk - (0 if done else shm), shm_bytes=shm,
+                 command=[sys.executable, str(BENCH / "wide.py"), "--build", shape, str(src),
+                          *([str(count)] if count else [])])
     tools = sorted(args.tools, key=lambda t: t == "quantkit")  # the direct output is deleted before quantkit's
     todo: list[Case] = []
     for method in args.methods:
@@ -271,13 +316,15 @@ def verdict(c: Case, build: Case, made: set[str], args: argparse.Namespace, m: M
     """Why ``c`` cannot run on ``m`` ("" when it can): its own needs first, then what it depends on."""
     if c.kind == "build":
         return ""
+    host = m.host_bytes - build.shm_bytes
+    beside = f" beside the source's {gb(build.shm_bytes)} in /dev/shm" if build.shm_bytes else ""
     if c.kind == "quantize":
         if args.num_gpus > m.gpus:
             return f"GPUs: --num-gpus {args.num_gpus}, the machine has {m.gpus}"
-        if c.host_bytes > m.host_bytes:
+        if c.host_bytes > host:
             way = " (--num-gpus 2 or more spills to disk what /dev/shm cannot hold)" \
                 if args.num_gpus == 1 and m.gpus > 1 else ""
-            return f"host memory: the plan's floor is {gb(c.host_bytes)}, the machine allows {gb(m.host_bytes)}{way}"
+            return f"host memory: the plan's floor is {gb(c.host_bytes)}, the machine allows {gb(host)}{beside}{way}"
         if c.gpu_bytes > m.gpu_bytes:
             return f"GPU memory: the plan's peak is {gb(c.gpu_bytes)}, one GPU has {gb(m.gpu_bytes)}"
     else:
@@ -286,9 +333,9 @@ def verdict(c: Case, build: Case, made: set[str], args: argparse.Namespace, m: M
         if c.gpu_bytes / c.tp > SERVE_SHARE * m.gpu_bytes:
             return (f"GPU memory: the {gb(c.gpu_bytes)} checkpoint's 1/{c.tp} exceeds vLLM's {SERVE_SHARE:.0%} of "
                     f"{gb(m.gpu_bytes)}")
-        if c.kind == "eval" and c.host_bytes > m.host_bytes:
+        if c.kind == "eval" and c.host_bytes > host:
             return (f"host memory: quantkit eval's baseline in float32 on the host needs {gb(c.host_bytes)}, the "
-                    f"machine allows {gb(m.host_bytes)}")
+                    f"machine allows {gb(host)}{beside}")
     if build.skip and not build.skip.startswith("the source is already"):
         return f"no source ({build.name} is skipped)"
     if c.method and c.kind in USES_ARTIFACT and c.method not in made:
@@ -304,16 +351,18 @@ def cases(args: argparse.Namespace, m: Machine) -> list[Case]:
     for shape in args.shapes:
         build, todo = shape_cases(shape, args, m)
         needed = [c for c in todo if wanted(c.name)]
-        if needed and not wanted(build.name) and (args.workdir / f"src-{shape}" / "bench-config.json").exists():
+        if needed and not wanted(build.name) and built(args.workdir / f"src-{shape}"):
             build.skip = "the source is already built (--only left it out)"
         elif not needed and not wanted(build.name):
             continue
         elif build.disk_bytes > m.disk_bytes:
             source = build.disk_bytes - max(c.disk_bytes for c in todo if c.kind == "quantize") - DISK_MARGIN
+            shm = f", and /dev/shm less its reserve ({gb(m.shm_bytes - SHM_RESERVE)}) not the rest" \
+                if args.num_gpus == 1 else ""
             build.skip = (f"disk: the source and one output at a time need {gb(build.disk_bytes)} ({gb(source)} of "
                           f"it the source and what the offloaded load spills), {args.workdir} has "
-                          f"{gb(m.disk_bytes)} free" + (f" (its width with fewer layers: {', '.join(shallower(shape))})"
-                                                        if shallower(shape) else ""))
+                          f"{gb(m.disk_bytes)} free{shm}" + (f" (its width with fewer layers: "
+                                                            f"{', '.join(shallower(shape))})" if shallower(shape) else ""))
         made: set[str] = set()
         for c in [build, *needed]:
             c.skip = c.skip or verdict(c, build, made, args, m)
@@ -334,20 +383,26 @@ def cases(args: argparse.Namespace, m: Machine) -> list[Case]:
 # Running
 
 
-def build(shape: str, folder: Path) -> None:
+def build(shape: str, folder: Path, shm_shards: int = 0) -> None:
     """A random bf16 checkpoint of ``shape``, written one tensor at a time into 5 GB shards (normal with std 0.02,
     transformers' initializer range; norms one and biases zero, as transformers initialises them), drawn on the GPU
-    where there is one; the reference model's tokenizer. Reused when one with the same config is there."""
+    where there is one; the reference model's tokenizer. Reused when one with the same config is there. The first
+    ``shm_shards`` shards are written to /dev/shm (``shm_folder``) and linked from ``folder``: the plan's way to fit
+    a source that the disk cannot hold beside an output. They stay there for the next run to reuse, holding that
+    much host memory, until removed."""
     import torch
     import transformers
     from safetensors.torch import save_file
 
     cfg = header_only.config(shape)
     stamp = folder / "bench-config.json"
-    if stamp.exists() and json.loads(stamp.read_text()) == cfg:
+    if built(folder) and json.loads(stamp.read_text()) == cfg:
         return
     shutil.rmtree(folder, ignore_errors=True)
+    shutil.rmtree(shm_folder(folder), ignore_errors=True)
     folder.mkdir(parents=True)
+    if shm_shards:
+        shm_folder(folder).mkdir(parents=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator(device).manual_seed(0)
     groups: list[list[tuple[str, list[int]]]] = [[]]
@@ -373,7 +428,11 @@ def build(shape: str, folder: Path) -> None:
             shard[name] = t
             weight_map[name] = file
             total += t.numel() * 2
-        save_file(shard, str(folder / file), metadata={"format": "pt"})
+        if k <= shm_shards:
+            save_file(shard, str(shm_folder(folder) / file), metadata={"format": "pt"})
+            (folder / file).symlink_to(shm_folder(folder) / file)
+        else:
+            save_file(shard, str(folder / file), metadata={"format": "pt"})
     (folder / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
@@ -542,7 +601,8 @@ def plan_text(all_cases: list[Case], m: Machine, args: argparse.Namespace) -> st
     for c in all_cases:
         mem = (f"host {gb(c.host_bytes)}, GPU {gb(c.gpu_bytes)}" if c.kind == "quantize" else
                f"checkpoint {gb(c.gpu_bytes)}" + (f", host {gb(c.host_bytes)}" if c.host_bytes else "")
-               if c.kind != "build" else f"disk {gb(c.disk_bytes)}")
+               if c.kind != "build" else f"disk {gb(c.disk_bytes)}"
+               + (f" and {gb(c.shm_bytes)} in {shm_folder(args.workdir / f'src-{c.shape}')}" if c.shm_bytes else ""))
         lines.append(f"  {'skip' if c.skip else 'run '} {c.name:<34} {mem}, ~{c.estimate_s:.0f} s"
                      + (f": {c.skip}" if c.skip else ""))
     run = [c for c in all_cases if not c.skip]
@@ -684,8 +744,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main() -> None:
-    if len(sys.argv) == 4 and sys.argv[1] == "--build":
-        build(sys.argv[2], Path(sys.argv[3]))
+    if len(sys.argv) in (4, 5) and sys.argv[1] == "--build":  # the build case's process: SHAPE FOLDER [SHM_SHARDS]
+        build(sys.argv[2], Path(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) == 5 else 0)
         return
     args = parse()
     m = machine(args)

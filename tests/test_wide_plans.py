@@ -132,6 +132,54 @@ def test_a_machine_too_small_for_the_32b_is_refused_in_one_line_before_any_work(
     assert "Traceback" not in proc.stderr and not out.exists() and not list(tmp_path.glob(".out.partial-*"))
 
 
+def test_one_h200_takes_the_32b_shards_its_disk_cannot_hold_into_dev_shm(tmp_path: Path) -> None:
+    """The lent H200's 64 GiB disk cannot hold the 32B's 65.5 GB source beside its 37.4 GB FP8 output: the plan puts
+    the source's first shards in /dev/shm (half of 128 GiB, less compressed-tensors' 5 GB reserve), as few as take
+    the rest onto the disk, and counts them against host memory for every case; a host that cannot hold a case's
+    floor beside them refuses that case in one line that says so."""
+    argv = ["--shapes", "32b", "--methods", "gptq,fp8-static", "--machine", "h200", "--workdir", str(tmp_path),
+            "--dry-run"]
+    args = wide.parse(argv)
+    m = wide.machine(args)
+    cases = {c.name: c for c in wide.cases(args, m)}
+    build = cases["32b/build"]
+    assert not [c.skip for c in cases.values() if c.skip]
+    shards = sorted((tmp_path / "header-32b").glob("model-*.safetensors"))
+    count = int(build.command[-1])
+    assert build.shm_bytes == sum(f.stat().st_size for f in shards[:count]) <= m.shm_bytes - wide.SHM_RESERVE
+    source = sum(f.stat().st_size for f in shards)
+    largest = cases["32b/fp8-static/quantkit"].disk_bytes
+    assert build.disk_bytes == source - build.shm_bytes + largest + wide.DISK_MARGIN <= m.disk_bytes
+    # as few as the disk needs: one shard fewer would not fit it
+    assert build.disk_bytes + shards[count - 1].stat().st_size > m.disk_bytes
+    assert round(build.shm_bytes / GB, 1) == 39.0 and build.command[-3:-1] == ["32b", str(tmp_path / "src-32b")]
+    floor = cases["32b/gptq/quantkit"].host_bytes
+    small = wide.parse([*argv, "--host-bytes", str(floor + build.shm_bytes - 1)])
+    refused = {c.name: c.skip for c in wide.cases(small, wide.machine(small))}
+    assert refused["32b/gptq/quantkit"] == (f"host memory: the plan's floor is {floor / GB:.1f} GB, the machine "
+                                            f"allows {(floor - 1) / GB:.1f} GB beside the source's "
+                                            f"{build.shm_bytes / GB:.1f} GB in /dev/shm")
+
+
+def test_a_source_built_partly_in_dev_shm_loads_and_is_rebuilt_once_its_shards_are_gone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench/wide.py's build with its first shard in /dev/shm (here a folder standing for it): the source folder links
+    to it, transformers loads every weight through the link, the plan counts its bytes as held in memory, and once
+    /dev/shm is emptied (a reboot) the source is no longer taken as built."""
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setattr(wide, "SHM", tmp_path / "shm")
+    src = tmp_path / "src"
+    wide.build("tiny", src, 1)
+    linked = [f for f in src.glob("model-*.safetensors") if f.is_symlink()]
+    assert len(linked) == 1 and linked[0].resolve().parent == tmp_path / "shm" / "quantkit-bench-src"
+    assert wide.built(src) and wide.in_shm(src) == linked[0].stat().st_size > 0
+    _, info = AutoModelForCausalLM.from_pretrained(src, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    linked[0].resolve().unlink()
+    assert not wide.built(src) and wide.in_shm(src) == 0
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Issue 43: the 70B shape on one, two and four H200s as lent (bench/wide.py --machine: their GPUs, host memory and
 # disk), GPTQ and FP8 static with the calibration spread over the GPUs, served at two tp sizes.
