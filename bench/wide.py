@@ -98,7 +98,7 @@ MACHINES = {"h200": (1, 128 * GIB, 64 * GIB), "h200x2": (2, 256 * GIB, 128 * GIB
             "h200x4": (4, 512 * GIB, 235 * GIB), "h200x8": (8, 560 * GIB, 235 * GIB)}
 SERVE_SHARE = 0.85  # vLLM's --gpu-memory-utilization in serve_speed and smoke: a GPU's share must fit in it
 AWQ_OVER_GPTQ = 1.8  # AWQ's wall over GPTQ's on the 8B shape, 32 x 2048 tokens (190.8 s / 108.2 s, H200)
-VLLM_START_S = 90.0  # vLLM's start, graph capture and measurement beyond loading (the 8B runs: 60-120 s)
+VLLM_START_S = 60.0  # vLLM's start, graph capture and measurement beyond loading (32b-8l, batch 1 and 16: 44-72 s)
 LOAD_BYTES_S = 1.5e9  # vLLM's load from the page cache
 BUILD_BYTES_S = 0.5e9  # drawing random weights and writing them to disk, per bf16 byte
 SHM_RESERVE = 5_000_000_000  # compressed-tensors' load_offloaded_model keeps this much of /dev/shm free
@@ -359,10 +359,10 @@ def cases(args: argparse.Namespace, m: Machine) -> list[Case]:
             source = build.disk_bytes - max(c.disk_bytes for c in todo if c.kind == "quantize") - DISK_MARGIN
             shm = f", and /dev/shm less its reserve ({gb(m.shm_bytes - SHM_RESERVE)}) not the rest" \
                 if args.num_gpus == 1 else ""
+            fewer = f" (its width with fewer layers: {', '.join(shallower(shape))})" if shallower(shape) else ""
             build.skip = (f"disk: the source and one output at a time need {gb(build.disk_bytes)} ({gb(source)} of "
                           f"it the source and what the offloaded load spills), {args.workdir} has "
-                          f"{gb(m.disk_bytes)} free{shm}" + (f" (its width with fewer layers: "
-                                                            f"{', '.join(shallower(shape))})" if shallower(shape) else ""))
+                          f"{gb(m.disk_bytes)} free{shm}{fewer}")
         made: set[str] = set()
         for c in [build, *needed]:
             c.skip = c.skip or verdict(c, build, made, args, m)

@@ -136,6 +136,39 @@ def test_cost_model_counts_every_expert_on_every_token() -> None:
         cost_model.estimate(s, "awq", n, L)
 
 
+def measured_h200_runs() -> list[tuple[str, str, int, int, float]]:
+    """(shape, method, samples, seq_len, wall) of every committed H200 run the cost model is fitted to, read from
+    the result files: llm-compressor called directly where it ran (the model's subject), else quantkit."""
+    h200 = BENCH / "results" / "h200"
+    runs = []
+    for path in (h200 / "8b" / "quantize_cost_8b_medians.json",
+                 BENCH / "results" / "quantize_cost_qwen3-30b-a3b-12l.json",
+                 h200 / "70b" / "quantize_cost_70b-4l.json", h200 / "70b" / "quantize_cost_70b-8l.json"):
+        doc = json.loads(path.read_text())
+        for method, tools in doc["runs"].items():
+            if method in cost_model.MODELLED:
+                run = tools.get("llm-compressor") or tools["quantkit"]
+                runs.append((doc["shape"], method, doc["samples"], doc["seq_len"], run["wall_s"]))
+    for folder in ("run1", "run2"):
+        doc = json.loads((h200 / "wide" / folder / "results.json").read_text())
+        runs += [(c["shape"], c["method"], doc["samples"], doc["seq_len"], c["result"]["wall_s"])
+                 for c in doc["cases"]
+                 if c["kind"] == "quantize" and c["tool"] == "llm-compressor" and c["result"].get("rc") == 0]
+    return runs
+
+
+def test_cost_model_predicts_every_measured_h200_run_within_a_fifth() -> None:
+    """The rates are fitted to the H200's runs; a result committed later that the model misses by more than 20% means
+    the model (or the run) needs a look before the next lease is planned with it."""
+    runs = measured_h200_runs()
+    assert len(runs) >= 10 and {r[0] for r in runs} >= {"8b", "32b-8l", "qwen3-30b-a3b-12l", "70b-4l", "70b-8l"}
+    off = {}
+    for shape, method, samples, seq_len, wall in runs:
+        est = cost_model.estimate(SHAPES[shape], method, samples, seq_len)["wall_s"]
+        off[(shape, method, wall)] = round(est / wall, 2)
+    assert all(0.8 <= r <= 1.2 for r in off.values()), off
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # What a decode step reads, and serve_speed.py without vLLM
 
