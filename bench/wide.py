@@ -14,7 +14,8 @@ finish skipped with the reason, before it starts; afterwards the plan is checked
 
 Cases are named SHAPE/build, SHAPE/METHOD/TOOL (TOOL quantkit or llm-compressor), SHAPE/ARTIFACT/serve-tpN
 (ARTIFACT bf16 or a method), SHAPE/METHOD/smoke-tpN and SHAPE/METHOD/eval-tpN; ``--only`` takes names or shell
-patterns (comma-separated). For each shape:
+patterns (comma-separated); a build it names runs even when none of its cases does (so a lease can build, untimed,
+and then time the cases). For each shape:
 
 1. **The plan, before any work.** A header-only checkpoint of the shape (bench/header_only.py: real headers,
    sparse data) is planned by one ``quantkit run RECIPE --dry-run --json`` with an output per method, the run's
@@ -373,7 +374,7 @@ def cases(args: argparse.Namespace, m: Machine) -> list[Case]:
             if not c.skip and c.kind == "quantize" and c.tool == "quantkit":
                 made.add(c.method)
             out.append(c)
-        if not build.skip and all(c.skip for c in needed):
+        if not build.skip and all(c.skip for c in needed) and not (args.only and wanted(build.name)):
             build.skip = "none of its cases runs"
             left = None if left is None else left + build.estimate_s
     return out

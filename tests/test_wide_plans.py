@@ -159,6 +159,9 @@ def test_one_h200_takes_the_32b_shards_its_disk_cannot_hold_into_dev_shm(tmp_pat
     assert refused["32b/gptq/quantkit"] == (f"host memory: the plan's floor is {floor / GB:.1f} GB, the machine "
                                             f"allows {(floor - 1) / GB:.1f} GB beside the source's "
                                             f"{build.shm_bytes / GB:.1f} GB in /dev/shm")
+    # the build alone, asked for by name (a lease builds untimed, then times the cases)
+    alone = wide.parse([*argv, "--only", "32b/build"])
+    assert [(c.name, c.skip) for c in wide.cases(alone, wide.machine(alone))] == [("32b/build", "")]
 
 
 def test_a_source_built_partly_in_dev_shm_loads_and_is_rebuilt_once_its_shards_are_gone(
