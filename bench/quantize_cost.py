@@ -33,9 +33,10 @@ run cut short keeps what it measured.
 
 ``--repeat N`` runs each method and tool N times, alternating which goes first, and reports the median.
 ``--estimate`` prints what each run should cost on one H200, from its FLOPs (bench/cost_model.py), and runs
-nothing: for qwen3-30b-a3b-12l about 4.7 min (GPTQ) and 2.2 min (FP8) per tool at 128 x 2048 tokens, 2.3 and
-1.6 min at 32 x 2048 (every expert computes every calibration token, and GPTQ's float32 Hessians cost as much as
-the forward passes).
+nothing: for qwen3-30b-a3b-12l about 11.5 min (GPTQ) and 7.3 min (FP8) per tool at 128 x 2048 tokens, 3.3 and
+2.2 min at 32 x 2048 (every expert computes every calibration token, each expert step with its hooks costs about a
+millisecond, and GPTQ's float32 Hessians cost as much as the forward passes). The direct script prints its steps'
+times (``direct-timings``) as quantkit's manifest gives its own; the markdown lists both for each median run.
 
 Tested with llm-compressor 0.14.0.1, compressed-tensors 0.19.0, transformers 5.17.0, torch 2.13.0 (CPU; the tiny
 shape, bench/results/quantize_cost_tiny.md, and moe-tiny in tests/test_bench_moe.py). The 8b and
@@ -293,16 +294,33 @@ def load_distributed(src: str) -> tuple[Any, str]:
     return model, "load_offloaded_model + device_map=auto_offload (DDP example)"
 
 
+def since_process_start() -> float:
+    """Seconds since this process started (Linux: /proc), so the interpreter's own start-up is counted too."""
+    after_name = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+    started = int(after_name[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime, in clock ticks since boot
+    return float(Path("/proc/uptime").read_text().split()[0]) - started
+
+
 def direct(method: str, src: str, out: str, tokens: str) -> None:
     """Load, oneshot, save: llm-compressor with no quantkit code in the process. Prints how it loaded the model
-    (``direct-load: ...``) on stdout.
+    (``direct-load: ...``) and how long each step took (``direct-timings: {...}``: the interpreter's start-up to
+    here, the imports, load, oneshot, save; what quantkit's manifest gives for its own steps) on stdout.
 
     Under torchrun (``WORLD_SIZE`` > 1) it is llm-compressor's DDP example: each rank takes its own slice of the
     samples (the example's ``get_rank_partition``), calibrates on it, and every rank calls ``save_pretrained``."""
+    timings = {"start": round(since_process_start(), 3)}
+    t0 = time.perf_counter()
+
+    def lap(step: str) -> None:
+        nonlocal t0
+        timings[step] = round(time.perf_counter() - t0, 3)
+        t0 = time.perf_counter()
+
     import torch
     from datasets import Dataset
     from llmcompressor import oneshot
     from transformers import AutoTokenizer
+    lap("imports")
 
     samples = json.loads(Path(tokens).read_text())
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -318,15 +336,19 @@ def direct(method: str, src: str, out: str, tokens: str) -> None:
     if rank == 0:
         print(f"direct-load: {how}", flush=True)
     tokenizer = AutoTokenizer.from_pretrained(src)
+    lap("load")
     torch.manual_seed(0)
     moe = is_moe(Path(src))
     extra = {"moe_calibrate_all_experts": True} if moe else {}
     oneshot(model=model, recipe=direct_recipe(method, moe), dataset=Dataset.from_dict({"input_ids": samples}),
             num_calibration_samples=len(samples), max_seq_length=len(samples[0]), shuffle_calibration_samples=False,
             **extra)
+    lap("oneshot")
     model.save_pretrained(out, save_compressed=True)
     if rank == 0:
         tokenizer.save_pretrained(out)
+        lap("save")
+        print(f"direct-timings: {json.dumps(timings)}", flush=True)
     if world > 1:
         torch.distributed.destroy_process_group()
 
@@ -379,6 +401,16 @@ def moe_note(data: dict[str, Any]) -> str:
             f"(`{ROUTER_IGNORE}`), `moe_calibrate_all_experts=True` (every expert sees every calibration token).")
 
 
+def steps(r: dict[str, Any]) -> str:
+    """One run's steps in seconds, as its tool reports them (quantkit: its manifest's timings; the direct script:
+    start-up to its main, imports, load, oneshot, save), and the rest of its wall time (start-up and exit)."""
+    parts = {k: v for k, v in (r.get("timings") or {}).items() if k != "total" and isinstance(v, (int, float))}
+    if not parts:
+        return ""
+    named = ", ".join(f"{k.replace('_', ' ')} {v:.1f}" for k, v in parts.items())
+    return f"{named}, the rest {r['wall_s'] - sum(parts.values()):.1f}"
+
+
 def markdown(data: dict[str, Any]) -> str:
     """The table: one row per method and tool, and quantkit's overhead over the direct run."""
     lines = [f"# Quantization cost: quantkit vs llm-compressor directly ({data['shape']} shape)", "",
@@ -421,6 +453,12 @@ def markdown(data: dict[str, Any]) -> str:
               "the same tool's wall on 1 GPU over its wall on N. With --repeat, wall is the median run's (of two, the "
               "faster) and (min-max) spans all runs; the overhead is then also given on the means of all runs, "
               "which a machine whose runs spread more than the difference needs."]
+    timed = [f"- {method} / {label}, {r['wall_s']:.1f} s: {steps(r)}" for method, runs in data["runs"].items()
+             for label, r in runs.items() if r["rc"] == 0 and steps(r)]
+    if timed:
+        lines += ["", "Steps of each median run, in seconds (quantkit: its manifest's timings; the direct script: from "
+                  "the interpreter's start to its main, then its imports, load, oneshot and save; the rest is what the "
+                  "wall time holds beyond them):", "", *timed, ""]
     loads = sorted({r["load"] for runs in data["runs"].values() for t, r in runs.items() if r.get("load")})
     if loads:
         lines.append(f"The direct script loaded the model with: {'; '.join(loads)}.")
@@ -462,8 +500,9 @@ def run_one(args: argparse.Namespace, spec: str, method: str, verb: str, flags: 
         r["calibration_tokens_sha256"] = (manifest.get("calibration") or {}).get("tokens_sha256")
         r["same_tokens_as_direct"] = r["calibration_tokens_sha256"] == sha
     if tool == "llm-compressor":
-        r["load"] = next((line.split(":", 1)[1].strip() for line in r["stdout"].splitlines()
-                          if line.startswith("direct-load:")), None)
+        said = dict(line.split(": ", 1) for line in r["stdout"].splitlines() if line.startswith("direct-"))
+        r["load"] = said.get("direct-load")
+        r["timings"] = json.loads(said["direct-timings"]) if "direct-timings" in said else None
     r.pop("stdout")
     if r["rc"]:
         tail = [line for line in Path(r["log"]).read_text(errors="replace").splitlines() if line.strip()]

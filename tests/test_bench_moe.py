@@ -95,6 +95,9 @@ def test_quantize_cost_moe_tiny_end_to_end(workdir: Path, tmp_path: Path) -> Non
         assert q["rc"] == 0 and d["rc"] == 0, (method, q.get("error"), d.get("error"))
         assert q["same_tokens_as_direct"] and q["calibration_tokens_sha256"] == data["tokens_sha256"]
         assert d["load"].startswith(("load_context", "from_pretrained + linearize_moe"))
+        # each tool's steps, so a difference in wall time can be traced to one
+        assert {"start", "imports", "load", "oneshot", "save"} == set(d["timings"]) and d["timings"]["start"] >= 0
+        assert sum(d["timings"].values()) <= d["wall_s"] and {"setup", "quantize", "save"} <= set(q["timings"])
         for tool in ("quantkit", "llm-compressor"):
             out = workdir / f"out-{tool}-{method}"
             qc = json.loads((out / "config.json").read_text())["quantization_config"]
@@ -106,6 +109,7 @@ def test_quantize_cost_moe_tiny_end_to_end(workdir: Path, tmp_path: Path) -> Non
     md = (results / "quantize_cost_moe-tiny.md").read_text()
     assert "| gptq | quantkit | 0 |" in md and "| fp8-static | llm-compressor | 0 |" in md
     assert "moe_calibrate_all_experts=True" in md and "re:.*mlp.gate$" in md and "- command: `" in md
+    assert "- gptq / llm-compressor, " in md and ": start " in md and ", oneshot " in md and ", the rest " in md
 
 
 def test_estimate_prints_both_lease_sizes() -> None:
