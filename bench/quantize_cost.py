@@ -31,7 +31,8 @@ calibrated on every token. Each process is timed end to end
 before it started). Results are written after every run to bench/results/quantize_cost[_SHAPE].{json,md}, so a
 run cut short keeps what it measured.
 
-``--repeat N`` runs each method and tool N times, alternating which goes first, and reports the median.
+``--repeat N`` runs each method and tool N times, alternating which goes first, and reports the median;
+``--warmup`` runs each tool once more first and does not count it.
 ``--estimate`` prints what each run should cost on one H200, from its FLOPs (bench/cost_model.py), and runs
 nothing: for qwen3-30b-a3b-12l about 11.5 min (GPTQ) and 7.3 min (FP8) per tool at 128 x 2048 tokens, 3.3 and
 2.2 min at 32 x 2048 (every expert computes every calibration token, each expert step with its hooks costs about a
@@ -559,6 +560,9 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         verb, flags = METHODS[method]
         runs = data["runs"].setdefault(method, {})
         tries: dict[str, list[dict[str, Any]]] = {spec: [] for spec in args.tools}
+        for spec in args.tools if args.warmup else []:  # untimed: the page cache, the GPU's clocks, JIT caches
+            r = run_one(args, spec, method, verb, flags, src, calib, tokens, sha, env)
+            print(f"   warm-up, not counted: rc {r['rc']}, {r['wall_s']}s", flush=True)
         for rep in range(args.repeat):
             # Alternate which tool goes first, so neither always meets a warm page cache or a cooler CPU.
             for spec in (args.tools if rep % 2 == 0 else args.tools[::-1]):
@@ -603,6 +607,9 @@ def main() -> None:
     ap.add_argument("--keep", nargs="?", const="all", choices=["all", "quantkit", "llm-compressor"],
                     help="keep the quantized outputs (all, or one tool's: serve_speed.py reads quantkit's)")
     ap.add_argument("--repeat", type=int, default=1, help="runs per method and tool; the table shows the median")
+    ap.add_argument("--warmup", action="store_true",
+                    help="one untimed run of each tool per method first (the first run of a sitting was the slowest "
+                         "of six on the H200: 54.7 s against 41.7-48.1 s)")
     ap.add_argument("--prepare", action="store_true", help="build the checkpoint and the tokens, time nothing")
     ap.add_argument("--estimate", action="store_true", help="print each run's cost from its FLOPs, run nothing")
     args = ap.parse_args()

@@ -112,6 +112,22 @@ def test_quantize_cost_moe_tiny_end_to_end(workdir: Path, tmp_path: Path) -> Non
     assert "- gptq / llm-compressor, " in md and ": start " in md and ", oneshot " in md and ", the rest " in md
 
 
+@pytest.mark.slow
+def test_a_warm_up_run_of_each_tool_is_not_counted(workdir: Path, tmp_path: Path) -> None:
+    """``--warmup``: each tool runs once more before the timed runs, and only the timed runs are in the results (one
+    tool here: the loop is the same for both)."""
+    results = tmp_path / "results"
+    p = subprocess.run([sys.executable, str(BENCH / "quantize_cost.py"), "--shape", "moe-tiny", "--samples", "2",
+                        "--seq-len", "32", "--methods", "fp8-static", "--tools", "llm-compressor", "--warmup",
+                        "--workdir", str(workdir),
+                        "--results-dir", str(results), "--name", "warm"],
+                       capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.count("warm-up, not counted: rc 0") == 1 and p.stdout.count("== fp8-static / ") == 2
+    runs = json.loads((results / "warm.json").read_text())["runs"]["fp8-static"]
+    assert list(runs) == ["llm-compressor"] and len(runs["llm-compressor"]["walls_s"]) == 1
+
+
 def test_estimate_prints_both_lease_sizes() -> None:
     p = subprocess.run([sys.executable, str(BENCH / "quantize_cost.py"), "--shape", "qwen3-30b-a3b-12l",
                         "--estimate"], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=120)
