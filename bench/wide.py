@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import hashlib
 import json
 import os
 import shlex
@@ -236,8 +237,9 @@ def eval_estimate(source: int, parameters: int, artifact: int, tokens: int) -> f
 
 
 def shm_folder(src: Path) -> Path:
-    """Where ``build`` puts the source's shards that go to /dev/shm (the source folder links to them)."""
-    return SHM / f"quantkit-bench-{src.name}"
+    """Where ``build`` puts the source's shards that go to /dev/shm (the source folder links to them): one folder per
+    source folder, so two work folders never share one."""
+    return SHM / f"quantkit-bench-{hashlib.sha256(str(src.resolve()).encode()).hexdigest()[:8]}-{src.name}"
 
 
 def built(src: Path) -> bool:
@@ -384,11 +386,11 @@ def cases(args: argparse.Namespace, m: Machine) -> list[Case]:
 # Running
 
 
-def build(shape: str, folder: Path, shm_shards: int = 0) -> None:
+def build(shape: str, folder: Path, shards_in_shm: int = 0) -> None:
     """A random bf16 checkpoint of ``shape``, written one tensor at a time into 5 GB shards (normal with std 0.02,
     transformers' initializer range; norms one and biases zero, as transformers initialises them), drawn on the GPU
     where there is one; the reference model's tokenizer. Reused when one with the same config is there. The first
-    ``shm_shards`` shards are written to /dev/shm (``shm_folder``) and linked from ``folder``: the plan's way to fit
+    ``shards_in_shm`` shards are written to /dev/shm (``shm_folder``) and linked from ``folder``: the plan's way to fit
     a source that the disk cannot hold beside an output. They stay there for the next run to reuse, holding that
     much host memory, until removed."""
     import torch
@@ -402,7 +404,7 @@ def build(shape: str, folder: Path, shm_shards: int = 0) -> None:
     shutil.rmtree(folder, ignore_errors=True)
     shutil.rmtree(shm_folder(folder), ignore_errors=True)
     folder.mkdir(parents=True)
-    if shm_shards:
+    if shards_in_shm:
         shm_folder(folder).mkdir(parents=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator(device).manual_seed(0)
@@ -429,7 +431,7 @@ def build(shape: str, folder: Path, shm_shards: int = 0) -> None:
             shard[name] = t
             weight_map[name] = file
             total += t.numel() * 2
-        if k <= shm_shards:
+        if k <= shards_in_shm:
             save_file(shard, str(shm_folder(folder) / file), metadata={"format": "pt"})
             (folder / file).symlink_to(shm_folder(folder) / file)
         else:

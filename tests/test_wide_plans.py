@@ -175,7 +175,9 @@ def test_a_source_built_partly_in_dev_shm_loads_and_is_rebuilt_once_its_shards_a
     src = tmp_path / "src"
     wide.build("tiny", src, 1)
     linked = [f for f in src.glob("model-*.safetensors") if f.is_symlink()]
-    assert len(linked) == 1 and linked[0].resolve().parent == tmp_path / "shm" / "quantkit-bench-src"
+    assert len(linked) == 1 and linked[0].resolve().parent == wide.shm_folder(src)
+    assert wide.shm_folder(src).parent == tmp_path / "shm"
+    assert wide.shm_folder(src) != wide.shm_folder(tmp_path / "other" / "src")  # one folder per work folder
     assert wide.built(src) and wide.in_shm(src) == linked[0].stat().st_size > 0
     _, info = AutoModelForCausalLM.from_pretrained(src, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
