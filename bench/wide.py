@@ -281,8 +281,8 @@ def shape_cases(shape: str, args: argparse.Namespace, m: Machine) -> tuple[Case,
     if not done and disk > m.disk_bytes and args.num_gpus == 1:
         sizes = [f.stat().st_size for f in sorted((args.workdir / f"header-{shape}").glob("model-*.safetensors"))]
         count, shm = shm_shards(disk - m.disk_bytes, sizes)
-        if shm > m.shm_bytes - SHM_RESERVE:
-            count, shm = 0, 0  # /dev/shm cannot take enough: the disk's verdict stands
+        if shm < disk - m.disk_bytes or shm > m.shm_bytes - SHM_RESERVE:
+            count, shm = 0, 0  # the whole source is not enough, or /dev/shm cannot take it: the disk's verdict stands
     build = Case(f"{shape}/build", "build", shape, estimate_s=source / BUILD_BYTES_S,
                  disk_bytes=disk - (0 if done else shm), shm_bytes=shm,
                  command=[sys.executable, str(BENCH / "wide.py"), "--build", shape, str(src),
@@ -360,8 +360,9 @@ def cases(args: argparse.Namespace, m: Machine) -> list[Case]:
             continue
         elif build.disk_bytes > m.disk_bytes:
             source = build.disk_bytes - max(c.disk_bytes for c in todo if c.kind == "quantize") - DISK_MARGIN
-            shm = f", and /dev/shm less its reserve ({gb(m.shm_bytes - SHM_RESERVE)}) not the rest" \
-                if args.num_gpus == 1 else ""
+            lacks = build.disk_bytes - m.disk_bytes
+            shm = f", and /dev/shm less its reserve ({gb(m.shm_bytes - SHM_RESERVE)}) cannot take the {gb(lacks)} " \
+                "of the source it lacks" if args.num_gpus == 1 and lacks <= source else ""
             fewer = f" (its width with fewer layers: {', '.join(shallower(shape))})" if shallower(shape) else ""
             build.skip = (f"disk: the source and one output at a time need {gb(build.disk_bytes)} ({gb(source)} of "
                           f"it the source and what the offloaded load spills), {args.workdir} has "
