@@ -4,6 +4,8 @@
         --out bench/results/eval_speed_cpu
     python bench/eval_speed.py --device cuda --tokens 32768 --engines transformers,vllm \
         --vllm-python VLLM_PY [--vllm-path DIR] --out bench/results/h200/eval_speed
+    python bench/eval_speed.py --device cuda --tokens 32768 --engines sglang --sglang-python SGLANG_PY \
+        --out bench/results/h200/eval_speed_sglang
 
 The model (``--model``, SmolLM2-135M-Instruct by default) and a ``quantkit rtn`` artifact of it (a ``quantkit gguf``
 F32 + Q8_0 artifact for llama.cpp), made once in ``--workdir``, are scored on the held-out text:
@@ -15,6 +17,10 @@ F32 + Q8_0 artifact for llama.cpp), made once in ``--workdir``, are scored on th
   ``prompt_logprobs``, its conversion, the comparison on the baseline's device) against vLLM's own prompt-logprob
   throughput (the seconds inside ``llm.generate``, which the worker reports) and against the same windows run
   without ``prompt_logprobs`` (the forward passes alone: what bounds prompt log-probabilities);
+* ``sglang``: quantkit's scoring (``quantkit eval --engine sglang``: batches of windows, three requests in flight,
+  the answers converted to arrays, the comparison on the baseline's device) against SGLang's own answers to the same
+  ``/generate`` requests sent the same way (decoded, not converted: its prompt-logprob throughput) and against the
+  same windows without log-probabilities;
 * ``llama.cpp``: ``llama-perplexity --kl-divergence-base`` (the F32 file) then, ``--rounds`` times alternated with
   quantkit, ``--kl-divergence`` (Q8_0) against quantkit's llama.cpp engine on the very tokens llama-perplexity
   scores (:func:`quantkit.evaluation.llama_perplexity.windows`), the F32 file as baseline here too so only the two
@@ -23,7 +29,8 @@ F32 + Q8_0 artifact for llama.cpp), made once in ``--workdir``, are scored on th
 
 vLLM runs in its own Python: ``--vllm-python`` (or ``QUANTKIT_VLLM_PYTHON``); ``--vllm-path DIR`` (repeatable) puts
 folders of a ``pip install --target DIR`` on that Python's PYTHONPATH through a small wrapper script, as
-``scripts/gpu_cases.py`` does. Results: ``eval_speed.json`` and ``eval_speed.md`` in ``--out``.
+``scripts/gpu_cases.py`` does; SGLang the same way (``--sglang-python``, ``QUANTKIT_SGLANG_PYTHON``,
+``--sglang-path``). Results: ``eval_speed.json`` and ``eval_speed.md`` in ``--out``.
 """
 
 from __future__ import annotations
@@ -125,13 +132,14 @@ def previous_path(model: Path, art: Path, windows: list[Window], args: argparse.
 # vLLM
 
 
-def vllm_python(args: argparse.Namespace, work: Path) -> str | None:
-    """vLLM's interpreter; with --vllm-path a wrapper script that puts those folders (only) on its PYTHONPATH."""
-    python = args.vllm_python or os.environ.get("QUANTKIT_VLLM_PYTHON")
-    if not args.vllm_path:
+def engine_python(engine: str, python: str | None, paths: list[str], work: Path) -> str | None:
+    """An engine's interpreter (``--vllm-python``, else ``QUANTKIT_VLLM_PYTHON``; the same for SGLang); with
+    ``--vllm-path`` (``--sglang-path``) a wrapper script that puts those folders (only) on its PYTHONPATH."""
+    python = python or os.environ.get(f"QUANTKIT_{engine.upper()}_PYTHON")
+    if not paths:
         return python
-    wrapper = work / "vllm-python.sh"
-    wrapper.write_text(f"#!/bin/sh\nexport PYTHONPATH={shlex.quote(os.pathsep.join(args.vllm_path))}\n"
+    wrapper = work / f"{engine}-python.sh"
+    wrapper.write_text(f"#!/bin/sh\nexport PYTHONPATH={shlex.quote(os.pathsep.join(paths))}\n"
                        f"exec {shlex.quote(python or sys.executable)} \"$@\"\n")
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IEXEC)
     return str(wrapper)
@@ -157,6 +165,28 @@ def vllm_part(model: Path, art: Path, args: argparse.Namespace, python: str | No
         engine.close()
     out["vllm_prefill_only_s"] = round(prefill, 3)
     out["vllm_prefill_only_tokens_per_s"] = round(scored / prefill, 1)
+    return out
+
+
+def sglang_part(model: Path, art: Path, args: argparse.Namespace, python: str | None) -> dict[str, Any]:
+    """quantkit's scoring through SGLang (``eval --engine sglang``) against SGLang's own answers to the same requests
+    (timed, decoded, not converted) and against the same windows without log-probabilities (what bounds them)."""
+    report = evaluate([art], str(model), EvalOptions(dataset="heldout", ctx=args.ctx, max_tokens=args.tokens,
+                                                     engine="sglang", device="cuda", python=python, write=False))
+    res, proto = report.results[0], report.protocol
+    scored = proto.tokens_scored
+    out = {"tokens_scored": scored, "tokens_run": proto.tokens_evaluated, "kld_method": res.kld_method,
+           "quantkit_scoring_s": res.engine["scoring_s"], "quantkit_tokens_per_s": res.engine["scored_tokens_per_s"],
+           **figures(res.metrics)}
+    engine = open_engine("sglang", art, EngineOptions(ctx=args.ctx, device="cuda", python=python))
+    try:
+        own = engine.request_seconds(proto.windows)  # type: ignore[attr-defined]
+        prefill = engine.request_seconds(proto.windows, logprobs=False)  # type: ignore[attr-defined]
+    finally:
+        engine.close()
+    out |= {"sglang_requests_s": round(own, 3), "sglang_prompt_logprobs_tokens_per_s": round(scored / own, 1),
+            "ratio": round(out["quantkit_scoring_s"] / own, 3), "sglang_prefill_only_s": round(prefill, 3),
+            "sglang_prefill_only_tokens_per_s": round(scored / prefill, 1)}
     return out
 
 
@@ -275,6 +305,16 @@ def markdown(h: dict[str, Any], data: dict[str, Any], args: argparse.Namespace) 
                   f"{v['vllm_prefill_only_tokens_per_s']:,.0f} |", "",
                   f"quantkit / vLLM's own: {v.get('ratio')}x; ppl {v['ppl']:.4f}, KLD {_f(v['kld'])} "
                   f"({v['kld_method']}), top-1 {_f(v['top1'])}", ""]
+    if s := data.get("sglang"):
+        lines += ["## SGLang", "", "| what | seconds | scored tok/s |", "| --- | --- | --- |",
+                  f"| quantkit's scoring (eval --engine sglang) | {s['quantkit_scoring_s']:.2f} | "
+                  f"{s['quantkit_tokens_per_s']:,.0f} |",
+                  f"| SGLang's own answers to the same /generate requests (decoded, not converted) | "
+                  f"{s['sglang_requests_s']:.2f} | {s['sglang_prompt_logprobs_tokens_per_s']:,.0f} |",
+                  f"| the same windows without log-probabilities | {s['sglang_prefill_only_s']:.2f} | "
+                  f"{s['sglang_prefill_only_tokens_per_s']:,.0f} |", "",
+                  f"quantkit / SGLang's own: {s['ratio']}x; ppl {s['ppl']:.4f}, KLD {_f(s['kld'])} "
+                  f"({s['kld_method']}), top-1 {_f(s['top1'])}", ""]
     if c := data.get("llama.cpp"):
         lines += llamacpp_markdown(c)
     return "\n".join(lines) + "\n"
@@ -325,6 +365,8 @@ def main() -> None:
     ap.add_argument("--no-previous", dest="previous", action="store_false")
     ap.add_argument("--vllm-python")
     ap.add_argument("--vllm-path", action="append", default=[])
+    ap.add_argument("--sglang-python")
+    ap.add_argument("--sglang-path", action="append", default=[])
     ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "quantkit-eval-speed")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "eval_speed_cpu")
     args = ap.parse_args()
@@ -338,7 +380,11 @@ def main() -> None:
     if "transformers" in engines:
         data["transformers"] = transformers_part(args.model, arts["rtn"], args)
     if "vllm" in engines:
-        data["vllm"] = vllm_part(args.model, arts["rtn"], args, vllm_python(args, args.workdir))
+        data["vllm"] = vllm_part(args.model, arts["rtn"], args,
+                                 engine_python("vllm", args.vllm_python, args.vllm_path, args.workdir))
+    if "sglang" in engines:
+        data["sglang"] = sglang_part(args.model, arts["rtn"], args,
+                                     engine_python("sglang", args.sglang_python, args.sglang_path, args.workdir))
     if "llama.cpp" in engines:
         data["llama.cpp"] = llamacpp_part(args.model, arts, args, args.workdir)
     data["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]

@@ -23,7 +23,6 @@ from __future__ import annotations
 import datetime as _dt
 import errno
 import fcntl
-import hashlib
 import json
 import os
 import platform as _platform

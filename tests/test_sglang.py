@@ -237,6 +237,8 @@ def test_the_answer_becomes_the_windows_rows(score_from: int) -> None:
     assert request["logprob_start_len"] == [score_from - 1] and request["input_ids"] == [tokens]
     assert request["sampling_params"] == {"max_new_tokens": 1, "temperature": 0.0}
     assert request["top_logprobs_num"] == [k] and request["return_logprob"] == [True]
+    # the benchmark's floor: the same windows and sampling, no log-probabilities asked for
+    assert logits.prefill_request([window]) == {"input_ids": [tokens], "sampling_params": request["sampling_params"]}
     got = logits.parse_result(sglang_generate_result(tokens, rows, score_from - 1, k, vocab), window, k)
     expect = log_softmax(rows)[score_from - 1:len(tokens) - 1]  # row i: the distribution of token score_from + i
     assert np.allclose(got.target, expect[np.arange(window.n_scored), window.targets], atol=1e-6)

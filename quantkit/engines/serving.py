@@ -34,7 +34,6 @@ from typing import Any
 
 from quantkit.checkpoint import read_config
 from quantkit.engines import client, registry, watch
-from quantkit.engines import watch
 from quantkit.engines.watch import DEFAULT_STALL_TIMEOUT, ProcessDied, log_tail
 from quantkit.errors import BackendError, QuantkitError, UsageError, exit_text
 from quantkit.formats.names import SERVING

@@ -142,8 +142,6 @@ def score_vllm(path: Path, base: BaselineImages, options: Any) -> dict[str, Any]
     """The artifact's KLD and top-1 over the baseline's answers in vLLM: each prompt goes in with its image as one
     placeholder, which vLLM's own processor expands, and the answer's positions come back as vLLM's top-k, so the
     KLD is a lower bound (the text evaluation's bins) and top-1 is exact."""
-    import numpy as np
-
     from quantkit.engines import logits as engines
     from quantkit.formats.names import VLLM
     from quantkit.evaluation.metrics import BaselineWindow, kld_rows

@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -104,6 +105,12 @@ def generate_request(windows: Sequence[Window], topk: int) -> dict[str, Any]:
             "top_logprobs_num": [topk] * len(windows)}
 
 
+def prefill_request(windows: Sequence[Window]) -> dict[str, Any]:
+    """The same ``/generate`` body without log-probabilities: the forward passes alone, what bounds scoring."""
+    body = generate_request(windows, 1)
+    return {"input_ids": body["input_ids"], "sampling_params": body["sampling_params"]}
+
+
 def start(window: Window) -> int:
     """``logprob_start_len`` for a window: SGLang's first entry there is null, so one before the first scored token."""
     return window.score_from - 1
@@ -122,7 +129,6 @@ def parse_result(result: Mapping[str, Any], window: Window, topk: int) -> LogPro
     if len(tokens) != expected or len(tops) != expected:
         raise BackendError(f"SGLang answered window {window.index} with {len(tokens)} token and {len(tops)} top-k "
                            f"entries from position {first}; {expected} expected")
-    n = window.n_scored
     # Entry 0 is the null one, at the token before the first scored position; the rest become arrays at once.
     entries = _numbers(tokens[1:], 2)
     if entries is None:  # a null log-probability, or an entry that is not [logprob, id, ...]: find which
@@ -236,6 +242,21 @@ class SglangEngine:
                         raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+
+    def request_seconds(self, windows: Sequence[Window], logprobs: bool = True) -> float:
+        """Seconds SGLang takes to answer the requests :meth:`logits` sends for ``windows`` (the same batches,
+        :data:`IN_FLIGHT` at a time), decoded but not converted: its own prompt-logprob throughput on these tokens;
+        without ``logprobs``, the forward passes alone. For ``bench/eval_speed.py``, beside quantkit's scoring."""
+        batches = [windows[i:i + BATCH] for i in range(0, len(windows), BATCH)]
+
+        def ask(batch: Sequence[Window]) -> Any:
+            body = generate_request(batch, self.topk) if logprobs else prefill_request(batch)
+            return client.post_json(self.server.url + "/generate", body, timeout=REQUEST_TIMEOUT)
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=IN_FLIGHT, thread_name_prefix="quantkit-sglang") as pool:
+            list(pool.map(ask, batches))
+        return time.perf_counter() - t0
 
     def _generate(self, batch: Sequence[Window]) -> list[Any]:
         """One ``/generate`` request for a batch of windows: its list of results, checked for length."""
