@@ -296,28 +296,31 @@ def markdown(h: dict[str, Any], data: dict[str, Any], args: argparse.Namespace) 
                              f"{_f(r['kld'])} | {_f(r['top1'])} |")
         lines.append("")
     if v := data.get("vllm"):
-        lines += ["## vLLM", "", "| what | seconds | scored tok/s |", "| --- | --- | --- |",
-                  f"| quantkit's scoring (eval --engine vllm) | {v['quantkit_scoring_s']:.2f} | "
-                  f"{v['quantkit_tokens_per_s']:,.0f} |",
-                  f"| vLLM's own llm.generate with prompt_logprobs | {_f(v.get('vllm_generate_s'), '.2f')} | "
-                  f"{_f(v.get('vllm_prompt_logprobs_tokens_per_s'), ',.0f')} |",
-                  f"| the same windows without prompt_logprobs | {v['vllm_prefill_only_s']:.2f} | "
-                  f"{v['vllm_prefill_only_tokens_per_s']:,.0f} |", "",
-                  f"quantkit / vLLM's own: {v.get('ratio')}x; ppl {v['ppl']:.4f}, KLD {_f(v['kld'])} "
-                  f"({v['kld_method']}), top-1 {_f(v['top1'])}", ""]
+        lines += engine_section("vLLM", v, [
+            ("quantkit's scoring (eval --engine vllm)", v["quantkit_scoring_s"], v["quantkit_tokens_per_s"]),
+            ("vLLM's own llm.generate with prompt_logprobs", v.get("vllm_generate_s"),
+             v.get("vllm_prompt_logprobs_tokens_per_s")),
+            ("the same windows without prompt_logprobs", v["vllm_prefill_only_s"],
+             v["vllm_prefill_only_tokens_per_s"])])
     if s := data.get("sglang"):
-        lines += ["## SGLang", "", "| what | seconds | scored tok/s |", "| --- | --- | --- |",
-                  f"| quantkit's scoring (eval --engine sglang) | {s['quantkit_scoring_s']:.2f} | "
-                  f"{s['quantkit_tokens_per_s']:,.0f} |",
-                  f"| SGLang's own answers to the same /generate requests (decoded, not converted) | "
-                  f"{s['sglang_requests_s']:.2f} | {s['sglang_prompt_logprobs_tokens_per_s']:,.0f} |",
-                  f"| the same windows without log-probabilities | {s['sglang_prefill_only_s']:.2f} | "
-                  f"{s['sglang_prefill_only_tokens_per_s']:,.0f} |", "",
-                  f"quantkit / SGLang's own: {s['ratio']}x; ppl {s['ppl']:.4f}, KLD {_f(s['kld'])} "
-                  f"({s['kld_method']}), top-1 {_f(s['top1'])}", ""]
+        lines += engine_section("SGLang", s, [
+            ("quantkit's scoring (eval --engine sglang)", s["quantkit_scoring_s"], s["quantkit_tokens_per_s"]),
+            ("SGLang's own answers to the same /generate requests (decoded, not converted)", s["sglang_requests_s"],
+             s["sglang_prompt_logprobs_tokens_per_s"]),
+            ("the same windows without log-probabilities", s["sglang_prefill_only_s"],
+             s["sglang_prefill_only_tokens_per_s"])])
     if c := data.get("llama.cpp"):
         lines += llamacpp_markdown(c)
     return "\n".join(lines) + "\n"
+
+
+def engine_section(name: str, d: dict[str, Any], rows: list[tuple[str, float | None, float | None]]) -> list[str]:
+    """A served engine's section: quantkit's scoring beside the engine's own figures (what, seconds, scored tok/s),
+    then the ratio and the figures scored."""
+    return [f"## {name}", "", "| what | seconds | scored tok/s |", "| --- | --- | --- |",
+            *(f"| {what} | {_f(sec, '.2f')} | {_f(rate, ',.0f')} |" for what, sec, rate in rows), "",
+            f"quantkit / {name}'s own: {d.get('ratio')}x; ppl {d['ppl']:.4f}, KLD {_f(d['kld'])} ({d['kld_method']}), "
+            f"top-1 {_f(d['top1'])}", ""]
 
 
 def llamacpp_markdown(c: dict[str, Any]) -> list[str]:
