@@ -133,6 +133,8 @@ def quantize_cost() -> list[str]:
     for name, heading in (
             ("quantize_cost_1b", "On this CPU, the 1B shape: GPTQ, INT8 and FP8 with quantkit sealing its output "
                                  "(issue 16's methods where no H200 was left)"),
+            ("quantize_cost_1b_fp8_warm", "On this CPU, the 1B shape: FP8 static, three runs per tool after a "
+                                          "warm-up each (issue 44 item 2, the steps beside each other)"),
             ("quantize_cost_3b", "On this CPU, the 3B shape: FP8 with quantkit sealing its output"),
             ("quantize_cost_3b_before_sealing", "On this CPU, the 3B shape: FP8 with quantkit hashing its output "
                                                 "after the save"),
