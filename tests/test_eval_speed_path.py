@@ -95,7 +95,8 @@ def test_batched_on_device_scores_equal_the_per_window_reference_on_cpu(smollm2:
 
 def test_llamacpp_scores_only_the_scored_rows_and_gives_the_previous_paths_numbers(smollm2: Path) -> None:
     """The llama.cpp engine asks llama.cpp for logits at the scored positions only (its batch's per-token flags) and
-    reads them in place. On the real model's own GGUF, with windows that score all their tokens (the first) and
+    turns them into log-probabilities in place, in its own buffer (``logits()`` hands out copies). On the real
+    model's own GGUF, with windows that score all their tokens (the first) and
     windows that score only their second half (a stride of ctx/2), each window's rows equal those of the previous
     path (``Llama.eval`` with ``logits_all``, every position's logits, the scored rows cut out), and ``quantkit
     eval``'s figures equal the plain per-window computation over those rows (baseline in transformers) to 4
@@ -121,6 +122,11 @@ def test_llamacpp_scores_only_the_scored_rows_and_gives_the_previous_paths_numbe
             assert rows.dense is not None and rows.dense.shape == full.shape, (w.index, full.shape)
             assert torch.allclose(rows.dense, full, rtol=0, atol=1e-5), (w.index, (rows.dense - full).abs().max())
             previous.append(full.double())
+        # The rows are log-softmaxed in llama.cpp's own buffer, which the next window overwrites; what logits()
+        # hands out is each window's own copy, still that window's after the next ones were decoded.
+        kept = list(engine.logits(windows[:3]))
+        for got, want in zip(kept, previous, strict=False):
+            assert torch.allclose(torch.from_numpy(got.dense).double(), want, rtol=0, atol=1e-5)
     finally:
         engine.close()
         llm.close()

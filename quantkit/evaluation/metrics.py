@@ -55,7 +55,10 @@ ROW_CHUNK = 256  # rows of [rows, vocab] temporaries at a time: bounded memory f
 DEVICE_SHARE = 0.4  # of a GPU's free memory the baseline may keep (the artifact's model and batches need the rest)
 HOST_SHARE = 0.25  # of the host's available memory, on a CPU
 SHARED_GPU_SHARE = 0.05  # vLLM takes 0.8 of a GPU's memory by default, SGLang about as much: room for the rest
-CHUNK_BYTES = {"cuda": 256 << 20, "cpu": 64 << 20}  # one [rows, vocab] float32 temporary of the comparison
+# One [rows, vocab] float32 temporary of the comparison. On the host it stays under glibc's 32 MB mmap threshold, so
+# each chunk's temporaries reuse the heap (and the cache) instead of faulting in fresh pages: the KL of 1,023 rows of a
+# 49k vocabulary took 0.24 s in 64 MB chunks and 0.04 s in 8 MB ones on the 2-core CPU.
+CHUNK_BYTES = {"cuda": 256 << 20, "cpu": 8 << 20}
 
 
 def device_budget(device: torch.device, shared: bool = False) -> int:
@@ -174,10 +177,11 @@ class BaselineStore:
                                f"({self.tokens_scored} expected in all)")
         with torch.inference_mode():
             self._argmax[start:end] = lp.argmax(dim=-1).cpu().numpy()
+            # Converted straight into the store (no float16 temporary of the batch's size in between).
             if self.mode == "full" and self.device is not None:
-                self._dense[start:end] = lp.to(self.device, torch.float16)
+                self._dense[start:end].copy_(lp)
             elif self.mode == "full":
-                self._dense[start:end] = lp.to("cpu", torch.float16).numpy()
+                torch.from_numpy(self._dense[start:end]).copy_(lp)
             else:
                 assert self._ids is not None and self._values is not None
                 values, ids = lp.topk(self.topk or DEFAULT_TOPK, dim=-1)  # sorted, most likely first
