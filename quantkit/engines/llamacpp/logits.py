@@ -9,10 +9,10 @@ SmolLM2, ``bench/eval_speed.py``, where without flash attention the two differed
 then decoded through llama.cpp's own batch API from an empty KV cache, asking for logits only at the positions
 that predict a scored token (the batch's per-token ``logits`` flags): llama.cpp then skips the output layer, and
 the last layer's feed-forward, at every other position, and its contiguous output buffer holds exactly the scored
-rows, which torch turns into log-probabilities in place (no copy, no new memory) on all cores. Through ``Llama.eval`` every position's
-logits were computed and copied (``logits_all``: 400 MB a 2048-window for a 49k vocabulary) where a window scoring
-its second half needs half of them. Both thread counts are the cores this process may run on, as
-``llama-perplexity``'s default.
+rows, which torch turns into log-probabilities in place (no copy, no new memory) on all cores. Through
+``Llama.eval`` every position's logits were computed and copied (``logits_all``: 400 MB a 2048-window for a 49k
+vocabulary) where a window scoring its second half needs half of them. Both thread counts are the cores this
+process may run on, as ``llama-perplexity``'s default.
 
 The token ids are given directly: llama.cpp's own tokenizer is never used, so its scores are over exactly the
 tokens the baseline scored. Layers are offloaded to a GPU when the wheel was built with one and ``--device`` is not
