@@ -31,7 +31,7 @@ one warm-up generation at the largest batch:
   ratios follows the main one).
 * CUDA graphs are captured for the measured batch sizes only (``--capture-all`` for vLLM's default list): the same
   graphs serve batch 1 and 16 either way, and capturing ~60 sizes of a 16 GB model costs start-up time a short
-  GPU lease does not have.
+  GPU session does not have.
 * the kernel: what vLLM's log says it used. ``--kernels`` also runs every other linear (and MoE) kernel vLLM could
   use for the checkpoint (quantkit.engines.vllm.kernels) and reports the fastest configuration's ``vllm serve`` command.
 

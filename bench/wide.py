@@ -14,14 +14,14 @@ finish skipped with the reason, before it starts; afterwards the plan is checked
 
 Cases are named SHAPE/build, SHAPE/METHOD/TOOL (TOOL quantkit or llm-compressor), SHAPE/ARTIFACT/serve-tpN
 (ARTIFACT bf16 or a method), SHAPE/METHOD/smoke-tpN and SHAPE/METHOD/eval-tpN; ``--only`` takes names or shell
-patterns (comma-separated); a build it names runs even when none of its cases does (so a lease can build, untimed,
-and then time the cases). For each shape:
+patterns (comma-separated); a build it names runs even when none of its cases does (so one call can build, untimed,
+and a later one time the cases). For each shape:
 
 1. **The plan, before any work.** A header-only checkpoint of the shape (bench/header_only.py: real headers,
    sparse data) is planned by one ``quantkit run RECIPE --dry-run --json`` with an output per method, the run's
    calibration and ``--device cuda``: peak host memory and peak GPU memory per GPU (quantkit/plan.py's memory model:
    each rank of a ``--num-gpus`` run holds one layer at a time, as one GPU does) and each output's size. Against
-   the machine (``--machine`` names a lent one: GPU count and memory, host memory, disk and /dev/shm; otherwise
+   the machine (``--machine`` names a reference one: GPU count and memory, host memory, disk and /dev/shm; otherwise
    nvidia-smi, quantkit's reading of host memory and the free disk under ``--workdir``; ``--gpus``,
    ``--gpu-bytes``, ``--host-bytes``, ``--disk-bytes``, ``--shm-bytes`` override each) and the time left in
    ``--budget-s`` (bench/cost_model.py's FLOP estimate for GPTQ and FP8, not divided by the GPUs: two GPUs were
@@ -94,8 +94,8 @@ from shapes import BUILDABLE, SHAPES  # noqa: E402
 BENCH = Path(__file__).resolve().parent
 GIB = 2**30
 H200_GPU_BYTES = 141_000_000_000  # assumed where no GPU is visible (a plan made elsewhere), and said
-# The machines lent to this project (their GPUs, host memory and disk as the device tool describes them). /dev/shm
-# is taken as half the host memory, Linux's default for a tmpfs; a container may set less (--shm-bytes).
+# Reference H200 hosts of 1, 2, 4 and 8 GPUs (their GPUs, host memory and disk), to plan for one from elsewhere.
+# /dev/shm is taken as half the host memory, Linux's default for a tmpfs; a container may set less (--shm-bytes).
 MACHINES = {"h200": (1, 128 * GIB, 64 * GIB), "h200x2": (2, 256 * GIB, 128 * GIB),
             "h200x4": (4, 512 * GIB, 235 * GIB), "h200x8": (8, 560 * GIB, 235 * GIB)}
 SERVE_SHARE = 0.85  # vLLM's --gpu-memory-utilization in serve_speed and smoke: a GPU's share must fit in it
@@ -160,7 +160,7 @@ def machine(args: argparse.Namespace) -> Machine:
     if args.machine:
         gpus, host, disk = MACHINES[args.machine]
         gpu, shm, name = H200_GPU_BYTES, host // 2, args.machine
-        said.append(f"planned for {args.machine} as lent (disk: all of it free; /dev/shm: half the host memory)")
+        said.append(f"planned for the reference {args.machine} (disk: all of it free; /dev/shm: half the host memory)")
     else:
         totals = meta.gpus()
         gpus = len(totals)
@@ -724,7 +724,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batches", type=ints, default=[1, 16])
     ap.add_argument("--vllm-python", help="vLLM's Python [default: quantkit's rule, quantkit/envs.py]")
     ap.add_argument("--vllm-path", help="a pip install --target folder put on vLLM's PYTHONPATH")
-    ap.add_argument("--machine", choices=list(MACHINES), help="plan for this lent machine, not the one running")
+    ap.add_argument("--machine", choices=list(MACHINES), help="plan for this reference machine, not the one running")
     ap.add_argument("--gpus", type=int, help="plan for this many GPUs [default: nvidia-smi's count]")
     ap.add_argument("--gpu-bytes", type=float, help="plan for this much memory per GPU [default: nvidia-smi's]")
     ap.add_argument("--host-bytes", type=float, help="plan for this much host memory [default: quantkit's reading]")

@@ -186,8 +186,8 @@ def test_a_source_built_partly_in_dev_shm_loads_and_is_rebuilt_once_its_shards_a
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Issue 43: the 70B shape on one, two and four H200s as lent (bench/wide.py --machine: their GPUs, host memory and
-# disk), GPTQ and FP8 static with the calibration spread over the GPUs, served at two tp sizes.
+# Issue 43: the 70B shape on one, two and four H200s (bench/wide.py --machine, the reference hosts: their GPUs, host
+# memory and disk), GPTQ and FP8 static with the calibration spread over the GPUs, served at two tp sizes.
 
 GB = 1e9
 H200_MACHINES = {"h200": ("1", "1"), "h200x2": ("2", "2,1"), "h200x4": ("4", "4,2")}  # --num-gpus, --tp
