@@ -227,7 +227,7 @@ def build() -> Path:
              "conversion and GGUF importance matrices of both reference models on a CPU) and `make bench-gpu` "
              "(= `python bench/quantize_cost.py --shape 8b`, an H200). Each "
              "result's JSON file holds its command, machine, library versions and date (the H200 files under h200/ "
-             "came from the commands named below and in each folder's README, run on a lent H200).", "",
+             "came from the commands named below and in each folder's README, run on an H200).", "",
              "## 1. Quantization cost: quantkit vs llm-compressor directly", "", *quantize_cost(),
              "## 2. Quality on the reference model (CPU)", "", *quality(),
              "## 3. Serving in vLLM 0.26 on an H200", "", *serve_speed(),

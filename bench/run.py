@@ -9,7 +9,7 @@
 
 Each writes bench/results/NAME.{json,md} with the machine, library versions, date and exact command. The GPU
 benchmarks are separate because they need an H200: ``make bench-gpu`` (bench/quantize_cost.py); the vLLM serving
-results under bench/results/h200/ came from scripts run on the lent H200 (bench/results/README.md says which).
+results under bench/results/h200/ came from scripts run on an H200 (bench/results/README.md says which).
 """
 
 from __future__ import annotations

@@ -33,8 +33,8 @@ and a later one time the cases). For each shape:
    what /dev/shm cannot hold, less its 5 GB reserve, goes to disk); on one GPU, a disk that cannot hold the
    source beside an output gets help from /dev/shm: the source's first shards, as few as leave the disk enough,
    are written there (less the same reserve) and linked from the source folder, and every case's host memory is
-   what the machine has less those shards (the 32B on the lent H200: 39 GB of its 65.5 GB source; they stay for
-   the next run until removed); the host the plan's floor; one GPU the plan's
+   what the machine has less those shards (the 32B on the one-GPU reference H200, 64 GiB of disk: 39 GB of its
+   65.5 GB source; they stay for the next run until removed); the host the plan's floor; one GPU the plan's
    peak; serving the checkpoint's 1/tp share in 85% of a GPU; ``quantkit eval`` its baseline, which it scores in
    transformers on the CPU in float32 (four bytes a parameter: a 70B bf16 model fits no single GPU, and quantkit
    eval puts its baseline on one device).

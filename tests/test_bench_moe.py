@@ -179,7 +179,7 @@ def measured_h200_runs() -> list[tuple[str, str, int, int, float]]:
 
 def test_cost_model_predicts_every_measured_h200_run_within_a_fifth() -> None:
     """The rates are fitted to the H200's runs; a result committed later that the model misses by more than 20% means
-    the model (or the run) needs a look before the next lease is planned with it."""
+    the model (or the run) needs a look before the next GPU run is planned with it."""
     runs = measured_h200_runs()
     assert len(runs) >= 10 and {r[0] for r in runs} >= {"8b", "32b-8l", "qwen3-30b-a3b-12l", "70b-4l", "70b-8l"}
     off = {}

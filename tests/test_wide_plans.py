@@ -133,10 +133,10 @@ def test_a_machine_too_small_for_the_32b_is_refused_in_one_line_before_any_work(
 
 
 def test_one_h200_takes_the_32b_shards_its_disk_cannot_hold_into_dev_shm(tmp_path: Path) -> None:
-    """The lent H200's 64 GiB disk cannot hold the 32B's 65.5 GB source beside its 37.4 GB FP8 output: the plan puts
-    the source's first shards in /dev/shm (half of 128 GiB, less compressed-tensors' 5 GB reserve), as few as take
-    the rest onto the disk, and counts them against host memory for every case; a host that cannot hold a case's
-    floor beside them refuses that case in one line that says so."""
+    """The one-GPU reference H200's 64 GiB disk cannot hold the 32B's 65.5 GB source beside its 37.4 GB FP8 output:
+    the plan puts the source's first shards in /dev/shm (half of 128 GiB, less compressed-tensors' 5 GB reserve), as
+    few as take the rest onto the disk, and counts them against host memory for every case; a host that cannot hold a
+    case's floor beside them refuses that case in one line that says so."""
     argv = ["--shapes", "32b", "--methods", "gptq,fp8-static", "--machine", "h200", "--workdir", str(tmp_path),
             "--dry-run"]
     args = wide.parse(argv)
@@ -159,7 +159,7 @@ def test_one_h200_takes_the_32b_shards_its_disk_cannot_hold_into_dev_shm(tmp_pat
     assert refused["32b/gptq/quantkit"] == (f"host memory: the plan's floor is {floor / GB:.1f} GB, the machine "
                                             f"allows {(floor - 1) / GB:.1f} GB beside the source's "
                                             f"{build.shm_bytes / GB:.1f} GB in /dev/shm")
-    # the build alone, asked for by name (a lease builds untimed, then times the cases)
+    # the build alone, asked for by name (one call builds untimed, a later one times the cases)
     alone = wide.parse([*argv, "--only", "32b/build"])
     assert [(c.name, c.skip) for c in wide.cases(alone, wide.machine(alone))] == [("32b/build", "")]
 
