@@ -105,6 +105,11 @@ def generate_request(windows: Sequence[Window], topk: int) -> dict[str, Any]:
             "top_logprobs_num": [topk] * len(windows)}
 
 
+def request_batches(windows: Sequence[Window]) -> list[Sequence[Window]]:
+    """The windows in the groups one ``/generate`` request carries (:data:`BATCH` each), in order."""
+    return [windows[i:i + BATCH] for i in range(0, len(windows), BATCH)]
+
+
 def prefill_request(windows: Sequence[Window]) -> dict[str, Any]:
     """The same ``/generate`` body without log-probabilities: the forward passes alone, what bounds scoring."""
     body = generate_request(windows, 1)
@@ -228,7 +233,7 @@ class SglangEngine:
     def logits(self, windows: Sequence[Window]) -> Iterator[LogProbs]:
         """Batches of windows, IN_FLIGHT requests at a time so the server computes the next while the last one's
         answer is read; results come back in order."""
-        batches = [windows[i:i + BATCH] for i in range(0, len(windows), BATCH)]
+        batches = request_batches(windows)
         pool = ThreadPoolExecutor(max_workers=IN_FLIGHT, thread_name_prefix="quantkit-sglang")
         try:
             futures = [pool.submit(self._generate, batch) for batch in batches]
@@ -247,15 +252,13 @@ class SglangEngine:
         """Seconds SGLang takes to answer the requests :meth:`logits` sends for ``windows`` (the same batches,
         :data:`IN_FLIGHT` at a time), decoded but not converted: its own prompt-logprob throughput on these tokens;
         without ``logprobs``, the forward passes alone. For ``bench/eval_speed.py``, beside quantkit's scoring."""
-        batches = [windows[i:i + BATCH] for i in range(0, len(windows), BATCH)]
-
         def ask(batch: Sequence[Window]) -> Any:
             body = generate_request(batch, self.topk) if logprobs else prefill_request(batch)
             return client.post_json(self.server.url + "/generate", body, timeout=REQUEST_TIMEOUT)
 
         t0 = time.perf_counter()
         with ThreadPoolExecutor(max_workers=IN_FLIGHT, thread_name_prefix="quantkit-sglang") as pool:
-            list(pool.map(ask, batches))
+            list(pool.map(ask, request_batches(windows)))
         return time.perf_counter() - t0
 
     def _generate(self, batch: Sequence[Window]) -> list[Any]:
