@@ -105,6 +105,7 @@ def quantize_one(recipe: Recipe, spec: MethodBase, out: Path, *, force: bool = F
         with rep.timed("check_source"):
             source = source_mod.resolve(recipe.model)
     outputs.check_apart(out, source.path)
+    source.hash_weights()  # for the manifest, beside the work (a cached hash where the files did not change)
     prepared = plan_mod.prepare(recipe, spec, source)
     plan_mod.check_host_memory(recipe, spec, source)
     with artifact.ArtifactWriter(out, force=force, expected_bytes=prepared.producer.estimate_bytes(spec, source)) as w:

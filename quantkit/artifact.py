@@ -110,6 +110,7 @@ class SourceInfo(Section):
     architecture: str = "?"
     model_type: str = "?"
     config_sha256: str
+    weights_sha256: str | None = None  # every weight file's bytes (quantkit.file_hashes); None: an older manifest
     size_bytes: int = 0
     parameters: int = 0
 

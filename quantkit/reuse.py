@@ -2,8 +2,10 @@
 
 Beside the artifact, below the pipeline and the plan: ``run`` reuses what this says is complete, and ``--dry-run``
 says "reuse" for exactly the same folders. An artifact is rebuilt when the output's recipe, the source model (its
-config or revision) or a library that changes the artifact's bytes differs from what its manifest recorded, or when
-its files no longer hash to the manifest.
+config, its weights' bytes or its revision) or a library that changes the artifact's bytes differs from what its
+manifest recorded, or when its files no longer hash to the manifest. The weights are compared by their sha256
+(:meth:`quantkit.source.SourceModel.weights_sha256`, hashed once per version of each file): a checkpoint re-exported
+or fine-tuned in place keeps its config.json, and an artifact of its old weights must not ship with its old "pass".
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ def reusable(recipe: Recipe, spec: MethodBase, out: Path, src: SourceModel) -> t
         return False, "the recipe for this output changed"
     if m.source.config_sha256 != src.config_sha256:
         return False, "the source model changed"
+    if m.source.weights_sha256 is None:
+        return False, "its manifest does not record the source's weights (made by an older quantkit)"
+    if m.source.weights_sha256 != src.weights_sha256():
+        return False, "the source model's weights changed"
     if m.source.revision != src.revision:
         return False, "the source revision changed"
     now = versions.installed(PRODUCER_LIBS)

@@ -14,10 +14,13 @@ import json
 import math
 import os
 import struct
+import threading
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from quantkit import file_hashes
 from quantkit.artifact import SourceInfo, read_capped
 from quantkit.errors import SourceModelError
 from quantkit.recipe import ModelSpec
@@ -41,6 +44,30 @@ class SourceModel:
     num_parameters: int = 0
     is_pickle: bool = False
     from_hub: bool = False
+    _weights: Future[str] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def hash_weights(self) -> None:
+        """Start hashing the weight files in the background (a producer calls this before the work it overlaps);
+        :meth:`weights_sha256` waits for it. Once started, never again for this object."""
+        if self._weights is not None:
+            return
+        self._weights = Future()
+        done = self._weights
+
+        def work() -> None:
+            try:
+                done.set_result(file_hashes.digest(self.weight_files, self.path))
+            except BaseException as e:  # handed to whoever waits
+                done.set_exception(e)
+
+        threading.Thread(target=work, name="source-sha256", daemon=True).start()  # daemon: an exit never waits
+
+    def weights_sha256(self) -> str:
+        """One sha256 over every weight file's name and bytes (:mod:`quantkit.file_hashes`: hashed once per version
+        of each file): what says two checkpoints with the same config hold the same weights."""
+        self.hash_weights()
+        assert self._weights is not None
+        return self._weights.result()
 
     @property
     def architecture(self) -> str:
@@ -55,8 +82,8 @@ class SourceModel:
         """The manifest's ``source``: the name as given, the resolved folder, and the folder the run was in."""
         return SourceInfo(id=self.spec, path=str(self.path.resolve()), hub=self.from_hub, made_in=str(Path.cwd()),
                           revision=self.revision, architecture=self.architecture, model_type=self.model_type,
-                          config_sha256=self.config_sha256, size_bytes=self.size_bytes,
-                          parameters=self.num_parameters)
+                          config_sha256=self.config_sha256, weights_sha256=self.weights_sha256(),
+                          size_bytes=self.size_bytes, parameters=self.num_parameters)
 
 
 def looks_like_hub_id(spec: str) -> bool:

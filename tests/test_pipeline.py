@@ -141,3 +141,32 @@ def test_summary_shows_status_and_smoke_for_every_gguf_file(release) -> None:
     assert len(rows) == 2, table
     for line in rows:
         assert "reused" in line and "passed" in line, line
+
+
+def test_a_source_whose_weights_changed_is_not_reused(tmp_path: Path) -> None:
+    """The same config.json with other weight bytes (a checkpoint re-exported or fine-tuned in place) is another
+    source: ``run`` refuses to reuse its artifact, and ``eval`` refuses it as the baseline."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    src = tmp_path / "src"
+    shutil.copytree(TINY, src)
+    (tmp_path / "r.yaml").write_text(f"model:\n  source: {src}\noutput: rel\noutputs:\n  - method: rtn\n")
+    first = quantkit("run", "r.yaml", "--no-eval", "--no-smoke", "--json", cwd=tmp_path, check=True)
+    assert [o["status"] for o in json.loads(first.stdout)["outputs"]] == ["built"]
+    recorded = artifact.read_manifest(tmp_path / "rel" / "rtn-w4g128").source.weights_sha256
+    assert recorded and len(recorded) == 64
+
+    tensors = load_file(src / "model.safetensors")
+    name = next(n for n in tensors if "layers.0.mlp.down_proj" in n)
+    tensors[name] = tensors[name] * 3
+    save_file(tensors, src / "model.safetensors", metadata={"format": "pt"})
+    proc = quantkit("run", "r.yaml", "--no-eval", "--no-smoke", cwd=tmp_path)
+    assert proc.returncode == 2 and "the source model's weights changed" in proc.stderr, proc.stderr[-2000:]
+    proc = quantkit("eval", "rel/rtn-w4g128", "--baseline", src, "--max-tokens", "256", "--ctx", "256",
+                    cwd=tmp_path)
+    assert proc.returncode == 2 and "other weights than the baseline" in proc.stderr, proc.stderr[-2000:]
+    proc = quantkit("run", "r.yaml", "--no-eval", "--no-smoke", "--force", "--json", cwd=tmp_path, check=True)
+    assert [o["status"] for o in json.loads(proc.stdout)["outputs"]] == ["built"]
+    assert artifact.read_manifest(tmp_path / "rel" / "rtn-w4g128").source.weights_sha256 != recorded

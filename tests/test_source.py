@@ -85,3 +85,31 @@ def test_hub_id_offline_is_one_clear_message(cli, tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "cannot download someorg/somemodel" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_weights_sha256_is_every_byte_hashed_once_per_version_of_a_file(copy: Path, tiny: Path, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy elsewhere has the same weights digest (hashed again: new inode and times); a byte changed in the middle
+    of a file changes it, even with the file's modification time put back, and an untouched file is not read again."""
+    import os
+
+    from quantkit import file_hashes
+
+    monkeypatch.setenv("QUANTKIT_CACHE_DIR", str(tmp_path / "cache"))
+    first = source.vet(copy).weights_sha256()
+    assert first == source.vet(tiny).weights_sha256()
+    weights = copy / "model.safetensors"
+    st = weights.stat()
+    with open(weights, "r+b") as f:
+        f.seek(st.st_size // 2)
+        byte = f.read(1)
+        f.seek(st.st_size // 2)
+        f.write(bytes([byte[0] ^ 1]))
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert source.vet(copy).weights_sha256() != first
+
+    read: list[Path] = []
+    real = file_hashes.hash_many
+    monkeypatch.setattr(file_hashes, "hash_many", lambda paths: (read.extend(paths), real(paths))[1])
+    source.vet(copy).weights_sha256()
+    assert read == []

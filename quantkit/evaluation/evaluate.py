@@ -187,10 +187,14 @@ def resolve_baseline(given: str | None, targets: list[Target]) -> source_mod.Sou
                          "tokenizer defines the protocol's tokens)")
     src = source_mod.resolve(ModelSpec(source=given))
     for t in targets:
-        recorded = t.manifest.source.config_sha256 if t.manifest else None
-        if recorded and recorded != src.config_sha256:
+        recorded = t.manifest.source if t.manifest else None
+        if recorded and recorded.config_sha256 != src.config_sha256:
             raise UsageError(f"{t.label} was made from a model whose config.json differs from the baseline {given}'s",
                              hint="evaluate it against the model it was made from (--baseline)")
+        if recorded and recorded.weights_sha256 and recorded.weights_sha256 != src.weights_sha256():
+            raise UsageError(f"{t.label} was made from other weights than the baseline {given}'s (the same config.json, "
+                             "weight files with other bytes)",
+                             hint="evaluate it against the model it was made from (--baseline), or make it again")
     return src
 
 

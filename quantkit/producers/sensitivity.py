@@ -6,10 +6,9 @@ An entry is ``cache.folder("sensitivity")/<key>.json``: the units as :func:`quan
 them (name, modules, parameters, input width, KLD) and its record of the measurement. Its key is the sha256 of
 everything that decides those numbers (:func:`key`):
 
-* the source as the manifest records it (its config.json's sha256 and revision) and its weights: each weight file's
-  resolved path, size and modification time, so another checkpoint with the same config (a fine-tune of the same
-  base), or the same folder with its weights replaced, is another key (hashing the weights themselves would cost
-  more than a small model's whole measurement);
+* the source as the manifest records it: its config.json's sha256, its revision and its weights' sha256 (every
+  byte, hashed once per version of each file: :mod:`quantkit.file_hashes`), so another checkpoint with the same
+  config (a fine-tune of the same base), or the same folder with its weights replaced, is another key;
 * the calibration tokens' sha256 (the manifest's ``calibration.tokens_sha256``);
 * the low precision the units are measured at (its format, group size, symmetry and scales; the round-to-nearest
   min-max proxy is the same whatever the method and observer), the tokens measured and scored, the units measured;
@@ -38,12 +37,8 @@ LIBRARIES = ("quantkit", "torch", "transformers", "compressed-tensors")
 def key(source: SourceModel, tokens_sha256: str, low: mixed.Precision, found: list[mixed.Unit], dtype: str,
         device: str) -> str:
     """The entry's name: the sha256 of what decides the measurement (the module docstring's list)."""
-    weights = []
-    for f in sorted(source.weight_files):
-        st = f.stat()
-        weights.append([str(f.resolve()), st.st_size, st.st_mtime_ns])
     fields = {"entry": ENTRY, "config_sha256": source.config_sha256, "revision": source.revision,
-              "weights": weights, "calibration_tokens_sha256": tokens_sha256, "low": asdict(low),
+              "weights_sha256": source.weights_sha256(), "calibration_tokens_sha256": tokens_sha256, "low": asdict(low),
               "tokens": mixed.SENSITIVITY_TOKENS, "score_every": mixed.SCORE_EVERY,
               "units": [[u.name, list(u.modules)] for u in found], "dtype": dtype, "device": device,
               "versions": {d: versions.version(d) for d in LIBRARIES}}

@@ -3,17 +3,14 @@ the baseline once.
 
 An entry is one task's scores under ``quantkit.cache.folder("tasks")``, keyed by everything that decides them: the
 source's identity, the task's sha256, the engine (and device), few-shot count, limit, seed and lm-eval's version.
-The source's identity is its ``config.json`` sha256 (as the manifest records it), its tokenizer files' sha256, and
-per weight file its name, size and the sha256 of its first and last MiB (a safetensors header and some weights):
-hashing every byte of a 70B checkpoint would cost minutes, and a checkpoint that changed anywhere it was trained
-changes there too.
+The source's identity is what the manifest records of it, its ``config.json``'s sha256 and its weights' (every
+byte, hashed once per version of each file: :mod:`quantkit.file_hashes`), and its tokenizer files' sha256.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 from typing import Any
 
 from quantkit import cache
@@ -22,21 +19,8 @@ from quantkit.tasks.resolve import Task
 from quantkit.tasks.runner import Scores
 
 FOLDER = "tasks"
-_SAMPLE = 1 << 20
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
                     "chat_template.jinja", "vocab.json", "merges.txt")
-
-
-def _ends_sha256(path: Path) -> str:
-    """sha256 of a file's first and last MiB (its header and some of its weights)."""
-    h = hashlib.sha256()
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        h.update(f.read(_SAMPLE))
-        if size > 2 * _SAMPLE:
-            f.seek(size - _SAMPLE)
-            h.update(f.read(_SAMPLE))
-    return h.hexdigest()
 
 
 def identity(src: SourceModel) -> dict[str, Any]:
@@ -44,7 +28,7 @@ def identity(src: SourceModel) -> dict[str, Any]:
     return {"config_sha256": src.config_sha256,
             "tokenizer": {n: hashlib.sha256((src.path / n).read_bytes()).hexdigest()
                           for n in _TOKENIZER_FILES if (src.path / n).is_file()},
-            "weights": {p.name: [p.stat().st_size, _ends_sha256(p)] for p in sorted(src.weight_files)}}
+            "weights_sha256": src.weights_sha256()}
 
 
 def key(source: dict[str, Any], task: Task, engine: dict[str, Any], settings: dict[str, Any]) -> str:
