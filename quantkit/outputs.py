@@ -29,6 +29,10 @@ from quantkit.errors import OutputExistsError, UnsafeOutputError
 
 REMOVE_HINT = "remove it yourself, or choose another output"
 BUNDLE_FILES = ("report.json", "SHA256SUMS", "report.md", "size-vs-ppl.png", "tasks.md")
+LOGS = "logs"  # the release's folder of smoke-server and kernel-sweep logs (quantkit run)
+# Every name quantkit gives a meaning in a release folder: the bundle's files, its logs, and the manifest that would
+# make the folder read as one artifact. No output's folder may take one (quantkit.recipe refuses it).
+RELEASE_NAMES = (*BUNDLE_FILES, LOGS, artifact.MANIFEST)
 _SNIFF = 1 << 20  # the most quantkit reads of a file to tell whether it wrote it
 _SUM_LINE = re.compile(r"[0-9a-f]{64}  \S.*")
 _PNG = b"\x89PNG\r\n\x1a\n"

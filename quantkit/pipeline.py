@@ -282,7 +282,7 @@ def _smoke(recipe: Recipe, r: OutputResult, rep: Reporter) -> None:
     res = api.smoke(r.path, reporter=rep, engine=engine, python=recipe.smoke.python, timeout=recipe.smoke.timeout,
                     stall_timeout=recipe.smoke.stall_timeout,
                     tp=1 if serving.get(engine).no_tensor_parallel else recipe.smoke.tp,
-                    log_dir=Path(recipe.output) / "logs")
+                    log_dir=Path(recipe.output) / outputs.LOGS)
     data = res.to_json()
     errors = [run.get("error") for run in data["runs"] if run.get("error")]
     r.smoke = {"status": "passed" if res.ok else "failed", "engine": engine, "runs": data["runs"],
@@ -301,7 +301,7 @@ def _tune(recipe: Recipe, r: OutputResult, rep: Reporter) -> None:
         rep.log(f"[yellow]-[/] kernel sweep {r.name}: skipped ({why})")
         return
     try:
-        api.tune(r.path, reporter=rep, python=recipe.smoke.python, log_dir=Path(recipe.output) / "logs" /
+        api.tune(r.path, reporter=rep, python=recipe.smoke.python, log_dir=Path(recipe.output) / outputs.LOGS /
                  f"{r.name}.tune")
     except QuantkitError as e:
         rep.warn(f"kernel sweep of {r.name} failed: {e}")
