@@ -25,9 +25,11 @@ from quantkit import artifact, formats
 from quantkit.errors import RecipeError
 from quantkit.formats.names import EVALUATING, SERVING
 from quantkit.formats.specs import MethodBase, Strict
+from quantkit.outputs import RELEASE_NAMES
 
 
 PATH_LENGTH = 4096  # Linux's PATH_MAX
+NAME_LENGTH = 255  # bytes of one file name (Linux's NAME_MAX)
 
 
 class ModelSpec(Strict):
@@ -178,12 +180,32 @@ class Recipe(Strict):
     def _one_shape(self) -> "Recipe":
         if (self.quantize is None) == (self.outputs is None):
             raise ValueError("give exactly one of 'quantize' (one artifact) or 'outputs' (a list of artifacts)")
-        if self.outputs is not None:
-            names = [formats.folder(o) for o in self.outputs]
-            dup = sorted({n for n in names if names.count(n) > 1})
-            if dup:
-                raise ValueError(f"two outputs would write the same folder {dup[0]!r}; give each a distinct 'name'")
         return self
+
+    def _folder_problems(self) -> list[tuple[tuple, str]]:
+        """Output names that would put an artifact anywhere but its own folder of the release: (field path, why).
+
+        A name is one plain folder name, so the artifact lands inside the release, where SHA256SUMS covers it, and
+        apart from the names the release itself uses (:data:`quantkit.outputs.RELEASE_NAMES`). Folders are
+        compared ignoring case: on a case-insensitive disk ``A`` and ``a`` are one folder.
+        """
+        found: list[tuple[tuple, str]] = []
+        specs = [(("quantize",), self.quantize)] if self.quantize is not None else \
+            [(("outputs", i), o) for i, o in enumerate(self.outputs or [])]
+        for loc, spec in specs:
+            why = None if spec.name is None else _not_a_folder_name(spec.name)
+            if why:
+                found.append((loc + ("name",), why))
+        if self.outputs is not None:
+            seen: dict[str, int] = {}
+            for i, o in enumerate(self.outputs):
+                name = formats.folder(o)
+                first = seen.setdefault(name.casefold(), i)
+                if first != i:
+                    found.append((("outputs", i) + (("name",) if o.name is not None else ()),
+                                  f"writes the same folder {name!r} as outputs.{first}; give each output a distinct "
+                                  "'name'"))
+        return found
 
     def artifacts(self) -> list[tuple[MethodSpec, Path]]:
         """Each output with the folder it is written to."""
@@ -366,6 +388,26 @@ def _set_path(data: dict, dotted: str, value: Any) -> None:
     cur[keys[-1]] = value
 
 
+def _not_a_folder_name(name: str) -> str | None:
+    """Why ``name`` is not one plain folder name an output may take inside a release, or None."""
+    if name in (".", ".."):
+        return f"{name!r} is no folder inside the release; give a folder name"
+    if not name:
+        return "an empty name; give a folder name, or leave 'name' out for the default"
+    if "/" in name or "\\" in name:
+        return f"{name!r} is a path; a name is one folder inside the release (no '/' or '\\')"
+    if name.startswith("."):
+        return f"{name!r} is hidden (it starts with '.'), and SHA256SUMS leaves hidden files out"
+    if not name.isprintable():
+        return f"{name!r} holds an unprintable character"
+    if len(name.encode()) > NAME_LENGTH:
+        return f"a name of {len(name.encode()):,} bytes; a folder name has at most {NAME_LENGTH}"
+    reserved = {n.casefold(): n for n in RELEASE_NAMES}.get(name.casefold())
+    if reserved:
+        return f"the release itself uses {reserved!r}; an output's folder is none of {', '.join(RELEASE_NAMES)}"
+    return None
+
+
 def _describe(err: dict) -> str:
     msg = err["msg"]
     if err["type"] == "extra_forbidden":
@@ -412,6 +454,7 @@ def validate(data: Any, *, where: str = "recipe", lines: dict[tuple, int] | None
                     f"; got {_short(got)}"
                 problems.append(f"{origin(loc)}: {_describe(err)}{got_s}")
         else:
+            problems += [f"{origin(loc)}: {why}" for loc, why in recipe._folder_problems()]
             if not problems:
                 return recipe
     head = f"{where}: " + ("invalid recipe" if len(problems) > 1 else problems[0])

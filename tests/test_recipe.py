@@ -8,6 +8,7 @@ import pytest
 
 from quantkit import recipe
 from quantkit.errors import RecipeError
+from quantkit.outputs import RELEASE_NAMES
 
 pytestmark = pytest.mark.unit
 
@@ -102,7 +103,46 @@ def test_quantize_and_outputs_are_exclusive(tmp_path: Path) -> None:
 
 def test_duplicate_output_names_refused(tmp_path: Path) -> None:
     text = "model: {source: m}\noutput: rel\noutputs:\n  - method: rtn\n  - method: rtn\n"
-    assert "same folder 'rtn-w4g128'" in error_of(tmp_path, text)
+    assert "outputs.1 (line 5): writes the same folder 'rtn-w4g128' as outputs.0" in error_of(tmp_path, text)
+
+
+RELEASE = "model: {source: m}\noutput: rel\noutputs:\n  - method: rtn\n    name: %s\n  - method: gguf\n"
+
+
+@pytest.mark.parametrize("name", ["../../../../../../tmp/qa2/pwned", "/tmp/qa2/abs", '"."', '".."', "a/b", "a/",
+                                  "./a", '"a\\\\b"', ".hidden", '""', '"a\\0b"', "x" * 256])
+def test_an_output_name_is_one_plain_folder_of_the_release(tmp_path: Path, name: str) -> None:
+    """An artifact written anywhere but its own folder of the release would escape it (and its SHA256SUMS)."""
+    msg = error_of(tmp_path, RELEASE % name)
+    assert msg.startswith(f"{tmp_path / 'r.yaml'}: outputs.0.name (line 5): ") and "\n" not in msg, msg
+
+
+def test_an_output_name_is_none_the_release_itself_uses(tmp_path: Path) -> None:
+    """The bundle's files, the smoke logs' folder and the manifest name are the release's own, in any case."""
+    assert {"SHA256SUMS", "report.md", "report.json", "size-vs-ppl.png", "tasks.md", "logs",
+            "quantkit.json"} <= set(RELEASE_NAMES)
+    for name in [*RELEASE_NAMES, "Logs", "sha256sums"]:
+        msg = error_of(tmp_path, RELEASE % name)
+        assert "outputs.0.name (line 5): the release itself uses" in msg, msg
+
+
+def test_two_outputs_never_share_a_folder_by_spelling(tmp_path: Path) -> None:
+    text = RELEASE % "a" + "  - method: rtn\n    bits: 8\n    name: A\n"
+    assert "outputs.2.name (line 9): writes the same folder 'A' as outputs.0" in error_of(tmp_path, text)
+    assert "outputs.2.name (line 9): './a' is a path" in error_of(tmp_path, text.replace("name: A", "name: ./a"))
+
+
+def test_a_plain_output_name_is_its_folder(tmp_path: Path) -> None:
+    r = recipe.load(write(tmp_path, RELEASE % "rtn_v1.2-final"), check_output_escape=False)
+    assert [str(out) for _, out in r.artifacts()] == ["rel/rtn_v1.2-final", "rel/gguf"]
+
+
+@pytest.mark.cli
+def test_cli_refuses_an_output_name_outside_the_release(tmp_path: Path, cli) -> None:
+    p = write(tmp_path, RELEASE % "../../../../../../tmp/qa2/pwned")
+    proc = cli("run", p, "--dry-run", cwd=tmp_path)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "outputs.0.name (line 5): '../../../../../../tmp/qa2/pwned' is a path" in proc.stderr
 
 
 def test_every_shipped_recipe_validates() -> None:
