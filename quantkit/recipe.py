@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import Field, PrivateAttr, ValidationError, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from quantkit import artifact, formats
 from quantkit.errors import RecipeError
@@ -175,6 +175,14 @@ class Recipe(Strict):
         if "seed" not in self.calibration.model_fields_set:
             self.calibration.seed = self.runtime.seed
         return self
+
+    @field_validator("outputs")
+    @classmethod
+    def _some_outputs(cls, v: list[MethodSpec] | None) -> list[MethodSpec] | None:
+        """A release of nothing would pass every gate and report ok: a recipe makes at least one artifact."""
+        if v == []:
+            raise ValueError("no outputs: a recipe makes at least one artifact (list one, or give 'quantize:')")
+        return v
 
     @model_validator(mode="after")
     def _one_shape(self) -> "Recipe":

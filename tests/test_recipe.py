@@ -101,6 +101,21 @@ def test_quantize_and_outputs_are_exclusive(tmp_path: Path) -> None:
     assert "exactly one of 'quantize'" in msg
 
 
+@pytest.mark.parametrize("outputs", ["[]", "\n  []"])
+def test_a_recipe_makes_at_least_one_output(tmp_path: Path, outputs: str) -> None:
+    msg = error_of(tmp_path, f"model: {{source: m}}\noutput: rel\noutputs: {outputs}\n")
+    assert "outputs (line 3): no outputs: a recipe makes at least one artifact" in msg and "\n" not in msg, msg
+
+
+@pytest.mark.cli
+def test_cli_refuses_an_empty_release_even_dry(tmp_path: Path, cli) -> None:
+    p = write(tmp_path, "model: {source: m}\noutput: rel\noutputs: []\n")
+    for extra in ([], ["--dry-run"]):
+        proc = cli("run", p, *extra, cwd=tmp_path)
+        assert proc.returncode == 2 and "outputs (line 3): no outputs" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr and not (tmp_path / "rel").exists()
+
+
 def test_duplicate_output_names_refused(tmp_path: Path) -> None:
     text = "model: {source: m}\noutput: rel\noutputs:\n  - method: rtn\n  - method: rtn\n"
     assert "outputs.1 (line 5): writes the same folder 'rtn-w4g128' as outputs.0" in error_of(tmp_path, text)
