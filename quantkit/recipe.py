@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from quantkit import artifact, formats
 from quantkit.errors import RecipeError
@@ -65,11 +65,14 @@ class CalibrationSpec(Strict):
 
 
 class GateSpec(Strict):
-    """Release gates. A gate left unset is not checked."""
+    """Release gates. A gate left out keeps its default, as a flag left out does (``eval --max-kld 0.1`` still gates
+    perplexity and top-1): writing the one limit that matters must not quietly drop the others. ``null`` turns a
+    gate off."""
 
-    max_ppl_ratio: float | None = Field(None, gt=1.0, le=1e6, description="artifact ppl / baseline ppl")
-    max_kld: float | None = Field(None, ge=0.0, le=1e6, description="mean KL(baseline || artifact), nats per token")
-    min_top1: float | None = Field(None, ge=0.0, le=1.0, description="share of tokens whose argmax agrees")
+    max_ppl_ratio: float | None = Field(1.5, gt=1.0, le=1e6, description="artifact ppl / baseline ppl; null: off")
+    max_kld: float | None = Field(0.5, ge=0.0, le=1e6, description="mean KL(baseline || artifact), nats per token; "
+                                  "null: off")
+    min_top1: float | None = Field(0.6, ge=0.0, le=1.0, description="share of tokens whose argmax agrees; null: off")
 
 
 class TaskSpec(Strict):
@@ -113,7 +116,7 @@ class EvaluationSpec(Strict):
     stall_timeout: float = Field(DEFAULT_STALL_TIMEOUT, ge=0, le=7 * 86400, description="seconds an engine loading a "
                                  "model (vLLM's worker, an SGLang or task server) may make no progress before it is "
                                  "stopped; 0: never")
-    gates: GateSpec = Field(default_factory=lambda: GateSpec(max_ppl_ratio=1.5, max_kld=0.5, min_top1=0.6))
+    gates: GateSpec = Field(default_factory=GateSpec)
     tasks: list[TaskSpec] = Field(default_factory=list, max_length=64, description="lm-eval tasks scored on the "
                                   "baseline and each artifact, with their recovery gates (quantkit eval --tasks)")
 
@@ -550,8 +553,23 @@ def _outside_cwd(output: str, line: int | None) -> list[str]:
 
 
 def dump(recipe: Recipe) -> str:
-    """The recipe as YAML, defaults filled in: what was actually run."""
-    return yaml.safe_dump(recipe.model_dump(mode="json", exclude_none=True), sort_keys=False)
+    """The recipe as YAML, defaults filled in: what was actually run (and, read back, runs the same)."""
+    return yaml.safe_dump(_shown(recipe), sort_keys=False)
+
+
+def _shown(model: BaseModel) -> dict[str, Any]:
+    """A model's fields as YAML data. A None is left out where leaving the field out means None (its default), and
+    kept where it turns something off (a gate set to null): left out, it would read back as the default."""
+    data = model.model_dump(mode="json")
+    for name, field in type(model).model_fields.items():
+        value = getattr(model, name)
+        if value is None and field.default is None:
+            del data[name]
+        elif isinstance(value, BaseModel):
+            data[name] = _shown(value)
+        elif isinstance(value, list) and value and all(isinstance(x, BaseModel) for x in value):
+            data[name] = [_shown(x) for x in value]
+    return data
 
 
 def shipped_dir() -> Path:

@@ -269,6 +269,54 @@ def test_refusals_before_any_model_loads(gguf_artifact, tmp_path):
     assert proc.returncode == 2 and "is GGUF" in proc.stderr
 
 
+def _tokens_gguf(path: Path, tokens: list[str]) -> Path:
+    """A GGUF file holding only a token list (no model llama.cpp could load): what the vocabulary check reads."""
+    from gguf import GGUFWriter
+
+    w = GGUFWriter(str(path), "llama")
+    w.add_token_list(tokens)
+    w.add_tensor("t", np.zeros(32, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.cli
+def test_an_artifact_of_another_vocabulary_is_refused_before_any_model_loads(tmp_path):
+    """llama.cpp failed with 'llama_decode failed (-1)' on an id past its vocabulary (exit 1), transformers refused
+    only after scoring the baseline: every engine's artifact is now checked from its files first, exit 2."""
+    vocab = json.loads((TINY / "tokenizer.json").read_text())["model"]["vocab"]
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    small = _tokens_gguf(tmp_path / "small.gguf", tokens[:100])
+    proc = quantkit("eval", small, "--baseline", TINY, "--report-dir", tmp_path / "r")
+    assert proc.returncode == 2 and "vocabulary of 100 tokens" in proc.stderr and "8,192" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "r").exists()
+
+    swapped = tokens.copy()
+    swapped[300], swapped[301] = swapped[301], swapped[300]
+    other = _tokens_gguf(tmp_path / "other.gguf", swapped)
+    proc = quantkit("eval", other, "--baseline", TINY, "--report-dir", tmp_path / "r")
+    assert proc.returncode == 2 and "another tokenizer" in proc.stderr and "token id 300" in proc.stderr, proc.stderr
+
+    folder = tmp_path / "hf"
+    shutil.copytree(TINY, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "vocab_size": 4096}))
+    proc = quantkit("eval", folder, "--baseline", TINY, "--engine", "transformers", "--report-dir", tmp_path / "r")
+    assert proc.returncode == 2 and "vocabulary of 4,096 tokens" in proc.stderr, proc.stderr
+
+
+def test_a_real_gguf_of_another_model_is_refused_clearly(tiny_gguf_q4_k_m, smollm2, tmp_path):
+    """The QA report's case: a GGUF of the reference model (8,192 tokens, no manifest) against SmolLM2 (49,152)."""
+    lone = tmp_path / "lone.gguf"
+    shutil.copy(next(tiny_gguf_q4_k_m.glob("*.gguf")), lone)
+    proc = quantkit("eval", lone, "--baseline", smollm2, "--report-dir", tmp_path / "r")
+    assert proc.returncode == 2 and "vocabulary of 8,192 tokens" in proc.stderr and "49,152" in proc.stderr, \
+        proc.stderr
+
+
 @requires_gpu
 def test_vllm_prompt_logprobs_match_transformers(tmp_path):
     import os

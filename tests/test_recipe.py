@@ -160,6 +160,38 @@ def test_cli_refuses_an_output_name_outside_the_release(tmp_path: Path, cli) -> 
     assert "outputs.0.name (line 5): '../../../../../../tmp/qa2/pwned' is a path" in proc.stderr
 
 
+GATED = "model: {source: m}\noutput: o\nquantize: {method: rtn}\nevaluation:\n  gates: %s\n"
+
+
+@pytest.mark.parametrize("gates,limits", [
+    ("{}", (1.5, 0.5, 0.6)),
+    ("{max_kld: 0.01}", (1.5, 0.01, 0.6)),
+    ("{max_ppl_ratio: 1.1, min_top1: null}", (1.1, 0.5, None)),
+])
+def test_a_gate_left_out_keeps_its_default_and_null_turns_it_off(tmp_path: Path, gates: str, limits: tuple) -> None:
+    """As with eval's flags: writing one gate keeps the others; only null turns one off."""
+    from quantkit.evaluation import gates as gates_mod
+
+    g = recipe.load(write(tmp_path, GATED % gates), check_output_escape=False).evaluation.gates
+    assert (g.max_ppl_ratio, g.max_kld, g.min_top1) == limits
+    assert len(gates_mod.check({"ppl_ratio": 1.0, "kld": 0.0, "top1": 1.0}, g)) == sum(x is not None for x in limits)
+
+
+def test_recipe_gates_mean_what_the_same_eval_flags_mean(tmp_path: Path) -> None:
+    from quantkit.evaluation import gates as gates_mod
+
+    g = recipe.load(write(tmp_path, GATED % "{max_kld: 0.1}"), check_output_escape=False).evaluation.gates
+    assert g == gates_mod.resolve({"max_ppl_ratio": None, "max_kld": 0.1, "min_top1": None})  # eval --max-kld 0.1
+
+
+def test_a_gate_turned_off_stays_off_in_the_recipe_shown(tmp_path: Path) -> None:
+    r = recipe.load(write(tmp_path, GATED % "{max_kld: null}"), check_output_escape=False)
+    shown = recipe.dump(r)
+    assert "max_kld: null" in shown and "revision" not in shown  # a None that means "unset" is still left out
+    again = recipe.load(write(tmp_path, shown), check_output_escape=False)
+    assert again.evaluation.gates == r.evaluation.gates and again.sha256() == r.sha256()
+
+
 def test_every_shipped_recipe_validates() -> None:
     shipped = sorted(recipe.shipped_dir().glob("*.yaml"))
     assert shipped, "recipes/ is empty"

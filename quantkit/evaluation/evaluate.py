@@ -38,6 +38,7 @@ from quantkit.formats.names import LLAMACPP, SGLANG, TRANSFORMERS, VLLM, Method
 from quantkit.progress import Reporter
 from quantkit.recipe import DEFAULT_STALL_TIMEOUT, EvaluationSpec, GateSpec, ModelSpec
 from quantkit.evaluation import gates as gates_mod, images as images_mod, protocol as protocol_mod, report as report_mod
+from quantkit.evaluation import vocabulary
 from quantkit.evaluation.metrics import BaselineStore, Metrics, score_windows
 from quantkit.evaluation.results import EvalReport, Result, Target
 
@@ -325,6 +326,7 @@ def evaluate(paths: list[Path], baseline: str | None, options: EvalOptions | Non
     targets = expand_targets(paths, options.engine, options.numerics)
     _preflight({t.engine for t in targets}, options)
     src = resolve_baseline(baseline, targets)
+    vocabulary.check(targets, src)  # every engine's artifact, before the baseline is scored
     if options.write:  # before any scoring: the report goes neither into the baseline nor over the user's files
         text = Path(os.path.expanduser(options.dataset))
         outputs.check_files(_report_dir(options, targets), (report_mod.REPORT, report_mod.PLOT), src.path,
