@@ -14,6 +14,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -317,6 +318,11 @@ class _LineLoader(yaml.SafeLoader):
 
 _LineLoader.add_constructor("tag:yaml.org,2002:int", _LineLoader.construct_yaml_int)
 _LineLoader.add_constructor("tag:yaml.org,2002:timestamp", yaml.SafeLoader.construct_yaml_str)
+# YAML 1.1, which PyYAML reads, takes 1e-3 and 2.5e3 for strings (its floats need a dot and a signed exponent). The
+# schema takes no number written as a string, so these are read as YAML 1.2 reads them: numbers.
+_LineLoader.add_implicit_resolver("tag:yaml.org,2002:float",
+                                  re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)[eE][-+]?[0-9]+$"),
+                                  list("-+.0123456789"))
 
 
 def _compose_lines(node: yaml.Node, path: tuple, lines: dict[tuple, int]) -> None:
@@ -425,7 +431,7 @@ def _describe(err: dict) -> str:
         return "unknown key (check the spelling; `quantkit recipes --schema` lists every field)"
     if err["type"] == "missing":
         return "required field is missing"
-    if err["type"] in ("literal_error", "union_tag_invalid"):
+    if err["type"] in ("literal_error", "union_tag_invalid") or err["type"].endswith("_type"):
         return msg.replace("Input should be", "expected")
     return msg.removeprefix("Value error, ")
 
@@ -434,7 +440,11 @@ def validate(data: Any, *, where: str = "recipe", lines: dict[tuple, int] | None
              flags: dict[str, str] | None = None, problems: list[str] | None = None,
              hint: str | None = None) -> Recipe:
     """Validate a recipe mapping; every problem is reported with its field path, line (or flag) and expectation,
-    together with ``problems`` the caller found already (so one run shows them all)."""
+    together with ``problems`` the caller found already (so one run shows them all).
+
+    Values are taken as written (pydantic's strict mode, for every field at once): ``'512'`` or ``true`` where a
+    number is expected is refused, not read as one, so what a recipe says is what runs; an integer serves where a
+    float is expected."""
     if not isinstance(data, dict):
         raise RecipeError(f"{where}: a recipe must be a YAML mapping (key: value), not {type(data).__name__}")
     problems = list(problems or [])
@@ -456,7 +466,7 @@ def validate(data: Any, *, where: str = "recipe", lines: dict[tuple, int] | None
         problems += [f"{origin(loc)}: {why}" for loc, why in huge]
     else:
         try:
-            recipe = Recipe.model_validate(data)
+            recipe = Recipe.model_validate(data, strict=True)
         except ValidationError as e:
             for err in e.errors():
                 loc = tuple(p for p in err["loc"] if p not in METHODS)  # drop the discriminator's tag from the path

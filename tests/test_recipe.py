@@ -192,6 +192,53 @@ def test_a_gate_turned_off_stays_off_in_the_recipe_shown(tmp_path: Path) -> None
     assert again.evaluation.gates == r.evaluation.gates and again.sha256() == r.sha256()
 
 
+NUMBERS = ("model: {source: m}\noutput: o\nquantize: {method: rtn, bits: 4}\n"
+           "evaluation:\n  ctx: 512\n  gates: {max_kld: 0.1}\n")
+
+
+@pytest.mark.parametrize("old,new,where,got", [
+    ("max_kld: 0.1", "max_kld: true", "evaluation.gates.max_kld (line 6): expected a valid number", "True"),
+    ("max_kld: 0.1", "min_top1: False", "evaluation.gates.min_top1 (line 6): expected a valid number", "False"),
+    ("max_kld: 0.1", "max_kld: '0.1'", "evaluation.gates.max_kld (line 6): expected a valid number", "'0.1'"),
+    ("ctx: 512", "ctx: '512'", "evaluation.ctx (line 5): expected a valid integer", "'512'"),
+    ("ctx: 512", "ctx: 512.0", "evaluation.ctx (line 5): expected a valid integer", "512.0"),
+    ("ctx: 512", "enabled: 1", "evaluation.enabled (line 5): expected a valid boolean", "1"),
+    ("bits: 4", "bits: '8'", "quantize.bits (line 3): expected 4 or 8", "'8'"),
+])
+def test_values_are_taken_as_written(tmp_path: Path, old: str, new: str, where: str, got: str) -> None:
+    """A string, or a boolean, where a number is expected is refused, never read as one (true was 1.0)."""
+    assert f"{where}; got {got}" in error_of(tmp_path, NUMBERS.replace(old, new))
+
+
+def test_an_integer_serves_as_a_float_and_an_exponent_is_a_number(tmp_path: Path) -> None:
+    text = NUMBERS.replace("max_kld: 0.1", "max_kld: 1, min_top1: 5e-1").replace("ctx: 512", "ctx: 512\n  stride: 256")
+    r = recipe.load(write(tmp_path, text), check_output_escape=False)
+    assert (r.evaluation.gates.max_kld, r.evaluation.gates.min_top1, r.evaluation.stride) == (1.0, 0.5, 256)
+    assert "not a finite number" in error_of(tmp_path, NUMBERS.replace("max_kld: 0.1", "max_kld: 1e999"))
+
+
+def test_every_flag_reaches_its_field_as_typer_parses_it() -> None:
+    """Flags come through the overrides as Typer typed them (int, float, str, bool, list of str): each is of the
+    type its field takes, so strict validation refuses none of them for its type."""
+    from quantkit import formats
+
+    typed = {int: 8, float: 5.5, str: "auto", bool: True, list: ["x"]}
+    for row in formats.verbs():
+        for flag in row.flags:
+            try:
+                recipe.load(None, {f"{flag.field}|{flag.flag}": typed[flag.type], "model.source|MODEL": "m",
+                                   "output|OUTPUT": "o"}, base={"quantize": {"method": row.method}})
+            except RecipeError as e:
+                assert "expected a valid" not in str(e), (row.verb, flag.flag, str(e))
+
+
+@pytest.mark.cli
+def test_cli_numeric_flags_still_plan(cli, tmp_path: Path) -> None:
+    proc = cli("gptq", "models/quantkit-tiny", tmp_path / "o", "--bits", "4", "--group-size", "64", "--samples", "8",
+               "--seq-len", "64", "--seed", "3", "--target-bits", "5", "--dry-run", "--json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 def test_every_shipped_recipe_validates() -> None:
     shipped = sorted(recipe.shipped_dir().glob("*.yaml"))
     assert shipped, "recipes/ is empty"
