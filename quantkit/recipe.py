@@ -325,28 +325,39 @@ _LineLoader.add_implicit_resolver("tag:yaml.org,2002:float",
                                   list("-+.0123456789"))
 
 
-def _compose_lines(node: yaml.Node, path: tuple, lines: dict[tuple, int]) -> None:
+def _compose_lines(node: yaml.Node, path: tuple, lines: dict[tuple, int], twice: list[str]) -> None:
+    """Record the line of each key path into ``lines``, and into ``twice`` each key a mapping sets again: YAML
+    would keep the last value without a word, and which one was meant is not quantkit's to guess."""
     lines[path] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
+        seen: dict[tuple[str, str], int] = {}
         for k, v in node.value:
             key = k.value if isinstance(k, yaml.ScalarNode) else "?"
-            lines[path + (key,)] = k.start_mark.line + 1
-            _compose_lines(v, path + (key,), lines)
-            lines[path + (key,)] = k.start_mark.line + 1
+            line = k.start_mark.line + 1
+            if isinstance(k, yaml.ScalarNode):
+                first = seen.get((k.tag, k.value))
+                if first is not None:
+                    at = f"lines {first} and {line}" if first != line else f"line {line}"
+                    twice.append(f"{_field(path + (key,))} ({at}): set twice; keep one")
+                seen.setdefault((k.tag, k.value), line)
+            lines[path + (key,)] = line
+            _compose_lines(v, path + (key,), lines, twice)
+            lines[path + (key,)] = line
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
-            _compose_lines(item, path + (i,), lines)
+            _compose_lines(item, path + (i,), lines, twice)
 
 
-def _read_yaml(text: str, where: str) -> tuple[Any, dict[tuple, int]]:
-    """The document and the line of each key path, composed once under the loader's bounds."""
+def _read_yaml(text: str, where: str) -> tuple[Any, dict[tuple, int], list[str]]:
+    """The document, the line of each key path and the keys set twice, composed once under the loader's bounds."""
     loader = None
     try:
         loader = _LineLoader(text)  # its reader already refuses control characters
         node = loader.get_single_node()
         lines: dict[tuple, int] = {}
+        twice: list[str] = []
         if node is not None:
-            _compose_lines(node, (), lines)
+            _compose_lines(node, (), lines, twice)
         data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
@@ -356,7 +367,7 @@ def _read_yaml(text: str, where: str) -> tuple[Any, dict[tuple, int]]:
     finally:
         if loader is not None:
             loader.dispose()
-    return data, lines
+    return data, lines, twice
 
 
 def _read_recipe_text(p: Path) -> str:
@@ -405,6 +416,12 @@ def _set_path(data: dict, dotted: str, value: Any) -> None:
     cur[keys[-1]] = value
 
 
+def _field(loc: tuple) -> str:
+    """A field's path as messages name it (``quantize.bits``, ``outputs.0.name``)."""
+    # a key holding a newline or another unprintable character is shown escaped: the message stays one line
+    return ".".join(repr(p) if isinstance(p, str) and not p.isprintable() else str(p) for p in loc) or "(top level)"
+
+
 def _not_a_folder_name(name: str) -> str | None:
     """Why ``name`` is not one plain folder name an output may take inside a release, or None."""
     if name in (".", ".."):
@@ -451,9 +468,7 @@ def validate(data: Any, *, where: str = "recipe", lines: dict[tuple, int] | None
     data = _renamed_keys(data, lines if lines is not None else {}, where)
 
     def origin(loc: tuple) -> str:
-        # a key holding a newline or another unprintable character is shown escaped: the message stays one line
-        field = ".".join(repr(p) if isinstance(p, str) and not p.isprintable() else str(p) for p in loc) \
-            or "(top level)"
+        field = _field(loc)
         if flags and field in flags:
             return f"{field} (from {flags[field]})"
         probe = loc
@@ -496,12 +511,13 @@ def load(path: str | Path | None, overrides: dict[str, Any] | None = None,
     """
     data: dict[str, Any] = dict(base or {})
     lines: dict[tuple, int] = {}
-    problems: list[str] = []
+    twice: list[str] = []  # keys the file sets twice
+    escapes: list[str] = []  # an output: outside the working folder
     where = "command line"
     if path is not None:
         p = Path(path)
         where = str(p)
-        loaded, lines = _read_yaml(_read_recipe_text(p), where)
+        loaded, lines, twice = _read_yaml(_read_recipe_text(p), where)
         if loaded is None:
             raise RecipeError(f"{where}: the recipe is empty")
         if not isinstance(loaded, dict):
@@ -509,7 +525,7 @@ def load(path: str | Path | None, overrides: dict[str, Any] | None = None,
         data = _merge(data, loaded)
         output_flag = any(k.partition("|")[0] == "output" and v is not None for k, v in (overrides or {}).items())
         if check_output_escape and "output" in loaded and not output_flag:
-            problems += _outside_cwd(str(loaded["output"]), lines.get(("output",)))
+            escapes = _outside_cwd(str(loaded["output"]), lines.get(("output",)))
     flags: dict[str, str] = {}
     for key, value in (overrides or {}).items():
         if value is None:
@@ -519,8 +535,8 @@ def load(path: str | Path | None, overrides: dict[str, Any] | None = None,
         flags[field] = flag or field
     if path is not None and overrides:
         where = f"{where} + command line"
-    hint = ("use a relative path inside the working folder, or pass -o/--output explicitly" if problems else None)
-    recipe = validate(data, where=where, lines=lines, flags=flags, problems=problems, hint=hint)
+    hint = "use a relative path inside the working folder, or pass -o/--output explicitly" if escapes else None
+    recipe = validate(data, where=where, lines=lines, flags=flags, problems=twice + escapes, hint=hint)
     recipe._path = Path(path) if path is not None else None
     return recipe
 

@@ -239,6 +239,26 @@ def test_cli_numeric_flags_still_plan(cli, tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
+def test_a_key_set_twice_is_refused_naming_both_lines(tmp_path: Path) -> None:
+    """YAML keeps the last of two keys without a word: which one was meant is not quantkit's to guess."""
+    msg = error_of(tmp_path, GOOD.replace("  bits: 4\n", "  bits: 4\n  bits: 8\n") + "  samples: 8\n")
+    assert msg.startswith(f"{tmp_path / 'r.yaml'}: invalid recipe\n"), msg
+    assert "quantize.bits (lines 6 and 7): set twice; keep one" in msg
+    assert "calibration.samples (lines 11 and 12): set twice; keep one" in msg
+    flow = error_of(tmp_path, GOOD.replace("  samples: 16", "  samples: 16\nsmoke: {tp: 1, tp: 2}"))
+    assert flow.endswith("smoke.tp (line 11): set twice; keep one"), flow
+    merged = GOOD.replace("  method: awq\n  bits: 4\n", "  <<: {method: awq, bits: 4}\n  bits: 8\n")
+    assert recipe.load(write(tmp_path, merged), check_output_escape=False).quantize.bits == 8  # a merge key is no twice
+
+
+@pytest.mark.cli
+def test_cli_refuses_a_key_set_twice(tmp_path: Path, cli) -> None:
+    p = write(tmp_path, GOOD.replace("  bits: 4\n", "  bits: 4\n  bits: 8\n"))
+    proc = cli("awq", "--recipe", p, "--dry-run")
+    assert proc.returncode == 2 and "quantize.bits (lines 6 and 7): set twice" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 def test_every_shipped_recipe_validates() -> None:
     shipped = sorted(recipe.shipped_dir().glob("*.yaml"))
     assert shipped, "recipes/ is empty"
