@@ -533,7 +533,7 @@ def load(path: str | Path | None, overrides: dict[str, Any] | None = None,
         field, _, flag = key.partition("|")
         _set_path(data, field, value)
         flags[field] = flag or field
-    if path is not None and overrides:
+    if path is not None and flags:  # a flag left out (None) changed nothing
         where = f"{where} + command line"
     hint = "use a relative path inside the working folder, or pass -o/--output explicitly" if escapes else None
     recipe = validate(data, where=where, lines=lines, flags=flags, problems=twice + escapes, hint=hint)

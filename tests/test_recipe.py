@@ -77,6 +77,12 @@ def test_flag_override_is_validated_and_named(tmp_path: Path) -> None:
     assert r.output == "elsewhere" and r.quantize.bits == 8
 
 
+def test_a_refusal_names_the_command_line_only_when_a_flag_was_given(tmp_path: Path) -> None:
+    bad = GOOD.replace("  bits: 4", "  bits: 5")
+    assert error_of(tmp_path, bad, {"output|--output": None}).startswith(f"{tmp_path / 'r.yaml'}: quantize.bits")
+    assert error_of(tmp_path, bad, {"output|--output": "o"}).startswith(f"{tmp_path / 'r.yaml'} + command line: ")
+
+
 def test_invalid_yaml_gives_line(tmp_path: Path) -> None:
     msg = error_of(tmp_path, "model:\n  source: [unclosed\noutput: x\n")
     assert "not valid YAML" in msg and "line" in msg
