@@ -35,11 +35,12 @@ if TYPE_CHECKING:  # the modules behind the lazy imports below, for their result
     from quantkit.evaluation.evaluate import EvalOptions
     from quantkit.evaluation.results import EvalReport
     from quantkit.tasks.evaluate import TaskOptions
+    from quantkit.tasks.resolve import Task
     from quantkit.tasks.results import TaskReport
 
 __all__ = ["MANIFEST", "ArtifactResult", "Manifest", "build_trt", "calibration_sets", "doctor", "evaluate",
            "evaluate_tasks", "eval_options", "task_options", "fmt_bytes", "fmt_num", "inspect", "load_recipe", "plan",
-           "preview_calibration", "publish", "quantize", "quantize_one", "recipe_schema", "show_recipe",
+           "preview_calibration", "publish", "quantize", "quantize_one", "recipe_schema", "recipe_tasks", "show_recipe",
            "shipped_recipes", "size_bytes", "smoke", "trt_recipe", "tune", "verify", "verify_all"]
 
 
@@ -169,6 +170,8 @@ def plan(recipe: Recipe, *, force: bool = False, pipeline: bool = False, evaluat
     :mod:`quantkit.plan`). ``pipeline``: as ``quantkit run`` would (reuse, evaluation, smoke test); ``method``:
     only the outputs of that method (``build-trt``)."""
     outputs.check_recipe(recipe, force=force, pipeline=pipeline)
+    if pipeline and evaluate:
+        recipe_tasks(recipe)
     return plan_mod.make(recipe, force=force, pipeline=pipeline, evaluate=evaluate, smoke=smoke, method=method)
 
 
@@ -269,6 +272,17 @@ def task_options(tasks: str | list[str], *, recipe_path: str | None = None, num_
     return TaskOptions(tasks=task_specs(names, num_fewshot=num_fewshot, limit=limit,
                                         recipe_tasks=spec.tasks if recipe_path else None),
                        engine=engine or "auto", min_recovery=min_recovery, run=run, report_dir=report_dir)
+
+
+def recipe_tasks(recipe: Recipe) -> list[Task]:
+    """The recipe's lm-eval tasks, built and checked before anything loads (``run`` and its ``--dry-run``): a name
+    lm-eval does not know or a gate on a metric a task does not report is a recipe error (exit 2), not a task skipped
+    after hours of quantization with the release passing."""
+    if not (recipe.evaluation.enabled and recipe.evaluation.tasks):
+        return []
+    from quantkit.tasks.resolve import resolve
+
+    return resolve(list(recipe.evaluation.tasks))
 
 
 def evaluate_tasks(artifacts: list[Path], baseline: str | None, options: TaskOptions,

@@ -28,7 +28,9 @@ from quantkit import artifact
 from quantkit.errors import OutputExistsError, UnsafeOutputError
 
 REMOVE_HINT = "remove it yourself, or choose another output"
-BUNDLE_FILES = ("report.json", "SHA256SUMS", "report.md", "size-vs-ppl.png", "tasks.md")
+SUMS = "SHA256SUMS"  # the release's seal: every file's sha256, written last by quantkit run
+REPORT_JSON = "report.json"  # the release's verdict for pipelines
+BUNDLE_FILES = (REPORT_JSON, SUMS, "report.md", "size-vs-ppl.png", "tasks.md")
 LOGS = "logs"  # the release's folder of smoke-server and kernel-sweep logs (quantkit run)
 # Every name quantkit gives a meaning in a release folder: the bundle's files, its logs, and the manifest that would
 # make the folder read as one artifact. No output's folder may take one (quantkit.recipe refuses it).
@@ -113,9 +115,9 @@ def wrote(path: Path) -> bool:
         return text.startswith("# quantkit evaluation\n")
     if path.name == "tasks.md":
         return text.startswith("# quantkit task accuracy\n")
-    if path.name == "SHA256SUMS":
+    if path.name == SUMS:
         return all(_SUM_LINE.fullmatch(line) for line in text.splitlines() if line)
-    if path.name == "report.json":
+    if path.name == REPORT_JSON:
         try:
             data = json.loads(text)
         except ValueError:

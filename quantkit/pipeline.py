@@ -11,11 +11,12 @@ is written, so the report shows every artifact's numbers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quantkit import api, artifact, formats, outputs, source as source_mod
 from quantkit.artifact import Manifest
@@ -24,8 +25,14 @@ from quantkit.engines.vllm import tune as tune_mod
 from quantkit.errors import GateFailedError, Interrupted, OutputExistsError, QuantkitError, UsageError
 from quantkit.formats.names import LLAMACPP, VLLM, KindName
 from quantkit.progress import Reporter
+from quantkit.outputs import REPORT_JSON, SUMS
 from quantkit.recipe import Recipe
 from quantkit.reuse import reusable
+
+if TYPE_CHECKING:
+    from quantkit.formats.specs import MethodBase
+    from quantkit.tasks.resolve import Task
+
 
 @dataclass
 class OutputResult:
@@ -106,21 +113,37 @@ def run(recipe: Recipe, *, force: bool = False, reporter: Reporter | None = None
     rep = reporter or Reporter(quiet=True)
     t0 = time.perf_counter()
     release = Path(recipe.output)
+    # A release of several outputs is one run's at a time: two would interleave their builds and bundles. (A
+    # one-output recipe's release is its artifact folder, which the artifact's own lock already guards.)
+    with artifact.output_lock(release) if recipe.outputs else contextlib.nullcontext():
+        return _run(recipe, release, force=force, rep=rep, evaluate=evaluate, smoke=smoke, t0=t0)
+
+
+def _run(recipe: Recipe, release: Path, *, force: bool, rep: Reporter, evaluate: bool, smoke: bool,
+         t0: float) -> RunResult:
     outputs.check_recipe(recipe, force=force, pipeline=True)
     src = source_mod.resolve(recipe.model)
     outputs.check_recipe(recipe, force=force, pipeline=True, source=src.path)  # a hub id's cached folder too
+    tasks = api.recipe_tasks(recipe) if evaluate else []
     results: list[OutputResult] = []
-    for spec, out in recipe.artifacts():
+    reuse: list[tuple[MethodBase, OutputResult, str | None]] = []  # (spec, result, why it is reused, or None)
+    for spec, out in recipe.artifacts():  # every refusal before the first change to the release
         res = OutputResult(name=formats.folder(spec) if recipe.outputs else out.name, method=spec.method, path=out)
         results.append(res)
         ok, why = reusable(recipe, spec, out, src)
-        if ok and not force:
+        if out.exists() and not ok and not force:
+            raise OutputExistsError(f"{out} exists but cannot be reused: {why}",
+                                    hint="pass --force to rebuild it, or remove it")
+        reuse.append((spec, res, why if ok and not force else None))
+    if recipe.outputs:  # the last run's seal goes before anything changes: a run cut short must not leave it vouching
+        for name in (SUMS, REPORT_JSON):
+            (release / name).unlink(missing_ok=True)
+    for spec, res, why in reuse:
+        out = res.path
+        if why is not None:
             rep.log(f"[green]✓[/] {res.name}: reused ({why})")
             res.status, res.manifest = "reused", artifact.read_manifest(out)
             continue
-        if out.exists() and not force:
-            raise OutputExistsError(f"{out} exists but cannot be reused: {why}",
-                                    hint="pass --force to rebuild it, or remove it")
         rep.log(f"[bold]▶ {res.name}[/] ({spec.method})")
         try:
             built = api.quantize_one(recipe, spec, out, force=True, reporter=rep, source=src)
@@ -137,9 +160,8 @@ def run(recipe: Recipe, *, force: bool = False, reporter: Reporter | None = None
     todo = [r for r in done if force or r.status == "built" or not _recall(r, checks)]
     if todo and evaluate and recipe.evaluation.enabled:
         _evaluate(recipe, src, todo, rep)
-        if recipe.evaluation.tasks:
-            for r in todo:
-                _score_tasks(recipe, src, r, rep)
+        for r in todo if tasks else []:
+            _score_tasks(recipe, src, tasks, r, rep)
     if todo and smoke and recipe.smoke.enabled:
         for r in todo:
             _smoke(recipe, r, rep)
@@ -226,47 +248,42 @@ def _evaluate(recipe: Recipe, src: source_mod.SourceModel, done: list[OutputResu
                    for x in mine for g in x.gates]
 
 
-def _score_tasks(recipe: Recipe, src: source_mod.SourceModel, r: OutputResult, rep: Reporter) -> None:
-    """The recipe's lm-eval tasks on one artifact (:mod:`quantkit.tasks`; the baseline's scores come from the cache
-    after the first artifact): its rows into its evaluation record, its recovery gates into its gates, ``tasks.md``
-    into its folder. A task its engine cannot score is recorded as skipped, with why: on a GGUF output (llama-server
-    gives no prompt log-probabilities) the loglikelihood and multiple-choice tasks, while its generation tasks are
-    scored."""
+def _score_tasks(recipe: Recipe, src: source_mod.SourceModel, tasks: list[Task], r: OutputResult,
+                 rep: Reporter) -> None:
+    """The recipe's lm-eval tasks (built and checked before the run began) on one artifact (:mod:`quantkit.tasks`;
+    the baseline's scores come from the cache after the first artifact): its rows into its evaluation record, its
+    recovery gates into its gates, ``tasks.md`` into its folder. A task its engine cannot score is recorded as
+    skipped, with why, and so is each of its gates, as not checked (never as passed: the summary, report.json and
+    the model card say so): on a GGUF output (llama-server gives no prompt log-probabilities) the loglikelihood and
+    multiple-choice tasks, while its generation tasks are scored."""
     from quantkit.tasks.evaluate import TaskOptions
-    from quantkit.tasks.resolve import resolve
     from quantkit.tasks.runner import RunOptions
 
-    specs = list(recipe.evaluation.tasks)
-    skipped: list[str] = []
-    if r.manifest is not None and r.manifest.kind == KindName.GGUF:
+    skipped = [t for t in tasks if r.manifest is not None and r.manifest.kind == KindName.GGUF and t.needs_logprobs]
+    why = "llama-server gives no prompt log-probabilities"
+    scored = [t for t in tasks if t not in skipped]
+    if scored:
+        specs = [t.spec for i, t in enumerate(scored) if t.spec not in [s.spec for s in scored[:i]]]  # a group: once
+        options = TaskOptions(tasks=specs, engine=recipe.evaluation.engine,
+                              run=RunOptions(device=recipe.runtime.device, python=recipe.smoke.python,
+                                             stall_timeout=recipe.evaluation.stall_timeout))
         try:
-            skipped = sorted({t.spec.task for t in resolve(specs) if t.needs_logprobs})
-        except UsageError:
-            skipped = []  # the run below refuses it in its own words
-        specs = [t for t in specs if t.task not in skipped]
-        if skipped:
-            rep.log(f"[yellow]-[/] tasks of {r.name}: {', '.join(skipped)} skipped (they need the prompt's "
-                    "log-probabilities, which llama-server does not give)")
-    if not specs:
-        r.evaluation = {**(r.evaluation or {}), "tasks": {"status": "skipped", "summary": f"{', '.join(skipped)}: "
-                                                          "llama-server gives no prompt log-probabilities"}}
+            report = api.evaluate_tasks([r.path], str(src.path), options, rep)
+        except UsageError as e:  # the engine cannot score it here (not installed, refuses the artifact)
+            skipped, why = tasks, e.message
+        else:
+            r.evaluation = {**(r.evaluation or {}), "tasks": [row.to_json() for row in report.rows]}
+            r.gates += [{"gate": f"min_recovery {row.task.name} {row.metric} (artifact {row.value:.4f}, baseline "
+                                 f"{row.baseline:.4f})", "value": row.recovery, "limit": row.limit,
+                         "passed": row.passed, "file": Path(row.label).name if row.label.endswith(".gguf") else None}
+                        for row in report.rows if row.limit is not None]
+    if not skipped:
         return
-    options = TaskOptions(tasks=specs, engine=recipe.evaluation.engine,
-                          run=RunOptions(device=recipe.runtime.device, python=recipe.smoke.python,
-                                         stall_timeout=recipe.evaluation.stall_timeout))
-    try:
-        report = api.evaluate_tasks([r.path], str(src.path), options, rep)
-    except UsageError as e:
-        r.evaluation = {**(r.evaluation or {}), "tasks": {"status": "skipped", "summary": e.message}}
-        rep.log(f"[yellow]-[/] tasks of {r.name}: skipped ({e.message})")
-        return
-    r.evaluation = {**(r.evaluation or {}), "tasks": [row.to_json() for row in report.rows]}
-    if skipped:
-        r.evaluation["tasks_skipped"] = {"tasks": skipped, "why": "llama-server gives no prompt log-probabilities"}
-    r.gates += [{"gate": f"min_recovery {row.task.name} {row.metric} (artifact {row.value:.4f}, baseline "
-                         f"{row.baseline:.4f})", "value": row.recovery, "limit": row.limit, "passed": row.passed,
-                 "file": Path(row.label).name if row.label.endswith(".gguf") else None}
-                for row in report.rows if row.limit is not None]
+    unchecked = [f"min_recovery {t.name} {m} >= {x:g}" for t in skipped for m, x in t.gates.items()]
+    rep.log(f"[yellow]-[/] tasks of {r.name}: {', '.join(t.name for t in skipped)} skipped ({why})"
+            + (f"; not checked: {', '.join(unchecked)}" if unchecked else ""))
+    r.evaluation = {**(r.evaluation or {}),
+                    "tasks_skipped": {"tasks": [t.name for t in skipped], "why": why, "gates_not_checked": unchecked}}
 
 
 def _smoke(recipe: Recipe, r: OutputResult, rep: Reporter) -> None:
@@ -310,22 +327,27 @@ def _tune(recipe: Recipe, r: OutputResult, rep: Reporter) -> None:
 
 
 def write_model_card(r: OutputResult, recipe: Recipe, src: source_mod.SourceModel) -> None:
-    """A Hugging Face model card for one artifact: metadata header, recipe, evaluation table, smoke result."""
+    """A Hugging Face model card for one artifact: metadata header, recipe, evaluation table, smoke result.
+
+    ``base_model`` is the hub id the model came from: the hub reads it as one (and links the two), so a local source,
+    which has none, gets no ``base_model`` rather than a path of the machine that made it."""
     m = r.manifest
     assert m is not None, "only built or reused outputs get a model card"
-    base = src.spec
+    hub = src.from_hub
+    base = src.spec if hub else Path(src.spec).name
     tags = ["quantkit", r.method, m.kind]
     if m.kind == KindName.GGUF:
         tags.append(LLAMACPP)
     if m.kind == KindName.COMPRESSED_TENSORS:
         tags += [VLLM, "llm-compressor"]
-    header = {"base_model": base, "base_model_relation": "quantized", "library_name": _library(m.kind),
-              "tags": sorted({t for t in tags if t}), "pipeline_tag": "text-generation"}
+    header = ({"base_model": base, "base_model_relation": "quantized"} if hub else {}) | {
+        "library_name": _library(m.kind), "tags": sorted({t for t in tags if t}), "pipeline_tag": "text-generation"}
     import yaml
 
     lines = ["---", yaml.safe_dump(header, sort_keys=False).strip(), "---", "",
              f"# {Path(base).name} - {r.name}", "",
-             f"Quantized from `{base}` with quantkit {m.quantkit_version} ({r.method}, {m.kind}).", "",
+             f"Quantized from `{base}` with quantkit {m.quantkit_version} "
+             f"({r.method if r.method == m.kind else f'{r.method}, {m.kind}'}).", "",
              "## Quantization", ""]
     lines += ["| field | value |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in m.quantization.items()
                                                      if k != "imatrix"]
@@ -340,6 +362,10 @@ def write_model_card(r: OutputResult, recipe: Recipe, src: source_mod.SourceMode
         lines += ["", "## Evaluation", ""] + _eval_table(r.evaluation)
         if isinstance(r.evaluation.get("tasks"), list):
             lines += ["", "## Task accuracy", ""] + _tasks_table(r.evaluation["tasks"])
+        if skipped := r.evaluation.get("tasks_skipped"):
+            lines += ["", f"Not scored: {', '.join(skipped['tasks'])} ({skipped['why']})"
+                      + (f"; gates not checked: {', '.join(skipped['gates_not_checked'])}."
+                         if skipped.get("gates_not_checked") else ".")]
     if r.smoke:
         lines += ["", "## Smoke test", "", f"{r.smoke.get('status', '?')}: {r.smoke.get('summary', '')}"]
     lines += tune_mod.card_section(m.serving.model_dump(mode="json") if m.serving else None)
@@ -390,9 +416,9 @@ def write_bundle(result: RunResult, recipe: Recipe) -> None:
     """``report.json`` and ``SHA256SUMS`` over every artifact file in the release folder."""
     release = result.release
     release.mkdir(parents=True, exist_ok=True)
-    artifact.write_text_atomic(release / "report.json", json.dumps(result.to_json(), indent=2, default=str) + "\n")
+    artifact.write_text_atomic(release / REPORT_JSON, json.dumps(result.to_json(), indent=2, default=str) + "\n")
     sums = []
     for p in sorted(release.rglob("*")):
-        if p.is_file() and p.name != "SHA256SUMS" and not p.name.startswith("."):
+        if p.is_file() and p.name != SUMS and not p.name.startswith("."):
             sums.append(f"{artifact.sha256_file(p)}  {p.relative_to(release).as_posix()}")
-    artifact.write_text_atomic(release / "SHA256SUMS", "\n".join(sums) + "\n")
+    artifact.write_text_atomic(release / SUMS, "\n".join(sums) + "\n")

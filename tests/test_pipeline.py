@@ -93,9 +93,12 @@ def test_bundle_has_sums_reports_plot_and_model_cards(release) -> None:
         assert hashlib.sha256((rel / path).read_bytes()).hexdigest() == digest, path
     for art in ("rtn-w4g128", "gptq-w4g128", "gguf"):
         card = (rel / art / "README.md").read_text()
-        assert "base_model_relation: quantized" in card and f"base_model: {TINY}" in card
+        assert "base_model" not in card.split("---")[1], card  # a local source has no hub id to name
+        assert f"Quantized from `{TINY.name}`" in card
         assert "## Evaluation" in card and "```yaml" in card
         assert art == "gguf" or "## Task accuracy" in card
+        # the multiple-choice task llama-server cannot score is said on the GGUF's card, never passed over
+        assert (art == "gguf") == ("Not scored: quantkit_nextsentence (llama-server gives no prompt" in card), art
         assert artifact.verify(rel / art).ok
 
 
@@ -110,6 +113,9 @@ def test_rerun_redoes_nothing(release) -> None:
     for a, when in created.items():
         assert artifact.read_manifest(work / "release" / a).created == when
     assert [o["evaluation"] for o in again["outputs"]] == [o["evaluation"] for o in first["outputs"]]
+    # each artifact against its manifest, then the whole release against the SHA256SUMS the run wrote
+    assert [(r.seal, r.ok) for r in artifact.verify_tree(work / "release")] == \
+        [(artifact.MANIFEST, True)] * 3 + [(artifact.SUMS, True)]
 
 
 def test_failing_gate_exits_3_and_names_it(release) -> None:
@@ -170,3 +176,58 @@ def test_a_source_whose_weights_changed_is_not_reused(tmp_path: Path) -> None:
     proc = quantkit("run", "r.yaml", "--no-eval", "--no-smoke", "--force", "--json", cwd=tmp_path, check=True)
     assert [o["status"] for o in json.loads(proc.stdout)["outputs"]] == ["built"]
     assert artifact.read_manifest(tmp_path / "rel" / "rtn-w4g128").source.weights_sha256 != recorded
+
+
+def _two_outputs(work: Path, extra: str = "") -> None:
+    (work / "r.yaml").write_text(f"model:\n  source: {TINY}\noutput: rel\noutputs:\n  - method: rtn\n"
+                                 f"  - method: gguf\n    types: [Q8_0]\n{extra}")
+
+
+@pytest.mark.parametrize("task, why", [("{task: quantkit_lastwrod, limit: 3}", "does not know a task called"),
+                                       ("{task: quantkit_lastword, limit: 3, min_recovery: {acc_norm: 0.9}}",
+                                        "does not report the metric 'acc_norm'")])
+def test_a_recipe_task_mistake_is_refused_before_anything_is_built(tmp_path: Path, task: str, why: str) -> None:
+    """A task lm-eval does not know, or a gate on a metric the task does not report, is a recipe error (exit 2) in
+    ``run`` and its ``--dry-run``, found before any model loads: never a task skipped with the release passing."""
+    _two_outputs(tmp_path, f"evaluation:\n  tasks:\n    - {task}\n")
+    for flags in (["--dry-run"], ["--no-smoke"]):
+        proc = quantkit("run", "r.yaml", *flags, cwd=tmp_path)
+        assert proc.returncode == 2 and why in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "rel").exists()
+
+
+def test_a_release_is_written_by_one_run_at_a_time(tmp_path: Path) -> None:
+    _two_outputs(tmp_path)
+    with artifact.output_lock(tmp_path / "rel"):  # what a run in progress holds
+        proc = quantkit("run", "r.yaml", "--no-eval", "--no-smoke", cwd=tmp_path)
+    assert proc.returncode == 2 and "another quantkit process" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "rel").exists()
+
+
+def test_a_run_cut_short_leaves_no_seal_vouching_for_a_changed_release(tmp_path: Path) -> None:
+    """The last run's SHA256SUMS and report.json go before anything in the release changes: interrupted while it
+    rebuilds, a release has no seal (``verify`` says so) until a run completes it again."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    _two_outputs(tmp_path)
+    quantkit("run", "r.yaml", "--no-eval", "--no-smoke", cwd=tmp_path, check=True)
+    rel = tmp_path / "rel"
+    assert (rel / "SHA256SUMS").exists() and (rel / "report.json").exists()
+    proc = subprocess.Popen([sys.executable, "-m", "quantkit", "run", "r.yaml", "--no-eval", "--no-smoke", "--force"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200"})
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:  # the second output's build has begun: the first one is already replaced
+        seen.append(line)
+        if "▶ gguf" in line:
+            proc.send_signal(signal.SIGINT)
+            break
+    rest = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 130, "".join(seen) + rest
+    assert not (rel / "SHA256SUMS").exists() and not (rel / "report.json").exists()
+    quantkit("run", "r.yaml", "--no-eval", "--no-smoke", cwd=tmp_path, check=True)
+    assert (rel / "SHA256SUMS").exists() and json.loads((rel / "report.json").read_text())["ok"] is True

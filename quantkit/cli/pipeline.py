@@ -10,6 +10,7 @@ from rich.table import Table
 
 from quantkit import api, pipeline
 from quantkit.cli.common import DRY_RUN_OPT, FORCE_OPT, JSON_OPT, command, emit_json, print_plan, reporter
+from quantkit.outputs import BUNDLE_FILES
 
 
 @command
@@ -27,7 +28,8 @@ def run_cmd(
     smoke-test each in its engine where available, check the gates, and write the release bundle (SHA256SUMS,
     report.md, report.json, plot, a model card per artifact).
 
-    Exit codes: 0 release ok, 1 a step failed, 2 recipe/usage error, 3 a verification gate failed."""
+    Exit codes: 0 release ok, 1 a step failed, 2 recipe/usage error (or another run holds the release), 3 a
+    verification gate failed, 130 interrupted."""
     r = api.load_recipe(recipe, {"output|--output": str(output) if output else None, "model.source|--model": model})
     if dry_run:
         print_plan(api.plan(r, force=force, pipeline=True, evaluate=not no_eval, smoke=not no_smoke), json)
@@ -52,13 +54,17 @@ def summary(console: Any, result: Any) -> None:
         rows = ev.get("results") or [ev]
         for x in rows:
             gates = [g for g in o.gates if g.get("file") in (None, x.get("file"))]
+            unchecked = len((ev.get("tasks_skipped") or {}).get("gates_not_checked") or [])
             gate_s = "-" if not gates else ("[green]pass[/]" if all(g["passed"] for g in gates) else "[red]FAIL[/]")
+            if unchecked:
+                gate_s = ("" if not gates else gate_s + ", ") + f"[yellow]{unchecked} not checked[/]"
             t.add_row(o.name + (f" {x['file']}" if x.get("file") else ""), o.status, j["kind"] or "-",
                       api.fmt_bytes(x.get("size_bytes") or j["size_bytes"] or 0),
                       api.fmt_num(x.get("ppl")), api.fmt_num(x.get("ppl_ratio")), api.fmt_num(x.get("kld"), 4),
                       api.fmt_num(x.get("top1")), o.smoke_status(x.get("file")), gate_s)
     console.print(t)
-    console.print(f"[dim]{result.seconds:.1f}s; bundle in {result.release} (SHA256SUMS, report.md, report.json)[/]")
+    written = [n for n in BUNDLE_FILES if (result.release / n).is_file()]
+    console.print(f"[dim]{result.seconds:.1f}s; bundle in {result.release} ({', '.join(written)})[/]")
 
 
 @command
