@@ -221,15 +221,9 @@ def verify(path: Path, reporter: Reporter | None = None) -> artifact.VerifyResul
 
 
 def verify_all(path: Path) -> list[artifact.VerifyResult]:
-    """Verify an artifact, or each artifact of a release folder; a clear error when there is none."""
-    from quantkit.errors import UsageError
-
-    path = Path(path)
-    roots = [path] if (path / artifact.MANIFEST).exists() else sorted(p.parent for p in path.glob(
-        f"*/{artifact.MANIFEST}"))
-    if not roots:
-        raise UsageError(f"{path} has no {artifact.MANIFEST} (and no artifact folders holding one)")
-    return [artifact.verify(r) for r in roots]
+    """Verify an artifact, one file of an artifact, or a release folder (each artifact, then its SHA256SUMS); a
+    clear error when there is none (:func:`quantkit.artifact.verify_tree`)."""
+    return artifact.verify_tree(Path(path))
 
 
 def eval_options(recipe_path: str | None = None, *, flags: dict[str, Any] | None = None,

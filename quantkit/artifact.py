@@ -44,6 +44,7 @@ MANIFEST = "quantkit.json"
 SCHEMA_VERSION = 3  # 1: quantkit 0.1.0 before the typed manifest (key "schema"; source path as typed)
 # 2: the artifact's kind under the key "format" (renamed "kind": "format" named the kind, not a layout)
 MAX_MANIFEST_BYTES = 64 * 2**20  # a manifest lists files and figures: kilobytes; more is not one (read bounded)
+SUMS = "SHA256SUMS"  # a release folder's seal: every file's sha256 as sha256sum writes them (run writes it last)
 WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".engine")
 sha256_file = seal.sha256_file
 
@@ -327,42 +328,137 @@ def update_manifest(root: Path, *, evaluation: EvaluationInfo | dict[str, Any] |
 
 @dataclass
 class VerifyResult:
-    """What :func:`verify` found: files whose hash or size changed, went missing, or are not in the manifest."""
+    """What a verification found: files whose hash or size changed, went missing, or are not listed by the seal
+    (``seal``: an artifact's manifest, or a release folder's :data:`SUMS`). ``sealed`` is False for a release
+    folder without its :data:`SUMS`: ``quantkit run`` writes it last, so its last run did not finish."""
 
     root: Path
     checked: int = 0
     changed: list[str] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)
     extra: list[str] = field(default_factory=list)
+    seal: str = MANIFEST
+    sealed: bool = True
+    matched: dict[str, str] = field(default_factory=dict, repr=False)  # file -> sha256 of those found unchanged
 
     @property
     def ok(self) -> bool:
-        return not (self.changed or self.missing or self.extra)
+        return self.sealed and not (self.changed or self.missing or self.extra)
 
     def to_json(self) -> dict[str, Any]:
-        return {"path": str(self.root), "ok": self.ok, "checked": self.checked, "changed": self.changed,
-                "missing": self.missing, "extra": self.extra}
+        return {"path": str(self.root), "ok": self.ok, "seal": self.seal, "sealed": self.sealed,
+                "checked": self.checked, "changed": self.changed, "missing": self.missing, "extra": self.extra}
 
 
-def verify(root: Path, progress: Any = None) -> VerifyResult:
+def _compare(root: Path, expected: dict[str, str], sizes: dict[str, int], on_disk: set[str], seal_name: str,
+             known: dict[str, str] | None = None) -> VerifyResult:
+    """Files under ``root`` against the sha256 their seal lists, and the files on disk it does not list. A size the
+    seal records (``sizes``) that differs needs no hashing; a file hashed a moment ago (``known``: a release's
+    artifact files, just checked against their manifests) is not hashed again."""
+    known = known or {}
+    res = VerifyResult(root=root, seal=seal_name)
+    res.missing = sorted(rel for rel in expected if not (root / rel).is_file())
+    res.changed = [rel for rel in expected if rel not in res.missing and rel in sizes
+                   and (root / rel).stat().st_size != sizes[rel]]
+    digests = {rel: known[rel] for rel in expected if rel in known and rel not in res.missing}
+    skip = {*res.missing, *res.changed, *digests}
+    to_hash = [root / rel for rel in expected if rel not in skip]
+    digests.update((p.relative_to(root).as_posix(), d) for p, d in seal.hash_many(to_hash))
+    res.changed += [rel for rel, d in digests.items() if d != expected[rel]]
+    res.changed.sort()
+    res.matched = {rel: d for rel, d in digests.items() if d == expected[rel]}
+    res.checked = len(expected) - len(res.missing)
+    res.extra = sorted(on_disk - expected.keys())
+    return res
+
+
+def verify(root: Path) -> VerifyResult:
     """Re-hash every file against the manifest (the artifact's seal)."""
     files = read_manifest(root).files
-    res = VerifyResult(root=root)
-    on_disk = {p.relative_to(root).as_posix() for p in _artifact_files(root)}
-    task = progress.add_task("verifying sha256", total=sum(f.size for f in files.values())) if progress else None
-    res.missing = [rel for rel in files if not (root / rel).is_file()]
-    res.changed = [rel for rel in files if rel not in res.missing and (root / rel).stat().st_size != files[rel].size]
-    to_hash = [root / rel for rel in files if rel not in res.missing and rel not in res.changed]
-    for p, digest in seal.hash_many(to_hash):
-        rel = p.relative_to(root).as_posix()
-        if digest != files[rel].sha256:
-            res.changed.append(rel)
-        if progress:
-            progress.advance(task, files[rel].size)
-    res.checked = len(files) - len(res.missing)
-    res.changed.sort()
-    res.extra = sorted(on_disk - set(files))
-    return res
+    return _compare(root, {rel: f.sha256 for rel, f in files.items()}, {rel: f.size for rel, f in files.items()},
+                    {p.relative_to(root).as_posix() for p in _artifact_files(root)}, MANIFEST)
+
+
+def artifact_of(path: Path) -> Path | None:
+    """The artifact folder a path belongs to: itself when it holds a manifest, else the nearest folder above it
+    that does (a ``.gguf`` file beside its ``quantkit.json``); None when there is none."""
+    path = Path(path)
+    return next((d for d in [path, *path.parents] if d.is_dir() and (d / MANIFEST).is_file()), None)
+
+
+def verify_file(path: Path) -> VerifyResult:
+    """One file of an artifact against the manifest of the folder it is in (:func:`artifact_of`)."""
+    root = artifact_of(path)
+    if root is None:
+        raise UsageError(f"{path} is in no folder with a {MANIFEST}: it was not written by quantkit (or is "
+                         "incomplete)", hint="give an artifact folder, or a file inside one")
+    if not _counts(path):  # the manifest itself (or a lock file): the artifact's seal as a whole
+        return verify(root)
+    rel = Path(path).relative_to(root).as_posix()  # root is one of its parents, as written
+    files = {k: f for k, f in read_manifest(root).files.items() if k == rel}
+    return _compare(root, {k: f.sha256 for k, f in files.items()}, {k: f.size for k, f in files.items()}, {rel},
+                    MANIFEST)
+
+
+def release_artifacts(folder: Path) -> list[Path]:
+    """The artifact folders of a release folder (``quantkit run``'s output of several outputs: one folder each,
+    with its manifest); [] for a folder that is itself an artifact or holds none."""
+    folder = Path(folder)
+    if not folder.is_dir() or (folder / MANIFEST).exists():
+        return []
+    return sorted(p.parent for p in folder.glob(f"*/{MANIFEST}"))
+
+
+def release_files(release: Path) -> list[Path]:
+    """The files a release's :data:`SUMS` lists: every file under it but that list and hidden files (locks,
+    temporary files)."""
+    return sorted(p for p in release.rglob("*") if p.is_file() and p.name != SUMS and not p.name.startswith("."))
+
+
+def _read_sums(path: Path) -> dict[str, str]:
+    """``sha256sum``'s lines (``<sha256>  <file>``, ``*`` before the file in binary mode) as file -> sha256;
+    a line of any other shape, or naming a file outside the folder, is an :class:`IntegrityError`."""
+    raw = read_capped(path, MAX_MANIFEST_BYTES)
+    if raw is None:
+        raise IntegrityError(f"{path} is larger than {fmt_bytes(MAX_MANIFEST_BYTES)}: not a list of sha256")
+    sums: dict[str, str] = {}
+    for n, line in enumerate(raw.decode(errors="replace").splitlines(), 1):
+        digest, sep, name = line.partition("  ") if "  " in line else line.partition(" *")
+        rel = Path(name)
+        if not (sep and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest) and name
+                and not rel.is_absolute() and ".." not in rel.parts):
+            raise IntegrityError(f"{path}, line {n}: not '<sha256>  <file>' with a file inside the folder: "
+                                 f"{line[:120]!r}")
+        sums[rel.as_posix()] = digest
+    return sums
+
+
+def verify_release(release: Path, known: dict[str, str] | None = None) -> VerifyResult:
+    """A release folder against its :data:`SUMS`: every file it lists is there with that sha256, and every file of
+    the release is listed (``known``: files already hashed, by their path in the release). No :data:`SUMS` at all:
+    not sealed."""
+    release = Path(release)
+    if not (release / SUMS).is_file():
+        return VerifyResult(root=release, seal=SUMS, sealed=False)
+    on_disk = {p.relative_to(release).as_posix() for p in release_files(release)}
+    return _compare(release, _read_sums(release / SUMS), {}, on_disk, SUMS, known)
+
+
+def verify_tree(path: Path) -> list[VerifyResult]:
+    """What ``quantkit verify`` checks: an artifact folder against its manifest, a file against the manifest of
+    its folder, a release folder artifact by artifact and then as a whole against its :data:`SUMS`."""
+    path = Path(path)
+    if path.is_file():
+        return [verify_file(path)]
+    if (path / MANIFEST).exists():
+        return [verify(path)]
+    roots = release_artifacts(path)
+    if not roots:
+        raise UsageError(f"{path} has no {MANIFEST} (and no artifact folders holding one)",
+                         hint="give an artifact folder, a file inside one, or a release folder")
+    results = [verify(r) for r in roots]
+    known = {f"{r.root.name}/{rel}": digest for r in results for rel, digest in r.matched.items()}
+    return [*results, verify_release(path, known)]
 
 
 @contextmanager

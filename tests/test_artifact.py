@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from quantkit import artifact
-from quantkit.errors import DiskSpaceError, LockedError, OutputExistsError, UsageError
+from quantkit.errors import DiskSpaceError, IntegrityError, LockedError, OutputExistsError, UsageError
 
 pytestmark = pytest.mark.unit
 
@@ -115,6 +115,68 @@ def test_inspect_and_verify_cli_catch_a_tampered_file(tmp_path: Path, cli) -> No
     assert bad.returncode == 1 and "MISMATCH" in bad.stdout and "model.safetensors" in bad.stderr
     assert "Traceback" not in bad.stderr
     assert cli("verify", out).returncode == 1
+
+
+def _release(root: Path) -> Path:
+    """A release folder as ``quantkit run`` leaves it: two artifacts, the reports, and SHA256SUMS (sha256sum's
+    format) over every file, written last."""
+    make(root / "rtn")
+    make(root / "gguf", b"gguf weights")
+    (root / "report.md").write_text("# report")
+    (root / "report.json").write_text("{}")
+    lines = [f"{artifact.sha256_file(p)}  {p.relative_to(root).as_posix()}" for p in artifact.release_files(root)]
+    (root / artifact.SUMS).write_text("\n".join(lines) + "\n")
+    return root
+
+
+def test_verify_checks_a_release_folder_against_its_sha256sums(tmp_path: Path) -> None:
+    """A release's report files lie in no artifact: its SHA256SUMS is their seal, checked after each artifact."""
+    rel = _release(tmp_path / "rel")
+    ok = artifact.verify_tree(rel)
+    assert [(r.root.name, r.seal, r.ok) for r in ok] == [("gguf", artifact.MANIFEST, True),
+                                                         ("rtn", artifact.MANIFEST, True), ("rel", artifact.SUMS, True)]
+    assert ok[-1].checked == len(artifact.release_files(rel)) == 10
+    (rel / "report.md").write_text("# edited")
+    (rel / "notes.txt").write_text("mine")
+    bad = artifact.verify_tree(rel)[-1]
+    assert not bad.ok and bad.changed == ["report.md"] and bad.extra == ["notes.txt"] and bad.missing == []
+    (rel / "report.json").unlink()
+    assert artifact.verify_tree(rel)[-1].missing == ["report.json"]
+    (rel / artifact.SUMS).unlink()  # the run writes it last: a release without one did not finish
+    unsealed = artifact.verify_tree(rel)[-1]
+    assert not unsealed.ok and not unsealed.sealed and unsealed.to_json()["sealed"] is False
+    (rel / artifact.SUMS).write_text(f"{'0' * 64}  ../outside\n")
+    with pytest.raises(IntegrityError, match="line 1"):
+        artifact.verify_tree(rel)
+
+
+def test_verify_a_file_against_the_manifest_of_its_folder(tmp_path: Path) -> None:
+    out = tmp_path / "art"
+    make(out, b"W" * 100)
+    res = artifact.verify_tree(out / "model.safetensors")
+    assert [(r.root, r.checked, r.ok) for r in res] == [(out, 1, True)]
+    assert artifact.verify_tree(out / "sub" / "tokenizer.json")[0].ok
+    (out / "model.safetensors").write_bytes(b"V" * 100)
+    assert artifact.verify_tree(out / "model.safetensors")[0].changed == ["model.safetensors"]
+    (out / "evil.py").write_text("print('hi')")
+    assert artifact.verify_tree(out / "evil.py")[0].extra == ["evil.py"]
+    (tmp_path / "lone.gguf").write_bytes(b"GGUF")
+    with pytest.raises(UsageError, match="no folder with a quantkit.json"):
+        artifact.verify_tree(tmp_path / "lone.gguf")
+
+
+@pytest.mark.cli
+def test_verify_cli_on_a_release_and_on_a_file(tmp_path: Path, cli) -> None:
+    rel = _release(tmp_path / "rel")
+    shown = json.loads(cli("verify", rel, "--json", check=True).stdout)
+    assert [(r["seal"], r["ok"]) for r in shown] == [("quantkit.json", True)] * 2 + [("SHA256SUMS", True)]
+    assert cli("verify", rel / "gguf" / "model.safetensors", check=True).stdout.startswith("ok ")
+    (rel / "report.md").write_text("# edited")
+    proc = cli("verify", rel)
+    assert proc.returncode == 1 and "report.md" in proc.stdout and "SHA256SUMS" in proc.stderr
+    (rel / artifact.SUMS).unlink()
+    proc = cli("verify", rel)
+    assert proc.returncode == 1 and "NOT SEALED" in proc.stdout and "Traceback" not in proc.stderr
 
 
 def test_update_manifest_rehashes_new_files(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from quantkit import api
@@ -64,24 +65,33 @@ def inspect_cmd(
 
 @command
 def verify_cmd(
-    path: Path = typer.Argument(..., help="Artifact folder (or release folder of artifacts)."),
+    path: Path = typer.Argument(..., help="Artifact folder, a file inside one, or a release folder of artifacts."),
     json: bool = JSON_OPT,
 ) -> None:
     """Re-hash every file against quantkit.json and report any difference (tampering, bit rot, incomplete copy).
-    Exits 1 on any mismatch. A release folder is checked artifact by artifact."""
+    Exits 1 on any mismatch. A file is checked against the manifest of its folder; a release folder artifact by
+    artifact, then every file of it against its SHA256SUMS (a release without one is not sealed: its last run
+    did not finish)."""
     results = api.verify_all(path)
     if json:
         emit_json([r.to_json() for r in results])
     else:
         c = console(False)
         for r in results:
-            if r.ok:
-                c.print(f"[green]ok[/] {r.root}: {r.checked} files match the manifest")
+            where = escape(str(r.root))
+            if not r.sealed:
+                c.print(f"[red]NOT SEALED[/] {where}: no {r.seal} (quantkit run writes it last: its last run on "
+                        "this folder did not finish)")
+            elif r.ok:
+                c.print(f"[green]ok[/] {where}: {r.checked} {'file matches' if r.checked == 1 else 'files match'} "
+                        f"{r.seal}")
             else:
-                c.print(f"[red]MISMATCH[/] {r.root}: changed {r.changed}, missing {r.missing}, extra {r.extra}")
+                c.print(f"[red]MISMATCH[/] {where} against {r.seal}: "
+                        + escape(f"changed {r.changed}, missing {r.missing}, not listed {r.extra}"))
     bad = [r for r in results if not r.ok]
     if bad:
-        raise IntegrityError(f"{len(bad)} artifact(s) differ from their manifest: {', '.join(str(r.root) for r in bad)}")
+        raise IntegrityError(f"{len(bad)} of {len(results)} checked differ from their seal: "
+                             + ", ".join(f"{r.root} ({r.seal}{'' if r.sealed else ' missing'})" for r in bad))
 
 
 def register(app: typer.Typer) -> None:
