@@ -1,4 +1,10 @@
-"""Upload verified artifacts to the Hugging Face hub (``quantkit publish``)."""
+"""Upload verified artifacts to the Hugging Face hub (``quantkit publish``).
+
+Everything that can be checked here is checked before the hub is asked: the repository ids (huggingface_hub's own
+validator), every artifact's files against its manifest, and that there is a token to upload with. Tested with
+huggingface_hub 1.33.0, whose requests go through httpx: a hub that cannot be reached raises httpx's transport errors
+(a refused connection, a name that does not resolve, a timeout), an answer it refuses raises ``HfHubHTTPError``.
+"""
 
 from __future__ import annotations
 
@@ -11,20 +17,26 @@ from quantkit.errors import IntegrityError, QuantkitError, UnsafeOutputError, Us
 
 def publish(folder: Path, repo: str, *, private: bool = False) -> list[dict[str, Any]]:
     """Verify then upload each artifact under ``folder``; a release folder maps to ``repo-<artifact>`` repos."""
+    _check_repo_id(repo)
     if (folder / artifact.MANIFEST).exists():
         targets = [(folder, repo)]
     else:
-        targets = [(p.parent, f"{repo}-{p.parent.name}") for p in sorted(folder.glob(f"*/{artifact.MANIFEST}"))]
+        targets = [(p, f"{repo}-{p.name}") for p in artifact.release_artifacts(folder)]
     if not targets:
         raise UsageError(f"{folder} holds no quantkit artifact (no {artifact.MANIFEST})")
-    for path, _ in targets:
+    for path, repo_id in targets:
+        _check_repo_id(repo_id)
         res = artifact.verify(path)
         if not res.ok:
             raise IntegrityError(f"refusing to publish {path}: files differ from the manifest "
                                  f"(changed {res.changed}, missing {res.missing}, extra {res.extra})")
-    from huggingface_hub import HfApi
+    import httpx
+    from huggingface_hub import HfApi, get_token
     from huggingface_hub.errors import HfHubHTTPError
 
+    if get_token() is None:
+        raise UsageError("publish needs a Hugging Face token with write access, and none is set",
+                         hint="run `hf auth login`, or set HF_TOKEN")
     api = HfApi()
     done = []
     for path, repo_id in targets:
@@ -36,11 +48,23 @@ def publish(folder: Path, repo: str, *, private: bool = False) -> list[dict[str,
         except HfHubHTTPError as e:
             raise QuantkitError(f"upload of {path} to {repo_id} failed: {e}",
                                 hint="check `hf auth whoami` and your write access") from None
-        except OSError as e:
+        except (httpx.TransportError, OSError) as e:
             raise QuantkitError(f"cannot reach the Hugging Face hub to upload {path}: {e}",
                                 hint="check the network; the artifacts are unchanged on disk") from None
         done.append({"path": str(path), "repo": repo_id, "url": str(getattr(info, "commit_url", info))})
     return done
+
+
+def _check_repo_id(repo_id: str) -> None:
+    """A repository id the hub accepts (ORG/NAME or NAME: letters, digits, ``-_.``, at most 96 characters)."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        raise UsageError(f"--repo {repo_id!r} is not a Hugging Face repository id: {' '.join(str(e).split())}",
+                         hint="give ORG/NAME, e.g. --repo my-org/my-model-awq") from None
 
 
 def _check_repo(api: Any, repo_id: str) -> None:

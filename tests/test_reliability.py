@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -217,3 +218,40 @@ def test_same_recipe_seed_and_versions_give_identical_bytes(tmp_path: Path, tiny
     assert fa == fb  # every file's sha256 identical
     ma, mb = artifact.read_manifest(a), artifact.read_manifest(b)
     assert ma.calibration == mb.calibration and ma.output_sha256 == mb.output_sha256
+
+
+def _sealed(out: Path) -> Path:
+    """A small artifact folder sealed by quantkit's own writer (nothing to quantize: publish reads only files)."""
+    source = artifact.SourceInfo(id="models/quantkit-tiny", path=str(ROOT / "models" / "quantkit-tiny"),
+                                 config_sha256="0" * 64)
+    with artifact.ArtifactWriter(out) as w:
+        (w.path / "model.safetensors").write_bytes(b"weights")
+        w.commit(artifact.Manifest(kind="test", method="test", source=source))
+    return out
+
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on: a connection to it is refused at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.cli
+def test_publish_refuses_in_one_line_what_it_can_check_before_the_hub(tmp_path: Path) -> None:
+    """A bad repository id, then no token, each exit 2 before any request; a hub that cannot be reached, exit 1.
+    Each was a traceback (httpx.ConnectError, HFValidationError) or no check at all."""
+    art = _sealed(tmp_path / "art")
+    no_hub = {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": f"http://127.0.0.1:{_closed_port()}"}
+    no_token = {**no_hub, "HF_HOME": str(tmp_path / "hf-home"), "HF_TOKEN_PATH": str(tmp_path / "hf-home" / "token"),
+                "HF_TOKEN": "", "HUGGING_FACE_HUB_TOKEN": "", "HF_OIDC_RESOURCE": ""}
+    cases = [(["publish", tmp_path / "missing", "--repo", "bad name!!"], no_hub, 2, "not a Hugging Face repository id"),
+             (["publish", art, "--repo", "me/test"], no_token, 2, "hf auth login"),
+             (["publish", art, "--repo", "me/test"], {**no_hub, "HF_TOKEN": "hf_test"}, 1, "cannot reach the Hugging")]
+    for argv, env, code, said in cases:
+        for json_flag in ([], ["--json"]):
+            proc = quantkit(*argv, *json_flag, env=env, timeout=120)
+            assert proc.returncode == code and said in proc.stderr, proc.stderr
+            assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 2, proc.stderr
+            assert proc.stdout == ""  # as every verb under --json: an error is stderr's, stdout gets no document
+    assert artifact.verify(art).ok
