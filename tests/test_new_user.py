@@ -210,3 +210,24 @@ def test_dry_run_gpu_estimate_is_what_the_h200_measured(tmp_path: Path, shape: s
     file, method, tool = measured
     peak = json.loads((ROOT / "bench" / "results" / file).read_text())["runs"][method][tool]["peak_gpu_bytes"]
     assert abs(o["gpu_bytes"] / peak - 1) <= 0.10, (o["gpu_bytes"], peak)
+
+
+@pytest.mark.cli
+def test_global_flags_before_the_verb(tmp_path: Path) -> None:
+    """docs/usage.md: --json, --quiet and --debug go before or after the verb (--json before it was 'No such
+    option', exit 2)."""
+    rel = _sealed(tmp_path / "rel")
+    before = quantkit("--json", "--quiet", "verify", rel)
+    assert before.returncode == 0 and json.loads(before.stdout)[0]["ok"] is True, before.stderr
+    assert quantkit("--debug", "verify", rel, "--json").returncode == 0
+
+
+def _sealed(out: Path) -> Path:
+    """A small artifact folder sealed by quantkit's own writer (what verify reads; nothing quantized)."""
+    from quantkit import artifact
+
+    source = artifact.SourceInfo(id=TINY_REL, path=str(ROOT / TINY_REL), config_sha256="0" * 64)
+    with artifact.ArtifactWriter(out) as w:
+        (w.path / "model.safetensors").write_bytes(b"weights")
+        w.commit(artifact.Manifest(kind="test", method="test", source=source))
+    return out

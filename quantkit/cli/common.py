@@ -28,6 +28,7 @@ class State:
 
     debug: bool = False
     quiet: bool = False
+    json: bool = False
 
 
 STATE = State()
@@ -119,14 +120,17 @@ def handle_errors(fn: F) -> F:
 
 
 def command(fn: F) -> F:
-    """A verb: :func:`handle_errors`, plus the global ``--quiet`` and ``--debug`` accepted after the verb as well as
-    before it (``quantkit gptq MODEL OUT --quiet`` and ``quantkit --quiet gptq MODEL OUT`` are the same)."""
+    """A verb: :func:`handle_errors`, plus the global ``--json``, ``--quiet`` and ``--debug`` accepted before the
+    verb as well as after it (``quantkit gptq MODEL OUT --quiet`` and ``quantkit --quiet gptq MODEL OUT`` are the
+    same)."""
     handled = handle_errors(fn)
 
     @functools.wraps(fn)
     def wrapper(*args: Any, quiet: bool = False, debug: bool = False, **kwargs: Any) -> Any:
         STATE.quiet = STATE.quiet or quiet
         STATE.debug = STATE.debug or debug
+        if "json" in kwargs:  # every verb takes --json; given before the verb, the top-level callback has it
+            kwargs["json"] = kwargs["json"] or STATE.json
         if not STATE.debug:
             silence_library_bars()  # libraries' own bars ignore --quiet and break Rich's display
         return handled(*args, **kwargs)

@@ -12,7 +12,7 @@ import typer
 
 from quantkit import __version__
 from quantkit.cli import artifacts, evaluate, pipeline, quantize, recipes, smoke, trt
-from quantkit.cli.common import STATE
+from quantkit.cli.common import JSON_OPT, STATE
 
 HELP = """\
 Turn Hugging Face checkpoints into verified quantized artifacts.
@@ -38,10 +38,12 @@ def _version(value: bool) -> None:
 def _root(
     debug: bool = typer.Option(False, "--debug", help="Show full tracebacks for errors."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only print errors and the final result."),
+    json: bool = JSON_OPT,
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
 ) -> None:
     STATE.debug = debug
     STATE.quiet = quiet
+    STATE.json = json
     if not debug:
         # Backends draw their own tqdm bars per layer; quantkit's Rich bars and step timings replace them.
         os.environ.setdefault("TQDM_DISABLE", "1")
