@@ -231,3 +231,42 @@ def _sealed(out: Path) -> Path:
         (w.path / "model.safetensors").write_bytes(b"weights")
         w.commit(artifact.Manifest(kind="test", method="test", source=source))
     return out
+
+
+def _verbs(group: object, prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], object]]:
+    """Every verb of the CLI (``calib show`` as two words) with its click command."""
+    out = []
+    for name, cmd in getattr(group, "commands", {}).items():
+        out += _verbs(cmd, (*prefix, name)) if hasattr(cmd, "commands") else [((*prefix, name), cmd)]
+    return out
+
+
+@pytest.mark.unit
+def test_an_empty_path_is_a_usage_error_for_every_verb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Typer read "" as the current folder: `quantkit verify "$(jq -r .release run.json)"` after a failed run (an
+    empty release) verified whatever artifact sat there and passed. Every positional argument and every option
+    typed as a path refuses it before the verb runs."""
+    import typer.main
+    from typer.testing import CliRunner
+
+    from quantkit.cli.main import app
+
+    monkeypatch.chdir(tmp_path)
+    tried = 0
+    for words, cmd in _verbs(typer.main.get_command(app)):
+        args = [p for p in cmd.params if p.param_type_name == "argument"]
+        for i, _ in enumerate(args):
+            res = CliRunner().invoke(app, [*words, *["x"] * i, ""])
+            assert res.exit_code == 2 and "an empty path" in res.output, (words, i, res.output)
+            tried += 1
+    assert tried >= 20  # each quantize verb's MODEL and OUTPUT, inspect, verify, eval, smoke, run, publish...
+    for argv in (["eval", "x", "--report-dir", ""], ["run", "r.yaml", "--output", ""], ["rtn", "m", "-o", ""]):
+        res = CliRunner().invoke(app, argv)
+        assert res.exit_code == 2 and "an empty path" in res.output, (argv, res.output)
+
+
+@pytest.mark.cli
+def test_an_empty_release_path_does_not_verify_the_current_folder(tmp_path: Path) -> None:
+    """The CI case: `quantkit verify ""` in a folder holding an artifact verified it and passed (exit 0)."""
+    empty = quantkit("verify", "", cwd=_sealed(tmp_path / "rel"))
+    assert empty.returncode == 2 and "an empty path" in empty.stderr and "Traceback" not in empty.stderr
