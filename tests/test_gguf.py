@@ -396,3 +396,20 @@ def test_gguf_verb_help(cli: Callable) -> None:
     proc = cli("gguf", "--help", check=True)
     assert "--type" in proc.stdout and "--imatrix" in proc.stdout and "--imatrix-file" in proc.stdout
 
+
+
+def test_conversion_bar_follows_the_converters_own_progress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """quantkit sets TQDM_DISABLE for the libraries it runs in-process; the converter's "Writing: N%" bar, which
+    feeds quantkit's, must still be drawn, or the conversion shows 0% from start to end."""
+    import io
+
+    from rich.console import Console
+
+    from quantkit.producers.gguf import convert
+    from quantkit.progress import Reporter
+
+    monkeypatch.setenv("TQDM_DISABLE", "1")
+    out = io.StringIO()
+    convert.convert(TINY.resolve(), tmp_path / "t.gguf", "Q8_0", name="t",
+                    reporter=Reporter(Console(file=out, width=200, force_terminal=False)))
+    assert "100%" in out.getvalue(), out.getvalue()

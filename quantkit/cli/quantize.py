@@ -43,8 +43,8 @@ def _quantize(row: formats.Format, values: dict[str, Any]) -> None:
         raise RecipeError(f"give MODEL and OUTPUT, or --recipe FILE (see `quantkit {row.verb} --help`)")
     r = api.load_recipe(recipe_path, overrides, base={"quantize": {"method": row.method}})
     if r.quantize is None or r.quantize.method != row.method:
-        got = r.quantize.method if r.quantize else "a multi-output"
-        raise RecipeError(f"{recipe_path} is {got} recipe, not {row.method}",
+        got = r.quantize.method if r.quantize else "multi-output"
+        raise RecipeError(f"{recipe_path} is a {got} recipe, not {row.method}",
                           hint=f"use `quantkit {formats.by_method(got).verb if r.quantize else 'run'} "
                                f"--recipe {recipe_path}`")
     if values["dry_run"]:

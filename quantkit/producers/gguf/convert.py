@@ -97,8 +97,11 @@ def run_wrapper(model_dir: Path, args: list[str], *, plan_only: bool, reporter: 
     ``part`` names what of the checkpoint is converted in a refusal ("the vision side (mmproj) of ")."""
     conv = tools.require_converter("GGUF conversion").path
     pre, _ = tokenizer.match(model_dir)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(conv), str(conv / "gguf-py")]),
-           "NO_LOCAL_GGUF": "1", "PYTHONUNBUFFERED": "1"}
+    # The converter's own "Writing: N%" bar feeds quantkit's: TQDM_DISABLE (which quantkit sets for the libraries it
+    # runs in-process) must not reach it, or the bar stays at 0% for the whole conversion.
+    env = {**{k: v for k, v in os.environ.items() if k != "TQDM_DISABLE"},
+           "PYTHONPATH": os.pathsep.join([str(conv), str(conv / "gguf-py")]), "NO_LOCAL_GGUF": "1",
+           "PYTHONUNBUFFERED": "1"}
     with tempfile.TemporaryDirectory(prefix="quantkit-convert-") as tmp:
         result = Path(tmp) / "result.json"
         argv = [sys.executable, "-P", str(WRAPPER), "--result", str(result), *(["--pre", pre] if pre else []),
