@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from quantkit import artifact, calibration, outputs, plan as plan_mod, recipe as recipe_mod, source as source_mod, \
     versions
 from quantkit.artifact import MANIFEST, Manifest, fmt_bytes, fmt_num, size_bytes
@@ -193,16 +195,23 @@ def preview_calibration(source: str, *, model: str | None = None, samples: int =
                         show: int = 3) -> dict[str, Any]:
     """A calibration source's documents, and with ``model`` the exact token samples and their sha256, built as the
     quantize verbs build them (``chat_template`` None: the recipe's default, as theirs), so the sha256 is the one
-    an artifact's manifest will record."""
+    an artifact's manifest will record. Each value is checked against the recipe schema first (the keywords are
+    ``calib show``'s flags): a refusal names the flag, exit 2."""
+    if show < 0:
+        raise RecipeError(f"--show {show}: the number of documents to preview is 0 or more")
+    asked = {} if chat_template is None else {"chat_template": chat_template}
+    try:
+        spec = recipe_mod.CalibrationSpec(dataset=source, samples=samples, seq_len=seq_len, seed=seed, field=field,
+                                          **asked)
+    except ValidationError as e:
+        raise RecipeError("; ".join(f"--{str(err['loc'][0]).replace('_', '-')} {err['input']!r}: {err['msg']}"
+                                    for err in e.errors())) from None
     docs = calibration.load_documents(source, field)
     info: dict[str, Any] = {"source": source, "kind": docs.kind, "documents": len(docs.items), "chat": docs.chat,
                             "source_sha256": docs.file_sha256, "preview": [str(d)[:300] for d in docs.items[:show]]}
     if model:
         from transformers import AutoTokenizer
 
-        asked = {} if chat_template is None else {"chat_template": chat_template}
-        spec = recipe_mod.CalibrationSpec(dataset=source, samples=samples, seq_len=seq_len, seed=seed, field=field,
-                                          **asked)
         calibration.check_fits(spec, source_mod.resolve(recipe_mod.ModelSpec(source=model)).config, model)
         tok = AutoTokenizer.from_pretrained(model)
         cs = calibration.build(spec, tok, docs)

@@ -127,3 +127,14 @@ def test_calib_show_cli(cli, tiny: Path) -> None:
     proc = cli("calib", "show", "prose", "--model", tiny, "--samples", "2", "--seq-len", "32", "--json", check=True)
     info = json.loads(proc.stdout)
     assert info["calibration"]["tokens"] == 64 and len(info["calibration"]["tokens_sha256"]) == 64
+
+
+@pytest.mark.cli
+def test_calib_show_refuses_values_out_of_bounds_in_one_line(cli, tiny: Path) -> None:
+    """--samples 0 printed pydantic's ValidationError traceback (exit 1), and --show -1 was taken (previewing all
+    documents but the last): each is now one line naming the flag, exit 2."""
+    for flags, said in [(["--model", tiny, "--samples", "0"], "--samples 0: Input should be greater than or equal to 1"),
+                        (["--show", "-1"], "--show -1")]:
+        proc = cli("calib", "show", "mixed", *flags)
+        assert proc.returncode == 2 and said in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
