@@ -25,7 +25,7 @@ from quantkit.engines.vllm import tune as tune_mod
 from quantkit.errors import GateFailedError, Interrupted, OutputExistsError, QuantkitError, UsageError
 from quantkit.formats.names import LLAMACPP, VLLM, KindName
 from quantkit.progress import Reporter
-from quantkit.outputs import REPORT_JSON, SUMS
+from quantkit.outputs import BUNDLE_FILES, REPORT_JSON, SUMS
 from quantkit.recipe import Recipe
 from quantkit.reuse import reusable
 
@@ -101,6 +101,11 @@ class RunResult:
             raise QuantkitError("evaluation failed: " + "; ".join(self.failed_evaluation))
         if self.failed_smoke:
             raise QuantkitError("smoke test failed: " + "; ".join(self.failed_smoke))
+
+    @property
+    def bundle(self) -> list[str]:
+        """The bundle's files this run left in the release (``report.md`` only where something was evaluated)."""
+        return [n for n in BUNDLE_FILES if (self.release / n).is_file()]
 
     def to_json(self) -> dict[str, Any]:
         return {"release": str(self.release), "ok": self.ok, "seconds": round(self.seconds, 1),

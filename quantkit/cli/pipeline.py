@@ -10,7 +10,6 @@ from rich.table import Table
 
 from quantkit import api, pipeline
 from quantkit.cli.common import DRY_RUN_OPT, FORCE_OPT, JSON_OPT, command, emit_json, print_plan, reporter
-from quantkit.outputs import BUNDLE_FILES
 
 
 @command
@@ -63,8 +62,7 @@ def summary(console: Any, result: Any) -> None:
                       api.fmt_num(x.get("ppl")), api.fmt_num(x.get("ppl_ratio")), api.fmt_num(x.get("kld"), 4),
                       api.fmt_num(x.get("top1")), o.smoke_status(x.get("file")), gate_s)
     console.print(t)
-    written = [n for n in BUNDLE_FILES if (result.release / n).is_file()]
-    console.print(f"[dim]{result.seconds:.1f}s; bundle in {result.release} ({', '.join(written)})[/]")
+    console.print(f"[dim]{result.seconds:.1f}s; bundle in {result.release} ({', '.join(result.bundle)})[/]")
 
 
 @command
