@@ -50,8 +50,8 @@ class CalibrationSpec(Strict):
     dataset: str = Field("mixed", description="shipped set (prose, code, mixed, heldout), a file, or a hub name")
     samples: int = Field(128, ge=1, le=65536)
     seq_len: int = Field(512, ge=16, le=131072)
-    seed: int = Field(0, description="order in which documents are drawn; in a recipe it follows runtime.seed "
-                      "(--seed) unless set here")
+    seed: int = Field(0, ge=0, lt=2**64, description="order in which documents are drawn; in a recipe it follows "
+                      "runtime.seed (--seed) unless set here")
     field: str = Field("text", description="JSON/parquet field holding the text")
     chat_template: bool | Literal["auto"] = Field("auto", description="render each sample with the model's "
                                                   "chat template; auto = for an instruct model (its EOS ends the "
@@ -146,9 +146,11 @@ METHODS = formats.methods()
 class RuntimeSpec(Strict):
     """Where and how the work runs. Not part of what an artifact *is*, but recorded for reproduction."""
 
-    device: str = Field("auto", max_length=32, description="auto, cpu, cuda, cuda:N")
+    device: str = Field("auto", max_length=32, pattern=r"^(auto|cpu|cuda(:\d{1,4})?)$",
+                        description="auto, cpu, cuda, cuda:N")
     num_gpus: int = Field(1, ge=1, le=1024, description="> 1 launches llm-compressor's distributed calibration")
-    seed: int = Field(0, ge=-(2**63), lt=2**64)
+    # Python's random.Random(-n) draws as Random(n): a negative seed would record another number than it draws with.
+    seed: int = Field(0, ge=0, lt=2**64)
     python: str | None = Field(None, max_length=PATH_LENGTH, description="another Python environment for this step "
                                "(TensorRT-LLM)")
 

@@ -64,6 +64,21 @@ def test_out_of_range_values(tmp_path: Path, old: str, new: str, where: str) -> 
     assert where in error_of(tmp_path, GOOD.replace(old, new))
 
 
+@pytest.mark.parametrize("flag,value,why", [
+    ("runtime.device|--device", "tpu", "runtime.device (from --device)"),  # ran on the CPU and recorded "tpu"
+    ("runtime.device|--device", "cuda:x", "runtime.device (from --device)"),
+    ("runtime.seed|--seed", -1, "runtime.seed (from --seed): Input should be greater than or equal to 0"),
+])
+def test_a_flag_value_quantkit_would_not_honour_is_refused(tmp_path: Path, flag: str, value: object,
+                                                          why: str) -> None:
+    """A device that is not one quantkit runs on, or a negative seed (Python's random draws with -n as with n, so
+    the manifest would record a seed other than the one that drew the samples), is refused, not recorded."""
+    assert why in error_of(tmp_path, GOOD, {flag: value})
+    for ok in ("cpu", "cuda", "cuda:3", "auto"):
+        assert recipe.load(write(tmp_path, GOOD), {"runtime.device|--device": ok},
+                           check_output_escape=False).runtime.device == ok
+
+
 def test_unknown_method_lists_methods(tmp_path: Path) -> None:
     msg = error_of(tmp_path, GOOD.replace("method: awq", "method: awk"))
     assert "quantize" in msg and "'awq'" in msg and "'gguf'" in msg and "line 4" in msg
