@@ -380,10 +380,10 @@ def verify(root: Path) -> VerifyResult:
 
 
 def artifact_of(path: Path) -> Path | None:
-    """The artifact folder a path belongs to: itself when it holds a manifest, else the nearest folder above it
-    that does (a ``.gguf`` file beside its ``quantkit.json``); None when there is none."""
+    """The artifact folder of a path: a folder holding a manifest is one; a file belongs to the nearest folder
+    above it that holds one (a ``.gguf`` file beside its ``quantkit.json``). None when there is none."""
     path = Path(path)
-    return next((d for d in [path, *path.parents] if d.is_dir() and (d / MANIFEST).is_file()), None)
+    return next((d for d in (path.parents if path.is_file() else [path]) if (d / MANIFEST).is_file()), None)
 
 
 def verify_file(path: Path) -> VerifyResult:

@@ -1,7 +1,8 @@
 """``quantkit inspect``: say what an artifact is, from its files, and check its seal.
 
-Works on quantkit artifacts (manifest + sha256 check) and on foreign ones too (a compressed-tensors, AutoAWQ,
-GPTQ or ModelOpt checkpoint, a plain checkpoint, a ``.gguf`` file), reading only headers and configs.
+Works on quantkit artifacts (manifest + sha256 check; a ``.gguf`` file inside one against its folder's manifest; a
+release folder artifact by artifact, then against its ``SHA256SUMS``) and on foreign ones too (a compressed-tensors,
+AutoAWQ, GPTQ or ModelOpt checkpoint, a plain checkpoint, a ``.gguf`` file), reading only headers and configs.
 """
 
 from __future__ import annotations
@@ -90,7 +91,18 @@ def describe_gguf_files(root: Path) -> list[dict[str, Any]]:
 
 
 def describe(path: Path) -> dict[str, Any]:
-    """Everything ``inspect`` prints, as data."""
+    """Everything ``inspect`` prints, as data: an artifact, a checkpoint, a ``.gguf`` file (checked against the
+    manifest of its folder, where it has one), or a release folder: each of its artifacts, and the release as a
+    whole against its ``SHA256SUMS`` (what ``verify`` checks)."""
+    path = Path(path)
+    if artifact.release_artifacts(path):
+        *checks, release = artifact.verify_tree(path)
+        return {"path": str(path), "release": release.to_json(), "artifacts": [_describe(c.root, c) for c in checks]}
+    return _describe(path, None)
+
+
+def _describe(path: Path, check: artifact.VerifyResult | None) -> dict[str, Any]:
+    """One artifact, checkpoint or ``.gguf`` file; ``check``: its seal, already verified."""
     kind = kinds.detect(path)
     info: dict[str, Any] = {"path": str(path), "kind": kind.name, "size_bytes": artifact.size_bytes(path)}
     if kind.name == KindName.GGUF:
@@ -98,9 +110,9 @@ def describe(path: Path) -> dict[str, Any]:
         info["gguf"] = describe_gguf_files(path)
     elif path.is_dir():
         info.update(checkpoint_quantization(path))
-    manifest_path = path / artifact.MANIFEST if path.is_dir() else None
-    if manifest_path and manifest_path.exists():
-        m = artifact.read_manifest(path)
+    home = artifact.artifact_of(path)
+    if home is not None:
+        m = artifact.read_manifest(home)
         src = m.source
         info["method"] = m.method
         info["created"] = m.created
@@ -118,7 +130,13 @@ def describe(path: Path) -> dict[str, Any]:
         info["calibration"] = m.calibration.model_dump(mode="json") if m.calibration else None
         info["evaluation"] = m.evaluation.model_dump(mode="json") if m.evaluation else None
         info["smoke"] = m.smoke.model_dump(mode="json") if m.smoke else None
-        info["manifest"] = artifact.verify(path).to_json()
+        check = check or (artifact.verify_file(path) if path.is_file() else artifact.verify(home))
+        info["manifest"] = check.to_json()
     else:
         info["manifest"] = None
+    unreadable = [g for g in info.get("gguf", []) if "error" in g]
+    if unreadable and (info["manifest"] is None or info["manifest"]["ok"]):  # else the mismatch says why
+        g = unreadable[0]  # a file that is not what it claims: exit 1, as doctor and eval say of it
+        raise IntegrityError(f"{g['file']} is not a readable GGUF file: {g['error']}",
+                             hint="re-create it (quantkit gguf ... --force)")
     return info

@@ -179,6 +179,69 @@ def test_verify_cli_on_a_release_and_on_a_file(tmp_path: Path, cli) -> None:
     assert proc.returncode == 1 and "NOT SEALED" in proc.stdout and "Traceback" not in proc.stderr
 
 
+def small_gguf(path: Path) -> Path:
+    """A GGUF file gguf-py writes (a token list, one tensor, file type Q8_0): what inspect and doctor read."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    w = GGUFWriter(str(path), "llama")
+    w.add_file_type(7)  # MOSTLY_Q8_0
+    w.add_token_list(["a", "b"])
+    w.add_tensor("t", np.zeros(32, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def gguf_artifact(final: Path) -> Path:
+    with artifact.ArtifactWriter(final) as w:
+        small_gguf(w.path / "m-Q8_0.gguf")
+        w.commit(artifact.Manifest(kind="gguf", method="gguf", source=SOURCE))
+    return final
+
+
+@pytest.mark.cli
+def test_inspect_a_gguf_file_inside_an_artifact_and_one_that_is_not_gguf(tmp_path: Path, cli) -> None:
+    """A .gguf beside its quantkit.json read as 'manifest: none' with no hash checked; random bytes named .gguf
+    printed a table row and exited 0 (doctor: 1)."""
+    art = gguf_artifact(tmp_path / "gguf")
+    shown = json.loads(cli("inspect", art / "m-Q8_0.gguf", "--json", check=True).stdout)
+    assert shown["method"] == "gguf" and shown["gguf"][0]["type"] == "Q8_0"
+    assert shown["manifest"]["ok"] is True and shown["manifest"]["checked"] == 1
+    with open(art / "m-Q8_0.gguf", "ab") as f:
+        f.write(b"\0")
+    bad = cli("inspect", art / "m-Q8_0.gguf")
+    assert bad.returncode == 1 and "MISMATCH" in bad.stdout and "m-Q8_0.gguf" in bad.stderr, bad.stderr
+    (tmp_path / "fake.gguf").write_bytes(os.urandom(4096))
+    fake = cli("inspect", tmp_path / "fake.gguf")
+    assert fake.returncode == 1 and fake.stdout == "" and "fake.gguf is not a readable GGUF file" in fake.stderr
+    assert "Traceback" not in fake.stderr and len(fake.stderr.strip().splitlines()) == 2  # the error and its hint
+
+
+@pytest.mark.cli
+def test_inspect_and_doctor_take_a_release_folder(tmp_path: Path, cli) -> None:
+    """Both exited 2 on a release folder ('neither .gguf files nor a checkpoint'), which verify, eval and publish
+    take: inspect shows each artifact and the release's SHA256SUMS check, doctor checks each artifact."""
+    rel = tmp_path / "rel"
+    gguf_artifact(rel / "a")
+    gguf_artifact(rel / "b")
+    lines = [f"{artifact.sha256_file(p)}  {p.relative_to(rel).as_posix()}" for p in artifact.release_files(rel)]
+    (rel / artifact.SUMS).write_text("\n".join(lines) + "\n")
+    shown = json.loads(cli("inspect", rel, "--json", check=True).stdout)
+    assert [Path(a["path"]).name for a in shown["artifacts"]] == ["a", "b"]
+    assert all(a["manifest"]["ok"] for a in shown["artifacts"]) and shown["release"]["ok"] is True
+    (rel / "report.md").write_text("# mine")
+    proc = cli("inspect", rel)
+    assert proc.returncode == 1 and "release" in proc.stdout and "report.md" in proc.stderr, proc.stderr
+    doctor = cli("doctor", rel, "--json", timeout=300)
+    assert doctor.returncode == 0, doctor.stderr[-2000:]
+    parts = json.loads(doctor.stdout)["artifacts"]
+    assert [Path(p["artifact"]["path"]).name for p in parts] == ["a", "b"]
+    assert all(p["engine"]["name"] == "llama.cpp" and p["ok"] for p in parts)
+
+
 def test_update_manifest_rehashes_new_files(tmp_path: Path) -> None:
     out = tmp_path / "art"
     make(out)

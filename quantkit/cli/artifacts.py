@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.markup import escape
@@ -15,52 +16,78 @@ from quantkit.errors import IntegrityError
 
 @command
 def inspect_cmd(
-    path: Path = typer.Argument(..., help="Artifact folder, checkpoint folder or .gguf file."),
+    path: Path = typer.Argument(..., help="Artifact folder, checkpoint folder, .gguf file or release folder."),
     json: bool = JSON_OPT,
 ) -> None:
     """Print what an artifact is: format, bits, scheme, size, compression vs the source, and the manifest check
-    (every file's sha256 re-verified). Exits 1 if any file differs from the manifest."""
+    (every file's sha256 re-verified; a .gguf file against the manifest of its folder). A release folder: each of
+    its artifacts, then the release against its SHA256SUMS. Exits 1 if any file differs from its seal, or if a .gguf
+    file is not one."""
     info = api.inspect(path)
-    man = info.get("manifest")
+    parts = info.get("artifacts", [info])
+    seals = [p["manifest"] for p in parts if p["manifest"] is not None] + [info[k] for k in ("release",) if k in info]
     if json:
         emit_json(info)
     else:
         c = console(False)
-        t = Table(show_header=False, title=str(path), title_justify="left")
-        t.add_column(style="bold")
-        t.add_column()
-        keys = ["format", "method", "ct_format", "scheme", "bits", "group_size", "symmetric", "strategy",
-                "activations", "kv_cache", "ignore", "compressed_tensors_version", "source", "created",
-                "quantkit_version"]
-        for k in keys:
-            if info.get(k) is not None:
-                t.add_row(k, str(info[k]))
-        t.add_row("size", api.fmt_bytes(info["size_bytes"]))
-        if info.get("compression"):
-            t.add_row("compression", f"{info['compression']}x vs source ({api.fmt_bytes(info['source_size_bytes'])})")
-        if info.get("bits_per_weight"):
-            t.add_row("bits per weight", str(info["bits_per_weight"]))
-        for g in info.get("gguf", []):
-            extra = f", {g['bits_per_weight']} bpw" if "bits_per_weight" in g else ""
-            t.add_row(g["file"], f"{g.get('type', g.get('error', '?'))}, {api.fmt_bytes(g['size'])}{extra}")
-        if info.get("calibration"):
-            cal = info["calibration"]
-            t.add_row("calibration", f"{cal['dataset']}: {cal['samples']} x {cal['seq_len']} tokens, "
-                                     f"sha256 {cal['tokens_sha256'][:16]}…")
-        ev = info.get("evaluation")
-        if ev:
-            t.add_row("evaluation", ", ".join(f"{k}={v}" for k, v in (ev.get("summary") or {}).items()))
-        if man is None:
-            t.add_row("manifest", "[yellow]none (not written by quantkit)[/]")
-        elif man["ok"]:
-            t.add_row("manifest", f"[green]ok[/]: {man['checked']} files, every sha256 verified")
-        else:
-            t.add_row("manifest", f"[red]MISMATCH[/]: changed {man['changed']}, missing {man['missing']}, "
-                                  f"not in manifest {man['extra']}")
-        c.print(t)
-    if man is not None and not man["ok"]:
-        raise IntegrityError(f"{path}: files differ from the manifest (changed: {man['changed']}, "
-                             f"missing: {man['missing']}, not in manifest: {man['extra']})")
+        for part in parts:
+            c.print(_artifact_table(part))
+        if "release" in info:
+            status, detail = _seal(info["release"])
+            c.print(f"{status} release {escape(str(path))}: {detail}")
+    bad = [s for s in seals if not s["ok"]]
+    if bad:
+        raise IntegrityError(f"{path}: files differ from their seal: " + "; ".join(f"{s['path']} {_found(s)}"
+                                                                                   for s in bad))
+
+
+def _artifact_table(info: dict[str, Any]) -> Table:
+    t = Table(show_header=False, title=escape(info["path"]), title_justify="left")
+    t.add_column(style="bold")
+    t.add_column()
+    keys = ["format", "method", "ct_format", "scheme", "bits", "group_size", "symmetric", "strategy",
+            "activations", "kv_cache", "ignore", "compressed_tensors_version", "source", "created",
+            "quantkit_version"]
+    for k in keys:
+        if info.get(k) is not None:
+            t.add_row(k, escape(str(info[k])))
+    t.add_row("size", api.fmt_bytes(info["size_bytes"]))
+    if info.get("compression"):
+        t.add_row("compression", f"{info['compression']}x vs source ({api.fmt_bytes(info['source_size_bytes'])})")
+    if info.get("bits_per_weight"):
+        t.add_row("bits per weight", str(info["bits_per_weight"]))
+    for g in info.get("gguf", []):
+        extra = f", {g['bits_per_weight']} bpw" if "bits_per_weight" in g else ""
+        t.add_row(escape(g["file"]), escape(f"{g.get('type', g.get('error', '?'))}, {api.fmt_bytes(g['size'])}{extra}"))
+    if info.get("calibration"):
+        cal = info["calibration"]
+        t.add_row("calibration", f"{escape(cal['dataset'])}: {cal['samples']} x {cal['seq_len']} tokens, "
+                                 f"sha256 {cal['tokens_sha256'][:16]}…")
+    ev = info.get("evaluation")
+    if ev:
+        t.add_row("evaluation", escape(", ".join(f"{k}={v}" for k, v in (ev.get("summary") or {}).items())))
+    if info["manifest"] is None:
+        t.add_row("manifest", "[yellow]none (not written by quantkit)[/]")
+    else:
+        status, detail = _seal(info["manifest"])
+        t.add_row("manifest", f"{status}: {detail}")
+    return t
+
+
+def _seal(check: dict[str, Any]) -> tuple[str, str]:
+    """A verification (:meth:`quantkit.artifact.VerifyResult.to_json`) as a coloured status and what it found."""
+    status = "[green]ok[/]" if check["ok"] else "[red]MISMATCH[/]" if check["sealed"] else "[red]NOT SEALED[/]"
+    return status, escape(_found(check))
+
+
+def _found(check: dict[str, Any]) -> str:
+    if not check["sealed"]:
+        return f"no {check['seal']} (quantkit run writes it last: its last run on this folder did not finish)"
+    if check["ok"]:
+        n = check["checked"]
+        return f"{n} {'file matches' if n == 1 else 'files match'} {check['seal']}"
+    return (f"against {check['seal']}: changed {check['changed']}, missing {check['missing']}, "
+            f"not listed {check['extra']}")
 
 
 @command
@@ -72,26 +99,18 @@ def verify_cmd(
     Exits 1 on any mismatch. A file is checked against the manifest of its folder; a release folder artifact by
     artifact, then every file of it against its SHA256SUMS (a release without one is not sealed: its last run
     did not finish)."""
-    results = api.verify_all(path)
+    results = [r.to_json() for r in api.verify_all(path)]
     if json:
-        emit_json([r.to_json() for r in results])
+        emit_json(results)
     else:
         c = console(False)
         for r in results:
-            where = escape(str(r.root))
-            if not r.sealed:
-                c.print(f"[red]NOT SEALED[/] {where}: no {r.seal} (quantkit run writes it last: its last run on "
-                        "this folder did not finish)")
-            elif r.ok:
-                c.print(f"[green]ok[/] {where}: {r.checked} {'file matches' if r.checked == 1 else 'files match'} "
-                        f"{r.seal}")
-            else:
-                c.print(f"[red]MISMATCH[/] {where} against {r.seal}: "
-                        + escape(f"changed {r.changed}, missing {r.missing}, not listed {r.extra}"))
-    bad = [r for r in results if not r.ok]
+            status, detail = _seal(r)
+            c.print(f"{status} {escape(r['path'])}: {detail}")
+    bad = [r for r in results if not r["ok"]]
     if bad:
         raise IntegrityError(f"{len(bad)} of {len(results)} checked differ from their seal: "
-                             + ", ".join(f"{r.root} ({r.seal}{'' if r.sealed else ' missing'})" for r in bad))
+                             + "; ".join(f"{r['path']} {_found(r)}" for r in bad))
 
 
 def register(app: typer.Typer) -> None:

@@ -193,6 +193,11 @@ def _print_doctor(rep: Any) -> None:
     for name, e in envs:
         if e.get("error"):
             c.print(f"[red]{escape(name)}: {escape(e['error'])}[/]")
+    for part in [rep, *rep.parts]:  # a release folder: each artifact against its engine
+        _print_checks(c, part)
+
+
+def _print_checks(c: Any, rep: Any) -> None:
     if rep.artifact:
         a = rep.artifact
         c.print(f"[bold]artifact[/] {escape(a['path'])}: {escape(str(a.get('format')))}"

@@ -23,7 +23,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -202,17 +202,21 @@ class Report:
     artifact: dict[str, Any] | None = None
     checks: list[Check] = field(default_factory=list)
     dists: tuple[str, ...] = DISTS  # the distributions whose versions were asked, in display order
+    parts: list["Report"] = field(default_factory=list)  # a release folder: each artifact's, against its engine
 
     @property
     def ok(self) -> bool:
-        return not any(c.status == "fail" for c in self.checks)
+        return not self.failures()
 
     def failures(self) -> list[Check]:
-        return [c for c in self.checks if c.status == "fail"]
+        """The failed checks, a release's artifacts' named by their folder."""
+        own = [c for c in self.checks if c.status == "fail"]
+        return own + [replace(c, name=f"{Path(p.artifact['path']).name}: {c.name}") if p.artifact else c
+                      for p in self.parts for c in p.failures()]
 
     def to_json(self) -> dict[str, Any]:
         return {"ok": self.ok, "quantkit": self.quantkit, "engine": self.engine, "artifact": self.artifact,
-                "checks": [c.to_json() for c in self.checks]}
+                "checks": [c.to_json() for c in self.checks], "artifacts": [p.to_json() for p in self.parts]}
 
 
 def probe(python: str | None = None, env: dict[str, str] | None = None, *, torch: bool = True,
@@ -395,7 +399,12 @@ def _llama_tools_check() -> Check:
 
 def check(path: Path | None, engine_name: str = "auto", *, python: str | None = None,
           env: dict[str, str] | None = None, include_quantkit: bool = True) -> Report:
-    """Run doctor: quantkit's environment, the engine's (when an engine or artifact is given), the artifact."""
+    """Run doctor: quantkit's environment, the engine's (when an engine or artifact is given), the artifact; for a
+    release folder, each of its artifacts against its engine (``--engine``, or each one's own)."""
+    if path is not None and (roots := artifact_mod.release_artifacts(Path(path))):
+        report = check(None, "", include_quantkit=include_quantkit)  # quantkit's own environment, once
+        report.parts = [check(r, engine_name, python=python, env=env, include_quantkit=False) for r in roots]
+        return report
     report = Report()
     art = describe_artifact(Path(path)) if path is not None else None
     report.artifact = art
