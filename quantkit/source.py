@@ -211,13 +211,20 @@ def safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
 
 
 def check_safetensors(path: Path) -> int:
-    """Validate a safetensors file's header against its size without reading the data; returns its element count.
+    """Validate a safetensors file's header against its size without reading the data; returns its element count
+    (:func:`_check_entries`)."""
+    header, data_len = safetensors_header(path)
+    return _check_entries(path, header, data_len)
+
+
+def _check_entries(path: Path, header: dict[str, Any], data_len: int) -> int:
+    """A safetensors header's entries against the file's data section; returns their element count.
 
     A truncated or corrupt file (a partial download, a full disk during a copy) fails here in milliseconds: every
-    entry needs a dtype, a shape of whole numbers >= 0 and offsets 0 <= start <= stop inside the data section,
-    its byte count must be what its dtype and shape take, and no two tensors may share bytes.
+    entry needs a dtype, a shape of whole numbers >= 0 and offsets 0 <= start <= stop, its byte count must be what
+    its dtype and shape take, the data section must hold every byte the header describes (a truncated file is told
+    by that total and what it holds), and no two tensors may share bytes.
     """
-    header, data_len = safetensors_header(path)
     spans, count = [], 0
     for name, info in header.items():
         if name == "__metadata__":
@@ -233,12 +240,13 @@ def check_safetensors(path: Path) -> int:
             raise SourceModelError(f"{path} is corrupt: tensor {name} has {stop - start} bytes, expected "
                                    f"{numel * width if width else 'a non-negative count'}",
                                    hint="download or copy the checkpoint again")
-        if stop > data_len:
-            raise SourceModelError(
-                f"{path} is truncated: its header describes {stop} bytes of tensors but the file holds {data_len}",
-                hint="download or copy the checkpoint again")
         spans.append((start, stop, name))
         count += numel
+    described = max((stop for _, stop, _ in spans), default=0)
+    if described > data_len:
+        raise SourceModelError(
+            f"{path} is truncated: its header describes {described:,} bytes of tensor data but the file holds "
+            f"{data_len:,} after the header", hint="download or copy the checkpoint again")
     spans.sort()
     for (_, a_stop, a), (b_start, b_stop, b) in zip(spans, spans[1:]):
         if b_start < a_stop and b_start < b_stop:

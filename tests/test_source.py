@@ -113,3 +113,17 @@ def test_weights_sha256_is_every_byte_hashed_once_per_version_of_a_file(copy: Pa
     monkeypatch.setattr(file_hashes, "hash_many", lambda paths: (read.extend(paths), real(paths))[1])
     source.vet(copy).weights_sha256()
     assert read == []
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Messages
+
+
+def test_a_truncated_file_says_the_total_its_header_describes(copy: Path) -> None:
+    """It said the end of the first tensor past the cut (4194304 bytes) instead of the header's total."""
+    f = copy / "model.safetensors"
+    _, data_len = source.safetensors_header(f)
+    f.write_bytes(f.read_bytes()[: f.stat().st_size - data_len // 2])
+    with pytest.raises(SourceModelError, match=rf"header describes 20,980,224 bytes of tensor data but the file holds "
+                                                rf"{data_len - data_len // 2:,} after the header"):
+        source.vet(copy)
