@@ -150,6 +150,7 @@ def vet(path: Path, *, spec: str | None = None, revision: str | None = None, tru
     if not isinstance(config, dict):
         raise SourceModelError(f"{cfg_path} must hold a JSON object")
     check_config_sizes(config, cfg_path)
+    _check_architectures(config, cfg_path)
     if config.get("auto_map") and not trust_remote_code:
         raise SourceModelError(
             f"{path} asks to run its own Python code (config.json has auto_map: "
@@ -180,6 +181,19 @@ def vet(path: Path, *, spec: str | None = None, revision: str | None = None, tru
 def _names(auto_map: Any) -> str:
     """auto_map's classes for a message, whatever JSON it holds."""
     return ", ".join(sorted(map(str, auto_map))) if isinstance(auto_map, (dict, list)) else str(auto_map)[:200]
+
+
+def _check_architectures(config: dict[str, Any], where: Path) -> None:
+    """``architectures`` is a list of class names: a bare string would be read one letter per class (the manifest's
+    architecture "L", llama.cpp's converter asked for model "L", vLLM's registry likewise)."""
+    archs = config.get("architectures")
+    if isinstance(archs, str):
+        raise SourceModelError(f"{where} is not a usable config: architectures is the string {archs[:100]!r}, "
+                               "not a list of class names",
+                               hint=f"write it as a list: \"architectures\": [{json.dumps(archs[:100])}]")
+    if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
+        raise SourceModelError(f"{where} is not a usable config: architectures is {str(archs)[:100]!r}, expected a "
+                               "list of class names such as [\"LlamaForCausalLM\"]")
 
 
 # Bytes per element of each safetensors dtype: the one table (the benches' bit counts read it too).

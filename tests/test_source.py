@@ -115,6 +115,12 @@ def test_weights_sha256_is_every_byte_hashed_once_per_version_of_a_file(copy: Pa
     assert read == []
 
 
+def _set_config(folder: Path, **changes: object) -> None:
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(changes)
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Messages
 
@@ -126,4 +132,15 @@ def test_a_truncated_file_says_the_total_its_header_describes(copy: Path) -> Non
     f.write_bytes(f.read_bytes()[: f.stat().st_size - data_len // 2])
     with pytest.raises(SourceModelError, match=rf"header describes 20,980,224 bytes of tensor data but the file holds "
                                                 rf"{data_len - data_len // 2:,} after the header"):
+        source.vet(copy)
+
+
+def test_architectures_as_a_string_is_refused_saying_it(copy: Path) -> None:
+    """A string was read one letter per class: 'is a L, l, a, m, a, ...'."""
+    _set_config(copy, architectures="LlamaForCausalLM")
+    with pytest.raises(SourceModelError, match="architectures is the string 'LlamaForCausalLM', not a list") as e:
+        source.vet(copy)
+    assert e.value.hint == 'write it as a list: "architectures": ["LlamaForCausalLM"]'
+    _set_config(copy, architectures=[5])
+    with pytest.raises(SourceModelError, match="expected a list of class names"):
         source.vet(copy)
