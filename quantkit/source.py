@@ -164,7 +164,8 @@ def vet(path: Path, *, spec: str | None = None, revision: str | None = None, tru
             raise SourceModelError(
                 f"{path} holds only pickle weights ({', '.join(p.name for p in pickles[:3])}); loading pickle can "
                 "run arbitrary code",
-                hint="convert the checkpoint to safetensors, or pass --allow-pickle if you trust its origin")
+                hint="convert the checkpoint to safetensors (`quantkit gguf` reads nothing else), or, if you trust "
+                     "its origin, pass --allow-pickle (recipe: model.allow_pickle: true) to a verb that has it")
         if not pickles:
             raise SourceModelError(f"{path} has no weight files (*.safetensors)")
         is_pickle = True

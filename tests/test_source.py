@@ -144,3 +144,10 @@ def test_architectures_as_a_string_is_refused_saying_it(copy: Path) -> None:
     _set_config(copy, architectures=[5])
     with pytest.raises(SourceModelError, match="expected a list of class names"):
         source.vet(copy)
+
+
+def test_the_pickle_hint_holds_for_gguf_which_has_no_allow_pickle(copy: Path) -> None:
+    (copy / "model.safetensors").rename(copy / "pytorch_model.bin")
+    with pytest.raises(SourceModelError) as e:
+        source.vet(copy)
+    assert "`quantkit gguf` reads nothing else" in (e.value.hint or "") and "to a verb that has it" in e.value.hint
