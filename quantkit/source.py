@@ -1,10 +1,10 @@
 """Resolve and vet the source checkpoint before anything expensive happens.
 
 Checks run in seconds, before hours of calibration: the folder exists and is readable, ``config.json`` is JSON,
-custom code is refused unless trusted, pickle weights are refused unless allowed, and every ``.safetensors``
-file's header and byte extent are consistent (a truncated download is caught here, not mid-way through
-calibration). Hub ids are downloaded with ``huggingface_hub`` (pinned to ``revision``); offline, a hub id gives
-one clear message.
+custom code is refused unless trusted, pickle weights are refused unless allowed, every ``.safetensors`` file's
+header and byte extent are consistent (a truncated download is caught here, not mid-way through calibration), and
+a sharded checkpoint's index and its shards agree. Hub ids are downloaded with ``huggingface_hub`` (pinned to
+``revision``); offline, a hub id gives one clear message.
 """
 
 from __future__ import annotations
@@ -137,16 +137,7 @@ def vet(path: Path, *, spec: str | None = None, revision: str | None = None, tru
     cfg_path = path / "config.json"
     if not cfg_path.exists():
         raise SourceModelError(f"{path} has no config.json: not a Hugging Face checkpoint folder")
-    try:
-        raw = read_capped(cfg_path, MAX_CONFIG_BYTES)
-        if raw is None:
-            raise SourceModelError(f"{cfg_path} is larger than {MAX_CONFIG_BYTES >> 20} MiB: not a model config")
-        config = json.loads(raw)
-    except PermissionError:
-        raise SourceModelError(f"{cfg_path} is not readable (permission denied)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise SourceModelError(f"{cfg_path} is not valid JSON: {str(e) or 'nested too deeply'}",
-                               hint="the download may be incomplete; fetch the checkpoint again") from None
+    config, raw = _read_json(cfg_path, MAX_CONFIG_BYTES, "a model config")
     if not isinstance(config, dict):
         raise SourceModelError(f"{cfg_path} must hold a JSON object")
     check_config_sizes(config, cfg_path)
@@ -156,7 +147,8 @@ def vet(path: Path, *, spec: str | None = None, revision: str | None = None, tru
             f"{path} asks to run its own Python code (config.json has auto_map: "
             f"{_names(config['auto_map'])}); quantkit does not run a checkpoint's code unless told to",
             hint="read that code first, then pass --trust-remote-code (recipe: model.trust_remote_code: true)")
-    safet = sorted(path.glob("*.safetensors"))
+    weight_map = _read_index(path)
+    safet = _weight_files(path, weight_map)
     pickles = sorted(p for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES)
     is_pickle = False
     if not safet:
@@ -170,10 +162,14 @@ def vet(path: Path, *, spec: str | None = None, revision: str | None = None, tru
             raise SourceModelError(f"{path} has no weight files (*.safetensors)")
         is_pickle = True
     total, params = 0, 0
+    tensors: dict[str, list[str]] = {}  # shard file name -> its tensors' names
     for f in safet if safet else pickles:
         if f.suffix == ".safetensors":
-            params += check_safetensors(f)
+            header, data_len = safetensors_header(f)
+            params += _check_entries(f, header, data_len)
+            tensors[f.name] = [name for name in header if name != "__metadata__"]
         total += f.stat().st_size
+    _check_index(path, weight_map, tensors)
     return SourceModel(spec=spec or str(path), path=path, revision=revision, config=config,
                        config_sha256=hashlib.sha256(raw).hexdigest(), weight_files=safet or pickles,
                        size_bytes=total, num_parameters=params, is_pickle=is_pickle)
@@ -182,6 +178,21 @@ def vet(path: Path, *, spec: str | None = None, revision: str | None = None, tru
 def _names(auto_map: Any) -> str:
     """auto_map's classes for a message, whatever JSON it holds."""
     return ", ".join(sorted(map(str, auto_map))) if isinstance(auto_map, (dict, list)) else str(auto_map)[:200]
+
+
+def _read_json(f: Path, cap: int, what: str) -> tuple[Any, bytes]:
+    """A JSON file of the checkpoint, read bounded, and its bytes; one line naming the file when it is too large,
+    unreadable or not JSON (a download cut short)."""
+    try:
+        raw = read_capped(f, cap)
+        if raw is None:
+            raise SourceModelError(f"{f} is larger than {cap >> 20} MiB: not {what}")
+        return json.loads(raw), raw
+    except PermissionError:
+        raise SourceModelError(f"{f} is not readable (permission denied)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        raise SourceModelError(f"{f} is not valid JSON: {str(e) or 'nested too deeply'}",
+                               hint="the download may be incomplete; fetch the checkpoint again") from None
 
 
 def _check_architectures(config: dict[str, Any], where: Path) -> None:
@@ -195,6 +206,77 @@ def _check_architectures(config: dict[str, Any], where: Path) -> None:
     if archs is not None and not (isinstance(archs, list) and all(isinstance(a, str) for a in archs)):
         raise SourceModelError(f"{where} is not a usable config: architectures is {str(archs)[:100]!r}, expected a "
                                "list of class names such as [\"LlamaForCausalLM\"]")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A sharded checkpoint: its index and its shards
+
+INDEX = "model.safetensors.index.json"
+MAX_INDEX_BYTES = 64 << 20  # an index is a few MB for the largest models; read bounded
+# Mistral's repositories ship their own format's copy of the weights (consolidated.safetensors) beside the sharded
+# Hugging Face files; neither transformers nor llama.cpp's converter reads it beside an index, so neither does vet.
+OTHER_FORMAT_PREFIX = "consolidated"
+_REFETCH = "the download or copy is incomplete or mixes two versions; fetch the checkpoint again"
+
+
+def _read_index(path: Path) -> dict[str, str] | None:
+    """A sharded checkpoint's weight map (tensor name -> shard file name), or None without an index; its shards are
+    plain ``.safetensors`` files of the folder (a name with a path in it would read outside the checkpoint)."""
+    index = path / INDEX
+    if not index.is_file():
+        return None
+    data, _ = _read_json(index, MAX_INDEX_BYTES, "a safetensors index")
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not (isinstance(weight_map, dict) and weight_map and all(isinstance(v, str) for v in weight_map.values())):
+        raise SourceModelError(f"{index} is not a safetensors index: it needs a weight_map of tensor names to shard "
+                               "files", hint=_REFETCH)
+    odd = sorted({v for v in weight_map.values()
+                  if Path(v).name != v or v.startswith(".") or not v.endswith(".safetensors")})
+    if odd:
+        raise SourceModelError(f"{index} names {odd[0]!r} as a shard: not a .safetensors file of the folder",
+                               hint=_REFETCH)
+    return weight_map
+
+
+def _weight_files(path: Path, weight_map: dict[str, str] | None) -> list[Path]:
+    """The safetensors files the loaders read: the shards the index names, each there, and no other beside them
+    (transformers would ignore it while its size, hash and tensor names counted here), Mistral's own-format copy
+    left out; every ``.safetensors`` file of the folder where there is no index."""
+    present = sorted(path.glob("*.safetensors"))
+    if weight_map is None:
+        return present
+    named = sorted(set(weight_map.values()))
+    absent = [n for n in named if not (path / n).is_file()]
+    if absent:
+        held = [f"{n} ({sum(1 for v in weight_map.values() if v == n)} tensors)" for n in absent[:3]]
+        raise SourceModelError(f"{path} lacks {len(absent)} of the {len(named)} weight files its {INDEX} names: "
+                               f"{', '.join(held)}{' …' if len(absent) > 3 else ''}", hint=_REFETCH)
+    unnamed = [p.name for p in present if p.name not in named and not p.name.startswith(OTHER_FORMAT_PREFIX)]
+    if unnamed:
+        raise SourceModelError(f"{path} holds weight files its {INDEX} does not name: {', '.join(unnamed[:3])}"
+                               f"{' …' if len(unnamed) > 3 else ''} (loaders read only the files the index names)",
+                               hint="remove what is left over from another version, or fetch the checkpoint again")
+    return [path / n for n in named]
+
+
+def _check_index(path: Path, weight_map: dict[str, str] | None, tensors: dict[str, list[str]]) -> None:
+    """Every tensor of the index is in the shard it names, and every tensor of a shard is in the index (llama.cpp's
+    converter refuses any difference; transformers finds a misplaced tensor missing), from the shards' headers."""
+    if weight_map is None:
+        return
+    held = {name: file for file, names in tensors.items() for name in names}
+    misplaced = [(t, f) for t, f in weight_map.items() if held.get(t) != f]
+    unlisted = sorted(t for t in held if t not in weight_map)
+    if not (misplaced or unlisted):
+        return
+    parts = []
+    if misplaced:
+        shown = ", ".join(f"{t} (in {f}: {'in ' + held[t] if t in held else 'in no shard'})" for t, f in misplaced[:3])
+        parts.append(f"{len(misplaced)} tensor(s) it names are not in the shard it names them in: {shown}")
+    if unlisted:
+        parts.append(f"{len(unlisted)} tensor(s) of its shards it does not name: "
+                     + ", ".join(f"{t} (in {held[t]})" for t in unlisted[:3]))
+    raise SourceModelError(f"{path / INDEX} does not match its shards: {'; '.join(parts)}", hint=_REFETCH)
 
 
 # Bytes per element of each safetensors dtype: the one table (the benches' bit counts read it too).

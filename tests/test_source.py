@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -151,3 +152,85 @@ def test_the_pickle_hint_holds_for_gguf_which_has_no_allow_pickle(copy: Path) ->
     with pytest.raises(SourceModelError) as e:
         source.vet(copy)
     assert "`quantkit gguf` reads nothing else" in (e.value.hint or "") and "to a verb that has it" in e.value.hint
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A sharded checkpoint
+
+
+@pytest.fixture()
+def sharded(tmp_path: Path, tiny: Path) -> Path:
+    """The reference model in two shards and their index, as transformers writes them."""
+    from safetensors.torch import load_file, save_file
+
+    dst = tmp_path / "sharded"
+    shutil.copytree(tiny, dst, ignore=shutil.ignore_patterns("model.safetensors"))
+    weights = load_file(str(tiny / "model.safetensors"))
+    names = sorted(weights)
+    weight_map = {}
+    for i, part in enumerate((names[::2], names[1::2])):
+        file = f"model-0000{i + 1}-of-00002.safetensors"
+        save_file({k: weights[k] for k in part}, str(dst / file), metadata={"format": "pt"})
+        weight_map |= {k: file for k in part}
+    (dst / source.INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return dst
+
+
+def test_a_sharded_checkpoint_vets(sharded: Path) -> None:
+    s = source.vet(sharded)
+    assert s.num_parameters == 10_490_112
+    assert [f.name for f in s.weight_files] == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+
+
+def test_a_shard_the_index_names_is_missing(sharded: Path) -> None:
+    """--dry-run planned 7.3M parameters instead of 10.5M, and the run failed only when transformers loaded."""
+    (sharded / "model-00002-of-00002.safetensors").unlink()
+    with pytest.raises(SourceModelError, match=r"lacks 1 of the 2 weight files its model.safetensors.index.json "
+                                                r"names: model-00002-of-00002.safetensors \(\d+ tensors\)"):
+        source.vet(sharded)
+
+
+def test_a_tensor_of_the_index_not_in_its_shard_is_refused(sharded: Path) -> None:
+    index = json.loads((sharded / source.INDEX).read_text())
+    index["weight_map"]["lm_head.weight"] = "model-00002-of-00002.safetensors"
+    index["weight_map"]["model.layers.9.mlp.up_proj.weight"] = "model-00001-of-00002.safetensors"
+    (sharded / source.INDEX).write_text(json.dumps(index))
+    with pytest.raises(SourceModelError, match=r"does not match its shards: 2 tensor\(s\) it names are not in the "
+                                                r"shard it names them in: .*lm_head.weight"):
+        source.vet(sharded)
+    del index["weight_map"]["lm_head.weight"], index["weight_map"]["model.layers.9.mlp.up_proj.weight"]
+    (sharded / source.INDEX).write_text(json.dumps(index))
+    with pytest.raises(SourceModelError, match=r"1 tensor\(s\) of its shards it does not name: lm_head.weight"):
+        source.vet(sharded)
+
+
+def test_a_weight_file_the_index_does_not_name_is_refused(sharded: Path, tiny: Path) -> None:
+    """transformers reads only the index's shards while the size, the weights' sha256 and the header checks counted
+    every file; Mistral's own-format copy beside the shards is what loaders skip, and is left out."""
+    shutil.copy(sharded / "model-00002-of-00002.safetensors", sharded / "model-00003-of-00003.safetensors")
+    with pytest.raises(SourceModelError, match="weight files its model.safetensors.index.json does not name: "
+                                               "model-00003-of-00003.safetensors"):
+        source.vet(sharded)
+    (sharded / "model-00003-of-00003.safetensors").rename(sharded / "consolidated.safetensors")
+    s = source.vet(sharded)
+    assert s.num_parameters == 10_490_112 and "consolidated.safetensors" not in {f.name for f in s.weight_files}
+
+
+@pytest.mark.parametrize("text,words", [
+    ('{"weight_map": {"a": "model-00001', "model.safetensors.index.json is not valid JSON"),
+    ('{"metadata": {}}', "is not a safetensors index: it needs a weight_map"),
+    ('{"weight_map": {"a": "../elsewhere/model.safetensors"}}', "names '../elsewhere/model.safetensors' as a shard"),
+])
+def test_an_unusable_index_is_refused(sharded: Path, text: str, words: str) -> None:
+    (sharded / source.INDEX).write_text(text)
+    with pytest.raises(SourceModelError, match=re.escape(words)):
+        source.vet(sharded)
+
+
+@pytest.mark.cli
+def test_dry_run_refuses_a_broken_source_in_one_line(cli, sharded: Path, tmp_path: Path) -> None:
+    """--dry-run, documented as checking everything, planned 7.3M parameters where a shard was missing."""
+    (sharded / "model-00002-of-00002.safetensors").unlink()
+    proc = cli("rtn", sharded, tmp_path / "out", "--dry-run")
+    assert proc.returncode == 2 and "lacks 1 of the 2 weight files" in proc.stderr
+    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 2  # the error and its hint
