@@ -2,9 +2,13 @@
 
 Checks run in seconds, before hours of calibration: the folder exists and is readable, ``config.json`` is JSON,
 custom code is refused unless trusted, pickle weights are refused unless allowed, every ``.safetensors`` file's
-header and byte extent are consistent (a truncated download is caught here, not mid-way through calibration), and
-a sharded checkpoint's index and its shards agree. Hub ids are downloaded with ``huggingface_hub`` (pinned to
-``revision``); offline, a hub id gives one clear message.
+header and byte extent are consistent (a truncated download is caught here, not mid-way through calibration), a
+sharded checkpoint's index and its shards agree, and the weights hold the decoder layers the config builds (no more,
+no fewer). Hub ids are downloaded with ``huggingface_hub`` (pinned to ``revision``); offline, a hub id gives one clear
+message.
+
+What headers cannot show is checked when the model loads: :func:`check_unused` refuses tensors transformers reads but
+the model as built does not use (dropped silently otherwise).
 """
 
 from __future__ import annotations
@@ -13,14 +17,17 @@ import hashlib
 import json
 import math
 import os
+import re
 import struct
 import threading
+from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from quantkit import file_hashes
+from quantkit.architectures import moe_family, text_config
 from quantkit.artifact import SourceInfo, read_capped
 from quantkit.errors import SourceModelError
 from quantkit.recipe import ModelSpec
@@ -170,6 +177,7 @@ def vet(path: Path, *, spec: str | None = None, revision: str | None = None, tru
             tensors[f.name] = [name for name in header if name != "__metadata__"]
         total += f.stat().st_size
     _check_index(path, weight_map, tensors)
+    _check_layers(path, config, [name for names in tensors.values() for name in names])
     return SourceModel(spec=spec or str(path), path=path, revision=revision, config=config,
                        config_sha256=hashlib.sha256(raw).hexdigest(), weight_files=safet or pickles,
                        size_bytes=total, num_parameters=params, is_pickle=is_pickle)
@@ -277,6 +285,114 @@ def _check_index(path: Path, weight_map: dict[str, str] | None, tensors: dict[st
         parts.append(f"{len(unlisted)} tensor(s) of its shards it does not name: "
                      + ", ".join(f"{t} (in {held[t]})" for t in unlisted[:3]))
     raise SourceModelError(f"{path / INDEX} does not match its shards: {'; '.join(parts)}", hint=_REFETCH)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The decoder layers the config builds, against those the weights hold
+
+# A decoder layer's tensors: model.layers.N. (language models), model.language_model.layers.N. (vision-language
+# models in transformers 5), language_model.model.layers.N. (their older layout); a vision tower's layers never match.
+DECODER_LAYER = re.compile(r"^(?:model\.)?(?:language_model\.)?(?:model\.)?layers\.(\d+)\.")
+# Multi-token prediction layers some families ship after the decoder's (DeepSeek-V3's layer 61, GLM-4.5's 46):
+# transformers leaves them unused, as inference does.
+MTP_LAYERS_KEY = "num_nextn_predict_layers"
+_ANY_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # a layer's tensor as transformers names it in memory
+
+
+def _layers_key(config: dict[str, Any]) -> str:
+    """Where the config says its decoder layer count: a vision-language model's in its text_config."""
+    return "text_config.num_hidden_layers" if text_config(config) is not config else "num_hidden_layers"
+
+
+def _mtp_layers(cfg: dict[str, Any]) -> int:
+    v = cfg.get(MTP_LAYERS_KEY)
+    return v if type(v) is int and 0 <= v <= MAX_SIZE else 0
+
+
+def _spans(indices: list[int], most: int = 4) -> str:
+    """Sorted layer numbers as ranges: ``4-7``, ``2, 5-6``."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    text = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs[:most])
+    return text + (", …" if len(runs) > most else "")
+
+
+def _check_layers(path: Path, config: dict[str, Any], names: list[str]) -> None:
+    """The weights hold exactly the decoder layers the config builds, from the tensor names of the headers.
+
+    transformers builds ``num_hidden_layers`` layers whatever the checkpoint holds: tensors of layers past them are
+    dropped with a load report on stderr only (a copy whose config says 4 of 8 layers became a 4-layer artifact that
+    passed verify), and layers without tensors would be initialised at random. A config of no layers has nothing to
+    quantize. Checkpoints whose layers are named otherwise are left to the load's check (:func:`check_unused`).
+    """
+    cfg = text_config(config)
+    n, key = cfg.get("num_hidden_layers"), _layers_key(config)
+    if n is None:
+        return
+    n = int(n)  # a whole number: check_config_sizes
+    if n == 0:
+        raise SourceModelError(f"{path / 'config.json'}: {key} is 0, a model without decoder layers: nothing to "
+                               "quantize", hint="check config.json against the checkpoint's weights")
+    by_layer: dict[int, list[str]] = {}
+    for name in names:
+        m = DECODER_LAYER.match(name)
+        if m:
+            by_layer.setdefault(int(m.group(1)), []).append(name)
+    if not by_layer:
+        return
+    mtp = _mtp_layers(cfg)
+    extra = sorted(i for i in by_layer if i >= n + mtp)
+    if extra:
+        tensors = [t for i in extra for t in sorted(by_layer[i])]
+        shown = ", ".join(tensors[:3]) + (f" (+{len(tensors) - 3} more)" if len(tensors) > 3 else "")
+        also = f" and {MTP_LAYERS_KEY} ({mtp})" if mtp else ""
+        raise SourceModelError(
+            f"{path}: its weights hold decoder layer{'s' * (len(extra) > 1)} {_spans(extra)} that config.json's "
+            f"{key} ({n}){also} leave{'' if mtp else 's'} out, which transformers would drop without an error: {shown}",
+            hint=f"if the weights are right, config.json's {key} should be {max(by_layer) + 1 - mtp}; else fetch "
+                 "the checkpoint again")
+    held = sorted(i for i in by_layer if i < n)
+    if len(held) < n:
+        gaps = [(a + 1, b - 1) for a, b in zip([-1, *held], [*held, n]) if b - a > 1]
+        missing = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in gaps[:4]) + (", …" if len(gaps) > 4 else "")
+        raise SourceModelError(
+            f"{path}: config.json's {key} is {n} but its weights hold no tensor of layer{'s' * (n - len(held) > 1)} "
+            f"{missing}, which transformers would initialise at random",
+            hint=f"a weight file may be missing (fetch the checkpoint again), or {key} should be {len(held)}")
+
+
+def check_unused(source: str | Path, unexpected: Iterable[str], config: dict[str, Any]) -> None:
+    """Refuse tensors the checkpoint holds that the model, as its config builds it, does not use: what transformers'
+    load reports as unexpected (after its own exceptions: rotary ``inv_freq`` buffers, a family's extra heads), less
+    the multi-token prediction layers the config names. transformers drops them with a report on stderr only; here
+    they are one line naming a few and the config field that likely disagrees (exit 2). The load's backstop for
+    what :func:`vet` cannot see from tensor names (another architecture's weights under a config, a renamed layer)."""
+    cfg = text_config(config)
+    n = cfg.get("num_hidden_layers")
+    mtp = range(int(n), int(n) + _mtp_layers(cfg)) if n is not None else range(0)
+
+    def layer(name: str) -> int | None:
+        m = _ANY_LAYER.search(name)
+        return int(m.group(1)) if m else None
+
+    keys = sorted(k for k in unexpected if (i := layer(k)) is None or i not in mtp)
+    if not keys:
+        return
+    if n is not None and any((i := layer(k)) is not None and i >= int(n) for k in keys):
+        disagrees = _layers_key(config)
+    elif moe_family(cfg) and any(".experts." in k for k in keys):
+        disagrees = "number of experts"
+    else:
+        disagrees = "architectures and model_type (these may be another architecture's weights)"
+    raise SourceModelError(
+        f"{source}: {len(keys)} tensor(s) of the checkpoint are not used by the model its config.json builds "
+        f"(transformers would drop them): {', '.join(keys[:6])}" + (f" (+{len(keys) - 6} more)" if len(keys) > 6
+                                                                     else ""),
+        hint=f"config.json likely disagrees with the weights: check its {disagrees}")
 
 
 # Bytes per element of each safetensors dtype: the one table (the benches' bit counts read it too).

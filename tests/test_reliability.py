@@ -70,7 +70,7 @@ def test_a_model_larger_than_host_memory_is_refused_before_loading(tmp_path: Pat
     limit = host_limit()
     if limit is None:
         pytest.skip("no /proc/meminfo here")
-    config = json.loads((tiny / "config.json").read_text())
+    config = {**json.loads((tiny / "config.json").read_text()), "num_hidden_layers": 1}  # the layer it holds
     hidden = config["hidden_size"]
     rows = limit[0] // hidden  # bf16: 2 bytes each, so twice the limit
     model = sparse_checkpoint(tmp_path / "huge", config, {"model.layers.0.mlp.down_proj.weight": [rows, hidden]})

@@ -234,3 +234,94 @@ def test_dry_run_refuses_a_broken_source_in_one_line(cli, sharded: Path, tmp_pat
     proc = cli("rtn", sharded, tmp_path / "out", "--dry-run")
     assert proc.returncode == 2 and "lacks 1 of the 2 weight files" in proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 2  # the error and its hint
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The decoder layers the config builds against those the weights hold
+
+
+def test_weights_with_layers_the_config_leaves_out_are_refused_from_the_headers(copy: Path) -> None:
+    """num_hidden_layers 4 over 8 layers of weights made a 4-layer artifact that passed verify (transformers drops
+    the rest with a report on stderr only)."""
+    _set_config(copy, num_hidden_layers=4)
+    with pytest.raises(SourceModelError) as e:
+        source.vet(copy)
+    assert "decoder layers 4-7" in e.value.message and "num_hidden_layers (4)" in e.value.message
+    assert "model.layers.4.input_layernorm.weight" in e.value.message
+    assert "num_hidden_layers should be 8" in (e.value.hint or "")
+
+
+def test_layers_the_weights_lack_are_refused_from_the_headers(copy: Path) -> None:
+    _set_config(copy, num_hidden_layers=12)
+    with pytest.raises(SourceModelError, match=r"num_hidden_layers is 12 but its weights hold no tensor of layers "
+                                                r"8-11") as e:
+        source.vet(copy)
+    assert "should be 8" in (e.value.hint or "")
+
+
+def test_no_decoder_layers_is_refused(copy: Path) -> None:
+    """num_hidden_layers 0 failed after loading, naming a temporary folder of the output."""
+    _set_config(copy, num_hidden_layers=0)
+    with pytest.raises(SourceModelError, match="num_hidden_layers is 0, a model without decoder layers"):
+        source.vet(copy)
+
+
+def test_multi_token_prediction_layers_after_the_decoder_pass(copy: Path) -> None:
+    """DeepSeek-V3 and GLM-4.5 ship num_nextn_predict_layers layers after the decoder's, unused by transformers."""
+    _set_config(copy, num_hidden_layers=7, num_nextn_predict_layers=1)
+    assert source.vet(copy).num_parameters == 10_490_112
+    _set_config(copy, num_hidden_layers=6, num_nextn_predict_layers=1)
+    with pytest.raises(SourceModelError, match=r"layer 7 that config.json's num_hidden_layers \(6\) and "
+                                                r"num_nextn_predict_layers \(1\) leave out"):
+        source.vet(copy)
+
+
+def test_a_vision_language_models_text_layers_are_counted_not_its_towers(tmp_path: Path) -> None:
+    """text_config's layer count against the language model's layers; the vision tower's 4 layers are its own."""
+    from conftest import sparse_checkpoint
+
+    tensors = {f"model.language_model.layers.{i}.input_layernorm.weight": [8] for i in range(2)}
+    tensors |= {f"model.vision_tower.vision_model.encoder.layers.{i}.layer_norm1.weight": [8] for i in range(4)}
+    config = {"architectures": ["LlavaForConditionalGeneration"], "model_type": "llava",
+              "text_config": {"model_type": "llama", "num_hidden_layers": 2}, "vision_config": {"num_hidden_layers": 4}}
+    folder = sparse_checkpoint(tmp_path / "vlm", config, tensors)
+    assert source.vet(folder).num_parameters == 6 * 8
+    config["text_config"]["num_hidden_layers"] = 1
+    sparse_checkpoint(folder, config, tensors)
+    with pytest.raises(SourceModelError, match=r"layer 1 that config.json's text_config.num_hidden_layers \(1\)"):
+        source.vet(folder)
+
+
+def test_tensors_the_built_model_does_not_use_are_refused() -> None:
+    """The load's backstop (transformers' unexpected keys): a few named, and the config field likely at fault."""
+    config = {"model_type": "llama", "num_hidden_layers": 2, "num_nextn_predict_layers": 1}
+    source.check_unused("m", [], config)
+    source.check_unused("m", ["model.layers.2.eh_proj.weight"], config)  # its MTP layer: unused by design
+    with pytest.raises(SourceModelError, match=r"m: 1 tensor\(s\) .* not used .*: model.layers.3.mlp.up_proj") as e:
+        source.check_unused("m", ["model.layers.3.mlp.up_proj.weight"], config)
+    assert "num_hidden_layers" in (e.value.hint or "")
+    keys = [f"model.layers.0.self_attn.q_norm.{i}" for i in range(8)]
+    with pytest.raises(SourceModelError, match=r"8 tensor\(s\).*\(\+2 more\)") as e:
+        source.check_unused("m", keys, config)
+    assert "architectures and model_type" in (e.value.hint or "")
+    vlm = {"model_type": "llava", "text_config": {"num_hidden_layers": 2}}
+    with pytest.raises(SourceModelError) as e:
+        source.check_unused("m", ["model.language_model.layers.5.mlp.up_proj.weight"], vlm)
+    assert "text_config.num_hidden_layers" in (e.value.hint or "")
+
+
+@pytest.mark.cli
+def test_a_tensor_the_model_does_not_use_is_refused_when_it_loads(cli, copy: Path, tmp_path: Path) -> None:
+    """A tensor whose name the headers cannot judge (another architecture's query norm under a Llama config) is
+    refused from transformers' own load report, exit 2, before anything is quantized."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(copy / "model.safetensors"))
+    weights["model.layers.0.self_attn.q_norm.weight"] = torch.ones(64, dtype=torch.bfloat16)
+    save_file(weights, str(copy / "model.safetensors"), metadata={"format": "pt"})
+    proc = cli("rtn", copy, tmp_path / "out", "--quiet")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "error: " in proc.stderr and "not used by the model" in proc.stderr and "Traceback" not in proc.stderr
+    assert "model.layers.0.self_attn.q_norm.weight" in proc.stderr
+    assert not (tmp_path / "out").exists()

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from quantkit import source
 from quantkit.errors import BackendError, SourceModelError, UsageError
 from quantkit.producers import coverage, moe, vision
 from quantkit.producers.job import Job
@@ -104,7 +105,9 @@ def load_model(job: Job, distributed: bool = False) -> Any:
     in transformers 5.17 its class patching imports every image processor (which fails without torchvision). Its
     linearization after an ordinary load takes both layouts (:func:`quantkit.producers.moe.linearize`, one block at a
     time so the experts are never held twice). A weight the checkpoint lacks is an error here, never a random
-    initialisation.
+    initialisation, and so is a tensor it holds that the model as built does not use
+    (:func:`quantkit.source.check_unused`: transformers would drop it with a report on stderr only). Under torchrun
+    the load gives no such report; :func:`quantkit.source.vet` checked the decoder layers from the headers before.
     """
     _quiet_llmcompressor_log()
     import torch
@@ -131,6 +134,7 @@ def load_model(job: Job, distributed: bool = False) -> Any:
                     f"(transformers would initialise them at random): {', '.join(missing[:6])}"
                     + (f" (+{len(missing) - 6} more)" if len(missing) > 6 else ""),
                     hint="the checkpoint's tensor names do not match its config.json's architecture")
+            source.check_unused(job.source, info.get("unexpected_keys") or [], job.config)
     except (OSError, ValueError, KeyError, RuntimeError) as e:  # RuntimeError: a checkpoint it cannot convert
         raise SourceModelError(
             f"transformers cannot load {job.source}: {str(e).splitlines()[0][:300]}",
