@@ -3,12 +3,13 @@
 Checks run in seconds, before hours of calibration: the folder exists and is readable, ``config.json`` is JSON,
 custom code is refused unless trusted, pickle weights are refused unless allowed, every ``.safetensors`` file's
 header and byte extent are consistent (a truncated download is caught here, not mid-way through calibration), a
-sharded checkpoint's index and its shards agree, and the weights hold the decoder layers the config builds (no more,
-no fewer). Hub ids are downloaded with ``huggingface_hub`` (pinned to ``revision``); offline, a hub id gives one clear
-message.
+sharded checkpoint's index and its shards agree, the weights hold the decoder layers the config builds (no more,
+no fewer), and the tokenizer's files are there and parse. Hub ids are downloaded with ``huggingface_hub`` (pinned to
+``revision``); offline, a hub id gives one clear message.
 
 What headers cannot show is checked when the model loads: :func:`check_unused` refuses tensors transformers reads but
-the model as built does not use (dropped silently otherwise).
+the model as built does not use (dropped silently otherwise), and :func:`load_tokenizer` turns a tokenizer that does
+not load into one line.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 from quantkit import file_hashes
 from quantkit.architectures import moe_family, text_config
 from quantkit.artifact import SourceInfo, read_capped
-from quantkit.errors import SourceModelError
+from quantkit.errors import QuantkitError, SourceModelError
 from quantkit.recipe import ModelSpec
 
 MAX_CONFIG_BYTES = 16 << 20  # config.json is kilobytes; read bounded
@@ -178,6 +179,7 @@ def vet(path: Path, *, spec: str | None = None, revision: str | None = None, tru
         total += f.stat().st_size
     _check_index(path, weight_map, tensors)
     _check_layers(path, config, [name for names in tensors.values() for name in names])
+    _check_tokenizer(path)
     return SourceModel(spec=spec or str(path), path=path, revision=revision, config=config,
                        config_sha256=hashlib.sha256(raw).hexdigest(), weight_files=safet or pickles,
                        size_bytes=total, num_parameters=params, is_pickle=is_pickle)
@@ -393,6 +395,62 @@ def check_unused(source: str | Path, unexpected: Iterable[str], config: dict[str
         f"(transformers would drop them): {', '.join(keys[:6])}" + (f" (+{len(keys) - 6} more)" if len(keys) > 6
                                                                      else ""),
         hint=f"config.json likely disagrees with the weights: check its {disagrees}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The tokenizer
+
+# The files transformers builds a tokenizer from, any one set: tokenizers' own file, a SentencePiece or tiktoken model,
+# a byte-level BPE vocabulary with its merges, a WordPiece vocabulary, Mistral's tekken file.
+TOKENIZER_SOURCES = (("tokenizer.json",), ("tokenizer.model",), ("spiece.model",), ("vocab.json", "merges.txt"),
+                     ("vocab.txt",), ("tekken.json",))
+# Its JSON files, each parsed when vetting: a truncated download fails here in one line, not in transformers.
+TOKENIZER_JSON = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                  "vocab.json")
+MAX_TOKENIZER_BYTES = 256 << 20  # the largest tokenizer.json (262,144 pieces) is about 33 MB
+TOKENIZER_HINT = "copy the tokenizer files of the model it came from into the folder, or fetch the checkpoint again"
+
+
+def _check_tokenizer(path: Path) -> None:
+    """The tokenizer is there and its JSON files parse (tokenizer.json with its ``model``). A tokenizer of its own
+    code (tokenizer_config.json's ``auto_map``) names its own files: their presence is left to its load."""
+    custom = False
+    for name in TOKENIZER_JSON:
+        f = path / name
+        if not f.is_file():
+            continue
+        data, _ = _read_json(f, MAX_TOKENIZER_BYTES, "a tokenizer file")
+        if not isinstance(data, dict):
+            raise SourceModelError(f"{f} is not a tokenizer file: it holds no JSON object", hint=TOKENIZER_HINT)
+        if name == "tokenizer.json" and not isinstance(data.get("model"), dict):
+            raise SourceModelError(f"{f} is not a tokenizers file: it has no \"model\" object", hint=TOKENIZER_HINT)
+        custom = custom or (name == "tokenizer_config.json" and bool(data.get("auto_map")))
+    if custom or any(all((path / n).is_file() for n in files) for files in TOKENIZER_SOURCES) \
+            or any(path.glob("*.tiktoken")):
+        return
+    raise SourceModelError(f"{path} has no tokenizer: none of tokenizer.json, tokenizer.model, vocab.json with "
+                           "merges.txt", hint=TOKENIZER_HINT)
+
+
+def tokenizer_file(path: Path) -> str:
+    """The file a tokenizer load read first, for a message."""
+    return next((n for files in TOKENIZER_SOURCES for n in files if (path / n).is_file()), "no tokenizer file")
+
+
+def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False) -> Any:
+    """The source's tokenizer through transformers' AutoTokenizer. :func:`vet` checked its files; one that still does
+    not load (a JSON file that parses but is not a tokenizer's, a corrupt SentencePiece model, a library it needs) is
+    one line naming the folder and the file (exit 2), whatever transformers raised."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
+    except QuantkitError:
+        raise
+    except Exception as e:  # transformers and tokenizers raise many types for a broken tokenizer
+        said = " ".join(str(e).split())[:400]  # whole: transformers' first line may only say it listed the ways
+        raise SourceModelError(f"cannot load the tokenizer of {path} ({tokenizer_file(Path(path))}): "
+                               f"{type(e).__name__}: {said}", hint=TOKENIZER_HINT) from None
 
 
 # Bytes per element of each safetensors dtype: the one table (the benches' bit counts read it too).

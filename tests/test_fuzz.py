@@ -244,6 +244,7 @@ def test_any_config_sizes_are_vetted_or_refused(tmp_path: Path, changes: dict) -
     folder.mkdir(exist_ok=True)
     config = {**json.loads((TINY / "config.json").read_text()), **changes}
     (folder / "config.json").write_text(json.dumps(config))
+    shutil.copy(TINY / "tokenizer.json", folder / "tokenizer.json")  # vet checks the tokenizer too
     _write_safetensors(folder / "model.safetensors", {"w": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [0, 8]}},
                        b"\0" * 8)
     try:

@@ -355,6 +355,7 @@ def test_unsupported_architecture_is_refused(tmp_path: Path, cli: Callable) -> N
     config = transformers.OPTConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2, ffn_dim=128,
                                     word_embed_proj_dim=64, vocab_size=8192)
     transformers.OPTForCausalLM(config).save_pretrained(model_dir)
+    shutil.copy(TINY / "tokenizer.json", model_dir)  # a checkpoint's tokenizer is vetted with it
     proc = cli("gguf", model_dir, tmp_path / "out")
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line.strip()]

@@ -325,3 +325,56 @@ def test_a_tensor_the_model_does_not_use_is_refused_when_it_loads(cli, copy: Pat
     assert "error: " in proc.stderr and "not used by the model" in proc.stderr and "Traceback" not in proc.stderr
     assert "model.layers.0.self_attn.q_norm.weight" in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The tokenizer
+
+
+def test_a_missing_tokenizer_is_refused(copy: Path) -> None:
+    for f in copy.glob("tokenizer*"):
+        f.unlink()
+    with pytest.raises(SourceModelError, match="has no tokenizer: none of tokenizer.json, tokenizer.model"):
+        source.vet(copy)
+    (copy / "vocab.json").write_text('{"a": 0}')  # a byte-level BPE vocabulary needs its merges
+    with pytest.raises(SourceModelError, match="has no tokenizer"):
+        source.vet(copy)
+    (copy / "merges.txt").write_text("#version: 0.2\n")
+    assert source.vet(copy).architecture == "LlamaForCausalLM"
+
+
+@pytest.mark.parametrize("name,text,words", [
+    ("tokenizer.json", '{"version":', "tokenizer.json is not valid JSON"),
+    ("tokenizer.json", "[]", "tokenizer.json is not a tokenizer file"),
+    ("tokenizer.json", '{"version": "1.0"}', 'tokenizer.json is not a tokenizers file: it has no "model"'),
+    ("tokenizer_config.json", '{"model_max_length": 2', "tokenizer_config.json is not valid JSON"),
+])
+def test_a_truncated_tokenizer_file_is_refused(copy: Path, name: str, text: str, words: str) -> None:
+    (copy / name).write_text(text)
+    with pytest.raises(SourceModelError, match=words) as e:
+        source.vet(copy)
+    assert str(copy) in e.value.message
+
+
+def test_a_tokenizer_that_does_not_load_is_one_error_naming_folder_and_file(copy: Path) -> None:
+    """What parses but does not load (a BPE model without its vocabulary) fails in transformers: one line."""
+    tok = json.loads((copy / "tokenizer.json").read_text())
+    tok["model"] = {"type": "BPE"}
+    (copy / "tokenizer.json").write_text(json.dumps(tok))
+    source.vet(copy)
+    with pytest.raises(SourceModelError, match=rf"cannot load the tokenizer of {copy} \(tokenizer.json\): "):
+        source.load_tokenizer(copy)
+
+
+@pytest.mark.cli
+@pytest.mark.parametrize("verb", ["rtn", "gguf"])
+def test_a_tokenizer_that_does_not_load_is_exit_2_in_every_verb(cli, copy: Path, tmp_path: Path, verb: str) -> None:
+    """The llm-compressor verbs load it with transformers, gguf through llama.cpp's converter: each says the
+    tokenizer file, not the converter, is what failed (gguf said the converter could not convert Llama)."""
+    tok = json.loads((copy / "tokenizer.json").read_text())
+    tok["model"] = {"type": "BPE"}
+    (copy / "tokenizer.json").write_text(json.dumps(tok))
+    proc = cli(verb, copy, tmp_path / "out")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"the tokenizer of {copy} (tokenizer.json)" in proc.stderr and "Missing vocab/merges" in proc.stderr
+    assert "Traceback" not in proc.stderr and "convert_hf_to_gguf.py --print-supported-models" not in proc.stderr

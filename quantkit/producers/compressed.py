@@ -43,7 +43,7 @@ from quantkit.producers.groups import (Checked, check_tiles, group_choice, input
                                       narrow_note)
 from quantkit.producers.job import Job
 from quantkit.producers.modifiers import Plan, plan
-from quantkit.source import SourceModel
+from quantkit.source import SourceModel, load_tokenizer
 
 
 def _check_target_bits(spec: Any, source: SourceModel) -> None:
@@ -164,9 +164,7 @@ class CompressedProducer:
             job = job.model_copy(update={"ignore": job.ignore + list(checked.narrow)})
         with rep.timed("setup"):  # importing torch and transformers, starting CUDA, the tokenizer
             device = oneshot.pin_device(ctx.runtime.device, ctx.runtime.num_gpus)
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(ctx.source.path, trust_remote_code=job.trust_remote_code)
+            tokenizer = load_tokenizer(ctx.source.path, trust_remote_code=job.trust_remote_code)
         calib = ctx.calibration_set(tokenizer) if p.calibrate else None
         job = job.model_copy(update={"samples": calib.samples if calib else None,
                                      "images": _calibration_images(ctx, p, calib) if ctx.calibration.images else None})

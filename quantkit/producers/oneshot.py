@@ -189,9 +189,7 @@ def run(model: Any, p: Plan, job: Job, tokenizer: Any | None = None) -> dict[str
     # The samples are token ids already; without a processor oneshot loads the checkpoint's own a second time (and,
     # for a vision-language model, image and video processors that may need torchvision only to be thrown away).
     if tokenizer is None:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(job.source, trust_remote_code=job.trust_remote_code)
+        tokenizer = source.load_tokenizer(job.source, trust_remote_code=job.trust_remote_code)
     kwargs["processor"] = tokenizer
     fam = moe.family(job.config)
     split = _split_awq_router(modifiers, model, fam, job.config)

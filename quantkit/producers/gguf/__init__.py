@@ -45,7 +45,7 @@ from quantkit.producers.base import ProduceContext, Produced
 from quantkit.formats import gguf_types as types
 from quantkit.producers.gguf import (collect, convert, guards, imatrix, mmproj, prequantized, quantize, target_bits,
                                      tools)
-from quantkit.source import SourceModel
+from quantkit.source import SourceModel, load_tokenizer
 
 # Preferred intermediate among requested unquantized types: the most precise one.
 _INTERMEDIATE_ORDER = ("F32", "BF16", "F16")
@@ -229,8 +229,7 @@ def _to_target(ctx: ProduceContext, plan: convert.Plan, intermediate: Path, made
     from quantkit.devices import resolve_device
 
     rep = ctx.reporter
-    calib = im.calibration if im and im.calibration else ctx.calibration_set(
-        transformers.AutoTokenizer.from_pretrained(str(ctx.source.path), trust_remote_code=False))
+    calib = im.calibration if im and im.calibration else ctx.calibration_set(load_tokenizer(ctx.source.path))
     model = collect._load(transformers, torch, ctx.source.path, resolve_device(ctx.runtime.device), rep)
     with rep.timed("sensitivity"):
         record, assignment = target_bits.plan(model, plan, made, intermediate, ctx.spec.target_bits, calib.samples,
@@ -277,10 +276,7 @@ def _importance_matrix(ctx: ProduceContext, plan: convert.Plan, name: str) -> _M
         record = {"source": "file", "given": str(given), "datasets": im.datasets, "chunks": im.chunk_count,
                   "chunk_size": im.chunk_size}
         return _Made(_record(ctx, dest, im, record, quantizer), notes=notes)
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(ctx.source.path), trust_remote_code=False)
-    calib = ctx.calibration_set(tok)
+    calib = ctx.calibration_set(load_tokenizer(ctx.source.path))
     with rep.step("imatrix", f"Computing the importance matrix ({calib.num_tokens:,} calibration tokens)"):
         im, how = collect.compute(ctx.source.path, plan, calib.samples, device=ctx.runtime.device, reporter=rep)
     im.datasets = imatrix.dataset_label(calib)

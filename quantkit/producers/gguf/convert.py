@@ -37,6 +37,7 @@ from quantkit.errors import BackendError, SourceModelError
 from quantkit.formats import gguf_types as types
 from quantkit.producers.gguf import quantize, tokenizer, tools
 from quantkit.progress import Reporter
+from quantkit.source import TOKENIZER_HINT, tokenizer_file
 
 WRAPPER = Path(__file__).with_name("hf_to_gguf.py")
 OUTTYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0"}
@@ -156,6 +157,9 @@ def _refusal(out: dict[str, Any], log: str, model_dir: Path, part: str = "") -> 
             f"quantkit cannot match it: {why[0] if why else 'no tokenizer.json'}",
             hint=f"llama.cpp implements these splitters (quantkit matches them by regex): {tokenizer.names()}; "
                  "or use the checkpoint's original tokenizer files")
+    if err["kind"] == "tokenizer":
+        return SourceModelError(f"llama.cpp's converter cannot read the tokenizer of {model_dir} "
+                                f"({tokenizer_file(model_dir)}): {err['message']}", hint=TOKENIZER_HINT)
     return SourceModelError(f"llama.cpp's converter cannot convert {part}{arch}: {reason}",
                             hint="`python convert_hf_to_gguf.py --print-supported-models` (in "
                                  f"{tools.CONVERT_CACHE}) lists what it converts; or choose another method")

@@ -23,7 +23,8 @@ matched from ``tokenizer.json``'s own regex; it is used only when upstream's che
 (:func:`_keep_weight_only_activations`; ``weight_only_from``). A SentencePiece-style vocabulary that only a
 tokenizer.json holds gets scores from its merge ranks (:func:`_score_by_merge_rank`; ``scores_from``). Any failure
 is written to the result as one line (its kind, the architecture), and the exit status is 3; the converter's own log
-goes to stderr.
+goes to stderr. A failure while reading the tokenizer is its own kind (``tokenizer``): the checkpoint's tokenizer
+files, not the converter, are what to fix.
 """
 
 from __future__ import annotations
@@ -234,6 +235,12 @@ def _plan(model: Path, mmproj: bool) -> dict[str, Any]:
             "phi3_tokens": all(t in tokens for t in PHI3_TOKENS)}
 
 
+def _reading_vocabulary(e: BaseException) -> bool:
+    """Whether an error came from reading the tokenizer: upstream reads it in ``set_vocab``, its ``_set_vocab_*``
+    helpers and ``get_vocab_base`` (through transformers' AutoTokenizer or sentencepiece), each named for it."""
+    return any("vocab" in frame.name for frame in traceback.extract_tb(e.__traceback__))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--result", type=Path, required=True)
@@ -271,8 +278,12 @@ def main() -> int:
         result["error"] = {"kind": kind, "message": str(e).strip().splitlines()[0] if str(e).strip() else kind}
     except Exception as e:  # the converter raises many types for input it cannot take
         traceback.print_exc(file=sys.stderr)
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        result["error"] = {"kind": "failed", "message": f"{type(e).__name__}: {first}"[:400]}
+        if _reading_vocabulary(e):  # the whole message: transformers' first line only says it listed the ways
+            said = " ".join(str(e).split())
+            result["error"] = {"kind": "tokenizer", "message": f"{type(e).__name__}: {said}"[:500]}
+        else:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            result["error"] = {"kind": "failed", "message": f"{type(e).__name__}: {first}"[:400]}
     result.update(_seen)
     args.result.write_text(json.dumps(result))
     return FAILED if "error" in result else 0
