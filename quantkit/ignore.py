@@ -10,8 +10,9 @@ vision tower and projector (its family's parts in :mod:`quantkit.architectures`)
 Every pattern the user gives must match at least one module of the source checkpoint, read from its safetensors
 headers before any weight loads: a misspelt name is an error listing the nearest real names, never a pattern that
 silently keeps nothing. Patterns are llm-compressor's: an exact module name, or ``re:`` and a regular expression
-matched from the start of the name; ModelOpt (``method: trt``) takes shell wildcards instead (``*mlp.down_proj``).
-A bare class name (``Linear``, no dots) names a module type, which headers cannot show, and is not checked.
+matched from the start of the name (one that does not compile is an error naming it and why, before it is matched);
+ModelOpt (``method: trt``) takes shell wildcards instead (``*mlp.down_proj``). A bare class name (``Linear``, no
+dots) names a module type, which headers cannot show, and is not checked.
 """
 
 from __future__ import annotations
@@ -93,6 +94,8 @@ def effective(spec: MethodBase, source: SourceModel, *, wildcards: bool = False)
     for pattern in spec.ignore:
         if _is_class_name(pattern) or pattern in ALWAYS:
             continue
+        if not wildcards:
+            _check_regex(pattern)
         if not any(matches(pattern, n, wildcards=wildcards) for n in names):
             probe = pattern[3:] if pattern.startswith("re:") else pattern
             near = difflib.get_close_matches(probe.replace("*", ""), names, n=5, cutoff=0.4) or names[:5]
@@ -100,6 +103,19 @@ def effective(spec: MethodBase, source: SourceModel, *, wildcards: bool = False)
                              hint="use a module name from the checkpoint, or re:REGEX"
                                   + (" (shell wildcards for method trt: '*mlp.down_proj')" if wildcards else ""))
     return list(dict.fromkeys(defaults + list(spec.ignore)))
+
+
+def _check_regex(pattern: str) -> None:
+    """Refuse a ``re:`` pattern that is no regular expression, naming it and what is wrong (llm-compressor would
+    fail on it after the model loaded; matching it here would be a traceback)."""
+    if not pattern.startswith("re:"):
+        return
+    try:
+        re.compile(pattern[3:])
+    except re.error as e:
+        raise UsageError(f"--ignore {pattern!r} is not a valid regular expression: {e}",
+                         hint="escape characters that are literal (re:model\\.layers\\.0\\.mlp\\.down_proj) or "
+                              "give the exact module name") from None
 
 
 def _as_wildcard(regex_pattern: str) -> str:
