@@ -53,7 +53,7 @@ def made(smollm2: Path, smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFac
     return {"plain": plain, "imatrix": imx, "eval": results, "files": files, "manifests": manifests}
 
 
-def test_default_flags_make_q4_k_m(made: dict[str, Any]) -> None:
+def test_default_flags_make_q4_k_m(made: dict[str, Any], smollm2: Path) -> None:
     q = made["manifests"]["plain"]["quantization"]
     assert q["types"] == ["Q4_K_M"] and sorted(p.name for p in made["plain"].iterdir()) == [
         q["files"]["Q4_K_M"], "quantkit.json"]
@@ -63,6 +63,11 @@ def test_default_flags_make_q4_k_m(made: dict[str, Any]) -> None:
     assert q["intermediate"] == "BF16"
     fell = q["fallbacks"]["Q4_K_M"]  # 576-wide rows cannot hold 256-value K-quant blocks
     assert fell["blk.0.attn_q.weight"] == "Q5_0" and set(fell.values()) <= {"Q5_0", "Q5_1", "Q8_0"}
+    # the floor a bits target is checked against before any work counts those fallbacks (5.25), and is one
+    from quantkit.producers.gguf import convert, target_bits
+
+    floor = target_bits.floor_bits("Q4_K_M", convert.plan(smollm2).tensors)
+    assert 5 < floor <= target_bits.file_bits(made["plain"] / q["files"]["Q4_K_M"])
 
 
 def test_f16_logits_equal_transformers(smollm2: Path, made: dict[str, Any], heldout: list[str]) -> None:

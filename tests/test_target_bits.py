@@ -201,6 +201,9 @@ def test_gguf_bits_counted_from_the_file_meet_the_target(gguf_made: dict[str, Pa
     assert target_bits.file_bits(file) == pytest.approx(m["measured_bits"], abs=1e-3)
     assert abs(m["measured_bits"] - 5.5) <= mixed.TOLERANCE
     assert m["base_bits"] == pytest.approx(target_bits.file_bits(next(gguf_made["q4km"].glob("*.gguf"))), abs=1e-3)
+    from quantkit.producers.gguf import convert
+
+    assert target_bits.floor_bits("Q4_K_M", convert.plan(TINY).tensors) <= m["base_bits"]  # check()'s is a floor
     assert 0 < m["units_at_high"] < m["units"]
 
 
@@ -228,10 +231,29 @@ def test_gguf_mix_scores_better_in_llama_cpp(gguf_made: dict[str, Path]) -> None
     (["-t", "Q4_K_M", "-t", "Q6_K"], "exactly one --type"),
     (["-t", "Q8_0"], "exactly one --type"),
     (["-t", "Q4_K_M", "--target-bits", "9"], "above Q8_0"),
+    (["-t", "Q4_K_M", "--target-bits", "3"], "below what Q4_K_M's mix spends here: at least 4.50 bits per weight"),
 ])
 def test_gguf_target_refused_before_any_work(tmp_path: Path, flags: list[str], words: str) -> None:
     flags = flags if "--target-bits" in flags else [*flags, "--target-bits", "5.5"]
-    proc = quantkit("gguf", TINY, tmp_path / "out", *flags)
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert words in proc.stderr
-    assert not (tmp_path / "out").exists()
+    for dry_run in ([], ["--dry-run"]):
+        proc = quantkit("gguf", TINY, tmp_path / "out", *flags, "--samples", "8", "--seq-len", "128", *dry_run)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert words in proc.stderr and "Traceback" not in proc.stderr
+        assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.unit
+def test_gguf_floor_counts_the_bulk_type_its_fallbacks_and_types_below_it() -> None:
+    """The least a mix spends, from shapes alone: the bulk type's bits per weight (Q4_K: 4.5), a row that is not
+    whole 256-weight blocks at llama.cpp's fallback (Q5_0: 5.5), one that is not whole 32-weight blocks at F16, and
+    IQ3_XS at the IQ3_XXS its mix gives attention and middle FFNs; only block matrices count."""
+    from quantkit.producers.gguf import convert, target_bits
+
+    def t(name: str, *shape: int) -> convert.Tensor:
+        return convert.Tensor(name, shape, "F16")
+
+    even = [t("blk.0.attn_q.weight", 256, 256), t("blk.0.attn_norm.weight", 256), t("output.weight", 8192, 100)]
+    assert target_bits.floor_bits("Q4_K_M", even) == 4.5
+    assert target_bits.floor_bits("Q4_K_M", [*even, t("blk.1.attn_q.weight", 256, 576)]) == (4.5 + 5.5 * 2.25) / 3.25
+    assert target_bits.floor_bits("Q4_K_M", [t("blk.0.ffn_up.weight", 64, 100)]) == 16.0
+    assert target_bits.floor_bits("IQ3_XS", even) == 3.0625  # IQ3_XXS, not the bulk IQ3_S's 3.4375

@@ -91,12 +91,12 @@ class GgufProducer:
                                  hint="choose another --type (quantkit gguf --help lists them)")
         prequantized.check(source.path, source.spec, source.architecture, [t.name for t in wanted])
         guards.refuse(source.config)
-        if spec.target_bits is not None:
-            if moe.family(source.config):
-                raise UsageError(f"--target-bits plans dense layers; {source.spec} is a mixture-of-experts model",
-                                 hint="drop --target-bits and choose a --type")
-            target_bits.check(spec)
+        if spec.target_bits is not None and moe.family(source.config):
+            raise UsageError(f"--target-bits plans dense layers; {source.spec} is a mixture-of-experts model",
+                             hint="drop --target-bits and choose a --type")
         plan = convert.plan(source.path)
+        if spec.target_bits is not None:
+            target_bits.check(spec, plan.tensors)
         if mmproj.wanted(source.config):
             mmproj.plan(source.path)
         compute, given = imatrix_request(spec)

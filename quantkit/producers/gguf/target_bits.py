@@ -19,10 +19,15 @@ where they buy the most, by the same measured sensitivity as the compressed-tens
 
 The bits are those of the transformer blocks' matrices (what the target controls; ``token_embd`` and ``output``
 keep llama.cpp's choice). The plan, every group's measurements and the measured bits go into the manifest.
+
+A target below what the type's mix spends is refused before any work, from the tensor shapes in the converter's
+plan (:func:`floor_bits`: the least the mix can spend, its raises left out), and, for what only the made file shows,
+right after the type is made, before anything is measured.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -40,9 +45,21 @@ HIGH_BITS = 8.5  # Q8_0: 32 int8 values and one f16 scale per block
 PROXY_GROUP = 32  # the int4 proxy's group: the 32-weight blocks of Q4_K's sub-blocks, Q4_0/Q5_0 and IQ4_NL
 _BLOCK_MATRIX = re.compile(r"blk\.\d+\..+\.weight$")
 
+# What llama.cpp's quantizer (b11312, src/llama-quant.cpp) does that the least a type's mix spends depends on:
+# the mixes of IQ3_XS and IQ3_XXS give some block matrices a type below the bulk one (attn_q and attn_k, and IQ3_XS's
+# middle ffn_gate and ffn_up, at IQ3_XXS; IQ3_XXS's attn_q and attn_k at IQ2_S), every other choice of a mix raises a
+# tensor above it; and a tensor whose rows are not whole blocks of its type falls back to a type of 32-weight blocks
+# (F16 where even those do not fit), never to fewer bits.
+_BELOW_BULK = {"IQ3_XS": "IQ3_XXS", "IQ3_XXS": "IQ2_S"}
+_FALLBACK = {"IQ1_S": "IQ4_NL", "IQ1_M": "IQ4_NL", "IQ2_XXS": "IQ4_NL", "IQ2_XS": "IQ4_NL", "IQ2_S": "IQ4_NL",
+             "IQ3_XXS": "IQ4_NL", "IQ3_S": "IQ4_NL", "IQ4_XS": "IQ4_NL", "Q2_K": "Q4_0", "Q3_K": "Q4_0",
+             "TQ1_0": "Q4_0", "TQ2_0": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 
-def check(spec: Any) -> None:
-    """Refuse, before any work, a request the bits target cannot serve: one llama.cpp-made type below Q8_0."""
+
+def check(spec: Any, tensors: list[Any]) -> None:
+    """Refuse, before any work, a request the bits target cannot serve: one llama.cpp-made type below Q8_0, and a
+    target between the least that type's mix spends on this model's block matrices (:func:`floor_bits`, from the
+    shapes in the converter's plan, ``tensors``) and Q8_0's bits. ``--dry-run`` runs it too."""
     wanted = [types.get(t) for t in types.validate(list(spec.types))]
     if len(wanted) != 1 or not wanted[0].quantized_by_llama_cpp or wanted[0].bits >= HIGH_BITS:
         raise UsageError("--target-bits raises layers of one llama.cpp type (its mix) to Q8_0; it needs exactly "
@@ -51,7 +68,41 @@ def check(spec: Any) -> None:
     if spec.target_bits >= HIGH_BITS + mixed.TOLERANCE:
         raise UsageError(f"--target-bits {spec.target_bits:g} is above Q8_0's {HIGH_BITS} bits per weight, the most "
                          "the mix raises a layer to", hint="use -t Q8_0 for 8-bit everywhere")
+    floor = floor_bits(wanted[0].name, tensors)
+    if spec.target_bits < floor - mixed.TOLERANCE:
+        raise UsageError(f"--target-bits {spec.target_bits:g} is below what {wanted[0].name}'s mix spends here: at "
+                         f"least {floor:.2f} bits per weight in the block matrices ({wanted[0].bulk} and its "
+                         "fallbacks, from the tensor shapes; the mix raises some tensors above that)",
+                         hint=f"choose a target of at least {floor:.2f}, or a smaller --type")
     tools.require("llama-quantize", "quantizing to a bits target")
+
+
+def floor_bits(type_name: str, tensors: list[Any]) -> float:
+    """The least a type's mix can spend on the block matrices (``blk.N.*.weight``, 2-D or more) of a file planned as
+    ``tensors`` (name and shape, outermost axis first), in bits per weight, from the shapes alone: each matrix at the
+    lowest type the mix gives any (the bulk type, or :data:`_BELOW_BULK`'s), or the type llama.cpp falls back to
+    when its rows are not whole blocks of that (:data:`_FALLBACK`). The mix's own raises (attn_v, ffn_down...) are
+    left out, so the file spends this or more: a target below it cannot be met, whatever the measurement finds."""
+    import gguf
+
+    def bits(name: str) -> float:
+        block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]]
+        return size * 8 / block
+
+    def fits(name: str, cols: int) -> bool:
+        return cols % gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]][0] == 0
+
+    row = types.get(type_name)
+    low = _BELOW_BULK.get(row.name, row.bulk)
+    weights = stored = 0.0
+    for t in tensors:
+        if not _BLOCK_MATRIX.match(t.name) or len(t.shape) < 2:
+            continue
+        cols, n = int(t.shape[-1]), math.prod(int(d) for d in t.shape)
+        kind = low if fits(low, cols) else _FALLBACK.get(low, "F16")
+        weights += n
+        stored += n * (bits(kind) if fits(kind, cols) else 16.0)
+    return stored / weights if weights else 0.0
 
 
 @dataclass(frozen=True)
@@ -101,10 +152,18 @@ def relative_errors(quantized: Path, reference: Path, names: set[str]) -> dict[s
 def plan(model: Any, convert_plan: Any, base: Path, intermediate: Path, target: float, samples: list[list[int]],
          reporter: Any) -> tuple[dict[str, Any], list[str]]:
     """Measure, estimate and choose; returns the manifest record and every block matrix's type: Q8_0 for those
-    raised, the type the mix gave it in ``base`` for the rest."""
+    raised, the type the mix gave it in ``base`` for the rest. A target below what the mix spends in ``base`` (the
+    exact figure, which :func:`check`'s floor bounds from below) is refused first, before anything is measured."""
     import torch
 
     in_file = block_matrices(base)
+    weights = sum(t.weights for t in in_file.values())
+    stored = sum(8 * t.nbytes for t in in_file.values())
+    base_bits = stored / weights
+    if target < base_bits - mixed.TOLERANCE:  # the mix's raises, which check()'s floor leaves out
+        raise UsageError(f"--target-bits {target:g} is below what the requested type's mix already spends here "
+                         f"({base_bits:.2f} bits per weight in the block matrices)",
+                         hint=f"choose a target of at least {base_bits:.2f}, or a smaller --type")
     found = [u for u in mixed.units(model, ["lm_head"]) if all(
         convert_plan.gguf_name(m) in in_file for m in u.modules)]
     names = {m: convert_plan.gguf_name(m) for u in found for m in u.modules}
@@ -129,13 +188,6 @@ def plan(model: Any, convert_plan: Any, base: Path, intermediate: Path, target: 
         rows.append({"name": u.name, "tensors": tensors, "params": u.params, "kld_int4": u.kld,
                      "types": sorted({in_file[t].type for t in tensors}), "error_ratio": scale,
                      "kld_estimated": gain[u.name]})
-    weights = sum(t.weights for t in in_file.values())
-    stored = sum(8 * t.nbytes for t in in_file.values())
-    base_bits = stored / weights
-    if target < base_bits - mixed.TOLERANCE:
-        raise UsageError(f"--target-bits {target:g} is below what the requested type's mix already spends here "
-                         f"({base_bits:.2f} bits per weight in the block matrices)",
-                         hint=f"choose a target of at least {base_bits:.2f}, or a smaller --type")
     high = mixed.greedy({k: v for k, v in gain.items() if extra[k] > 0}, extra,
                         target * weights - stored)
     raised = {t for r in rows if r["name"] in high for t in r["tensors"]}
