@@ -111,7 +111,10 @@ def resolve(spec: ModelSpec) -> SourceModel:
 def _local_path(spec: ModelSpec) -> tuple[Path, str | None]:
     p = Path(os.path.expanduser(spec.source))
     if p.exists():
-        return p, spec.revision
+        if spec.revision is not None:  # nothing here could honour it, and the manifest would record it as the truth
+            raise SourceModelError(f"revision {spec.revision} names a hub revision, but {spec.source} is a local "
+                                   "folder", hint="drop --revision (recipe: model.revision), or give the hub id")
+        return p, None
     if not looks_like_hub_id(spec.source):
         raise SourceModelError(f"model path {spec.source} does not exist",
                                hint="give a local checkpoint folder or a hub id like org/name")

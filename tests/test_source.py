@@ -378,3 +378,11 @@ def test_a_tokenizer_that_does_not_load_is_exit_2_in_every_verb(cli, copy: Path,
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert f"the tokenizer of {copy} (tokenizer.json)" in proc.stderr and "Missing vocab/merges" in proc.stderr
     assert "Traceback" not in proc.stderr and "convert_hf_to_gguf.py --print-supported-models" not in proc.stderr
+
+
+def test_a_revision_on_a_local_folder_is_refused(tiny: Path) -> None:
+    """``--revision`` pins a hub download; on a local folder nothing could honour it, and the manifest recorded it
+    as the source's revision all the same."""
+    with pytest.raises(SourceModelError, match="names a hub revision, but .* is a local folder"):
+        source.resolve(ModelSpec(source=str(tiny), revision="v9"))
+    assert source.resolve(ModelSpec(source=str(tiny))).revision is None
