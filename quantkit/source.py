@@ -183,6 +183,7 @@ def vet(path: Path, *, spec: str | None = None, revision: str | None = None, tru
     _check_index(path, weight_map, tensors)
     _check_layers(path, config, [name for names in tensors.values() for name in names])
     _check_tokenizer(path)
+    _check_generation_config(path)
     return SourceModel(spec=spec or str(path), path=path, revision=revision, config=config,
                        config_sha256=hashlib.sha256(raw).hexdigest(), weight_files=safet or pickles,
                        size_bytes=total, num_parameters=params, is_pickle=is_pickle)
@@ -206,6 +207,15 @@ def _read_json(f: Path, cap: int, what: str) -> tuple[Any, bytes]:
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
         raise SourceModelError(f"{f} is not valid JSON: {str(e) or 'nested too deeply'}",
                                hint="the download may be incomplete; fetch the checkpoint again") from None
+
+
+def _check_generation_config(path: Path) -> None:
+    """``generation_config.json``, where there is one, is a JSON object: transformers replaces one it cannot read by
+    defaults built from config.json, without a word, and the artifact would ship those (the reference model's EOS
+    list [1, 3] became 1: generation would stop at other tokens)."""
+    f = path / "generation_config.json"
+    if f.is_file() and not isinstance(_read_json(f, MAX_CONFIG_BYTES, "a generation config")[0], dict):
+        raise SourceModelError(f"{f} must hold a JSON object", hint="fetch the checkpoint again, or remove the file")
 
 
 def _check_architectures(config: dict[str, Any], where: Path) -> None:

@@ -386,3 +386,12 @@ def test_a_revision_on_a_local_folder_is_refused(tiny: Path) -> None:
     with pytest.raises(SourceModelError, match="names a hub revision, but .* is a local folder"):
         source.resolve(ModelSpec(source=str(tiny), revision="v9"))
     assert source.resolve(ModelSpec(source=str(tiny))).revision is None
+
+
+@pytest.mark.parametrize("text", ['{"eos_token_id": [1, 3]', "[1, 3]"])
+def test_an_unreadable_generation_config_is_refused_not_replaced(copy: Path, text: str) -> None:
+    """transformers silently rebuilds a generation config it cannot read from config.json, and the artifact would
+    ship the rebuilt one (another EOS list): refused, naming the file."""
+    (copy / "generation_config.json").write_text(text)
+    with pytest.raises(SourceModelError, match="generation_config.json"):
+        source.vet(copy)
