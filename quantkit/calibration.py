@@ -15,6 +15,9 @@ and plain text when the chat template is on, keeps one conversation per sample, 
 template and truncated to ``seq_len``. Asking for more tokens than the source holds is an error, not a silent
 shortfall.
 
+Files are UTF-8 (no encoding is guessed), and every record is text or a conversation: anything else is refused naming
+the file and the line or record.
+
 The chat template (``chat_template``: off, on or ``auto``) is llm-compressor's guidance for instruct models:
 calibrate on text shaped like what the model will see when served, its turn markers and system prompt included.
 ``auto``, the default, turns it on for an instruct model: its tokenizer has a chat template whose assistant turns
@@ -30,6 +33,7 @@ import gzip
 import hashlib
 import json
 import random
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,14 +78,17 @@ class Documents:
 
 
 def load_documents(source: str, field: str = "text") -> Documents:
-    """Read the documents of a calibration/evaluation source (no tokenization)."""
+    """Read the documents of a calibration/evaluation source (no tokenization). A file that cannot be read as what
+    its name says, or a record that is neither text nor a conversation, is a :class:`CalibrationError` naming the
+    file and the line or record."""
     if source in SHIPPED:
         items: list[Any] = []
         h = hashlib.sha256()
         for name in SHIPPED[source]:
             path = shipped_dir() / name
-            items += _read_jsonl(path, "text")
-            h.update(path.read_bytes())
+            raw = _read(path)
+            items += _jsonl_items(_text(path, raw), path, "text")
+            h.update(raw)
         return Documents(source, "shipped", items, file_sha256=h.hexdigest())
     path = Path(source).expanduser()
     if path.exists():
@@ -93,21 +100,47 @@ def load_documents(source: str, field: str = "text") -> Documents:
         "nor a hub dataset name", hint="`quantkit calib list` shows the shipped sets")
 
 
-def _read_jsonl(path: Path, field: str) -> list[Any]:
-    opener = gzip.open if path.name.endswith(".gz") else open
-    items = []
+def _read(path: Path) -> bytes:
     try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise CalibrationError(f"{path}:{n} is not valid JSON: {e.msg}") from None
-                items.append(_pick(row, field, f"{path}:{n}"))
-    except (OSError, EOFError, UnicodeDecodeError) as e:
-        raise CalibrationError(f"cannot read {path}: {e}") from None
+        return path.read_bytes()
+    except OSError as e:
+        raise CalibrationError(f"cannot read {path}: {e.strerror or e}") from None
+
+
+def _text(path: Path, raw: bytes) -> str:
+    """A file's text: gunzipped when its name ends in ``.gz``, then decoded as UTF-8 and nothing else, with line
+    ends read as Python's text mode reads them.
+
+    No encoding is guessed: Latin-1 or cp1252 read as another encoding gives other characters, so other calibration
+    tokens, with nothing to show for it. A file that is not UTF-8 is refused, naming the first byte that is not."""
+    data = raw
+    if path.name.lower().endswith(".gz"):
+        try:
+            data = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as e:
+            raise CalibrationError(f"{path} is not a readable gzip file: {e}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        where = " of its decompressed text" if data is not raw else ""
+        line = data.count(b"\n", 0, e.start) + 1
+        raise CalibrationError(
+            f"{path} is not UTF-8 text: byte 0x{data[e.start]:02x} at offset {e.start}{where} (line {line})",
+            hint="convert it to UTF-8 (Latin-1 text: iconv -f latin1 -t utf-8 FILE > NEW); quantkit does not guess "
+                 "encodings, a wrong guess changes the calibration tokens") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def _jsonl_items(text: str, path: Path, field: str) -> list[Any]:
+    items = []
+    for n, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise CalibrationError(f"{path}:{n} is not valid JSON: {e.msg}") from None
+        items.append(_pick(row, field, f"{path}:{n}"))
     return items
 
 
@@ -117,41 +150,55 @@ def _pick(row: Any, field: str, where: str) -> Any:
     if not isinstance(row, dict):
         raise CalibrationError(f"{where}: expected an object with a {field!r} field")
     if field in row:
-        return row[field]
+        return _document(row[field], field, where)
     if "messages" in row:
-        return row["messages"]
+        return _document(row["messages"], "messages", where)
     raise CalibrationError(f"{where}: no {field!r} field (fields: {', '.join(sorted(row))})",
                            hint="choose the text field with --calib-field / calibration.field")
 
 
+def _document(value: Any, field: str, where: str) -> Any:
+    """One document as calibration takes it: a text, or a conversation (a list of messages, each an object with a
+    string ``role`` and a string ``content``); a null is an empty document, left out like an empty text. Anything
+    else is refused here, where its file and line are known, instead of failing later inside the tokenizer or the
+    chat template."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                                       and isinstance(m.get("content"), str) for m in value):
+        return value
+    shown = json.dumps(value, default=str)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    raise CalibrationError(f"{where}: {field!r} is {shown} ({type(value).__name__}), neither text nor a list of chat "
+                           "messages (objects with a string 'role' and 'content')",
+                           hint="each record's text field must be a string; choose another field with "
+                                "--calib-field / calibration.field")
+
+
 def _load_file(path: Path, field: str) -> Documents:
     name = path.name.lower()
-    digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
     if path.is_dir():
         raise CalibrationError(f"calibration source {path} is a folder; give a .txt, .jsonl(.gz) or .parquet file")
+    raw = _read(path)
+    digest = hashlib.sha256(raw).hexdigest()
     if name.endswith((".jsonl", ".jsonl.gz", ".ndjson")):
-        items = _read_jsonl(path, field)
+        items = _jsonl_items(_text(path, raw), path, field)
     elif name.endswith(".json"):
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CalibrationError(f"{path} is not valid JSON: {e}") from None
-        rows = data if isinstance(data, list) else data.get("data", data.get("rows", []))
-        items = [_pick(r, field, str(path)) for r in rows]
+            data = json.loads(_text(path, raw))
+        except json.JSONDecodeError as e:
+            raise CalibrationError(f"{path}:{e.lineno} is not valid JSON: {e.msg}") from None
+        rows = data.get("data", data.get("rows")) if isinstance(data, dict) else data
+        if not isinstance(rows, list):
+            raise CalibrationError(f"{path}: expected a JSON list of records, or an object with a 'data' or 'rows' "
+                                   "list of them")
+        items = [_pick(r, field, f"{path}: record {n}") for n, r in enumerate(rows, 1)]
     elif name.endswith(".parquet"):
-        try:
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise MissingBackendError("pyarrow", "llmcompressor", "reading .parquet calibration data") from None
-        table = pq.read_table(path)
-        col = field if field in table.column_names else ("messages" if "messages" in table.column_names else None)
-        if col is None:
-            raise CalibrationError(f"{path}: no {field!r} column (columns: {', '.join(table.column_names)})")
-        items = table.column(col).to_pylist()
+        items = _parquet_items(path, field)
     elif name.endswith((".txt", ".md", ".rst", ".txt.gz")):
-        opener = gzip.open if name.endswith(".gz") else open
-        with opener(path, "rt", encoding="utf-8", errors="strict") as f:
-            text = f.read()
+        text = _text(path, raw)
         items = [b.strip() for b in text.split("\n\n") if b.strip()]
     else:
         raise CalibrationError(f"unsupported calibration file type: {path.name}",
@@ -159,6 +206,22 @@ def _load_file(path: Path, field: str) -> Documents:
     chat = bool(items) and all(isinstance(i, list) for i in items)
     items = [i for i in items if i]
     return Documents(str(path), "file", items, chat=chat, file_sha256=digest)
+
+
+def _parquet_items(path: Path, field: str) -> list[Any]:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise MissingBackendError("pyarrow", "llmcompressor", "reading .parquet calibration data") from None
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as e:
+        raise CalibrationError(f"{path} is not a readable parquet file: {str(e).splitlines()[0][:200]}") from None
+    col = field if field in table.column_names else ("messages" if "messages" in table.column_names else None)
+    if col is None:
+        raise CalibrationError(f"{path}: no {field!r} column (columns: {', '.join(table.column_names)})")
+    return [_document(v, col, f"{path}: row {n}") for n, v in enumerate(table.column(col).to_pylist(), 1)]
 
 
 def _load_hub(source: str, field: str) -> Documents:
@@ -185,7 +248,7 @@ def _load_hub(source: str, field: str) -> Documents:
         raise CalibrationError(f"hub dataset {source!r} has no {field!r} column ({', '.join(ds.column_names)})")
     # Empty rows are kept: evaluation joins every row with blank lines, as the GPTQ/AWQ papers do for WikiText-2
     # (calibration drops them in build()).
-    items = [x if x is not None else "" for x in ds[col]]
+    items = [_document(x, col, f"hub dataset {source!r}: row {n}") for n, x in enumerate(ds[col], 1)]
     chat = any(isinstance(i, list) for i in items)
     return Documents(source, "hub", items, chat=chat, file_sha256=getattr(ds, "_fingerprint", None))
 

@@ -138,3 +138,55 @@ def test_calib_show_refuses_values_out_of_bounds_in_one_line(cli, tiny: Path) ->
         proc = cli("calib", "show", "mixed", *flags)
         assert proc.returncode == 2 and said in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def _parquet(path: Path, column: list) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": column}), path)
+    return path
+
+
+BAD_FILES = {  # file name -> (bytes, or a function writing it; the words of the one-line error)
+    "nonstr.jsonl": (b'{"text": "fine"}\n{"text": 123}\n', "nonstr.jsonl:2: 'text' is 123 (int), neither text nor"),
+    "nomessage.jsonl": (b'{"messages": [{"role": "user"}]}\n', "nomessage.jsonl:1: 'messages' is"),
+    "records.json": (b'[{"text": "fine"}, {"text": {"a": 1}}]', "records.json: record 2: 'text' is {\"a\": 1} (dict)"),
+    "scalar.json": (b"42", "scalar.json: expected a JSON list of records"),
+    "ints.parquet": (lambda p: _parquet(p, [1, 2]), "ints.parquet: row 1: 'text' is 1 (int)"),
+    "bad.parquet": (b"not a parquet file\n", "bad.parquet is not a readable parquet file"),
+    "latin1.txt": ("caf\xe9 cr\xe8me\n\nbr\xfbl\xe9e\n".encode("latin-1"),
+                   "latin1.txt is not UTF-8 text: byte 0xe9 at offset 3 (line 1)"),
+    "latin1.jsonl": (b'{"text": "ok"}\n' + '{"text": "caf\xe9"}\n'.encode("latin-1"),
+                     "latin1.jsonl is not UTF-8 text: byte 0xe9 at offset 28 (line 2)"),
+    "binary.txt": (bytes(range(128, 256)) * 4, "binary.txt is not UTF-8 text: byte 0x80 at offset 0 (line 1)"),
+    "plain.jsonl.gz": (b'{"text": "not compressed"}\n', "plain.jsonl.gz is not a readable gzip file"),
+    "latin1.txt.gz": (gzip.compress(b"ok\n\ncaf\xe9"), "byte 0xe9 at offset 7 of its decompressed text (line 3)"),
+}
+
+
+@pytest.mark.parametrize("name", BAD_FILES)
+def test_a_bad_file_is_one_error_naming_it(tmp_path: Path, name: str) -> None:
+    """A record that is neither text nor a conversation, a file that is not what its name says, or text that is not
+    UTF-8: one CalibrationError (exit 2) naming the file and where, never a TypeError or pyarrow's error."""
+    content, words = BAD_FILES[name]
+    path = tmp_path / name
+    content(path) if callable(content) else path.write_bytes(content)
+    with pytest.raises(CalibrationError) as e:
+        calibration.load_documents(str(path))
+    assert words in str(e.value), str(e.value)
+    assert "\n" not in e.value.message
+
+
+def test_text_that_is_not_utf8_is_refused_with_a_hint_not_guessed(tmp_path: Path) -> None:
+    (tmp_path / "latin1.txt").write_bytes("na\xefve".encode("latin-1"))
+    with pytest.raises(CalibrationError) as e:
+        calibration.load_documents(str(tmp_path / "latin1.txt"))
+    assert "convert it to UTF-8" in e.value.hint and "does not guess" in e.value.hint
+
+
+def test_windows_line_ends_make_the_same_documents(tmp_path: Path, tok) -> None:
+    (tmp_path / "lf.txt").write_bytes("\n\n".join(TEXTS).encode())
+    (tmp_path / "crlf.txt").write_bytes("\r\n\r\n".join(TEXTS).encode())
+    lf, crlf = (calibration.build(spec(str(tmp_path / n)), tok) for n in ("lf.txt", "crlf.txt"))
+    assert lf.documents.items == crlf.documents.items and lf.tokens_sha256 == crlf.tokens_sha256
