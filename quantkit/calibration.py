@@ -34,6 +34,8 @@ import hashlib
 import json
 import random
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -236,12 +238,16 @@ def _load_hub(source: str, field: str) -> Documents:
         import datasets
     except ImportError:
         raise MissingBackendError("datasets", "llmcompressor", f"the hub dataset {source!r}") from None
+    unreachable = _hub_unreachable(name)
     try:
-        ds = datasets.load_dataset(name, config, split=split)
+        with _offline(unreachable is not None):
+            ds = datasets.load_dataset(name, config, split=split)
     except Exception as e:  # datasets raises many types for "offline" and "not found"
+        why = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         raise CalibrationError(
             f"cannot load hub dataset {source!r} ({name}{':' + config if config else ''}@{split}): "
-            f"{type(e).__name__}: {str(e).splitlines()[0][:200]}",
+            + (f"the hub does not answer ({unreachable}), and reading the local cache failed: {why}" if unreachable
+               else why),
             hint="the hub may be unreachable (offline?); use a shipped set (prose, code, mixed) or a local file") from None
     col = field if field in ds.column_names else ("messages" if "messages" in ds.column_names else None)
     if col is None:
@@ -251,6 +257,48 @@ def _load_hub(source: str, field: str) -> Documents:
     items = [_document(x, col, f"hub dataset {source!r}: row {n}") for n, x in enumerate(ds[col], 1)]
     chat = any(isinstance(i, list) for i in items)
     return Documents(source, "hub", items, chat=chat, file_sha256=getattr(ds, "_fingerprint", None))
+
+
+def _hub_unreachable(name: str) -> str | None:
+    """Why the hub does not answer for dataset ``name`` (one request for its card, no retries), or None when it
+    does, or when offline mode is on (nothing is asked then)."""
+    import datasets
+    import httpx
+    from huggingface_hub import HfApi, constants
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
+    if constants.HF_HUB_OFFLINE or datasets.config.HF_HUB_OFFLINE:
+        return None
+    try:
+        HfApi().dataset_info(name, timeout=10)
+    except (httpx.TransportError, OfflineModeIsEnabled) as e:
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else 'no answer'}"
+    except Exception:  # noqa: BLE001 - not found, gated, a server error: the hub answered; datasets says which
+        pass
+    return None
+
+
+@contextmanager
+def _offline(on: bool) -> Iterator[None]:
+    """With ``on``, ``datasets`` and ``huggingface_hub`` in offline mode (``HF_HUB_OFFLINE``) for the block: a
+    dataset the hub cannot be asked for is read from the local cache, as ``huggingface_hub`` does for a model
+    (:func:`quantkit.source.resolve`), or fails at once where none is cached.
+
+    Left to itself, ``datasets`` retries every request five times with backoff and prints each retry: without a
+    network, ten lines and about 23 seconds before the same error. Both libraries read ``HF_HUB_OFFLINE`` once, when
+    imported, into the switches set here; they are restored after the block."""
+    if not on:
+        yield
+        return
+    import datasets
+    from huggingface_hub import constants
+
+    saved = constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = datasets.config.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE = saved
 
 
 @dataclass

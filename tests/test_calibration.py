@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -190,3 +191,16 @@ def test_windows_line_ends_make_the_same_documents(tmp_path: Path, tok) -> None:
     (tmp_path / "crlf.txt").write_bytes("\r\n\r\n".join(TEXTS).encode())
     lf, crlf = (calibration.build(spec(str(tmp_path / n)), tok) for n in ("lf.txt", "crlf.txt"))
     assert lf.documents.items == crlf.documents.items and lf.tokens_sha256 == crlf.tokens_sha256
+
+
+@pytest.mark.cli
+def test_a_hub_dataset_fails_fast_and_quietly_when_the_hub_does_not_answer(cli, tiny: Path, tmp_path: Path) -> None:
+    """Not in offline mode, with a hub that refuses connections: one request, then the local cache only (empty
+    here), not datasets' five retries with backoff (ten lines, about 23 seconds)."""
+    env = {"HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf"),
+           "HF_DATASETS_CACHE": str(tmp_path / "datasets")}
+    start = time.monotonic()
+    proc = cli("calib", "show", "wikitext2", "--model", tiny, "--samples", "2", "--seq-len", "32", env=env)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert time.monotonic() - start < 20 and "Retrying" not in proc.stderr and "Traceback" not in proc.stderr
+    assert "the hub does not answer (ConnectError" in proc.stderr
