@@ -464,11 +464,15 @@ def _packed_samples(spec: CalibrationSpec, tokenizer: Any, docs: Documents, orde
             stream.append(eos)
         if len(stream) >= need:
             break
+    if len(stream) < spec.seq_len:
+        raise CalibrationError(f"calibration source {docs.source!r} holds {len(stream)} tokens, fewer than one "
+                               f"sample of {spec.seq_len} ({spec.samples} x {spec.seq_len} = {need} asked for)",
+                               hint="use a larger source, or a shorter --seq-len")
     if len(stream) < need:
         raise CalibrationError(
             f"calibration source {docs.source!r} holds {len(stream)} tokens, fewer than the "
             f"{spec.samples} x {spec.seq_len} = {need} asked for",
-            hint=f"ask for at most {max(1, len(stream) // spec.seq_len)} samples of {spec.seq_len} tokens, "
+            hint=f"ask for at most {len(stream) // spec.seq_len} samples of {spec.seq_len} tokens, "
                  "or use a larger source")
     return [stream[k * spec.seq_len:(k + 1) * spec.seq_len] for k in range(spec.samples)]
 

@@ -83,9 +83,10 @@ def test_shipped_sets_load_and_heldout_is_disjoint_from_calibration() -> None:
 
 def test_shorter_than_asked_is_an_error(tmp_path: Path, tok) -> None:
     p = tmp_path / "small.txt"
-    p.write_text("just a few words")
-    with pytest.raises(CalibrationError, match="fewer than the 4 x 64"):
+    p.write_text("just a few words " * 30)  # one sample of 64 tokens, not four
+    with pytest.raises(CalibrationError, match="fewer than the 4 x 64") as e:
         calibration.build(spec(str(p)), tok)
+    assert e.value.hint.startswith("ask for at most 1 samples of 64 tokens")
 
 
 def test_empty_source_is_an_error(tmp_path: Path, tok) -> None:
@@ -191,6 +192,14 @@ def test_windows_line_ends_make_the_same_documents(tmp_path: Path, tok) -> None:
     (tmp_path / "crlf.txt").write_bytes("\r\n\r\n".join(TEXTS).encode())
     lf, crlf = (calibration.build(spec(str(tmp_path / n)), tok) for n in ("lf.txt", "crlf.txt"))
     assert lf.documents.items == crlf.documents.items and lf.tokens_sha256 == crlf.tokens_sha256
+
+
+def test_a_source_shorter_than_one_sample_says_so(tmp_path: Path, tok) -> None:
+    p = tmp_path / "short.txt"
+    p.write_text("a b c d")
+    with pytest.raises(CalibrationError) as e:
+        calibration.build(spec(str(p), samples=8, seq_len=128), tok)
+    assert "holds 6 tokens, fewer than one sample of 128" in e.value.message and "at most" not in str(e.value)
 
 
 @pytest.mark.cli
