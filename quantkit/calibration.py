@@ -16,7 +16,8 @@ template and truncated to ``seq_len``. Asking for more tokens than the source ho
 shortfall.
 
 Files are UTF-8 (no encoding is guessed), and every record is text or a conversation: anything else is refused naming
-the file and the line or record.
+the file and the line or record. :func:`check` refuses, before anything loads, what building the samples would
+refuse, by the same code; the build and ``--dry-run`` both run it (:func:`quantkit.plan.prepare`).
 
 The chat template (``chat_template``: off, on or ``auto``) is llm-compressor's guidance for instruct models:
 calibrate on text shaped like what the model will see when served, its turn markers and system prompt included.
@@ -38,11 +39,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from quantkit.architectures import vision_language
 from quantkit.artifact import CalibrationInfo
-from quantkit.errors import CalibrationError, MissingBackendError
+from quantkit.errors import CalibrationError, MissingBackendError, UsageError
 from quantkit.recipe import CalibrationSpec
+
+if TYPE_CHECKING:
+    from quantkit.source import SourceModel
 
 SHIPPED = {
     "prose": ("prose.jsonl.gz",),
@@ -95,11 +100,19 @@ def load_documents(source: str, field: str = "text") -> Documents:
     path = Path(source).expanduser()
     if path.exists():
         return _load_file(path, field)
-    if source in HUB_ALIASES or ("/" in source and not source.startswith((".", "/", "~"))):
+    if is_hub(source):
         return _load_hub(source, field)
     raise CalibrationError(
         f"calibration source {source!r} is neither a shipped set ({', '.join(SHIPPED)}), an existing file, "
         "nor a hub dataset name", hint="`quantkit calib list` shows the shipped sets")
+
+
+def is_hub(source: str) -> bool:
+    """Whether :func:`load_documents` reads ``source`` from the Hugging Face hub: an alias, or ``org/name`` that is
+    neither a shipped set nor an existing path."""
+    if source in SHIPPED or Path(source).expanduser().exists():
+        return False
+    return source in HUB_ALIASES or ("/" in source and not source.startswith((".", "/", "~")))
 
 
 def _read(path: Path) -> bytes:
@@ -353,6 +366,47 @@ def check_fits(spec: CalibrationSpec, config: dict[str, Any], model: str) -> Non
                                "never saw", hint=f"use --seq-len {limit} or less")
 
 
+def check_images(spec: CalibrationSpec, config: dict[str, Any], model: str) -> None:
+    """Refuse image+text calibration (``--calib-images``) of a model that takes no images, or from a folder that
+    holds none (the images are read, as the run reads them)."""
+    if not spec.images:
+        return
+    from quantkit import images
+
+    if vision_language(config) is None:
+        raise UsageError(f"--calib-images: {model} is not a vision-language model",
+                         hint="drop --calib-images (text calibration is what a language model takes)")
+    images.load(images.folder(spec.images))
+
+
+def check(spec: CalibrationSpec, source: SourceModel, *, trust_remote_code: bool = False) -> str:
+    """Refuse, before anything loads, what building the calibration samples would refuse: samples longer than the
+    model's context, images for a model that takes none (:func:`check_images`), and, for a shipped set or a local
+    file, documents that cannot be read, none, or too few for ``samples`` x ``seq_len``. The documents are tokenized
+    with the model's own tokenizer by the code :func:`build` makes the samples with, so the refusal is the run's,
+    word for word; nothing is written (the token cache is the run's to fill).
+
+    A hub dataset is not read here: the plan stays offline, and the run reads it before the model loads. Tokens an
+    earlier run made from the same documents and tokenizer files (:mod:`quantkit.token_cache`) were enough then, and
+    are now: the tokenizer is not loaded (transformers' import is most of a dry run's time).
+
+    The one check of both the build and ``--dry-run`` (:func:`quantkit.plan.prepare`). Returns what it checked, in
+    a few words for the plan."""
+    from quantkit import token_cache
+    from quantkit.source import load_tokenizer
+
+    check_fits(spec, source.config, source.spec)
+    check_images(spec, source.config, source.spec)
+    if is_hub(spec.dataset):
+        return "a hub dataset: read when the run starts, not checked offline"
+    docs = _usable(load_documents(spec.dataset, spec.field))
+    name = _cache_name(spec, docs, source.path)
+    if name and token_cache.read(name, tokens_sha256) is not None:  # made by an earlier run: no tokenizer to load
+        return f"{len(docs.items):,} documents checked, their tokens made by an earlier run"
+    made = _tokenize(spec, load_tokenizer(source.path, trust_remote_code=trust_remote_code), docs)
+    return f"{len(docs.items):,} documents checked, {made.num_tokens:,} tokens"
+
+
 def tokens_sha256(samples: list[list[int]]) -> str:
     """sha256 over the exact token ids (int32 little-endian) with each sample's length: identical ids, same hash."""
     import numpy as np
@@ -370,11 +424,8 @@ def build(spec: CalibrationSpec, tokenizer: Any, docs: Documents | None = None) 
     (:mod:`quantkit.token_cache`), which the manifest says."""
     from quantkit import token_cache
 
-    docs = docs or load_documents(spec.dataset, spec.field)
-    docs = Documents(docs.source, docs.kind, [i for i in docs.items if i], docs.chat, docs.file_sha256)
-    if not docs.items:
-        raise CalibrationError(f"calibration source {docs.source!r} is empty")
-    name = token_cache.key(spec.model_dump(mode="json", exclude={"min_expert_tokens"}), docs.file_sha256, tokenizer)
+    docs = _usable(docs or load_documents(spec.dataset, spec.field))
+    name = _cache_name(spec, docs, Path(str(getattr(tokenizer, "name_or_path", "") or "")))
     hit = token_cache.read(name, tokens_sha256) if name else None
     if hit is not None:
         samples, chat, digest = hit
@@ -384,6 +435,23 @@ def build(spec: CalibrationSpec, tokenizer: Any, docs: Documents | None = None) 
     if name:
         token_cache.write(name, made.samples, made.chat, made.tokens_sha256)
     return made
+
+
+def _cache_name(spec: CalibrationSpec, docs: Documents, tokenizer_folder: Path) -> str | None:
+    """The token cache's name for these samples (:func:`quantkit.token_cache.key`), or None where none can be."""
+    from quantkit import token_cache
+
+    return token_cache.key(spec.model_dump(mode="json", exclude={"min_expert_tokens"}), docs.file_sha256,
+                           tokenizer_folder)
+
+
+def _usable(docs: Documents) -> Documents:
+    """The documents with the empty ones left out; none left is an error."""
+    kept = Documents(docs.source, docs.kind, [i for i in docs.items if i], docs.chat, docs.file_sha256)
+    if not kept.items:
+        raise CalibrationError(f"calibration source {docs.source!r} is empty",
+                               hint="give a source with text in it, or a shipped set (prose, code, mixed)")
+    return kept
 
 
 def _tokenize(spec: CalibrationSpec, tokenizer: Any, docs: Documents) -> CalibrationSet:
@@ -456,7 +524,9 @@ def _packed_samples(spec: CalibrationSpec, tokenizer: Any, docs: Documents, orde
     for i in order:
         item = docs.items[i]
         text = item if isinstance(item, str) else _flatten_chat(item)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        # verbose=False: a document longer than the model's context is cut into samples; transformers' warning
+        # that it is too long for the model would be about something that never reaches the model
+        ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
         if bos is not None:
             stream.append(bos)
         stream.extend(ids)
@@ -490,7 +560,7 @@ def _chat_samples(spec: CalibrationSpec, tokenizer: Any, docs: Documents, order:
     samples: list[list[int]] = []
     for i in order:
         text = tokenizer.apply_chat_template(conversation(docs.items[i]), tokenize=False)
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"][: spec.seq_len]
+        ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"][: spec.seq_len]
         samples.append(ids)
         if len(samples) == spec.samples:
             return samples

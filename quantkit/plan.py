@@ -62,24 +62,28 @@ class PlannedOutput:
 @dataclass(frozen=True)
 class Prepared:
     """One output checked before anything loads: its registry row, its producer, what the producer's check decided
-    from the source (its group choice, for llm-compressor's methods), and whether it reads calibration data."""
+    from the source (its group choice, for llm-compressor's methods), whether it reads calibration data, and what
+    the calibration check found."""
 
     row: formats.Format
     producer: Producer
     checked: Any
     calibrates: bool
+    calibration: str | None = None  # calibration.check's few words, when the output calibrates
 
 
 def prepare(recipe: Recipe, spec: MethodBase, src: SourceModel) -> Prepared:
     """The checks every output passes before anything loads, the same for a build (:func:`quantkit.api.quantize_one`,
     which carries ``checked`` to the producer) and for ``--dry-run`` (:func:`make`): the producer's own, then the
-    calibration's length against the model's."""
+    calibration's (:func:`quantkit.calibration.check`: the documents read and tokenized, so the dry run refuses what
+    the build would)."""
     row = formats.for_spec(spec)
     producer = producers.get(spec)
     checked = producer.check(spec, src)
     calibrates = row.calibrates(spec)
     if calibrates:
-        calibration.check_fits(recipe.calibration, src.config, src.spec)
+        found = calibration.check(recipe.calibration, src, trust_remote_code=recipe.model.trust_remote_code)
+        return Prepared(row, producer, checked, calibrates, calibration=found)
     return Prepared(row, producer, checked, calibrates)
 
 
@@ -117,8 +121,8 @@ def make(recipe: Recipe, *, force: bool = False, pipeline: bool = False, evaluat
                 action, why = "refuse", (f"exists and cannot be reused: {reason}" if pipeline else "exists") \
                     + " (pass --force)"
         c = recipe.calibration
-        calib = (f"{c.dataset}: {c.samples} x {c.seq_len} tokens, seed {recipe.runtime.seed}" if prepared.calibrates
-                 else f"none ({row.key} reads no calibration data)")
+        calib = (f"{c.dataset}: {c.samples} x {c.seq_len} tokens, seed {recipe.runtime.seed} ({prepared.calibration})"
+                 if prepared.calibrates else f"none ({row.key} reads no calibration data)")
         host, gpu = _memory(row, spec, recipe, src, layer)
         kind = formats.kind(row.kind)
         choice = prepared.checked.choice if isinstance(prepared.checked, Checked) else None

@@ -26,10 +26,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "chat_template.json")
 
 
-def tokenizer_sha256(tokenizer: Any) -> str | None:
-    """sha256 over the tokenizer files of the folder ``tokenizer`` was loaded from (None where it was not loaded
-    from a local folder, or the folder holds none of them)."""
-    folder = Path(str(getattr(tokenizer, "name_or_path", "") or ""))
+def tokenizer_sha256(folder: Path) -> str | None:
+    """sha256 over the tokenizer files of the folder a tokenizer is loaded from (None where it is not a local
+    folder, or the folder holds none of them): named by its files, not by a loaded tokenizer, so the calibration
+    check (:func:`quantkit.calibration.check`) finds an entry without loading one."""
     if not folder.is_dir():
         return None
     h = hashlib.sha256()
@@ -49,9 +49,9 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def key(spec: dict[str, Any], source_sha256: str | None, tokenizer: Any) -> str | None:
+def key(spec: dict[str, Any], source_sha256: str | None, tokenizer_folder: Path) -> str | None:
     """The entry's name for these inputs, or None where they cannot be named (then nothing is cached)."""
-    tok = tokenizer_sha256(tokenizer)
+    tok = tokenizer_sha256(tokenizer_folder)
     if source_sha256 is None or tok is None:
         return None
     data = {"layout": LAYOUT, "spec": spec, "source_sha256": source_sha256, "tokenizer_sha256": tok,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from quantkit import calibration
-from quantkit.errors import CalibrationError
+from quantkit.errors import CalibrationError, UsageError
 from quantkit.recipe import CalibrationSpec
 
 pytestmark = pytest.mark.unit
@@ -200,6 +200,117 @@ def test_a_source_shorter_than_one_sample_says_so(tmp_path: Path, tok) -> None:
     with pytest.raises(CalibrationError) as e:
         calibration.build(spec(str(p), samples=8, seq_len=128), tok)
     assert "holds 6 tokens, fewer than one sample of 128" in e.value.message and "at most" not in str(e.value)
+
+
+@pytest.fixture(scope="module")
+def source(tiny: Path):
+    from quantkit import source as source_mod
+    from quantkit.recipe import ModelSpec
+
+    return source_mod.resolve(ModelSpec(source=str(tiny)))
+
+
+@pytest.fixture
+def own_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A token cache of the test's own: an entry an earlier run left would let the check pass without tokenizing."""
+    monkeypatch.setenv("QUANTKIT_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def _no_template(tmp_path: Path, tiny: Path) -> Path:
+    """The reference model with its tokenizer's chat template taken out."""
+    folder = tmp_path / "no-template"
+    folder.mkdir()
+    for name in ("config.json", "tokenizer.json", "model.safetensors"):
+        (folder / name).symlink_to(tiny / name)
+    config = json.loads((tiny / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({k: v for k, v in config.items() if k != "chat_template"}))
+    return folder
+
+
+@pytest.mark.usefixtures("own_cache")
+@pytest.mark.parametrize("case", ["empty", "short", "too many samples", "not text", "chat without a template"])
+def test_the_check_refuses_what_the_build_refuses_word_for_word(tmp_path: Path, tok, source, tiny: Path,
+                                                                case: str) -> None:
+    """``check`` (run by --dry-run and before a build loads anything) and ``build`` (the run's samples) refuse the
+    same calibrations with the same message: the check tokenizes with the code the build does."""
+    from transformers import AutoTokenizer
+
+    from quantkit import source as source_mod
+    from quantkit.recipe import ModelSpec
+
+    (tmp_path / "empty.txt").write_text("\n\n")
+    (tmp_path / "short.txt").write_text("a b c d")
+    (tmp_path / "nonstr.jsonl").write_text('{"text": 123}\n')
+    asked = {"empty": spec(str(tmp_path / "empty.txt")),
+             "short": spec(str(tmp_path / "short.txt"), samples=8, seq_len=128),
+             "too many samples": spec("prose", samples=5000, seq_len=2048),
+             "not text": spec(str(tmp_path / "nonstr.jsonl")),
+             "chat without a template": spec("prose", chat_template=True)}[case]
+    if case == "chat without a template":
+        folder = _no_template(tmp_path, tiny)
+        tok, source = AutoTokenizer.from_pretrained(folder), source_mod.resolve(ModelSpec(source=str(folder)))
+    with pytest.raises(CalibrationError) as built:
+        calibration.build(asked, tok)
+    with pytest.raises(CalibrationError) as checked:
+        calibration.check(asked, source)
+    assert str(checked.value) == str(built.value)
+
+
+@pytest.mark.usefixtures("own_cache")
+def test_the_check_passes_what_the_build_makes_and_then_reads_its_tokens(tok, source, monkeypatch) -> None:
+    """Tokens a run made from the same documents and tokenizer files pass the check without a tokenizer loaded."""
+    from quantkit import source as source_mod
+
+    asked = spec("prose", samples=8, seq_len=128)
+    assert calibration.check(asked, source).endswith("1,024 tokens")
+    calibration.build(asked, tok)
+    monkeypatch.setattr(source_mod, "load_tokenizer", lambda *a, **k: pytest.fail("the tokenizer was loaded"))
+    assert calibration.check(asked, source).endswith("their tokens made by an earlier run")
+
+
+def test_the_check_leaves_a_hub_dataset_to_the_run(source) -> None:
+    assert calibration.is_hub("wikitext2") and calibration.is_hub("org/name@train")
+    assert "not checked offline" in calibration.check(spec("wikitext2"), source)
+
+
+def test_the_check_refuses_images_for_a_text_model(source) -> None:
+    with pytest.raises(UsageError, match="is not a vision-language model"):
+        calibration.check(spec("prose", images="/nonexistent"), source)
+
+
+@pytest.mark.cli
+def test_a_bad_calibration_file_through_the_cli(cli, tiny: Path, tmp_path: Path) -> None:
+    """Exit 2 with one line naming the file, and with --json nothing on stdout but no traceback on stderr either;
+    refused before the model loads, so nothing is written."""
+    bad = tmp_path / "nonstr.jsonl"
+    bad.write_text('{"text": 123}\n')
+    for flags in (["--json"], ["--dry-run"]):
+        proc = cli("gptq", tiny, tmp_path / "out", "--calib", bad, "--samples", "2", "--seq-len", "16", *flags)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert proc.stderr.startswith(f"error: {bad}:1: 'text' is 123 (int)") and "Traceback" not in proc.stderr
+        assert proc.stdout == "" and not (tmp_path / "out").exists()
+
+
+@pytest.mark.cli
+@pytest.mark.parametrize("flags", [["--calib", "empty.txt"], ["--calib", "short.txt", "--samples", "8"],
+                                   ["--calib", "prose", "--samples", "5000", "--seq-len", "2048"],
+                                   ["--calib-images", "/nonexistent"]], ids=["empty", "short", "big", "images"])
+def test_the_dry_run_refuses_what_the_run_would(cli, tiny: Path, tmp_path: Path, flags: list[str]) -> None:
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "short.txt").write_text("a b c d")
+    proc = cli("gptq", tiny, tmp_path / "out", "--seq-len", "128", *flags, "--dry-run", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+@pytest.mark.cli
+def test_the_run_refuses_a_short_source_as_its_dry_run_did(cli, tiny: Path, tmp_path: Path) -> None:
+    (tmp_path / "short.txt").write_text("a b c d")
+    runs = [cli("gptq", tiny, tmp_path / "out", "--calib", "short.txt", "--samples", "8", "--seq-len", "128", *flag,
+                cwd=tmp_path) for flag in ([], ["--dry-run"])]
+    assert [r.returncode for r in runs] == [2, 2]
+    assert runs[0].stderr == runs[1].stderr and "fewer than one sample of 128" in runs[0].stderr
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.cli

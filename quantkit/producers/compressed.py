@@ -217,13 +217,10 @@ PRODUCER = CompressedProducer()
 
 
 def _calibration_images(ctx: ProduceContext, p: Plan, calib: Any) -> list[str]:
-    """The image files of an image+text calibration (recorded with their sha256 in the calibration's manifest);
-    refused where no image can be used."""
+    """The image files of an image+text calibration (recorded with their sha256 in the calibration's manifest). A
+    model that takes no images was refused before anything loaded (:func:`quantkit.calibration.check_images`)."""
     from quantkit import images
 
-    if not vision.family(ctx.source.config):
-        raise UsageError(f"--calib-images: {ctx.source.spec} is not a vision-language model",
-                         hint="drop --calib-images (text calibration is what a language model takes)")
     if calib is None:
         raise UsageError(f"--calib-images: {ctx.spec.method} ({p.scheme}) takes no calibration data",
                          hint="drop --calib-images")
