@@ -110,6 +110,8 @@ def quantize_one(recipe: Recipe, spec: MethodBase, out: Path, *, force: bool = F
     outputs.check_apart(out, source.path)
     source.hash_weights()  # for the manifest, beside the work (a cached hash where the files did not change)
     prepared = plan_mod.prepare(recipe, spec, source)
+    for warning in prepared.warnings:
+        rep.warn(warning)
     plan_mod.check_host_memory(recipe, spec, source)
     with artifact.ArtifactWriter(out, force=force, expected_bytes=prepared.producer.estimate_bytes(spec, source)) as w:
         ctx = ProduceContext(spec=spec, source=source, model=recipe.model, workdir=w.path,

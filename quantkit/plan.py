@@ -62,21 +62,22 @@ class PlannedOutput:
 @dataclass(frozen=True)
 class Prepared:
     """One output checked before anything loads: its registry row, its producer, what the producer's check decided
-    from the source (its group choice, for llm-compressor's methods), whether it reads calibration data, and what
-    the calibration check found."""
+    from the source (its group choice, for llm-compressor's methods), whether it reads calibration data and what
+    the calibration check found, and the warnings to say before it is made."""
 
     row: formats.Format
     producer: Producer
     checked: Any
     calibrates: bool
     calibration: str | None = None  # calibration.check's few words, when the output calibrates
+    warnings: tuple[str, ...] = ()
 
 
 def prepare(recipe: Recipe, spec: MethodBase, src: SourceModel) -> Prepared:
     """The checks every output passes before anything loads, the same for a build (:func:`quantkit.api.quantize_one`,
-    which carries ``checked`` to the producer) and for ``--dry-run`` (:func:`make`): the producer's own, then the
-    calibration's (:func:`quantkit.calibration.check`: the documents read and tokenized, so the dry run refuses what
-    the build would)."""
+    which carries ``checked`` to the producer and says the warnings) and for ``--dry-run`` (:func:`make`): the
+    producer's own, then the calibration's (:func:`quantkit.calibration.check`: the documents read and tokenized, so
+    the dry run refuses what the build would)."""
     row = formats.for_spec(spec)
     producer = producers.get(spec)
     checked = producer.check(spec, src)
@@ -84,7 +85,18 @@ def prepare(recipe: Recipe, spec: MethodBase, src: SourceModel) -> Prepared:
     if calibrates:
         found = calibration.check(recipe.calibration, src, trust_remote_code=recipe.model.trust_remote_code)
         return Prepared(row, producer, checked, calibrates, calibration=found)
-    return Prepared(row, producer, checked, calibrates)
+    return Prepared(row, producer, checked, calibrates, warnings=_unused_calibration(recipe, row))
+
+
+def _unused_calibration(recipe: Recipe, row: formats.Format) -> tuple[str, ...]:
+    """A warning for calibration settings given where nothing reads them (``fp8 --scheme dynamic --calib x``): said,
+    not refused, as a setting of no effect. Not for an output of a recipe where another output reads them."""
+    given = [flag.flag for flag in formats.CALIBRATION
+             if flag.field.partition(".")[2] in recipe.calibration.model_fields_set]
+    if not given or any(formats.calibrates(s) for s, _ in recipe.artifacts()):
+        return ()
+    return (f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} not used: {row.key} reads no calibration data "
+            "with these settings",)
 
 
 @dataclass
@@ -126,7 +138,7 @@ def make(recipe: Recipe, *, force: bool = False, pipeline: bool = False, evaluat
         host, gpu = _memory(row, spec, recipe, src, layer)
         kind = formats.kind(row.kind)
         choice = prepared.checked.choice if isinstance(prepared.checked, Checked) else None
-        notes = [choice.reason] if choice is not None and choice.changed else []
+        notes = ([choice.reason] if choice is not None and choice.changed else []) + list(prepared.warnings)
         if row.llmcompressor and getattr(spec, "target_bits", None) is not None:  # the bits target's plan
             notes.append(mixed.describe(choice.apply(spec) if choice else spec,
                                         list(input_widths(src.config).values())))

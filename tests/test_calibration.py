@@ -314,6 +314,30 @@ def test_the_run_refuses_a_short_source_as_its_dry_run_did(cli, tiny: Path, tmp_
 
 
 @pytest.mark.cli
+@pytest.mark.parametrize("argv", [["fp8", "--scheme", "dynamic"], ["gguf", "-t", "Q8_0"],
+                                  ["nvfp4", "--algorithm", "rtn"]], ids=["fp8-dynamic", "gguf-q8_0", "nvfp4-rtn"])
+def test_calibration_flags_a_method_does_not_read_are_said_not_used(cli, tiny: Path, tmp_path: Path,
+                                                                    argv: list[str]) -> None:
+    (tmp_path / "empty.txt").write_text("")
+    proc = cli(argv[0], tiny, tmp_path / "out", *argv[1:], "--calib", "empty.txt", "--samples", "4", "--dry-run",
+               "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (planned,) = json.loads(proc.stdout)["outputs"]
+    assert planned["calibration"].startswith("none") and planned["notes"] == [
+        f"--calib, --samples are not used: {argv[0]} reads no calibration data with these settings"]
+
+
+@pytest.mark.cli
+def test_the_run_warns_once_that_calibration_flags_are_not_used(cli, tiny: Path, tmp_path: Path) -> None:
+    (tmp_path / "empty.txt").write_text("")
+    proc = cli("fp8", tiny, tmp_path / "out", "--scheme", "dynamic", "--calib", "empty.txt", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)[0]["calibration"] is None
+    warnings = [ln for ln in proc.stderr.splitlines() if ln.startswith("warning:")]
+    assert warnings == ["warning: --calib is not used: fp8 reads no calibration data with these settings"]
+
+
+@pytest.mark.cli
 def test_a_hub_dataset_fails_fast_and_quietly_when_the_hub_does_not_answer(cli, tiny: Path, tmp_path: Path) -> None:
     """Not in offline mode, with a hub that refuses connections: one request, then the local cache only (empty
     here), not datasets' five retries with backoff (ten lines, about 23 seconds)."""

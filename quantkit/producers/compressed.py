@@ -42,7 +42,7 @@ from quantkit.producers.base import ProduceContext, Produced
 from quantkit.producers.groups import (Checked, check_tiles, group_choice, input_widths, narrow_layers,
                                       narrow_note)
 from quantkit.producers.job import Job
-from quantkit.producers.modifiers import Plan, plan
+from quantkit.producers.modifiers import plan
 from quantkit.source import SourceModel, load_tokenizer
 
 
@@ -167,7 +167,8 @@ class CompressedProducer:
             tokenizer = load_tokenizer(ctx.source.path, trust_remote_code=job.trust_remote_code)
         calib = ctx.calibration_set(tokenizer) if p.calibrate else None
         job = job.model_copy(update={"samples": calib.samples if calib else None,
-                                     "images": _calibration_images(ctx, p, calib) if ctx.calibration.images else None})
+                                     "images": _calibration_images(ctx, calib) if calib and ctx.calibration.images
+                                     else None})
         description = f"Quantizing {spec.method} ({p.scheme}) with llm-compressor on {device}"
         if ctx.runtime.num_gpus > 1:
             with rep.step("quantize", description + f" x{ctx.runtime.num_gpus} (torchrun)"):
@@ -216,14 +217,12 @@ class CompressedProducer:
 PRODUCER = CompressedProducer()
 
 
-def _calibration_images(ctx: ProduceContext, p: Plan, calib: Any) -> list[str]:
+def _calibration_images(ctx: ProduceContext, calib: Any) -> list[str]:
     """The image files of an image+text calibration (recorded with their sha256 in the calibration's manifest). A
-    model that takes no images was refused before anything loaded (:func:`quantkit.calibration.check_images`)."""
+    model that takes no images was refused before anything loaded (:func:`quantkit.calibration.check_images`); a
+    method that reads no calibration data was warned that the flag is not used (:func:`quantkit.plan.prepare`)."""
     from quantkit import images
 
-    if calib is None:
-        raise UsageError(f"--calib-images: {ctx.spec.method} ({p.scheme}) takes no calibration data",
-                         hint="drop --calib-images")
     if ctx.runtime.num_gpus > 1:
         raise UsageError("--calib-images calibrates in one process", hint="drop --num-gpus")
     calib.pictures = images.load(images.folder(ctx.calibration.images))
