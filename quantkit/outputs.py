@@ -28,7 +28,7 @@ from quantkit import artifact
 from quantkit.errors import OutputExistsError, UnsafeOutputError
 
 REMOVE_HINT = "remove it yourself, or choose another output"
-SUMS = "SHA256SUMS"  # the release's seal: every file's sha256, written last by quantkit run
+SUMS = artifact.SUMS  # the release's seal (declared where verify reads it)
 REPORT_JSON = "report.json"  # the release's verdict for pipelines
 BUNDLE_FILES = (REPORT_JSON, SUMS, "report.md", "size-vs-ppl.png", "tasks.md")
 LOGS = "logs"  # the release's folder of smoke-server and kernel-sweep logs (quantkit run)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quantkit import api, artifact, formats, outputs, source as source_mod
+from quantkit import api, artifact, formats, outputs, seal, source as source_mod
 from quantkit.artifact import Manifest
 from quantkit.engines.registry import engine_unavailable
 from quantkit.engines.vllm import tune as tune_mod
@@ -418,12 +418,12 @@ def _tasks_table(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def write_bundle(result: RunResult, recipe: Recipe) -> None:
-    """``report.json`` and ``SHA256SUMS`` over every artifact file in the release folder."""
+    """``report.json``, then ``SHA256SUMS`` over every file of the release (:func:`quantkit.artifact.release_files`,
+    hashed several at once). A one-output release is its artifact: its manifest is left out of the list, since it is
+    rewritten after it to record the bundle's files (and so seals them itself); listed, it was always stale."""
     release = result.release
     release.mkdir(parents=True, exist_ok=True)
     artifact.write_text_atomic(release / REPORT_JSON, json.dumps(result.to_json(), indent=2, default=str) + "\n")
-    sums = []
-    for p in sorted(release.rglob("*")):
-        if p.is_file() and p.name != SUMS and not p.name.startswith("."):
-            sums.append(f"{artifact.sha256_file(p)}  {p.relative_to(release).as_posix()}")
-    artifact.write_text_atomic(release / SUMS, "\n".join(sums) + "\n")
+    files = [p for p in artifact.release_files(release) if recipe.outputs or p != release / artifact.MANIFEST]
+    sums = sorted((p.relative_to(release).as_posix(), digest) for p, digest in seal.hash_many(files))
+    artifact.write_text_atomic(release / SUMS, "".join(f"{digest}  {rel}\n" for rel, digest in sums))

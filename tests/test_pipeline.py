@@ -231,3 +231,15 @@ def test_a_run_cut_short_leaves_no_seal_vouching_for_a_changed_release(tmp_path:
     assert not (rel / "SHA256SUMS").exists() and not (rel / "report.json").exists()
     quantkit("run", "r.yaml", "--no-eval", "--no-smoke", cwd=tmp_path, check=True)
     assert (rel / "SHA256SUMS").exists() and json.loads((rel / "report.json").read_text())["ok"] is True
+
+
+def test_a_one_output_release_sums_check_out(tmp_path: Path) -> None:
+    """A one-output release is its artifact: its SHA256SUMS holds (as ``sha256sum -c`` reads it) although the
+    manifest is rewritten after it, and the manifest vouches for the bundle's files."""
+    (tmp_path / "one.yaml").write_text(f"model:\n  source: {TINY}\noutput: one\nquantize:\n  method: rtn\n")
+    quantkit("run", "one.yaml", "--no-eval", "--no-smoke", cwd=tmp_path, check=True)
+    rel = tmp_path / "one"
+    for line in (rel / "SHA256SUMS").read_text().splitlines():
+        digest, path = line.split("  ", 1)
+        assert hashlib.sha256((rel / path).read_bytes()).hexdigest() == digest, path
+    assert {"SHA256SUMS", "report.json"} <= set(artifact.read_manifest(rel).files) and artifact.verify(rel).ok
