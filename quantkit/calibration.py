@@ -384,7 +384,8 @@ def check(spec: CalibrationSpec, source: SourceModel, *, trust_remote_code: bool
     model's context, images for a model that takes none (:func:`check_images`), and, for a shipped set or a local
     file, documents that cannot be read, none, or too few for ``samples`` x ``seq_len``. The documents are tokenized
     with the model's own tokenizer by the code :func:`build` makes the samples with, so the refusal is the run's,
-    word for word; nothing is written (the token cache is the run's to fill).
+    word for word; nothing is written (the token cache is the run's to fill), but the samples are kept in this
+    process for :func:`build`, so a run does not tokenize its calibration set twice.
 
     A hub dataset is not read here: the plan stays offline, and the run reads it before the model loads. Tokens an
     earlier run made from the same documents and tokenizer files (:mod:`quantkit.token_cache`) were enough then, and
@@ -404,7 +405,12 @@ def check(spec: CalibrationSpec, source: SourceModel, *, trust_remote_code: bool
     if name and token_cache.read(name, tokens_sha256) is not None:  # made by an earlier run: no tokenizer to load
         return f"{len(docs.items):,} documents checked, their tokens made by an earlier run"
     made = _tokenize(spec, load_tokenizer(source.path, trust_remote_code=trust_remote_code), docs)
+    if name:
+        _checked[name] = made
     return f"{len(docs.items):,} documents checked, {made.num_tokens:,} tokens"
+
+
+_checked: dict[str, CalibrationSet] = {}  # samples check() made, by token cache name, for this process's build()
 
 
 def tokens_sha256(samples: list[list[int]]) -> str:
@@ -426,6 +432,9 @@ def build(spec: CalibrationSpec, tokenizer: Any, docs: Documents | None = None) 
 
     docs = _usable(docs or load_documents(spec.dataset, spec.field))
     name = _cache_name(spec, docs, Path(str(getattr(tokenizer, "name_or_path", "") or "")))
+    if name and (made := _checked.pop(name, None)) is not None:  # tokenized moments ago by check(): not reused
+        token_cache.write(name, made.samples, made.chat, made.tokens_sha256)
+        return made
     hit = token_cache.read(name, tokens_sha256) if name else None
     if hit is not None:
         samples, chat, digest = hit

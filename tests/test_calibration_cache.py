@@ -57,3 +57,19 @@ def test_a_damaged_entry_is_made_again() -> None:
     again = calibration.build(spec, tok)
     assert not again.reused and again.samples == made.samples
     assert calibration.build(spec, tok).reused  # and the entry was written whole again
+
+
+def test_a_run_tokenizes_its_calibration_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check before anything loads (:func:`quantkit.calibration.check`, the one --dry-run runs) tokenizes the
+    documents; the build right after takes those samples instead of tokenizing them again, and they are the run's
+    own (not "reused"), and written to the cache for the next run."""
+    from quantkit import source
+
+    calls = []
+    real = calibration._tokenize
+    monkeypatch.setattr(calibration, "_tokenize", lambda *a: (calls.append(1), real(*a))[1])
+    spec = CalibrationSpec(samples=4, seq_len=64)
+    calibration.check(spec, source.vet(TINY))
+    made = calibration.build(spec, AutoTokenizer.from_pretrained(TINY))
+    assert len(calls) == 1 and not made.reused
+    assert calibration.build(spec, AutoTokenizer.from_pretrained(TINY)).reused and len(calls) == 1
