@@ -32,10 +32,10 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from quantkit import __version__, interrupts, seal
 from quantkit.errors import DiskSpaceError, IntegrityError, LockedError, OutputExistsError, UsageError
@@ -83,6 +83,14 @@ def size_bytes(path: Path) -> int:
     if (path / MANIFEST).exists():
         return read_manifest(path).size_bytes
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and is_weight_file(p.name))
+
+
+def inside_name(name: str) -> bool:
+    """Whether a file name a seal lists (a manifest's ``files``, a line of :data:`SUMS`) names a file inside the
+    folder: relative, with no ``..`` and no NUL. Anything else would make verify read (and vouch for) a file
+    elsewhere; whether a symbolic link inside leads out is checked on disk (:func:`_compare`)."""
+    rel = PurePosixPath(name)
+    return bool(name) and "\0" not in name and not rel.is_absolute() and ".." not in rel.parts and bool(rel.parts)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -227,6 +235,17 @@ class Manifest(Section):
     environment: EnvironmentInfo = Field(default_factory=EnvironmentInfo)
     files: dict[str, FileInfo] = Field(default_factory=dict)
 
+    @field_validator("files")
+    @classmethod
+    def _files_inside(cls, files: dict[str, FileInfo]) -> dict[str, FileInfo]:
+        """Every file the seal lists is inside the artifact (:func:`inside_name`): a manifest naming ``../x`` or
+        ``/etc/hostname`` is not one quantkit wrote, refused when read, like any other corrupt manifest."""
+        # and named as quantkit names them (``a/b``: what verify compares with the files it finds)
+        bad = [name for name in files if not inside_name(name) or PurePosixPath(name).as_posix() != name]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not the name of a file inside the artifact folder")
+        return files
+
     @property
     def size_bytes(self) -> int:
         """The artifact's size: bytes of its weight files (see the module docstring)."""
@@ -357,6 +376,12 @@ def _compare(root: Path, expected: dict[str, str], sizes: dict[str, int], on_dis
     artifact files, just checked against their manifests) is not hashed again."""
     known = known or {}
     res = VerifyResult(root=root, seal=seal_name)
+    inside = root.resolve()
+    for rel in expected:
+        where = (root / rel).resolve()
+        if where != inside and inside not in where.parents:
+            raise IntegrityError(f"{root / seal_name} lists {rel}, which a symbolic link leads outside {root} "
+                                 f"(to {where}): not a seal of this folder's files")
     res.missing = sorted(rel for rel in expected if not (root / rel).is_file())
     res.changed = [rel for rel in expected if rel not in res.missing and rel in sizes
                    and (root / rel).stat().st_size != sizes[rel]]
@@ -424,12 +449,10 @@ def _read_sums(path: Path) -> dict[str, str]:
     sums: dict[str, str] = {}
     for n, line in enumerate(raw.decode(errors="replace").splitlines(), 1):
         digest, sep, name = line.partition("  ") if "  " in line else line.partition(" *")
-        rel = Path(name)
-        if not (sep and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest) and name
-                and not rel.is_absolute() and ".." not in rel.parts):
+        if not (sep and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest) and inside_name(name)):
             raise IntegrityError(f"{path}, line {n}: not '<sha256>  <file>' with a file inside the folder: "
                                  f"{line[:120]!r}")
-        sums[rel.as_posix()] = digest
+        sums[PurePosixPath(name).as_posix()] = digest
     return sums
 
 

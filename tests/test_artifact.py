@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -301,3 +303,55 @@ def test_a_schema_2_manifest_names_its_kind_format_and_is_read(tmp_path: Path) -
     data["schema_version"] = 2
     data["format"] = data.pop("kind")
     assert artifact.Manifest.from_json(data).kind == "test"
+
+
+def _relist(out: Path, name: str, target: Path) -> None:
+    """Make the manifest list ``name`` (instead of config.json) with ``target``'s true sha256 and size."""
+    data = json.loads((out / artifact.MANIFEST).read_text())
+    del data["files"]["config.json"]
+    data["files"][name] = {"sha256": artifact.sha256_file(target), "size": target.stat().st_size}
+    (out / artifact.MANIFEST).write_text(json.dumps(data))
+
+
+def test_verify_refuses_a_seal_naming_files_outside_the_folder(tmp_path: Path) -> None:
+    """A manifest entry "../afile" with that file's sha256 made verify read it and say ok; "/etc/hostname" was a
+    ValueError traceback (verify and inspect). Such a manifest is corrupt (exit 1, naming the entry), and so is one
+    whose entry leads out through a symbolic link; a release's SHA256SUMS follows the same rule."""
+    (tmp_path / "afile").write_text("not the artifact's")
+    for name in ("../afile", str(tmp_path / "afile"), "sub/../../afile", "./config.json"):
+        out = tmp_path / "art"
+        make(out)
+        _relist(out, name, tmp_path / "afile")
+        with pytest.raises(IntegrityError, match=f"files: .*{re.escape(repr(name))} is not the name of a file inside"):
+            artifact.verify_tree(out)
+        shutil.rmtree(out)
+    make(out)
+    (tmp_path / "elsewhere").mkdir()
+    shutil.copy(out / "config.json", tmp_path / "elsewhere")
+    (out / "config.json").unlink()
+    (out / "link").symlink_to(tmp_path / "elsewhere")
+    _relist(out, "link/config.json", tmp_path / "elsewhere" / "config.json")
+    with pytest.raises(IntegrityError, match="lists link/config.json, which a symbolic link leads outside"):
+        artifact.verify_tree(out)
+    rel = _release(tmp_path / "rel")
+    for line in (f"{'0' * 64}  /etc/hostname", f"{'0' * 64}  rtn/../../afile"):
+        (rel / artifact.SUMS).write_text(line + "\n")
+        with pytest.raises(IntegrityError, match="line 1: not '<sha256>  <file>' with a file inside the folder"):
+            artifact.verify_tree(rel)
+    (rel / "out").symlink_to(tmp_path / "elsewhere")
+    (rel / artifact.SUMS).write_text(f"{artifact.sha256_file(tmp_path / 'afile')}  out/config.json\n")
+    with pytest.raises(IntegrityError, match="lists out/config.json, which a symbolic link leads outside"):
+        artifact.verify_tree(rel)
+
+
+@pytest.mark.cli
+def test_verify_and_inspect_cli_on_a_manifest_naming_a_file_outside(tmp_path: Path, cli) -> None:
+    out = tmp_path / "art"
+    make(out)
+    _relist(out, "/etc/hostname", out / "config.json")
+    for verb in ("verify", "inspect"):
+        proc = cli(verb, out)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.splitlines() == [f"error: {out / artifact.MANIFEST} is not a quantkit manifest: files: "
+                                            "Value error, '/etc/hostname' is not the name of a file inside the "
+                                            "artifact folder"]
