@@ -3,10 +3,11 @@
 An artifact is produced into a temporary sibling folder (``.NAME.partial-PID``) and renamed into place only
 once complete and its manifest is written, so a folder at the output path is always a finished artifact. An
 existing output is refused without ``force``; with it, the old folder is replaced only after the new one is
-complete, and only when it is one quantkit wrote (a folder with a quantkit manifest) or an empty folder
-(:func:`check_replaceable`): ``--force`` never removes a folder of the user's. A lock file beside the output
-stops two runs writing the same artifact at once. Free space is checked against the expected size before
-writing, and ENOSPC while writing becomes a clear error.
+complete, and only when it is one quantkit wrote (a folder with a quantkit manifest, holding nothing its manifest
+does not list but what quantkit itself adds later) or an empty folder (:func:`check_replaceable`): ``--force``
+never removes a file of the user's. A lock file beside the output stops two runs writing the same artifact at
+once. Free space is checked against the expected size before writing, and ENOSPC while writing becomes a clear
+error.
 
 ``quantkit.json`` records what the artifact is and how it was made, and the sha256 of every file, which
 :func:`verify` re-checks (tampering, bit rot, an incomplete copy). It is one typed object, :class:`Manifest`,
@@ -26,6 +27,7 @@ import fcntl
 import json
 import os
 import platform as _platform
+import re
 import shutil
 import sys
 import time
@@ -45,7 +47,16 @@ SCHEMA_VERSION = 3  # 1: quantkit 0.1.0 before the typed manifest (key "schema";
 # 2: the artifact's kind under the key "format" (renamed "kind": "format" named the kind, not a layout)
 MAX_MANIFEST_BYTES = 64 * 2**20  # a manifest lists files and figures: kilobytes; more is not one (read bounded)
 SUMS = "SHA256SUMS"  # a release folder's seal: every file's sha256 as sha256sum writes them (run writes it last)
+REPORT_JSON = "report.json"  # the release's verdict for pipelines
+# What quantkit writes beside a release's artifacts (a one-output release: into its artifact), and eval's reports
+BUNDLE_FILES = (REPORT_JSON, SUMS, "report.md", "size-vs-ppl.png", "tasks.md")
+LOGS = "logs"  # the release's folder of smoke-server and kernel-sweep logs (quantkit run)
+MODEL_CARD = "README.md"  # the model card quantkit run writes into each artifact
 WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".engine")
+_SNIFF = 1 << 20  # the most quantkit reads of a file to tell whether it wrote it
+_SUM_LINE = re.compile(r"[0-9a-f]{64}  \S.*")
+_PNG = b"\x89PNG\r\n\x1a\n"
+_TEMPORARY = re.compile(r"\..+\.tmp-[0-9]+")  # write_text_atomic's, left only by a process killed mid-write
 sha256_file = seal.sha256_file
 
 
@@ -83,6 +94,52 @@ def size_bytes(path: Path) -> int:
     if (path / MANIFEST).exists():
         return read_manifest(path).size_bytes
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and is_weight_file(p.name))
+
+
+def wrote(path: Path) -> bool:
+    """Whether a file at one of the names quantkit writes into a release or an artifact after sealing it
+    (:data:`BUNDLE_FILES`, :data:`MODEL_CARD`) is one it wrote, by its content."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_SNIFF + 1)
+    except OSError:
+        return False  # what quantkit cannot read it did not write (and may not replace)
+    if len(head) > _SNIFF and path.name != "size-vs-ppl.png":
+        return False  # quantkit's reports, sums and cards are far smaller
+    if path.name == "size-vs-ppl.png":
+        return head.startswith(_PNG) and (b"Matplotlib" in head[:4096] or b"quantkit" in head[:4096])
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    if path.name == "report.md":
+        return text.startswith("# quantkit evaluation\n")
+    if path.name == "tasks.md":
+        return text.startswith("# quantkit task accuracy\n")
+    if path.name == MODEL_CARD:  # quantkit.pipeline.write_model_card: front matter, then what made it
+        return text.startswith("---\n") and "\nQuantized from `" in text and "` with quantkit " in text
+    if path.name == SUMS:
+        return all(_SUM_LINE.fullmatch(line) for line in text.splitlines() if line)
+    if path.name == REPORT_JSON:
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return False
+        return isinstance(data, dict) and {"release", "outputs"} <= set(data)
+    return False
+
+
+def _left_by_quantkit(root: Path, rel: PurePosixPath) -> bool:
+    """Whether a file or folder of an artifact that its manifest does not list is one quantkit writes there after
+    sealing it, and seals with :func:`update_manifest` once written: ``run``'s model card, ``eval``'s report and
+    plot, ``eval --tasks``'s report, a one-output release's bundle and its smoke and kernel-sweep logs (under
+    :data:`LOGS`), or :func:`write_text_atomic`'s temporary file. A run stopped between writing one and sealing
+    it leaves it unlisted; ``--force`` may remove these, and nothing else the manifest does not list."""
+    if _TEMPORARY.fullmatch(rel.name):
+        return True
+    if rel.parts[:1] == (LOGS,):
+        return (root / rel).is_dir() or rel.name.endswith((".log", ".request.json"))
+    return len(rel.parts) == 1 and rel.name in (*BUNDLE_FILES, MODEL_CARD) and wrote(root / rel)
 
 
 def inside_name(name: str) -> bool:
@@ -542,9 +599,10 @@ def fmt_bytes(n: float) -> str:
 
 
 def check_replaceable(path: Path) -> None:
-    """What ``--force`` may replace: a folder holding a readable quantkit manifest (an artifact), or an empty
-    folder. Anything else (a file, a link, a folder quantkit did not write, an artifact whose manifest no longer
-    reads) is the user's: refused, never removed."""
+    """What ``--force`` may replace: a folder holding a readable quantkit manifest (an artifact) and nothing else
+    but the files it lists and what quantkit writes there after sealing it (:func:`_left_by_quantkit`), or an
+    empty folder. Anything else (a file, a link, a folder quantkit did not write, an artifact whose manifest no
+    longer reads, an artifact the user put files into) is the user's: refused, never removed."""
     path = Path(path)
     if path.is_symlink() or not path.is_dir():
         raise OutputExistsError(f"output {path} exists and is not a folder quantkit wrote",
@@ -552,13 +610,40 @@ def check_replaceable(path: Path) -> None:
     if not any(path.iterdir()):
         return
     try:
-        read_manifest(path)
+        manifest = read_manifest(path)
     except (UsageError, IntegrityError) as e:
         why = f"it has no {MANIFEST}" if not (path / MANIFEST).exists() else \
             f"its {MANIFEST} does not read ({e.message})"
         raise OutputExistsError(f"output {path} exists and was not written by quantkit: {why}; --force replaces "
                                 "only quantkit's artifacts and empty folders",
                                 hint="remove it yourself, or choose another output") from None
+    theirs = unlisted(path, manifest)
+    if theirs:
+        shown = ", ".join(theirs[:3]) + (f" and {len(theirs) - 3} more" if len(theirs) > 3 else "")
+        raise OutputExistsError(f"output {path} holds files its {MANIFEST} does not list: {shown}; --force "
+                                "would remove them with the artifact",
+                                hint=f"move them out of {path}, or choose another output")
+
+
+def unlisted(root: Path, manifest: Manifest) -> list[str]:
+    """What an artifact folder holds besides the files its manifest lists and what quantkit left there
+    (:func:`_left_by_quantkit`): files, links and empty folders of the user's, each named by its top-most folder
+    that holds nothing of the artifact (``mydata/``, not every file in it). Links are not followed."""
+    ours = {PurePosixPath(name) for name in manifest.files} | {PurePosixPath(MANIFEST)}
+    homes = {parent for name in ours for parent in name.parents}  # the folders the artifact's files are in
+    theirs: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = PurePosixPath(Path(dirpath).relative_to(root).as_posix())
+        links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
+        entries = [*filenames, *links] + ([] if dirnames or filenames else [""])  # "": an empty folder itself
+        for name in entries:
+            rel = here / name if name else here
+            if rel in ours or rel in homes or _left_by_quantkit(root, rel):
+                continue
+            # the top-most folder on its way that is neither the artifact's nor quantkit's (rel itself at the latest)
+            top = next(p for p in [*reversed(rel.parents), rel] if p not in homes and not _left_by_quantkit(root, p))
+            theirs.add(top.as_posix() + ("/" if top != rel or not name else ""))
+    return sorted(theirs)
 
 
 class ArtifactWriter:

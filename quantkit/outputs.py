@@ -10,34 +10,29 @@ Two rules, one module, used by every verb that writes (the producers, ``run`` an
 * **Only quantkit's files are replaced.** ``--force`` replaces a folder holding a quantkit manifest, or an empty
   folder (:func:`quantkit.artifact.check_replaceable`); a report, a ``SHA256SUMS`` or a plot is rewritten only
   when the file at that name is one quantkit wrote (:func:`check_file`). Anything else is refused: the user
-  removes it, or chooses another output.
+  removes it, or chooses another output. An artifact holding files its manifest does not list (the user's notes,
+  data) is the user's too, in part: refused, naming them.
 
 Every refusal is a :class:`~quantkit.errors.UnsafeOutputError` (exit 2) naming both paths.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from quantkit import artifact
+# The names quantkit writes into a release and an artifact, and how it tells its own files there, are spelled in
+# artifact (which --force and the seals consult); the pipeline reads them from here.
+from quantkit.artifact import BUNDLE_FILES, LOGS, REPORT_JSON, SUMS, wrote
 from quantkit.errors import OutputExistsError, UnsafeOutputError
 
 REMOVE_HINT = "remove it yourself, or choose another output"
-SUMS = artifact.SUMS  # the release's seal (declared where verify reads it)
-REPORT_JSON = "report.json"  # the release's verdict for pipelines
-BUNDLE_FILES = (REPORT_JSON, SUMS, "report.md", "size-vs-ppl.png", "tasks.md")
-LOGS = "logs"  # the release's folder of smoke-server and kernel-sweep logs (quantkit run)
 # Every name quantkit gives a meaning in a release folder: the bundle's files, its logs, and the manifest that would
 # make the folder read as one artifact. No output's folder may take one (quantkit.recipe refuses it).
 RELEASE_NAMES = (*BUNDLE_FILES, LOGS, artifact.MANIFEST)
-_SNIFF = 1 << 20  # the most quantkit reads of a file to tell whether it wrote it
-_SUM_LINE = re.compile(r"[0-9a-f]{64}  \S.*")
-_PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def real(path: str | Path) -> Path:
@@ -94,36 +89,6 @@ def check_file(path: Path) -> None:
         return
     if path.is_symlink() or not path.is_file() or not wrote(path):
         raise OutputExistsError(f"{path} exists and was not written by quantkit", hint=REMOVE_HINT)
-
-
-def wrote(path: Path) -> bool:
-    """Whether a file at one of the names quantkit writes (:data:`BUNDLE_FILES`) is one it wrote, by its content."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(_SNIFF + 1)
-    except OSError:
-        return False  # what quantkit cannot read it did not write (and may not replace)
-    if len(head) > _SNIFF and path.name != "size-vs-ppl.png":
-        return False  # quantkit's reports and sums are far smaller
-    if path.name == "size-vs-ppl.png":
-        return head.startswith(_PNG) and (b"Matplotlib" in head[:4096] or b"quantkit" in head[:4096])
-    try:
-        text = head.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    if path.name == "report.md":
-        return text.startswith("# quantkit evaluation\n")
-    if path.name == "tasks.md":
-        return text.startswith("# quantkit task accuracy\n")
-    if path.name == SUMS:
-        return all(_SUM_LINE.fullmatch(line) for line in text.splitlines() if line)
-    if path.name == REPORT_JSON:
-        try:
-            data = json.loads(text)
-        except ValueError:
-            return False
-        return isinstance(data, dict) and {"release", "outputs"} <= set(data)
-    return False
 
 
 def recipe_inputs(recipe: Any) -> list[tuple[str, Path]]:

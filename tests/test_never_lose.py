@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from quantkit import artifact, outputs
+from quantkit import artifact
 from quantkit.errors import OutputExistsError
 
 from conftest import TINY, quantkit
@@ -167,4 +167,49 @@ def test_quantkits_own_bundle_files_are_recognised(tmp_path: Path) -> None:
     for files, expected in ((ours, True), (theirs, False)):
         for name, text in files.items():
             (tmp_path / name).write_text(text)
-            assert outputs.wrote(tmp_path / name) is expected, name
+            assert artifact.wrote(tmp_path / name) is expected, name
+
+
+def test_force_refuses_an_artifact_holding_the_users_files(work: Path) -> None:
+    """--force replaced a quantkit artifact the user had put notes and data into, and removed them (exit 0): the
+    files its manifest does not list are named, nothing is removed (exit 2, --dry-run too). A folder holding only
+    a copied quantkit.json beside the user's thesis is refused the same way."""
+    fake_artifact(work / "q2x")
+    (work / "q2x" / "NOTES.md").write_text("notes")
+    (work / "q2x" / "mydata").mkdir()
+    (work / "q2x" / "mydata" / "important.csv").write_text("1")
+    (work / "thesis").mkdir()
+    shutil.copy(work / "q2x" / artifact.MANIFEST, work / "thesis")
+    (work / "thesis" / "thesis.tex").write_text("\\documentclass{article}")
+    before = tree(work)
+    for argv, shown in ((["q2x", "--force"], "NOTES.md, mydata/"), (["q2x", "--force", "--dry-run"], "NOTES.md, mydata/"),
+                        (["thesis", "--force"], "thesis.tex")):
+        proc = quantkit("rtn", "parent/src", *argv, cwd=work)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.splitlines() == [
+            f"error: output {argv[0]} holds files its quantkit.json does not list: {shown}; --force would remove "
+            "them with the artifact", f"  hint: move them out of {argv[0]}, or choose another output"]
+    assert tree(work) == before
+
+
+def test_force_replaces_what_quantkit_left_unsealed_in_an_artifact(tmp_path: Path) -> None:
+    """What quantkit writes into an artifact after sealing it (run's model card, eval's report, a one-output run's
+    bundle and logs) is sealed once written; a run stopped before that leaves it unlisted, and --force still
+    replaces such an artifact. The same names holding the user's own content are the user's."""
+    out = tmp_path / "one"
+    fake_artifact(out)
+    (out / "README.md").write_text("---\ntags:\n- quantkit\n---\n\n# src - one\n\nQuantized from `src` with quantkit "
+                                   "0.1.0 (rtn, compressed-tensors).\n")
+    (out / "report.md").write_text("# quantkit evaluation\n\nBaseline ...\n")
+    (out / "logs" / "one.tune").mkdir(parents=True)
+    (out / "logs" / "one.smoke-transformers.log").write_text("server log")
+    (out / "logs" / "one.tune" / "marlin.request.json").write_text("{}")
+    (out / ".quantkit.json.tmp-4242").write_text("{")
+    artifact.check_replaceable(out)
+    (out / "report.md").write_text("# my own notes on the evaluation\n")
+    (out / "logs" / "mine.csv").write_text("1,2")
+    with pytest.raises(OutputExistsError, match=r"does not list: logs/mine\.csv, report\.md;"):
+        artifact.check_replaceable(out)
+    fake_artifact(tmp_path / "clean")
+    fake_artifact(tmp_path / "clean")  # an artifact holding only what it lists is replaced, as before
+
