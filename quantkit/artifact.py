@@ -5,9 +5,10 @@ once complete and its manifest is written, so a folder at the output path is alw
 existing output is refused without ``force``; with it, the old folder is replaced only after the new one is
 complete, and only when it is one quantkit wrote (a folder with a quantkit manifest, holding nothing its manifest
 does not list but what quantkit itself adds later) or an empty folder (:func:`check_replaceable`): ``--force``
-never removes a file of the user's. A lock file beside the output stops two runs writing the same artifact at
-once. Free space is checked against the expected size before writing, and ENOSPC while writing becomes a clear
-error.
+never removes a file of the user's. The swap (old renamed to ``.NAME.old-PID``, new renamed in, old removed) is
+not split by Ctrl-C, and the next writer puts right one a crash split. A lock file beside the output stops two
+runs writing the same artifact at once. Free space is checked against the expected size before writing, and
+ENOSPC while writing becomes a clear error.
 
 ``quantkit.json`` records what the artifact is and how it was made, and the sha256 of every file, which
 :func:`verify` re-checks (tampering, bit rot, an incomplete copy). It is one typed object, :class:`Manifest`,
@@ -651,7 +652,9 @@ class ArtifactWriter:
 
     Use as a context manager: inside, write into :attr:`path`; call :meth:`commit` with the manifest sections.
     Leaving the block without committing (an error, Ctrl-C, SIGTERM) removes the temporary folder, so nothing
-    half-written ever sits at the output path.
+    half-written ever sits at the output path. Putting the new artifact in place, removing the old one and removing
+    the temporary folder each finish once begun: a Ctrl-C then waits for them (:func:`interrupts.deferred`), so
+    the output path always holds the old artifact or the new one, whole, and the message after a stop is true.
     """
 
     def __init__(self, final: Path, *, force: bool = False, expected_bytes: int = 0) -> None:
@@ -663,17 +666,16 @@ class ArtifactWriter:
         self._lock = output_lock(self.final)
 
     def __enter__(self) -> "ArtifactWriter":
-        there = self.final.exists() or self.final.is_symlink()
-        if there and not self.force:
-            raise OutputExistsError(f"output {self.final} already exists",
-                                    hint="pass --force to replace it, or choose another output")
-        if there:
-            check_replaceable(self.final)
         self._lock.__enter__()
         try:
+            self._recover()
+            there = self.final.exists() or self.final.is_symlink()
+            if there and not self.force:
+                raise OutputExistsError(f"output {self.final} already exists",
+                                        hint="pass --force to replace it, or choose another output")
+            if there:
+                check_replaceable(self.final)
             check_free_space(self.final.parent, self.expected_bytes)
-            for stale in self.final.parent.glob(f".{self.final.name}.partial-*"):
-                shutil.rmtree(stale, ignore_errors=True)  # left by a killed run; we hold the lock now
             self.path.mkdir(parents=True)
         except BaseException:
             self._lock.__exit__(None, None, None)
@@ -681,53 +683,83 @@ class ArtifactWriter:
         self._sealer = seal.Sealer(self.path, _counts).start()
         return self
 
+    def _recover(self) -> None:
+        """What a run killed mid-way left beside the output (we hold the lock: nobody else is writing it): its
+        temporary folders are removed; the old artifact a ``--force`` swap had renamed away (``.NAME.old-PID``)
+        is put back where the output path is empty (killed between the two renames), else removed (killed while
+        removing it, once the new one was in place)."""
+        parent, name = self.final.parent, self.final.name
+        with interrupts.deferred():
+            for stale in parent.glob(f".{name}.partial-*"):
+                shutil.rmtree(stale, ignore_errors=True)
+            for old in sorted(parent.glob(f".{name}.old-*"), key=lambda p: p.stat().st_ctime, reverse=True):
+                if self.final.exists() or self.final.is_symlink():
+                    shutil.rmtree(old, ignore_errors=True)
+                else:
+                    os.replace(old, self.final)  # the most recent one renamed away
+
     def commit(self, manifest: Manifest) -> Manifest:
         """Hash every file into ``manifest.files``, write ``quantkit.json``, and move the folder into place
         (replacing on ``force``).
 
-        Refuses if a stop was asked for, even one a library swallowed: a run told to stop never publishes.
+        Refuses if a stop was asked for, even one a library swallowed: a run told to stop never publishes. A stop
+        that arrives once the new artifact is going into place waits for it (and for the old one's removal), then
+        is raised saying so: the output is the new artifact, whole.
         """
         interrupts.check()
+        t0 = time.perf_counter()
+        digests = self._sealer.finish()  # what was not sealed while it was written is hashed and fsynced now
+        files = dict(sorted((p.relative_to(self.path).as_posix(), FileInfo(sha256=d, size=p.stat().st_size))
+                            for p, d in digests.items()))
+        # quantkit's own cost after "total" (which ends when the producer does), so the manifest accounts for it
+        timings = {**manifest.timings, "hash_and_sync": round(time.perf_counter() - t0, 3)}
+        data = manifest.model_copy(update={"files": files, "created": now_iso(), "timings": timings})
+        _write_manifest(self.path, data)
+        _share(self.path)
+        seal.fsync_file(self.path / MANIFEST)
+        replacing = self.final.exists() or self.final.is_symlink()
+        if replacing:
+            check_replaceable(self.final)  # still what --force may replace, now that the new one is complete
         try:
-            t0 = time.perf_counter()
-            digests = self._sealer.finish()  # what was not sealed while it was written is hashed and fsynced now
-            files = dict(sorted((p.relative_to(self.path).as_posix(), FileInfo(sha256=d, size=p.stat().st_size))
-                                for p, d in digests.items()))
-            # quantkit's own cost after "total" (which ends when the producer does), so the manifest accounts for it
-            timings = {**manifest.timings, "hash_and_sync": round(time.perf_counter() - t0, 3)}
-            data = manifest.model_copy(update={"files": files, "created": now_iso(), "timings": timings})
-            _write_manifest(self.path, data)
-            _share(self.path)
-            seal.fsync_file(self.path / MANIFEST)
-            if self.final.exists():
-                check_replaceable(self.final)  # still what --force may replace, now that the new one is complete
-                old = self.final.parent / f".{self.final.name}.old-{os.getpid()}"
-                os.replace(self.final, old)
-                os.replace(self.path, self.final)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(self.path, self.final)
-        except OSError as e:
-            raise _disk_error(e, self.final) from None
-        self.committed = True
+            with interrupts.deferred():
+                interrupts.check()  # one a library swallowed while the files were hashed
+                if replacing:
+                    self._swap()
+                else:
+                    os.replace(self.path, self.final)
+                self.committed = True
+        except interrupts.Stopped as e:
+            if not self.committed:
+                raise
+            done = "; the old artifact was removed" if replacing else ""
+            raise interrupts.Stopped(e.signum, f"as {self.final} was put in place: it holds the new artifact, "
+                                               f"complete and sealed{done}") from None
         return data
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        self._sealer.close()
+    def _swap(self) -> None:
+        """Replace the artifact at the output path by the new one: the old one renamed away, the new one renamed in
+        (the old one renamed back if that fails), then the old one removed. Called with signals deferred; a crash
+        between the renames leaves ``.NAME.old-PID``, which the next writer of this output puts back."""
+        old = self.final.parent / f".{self.final.name}.old-{os.getpid()}"
+        os.replace(self.final, old)
         try:
-            if not self.committed:
-                shutil.rmtree(self.path, ignore_errors=True)
+            os.replace(self.path, self.final)
+        except OSError:
+            os.replace(old, self.final)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            with interrupts.deferred():  # a second Ctrl-C waits: the message after it says the folder was removed
+                self._sealer.close()
+                if not self.committed:
+                    shutil.rmtree(self.path, ignore_errors=True)
         finally:
             self._lock.__exit__(None, None, None)
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise _disk_error(exc, self.final) from None
-
-
-def _disk_error(e: OSError, final: Path) -> Exception:
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return DiskSpaceError(f"the disk filled up while writing {final}; the partial output was removed",
-                              hint="free some space or write the output elsewhere")
-    return e
+            raise DiskSpaceError(f"the disk filled up while writing {self.final}; the partial output was removed",
+                                 hint="free some space or write the output elsewhere") from None
 
 
 def _share(root: Path) -> None:

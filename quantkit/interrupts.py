@@ -9,6 +9,9 @@ stop would finish and publish its artifact. So the handler here also *remembers*
   next ordinary line;
 * :func:`check` raises it at the points that matter (every progress tick, and just before an artifact is
   renamed into place), so nothing is published after a stop was asked for, whatever a library swallowed;
+* :func:`deferred` holds them across a step a signal must not split (an artifact renamed into place, the old one
+  removed, a temporary folder removed): the step finishes, then the stop is raised, so what the message after it
+  says is what is on disk;
 * :func:`settle` ignores further signals once cleanup is done, so a re-delivered copy cannot turn the documented
   exit code 130 into death by signal.
 
@@ -23,23 +26,31 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _received: int | None = None
+_holding = 0  # how many deferred() blocks the main thread is in
+_held: int | None = None  # a signal that arrived inside them, raised when the outermost one ends
 _default_unraisablehook = sys.unraisablehook
 
 
 class Stopped(KeyboardInterrupt):
     """The interrupt, naming the signal that asked for it."""
 
-    def __init__(self, signum: int) -> None:
-        super().__init__(f"stopped by {signal.Signals(signum).name}")
+    def __init__(self, signum: int, when: str = "") -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}{f' {when}' if when else ''}")
         self.signum = signum
 
 
 def _on_signal(signum: int, frame: Any) -> None:
-    global _received
+    global _received, _held
     _received = signum
+    if _holding:
+        _held = signum
+        return
     raise Stopped(signum)
 
 
@@ -70,6 +81,38 @@ def check() -> None:
     """Raise the interrupt again if one arrived and something swallowed it."""
     if _received is not None:
         raise Stopped(_received)
+
+
+@contextmanager
+def deferred() -> Iterator[None]:
+    """Hold SIGINT and SIGTERM until the block is done, then raise :class:`Stopped` for one that arrived meanwhile
+    (not when the block raised: its exception goes on, and the signal stays remembered for :func:`check`).
+
+    For steps that must happen whole once begun: two renames that swap an artifact into place (split, the output
+    path would hold neither artifact), removing a folder the message after the stop says was removed. Our handler
+    is put in place for the block even where :func:`install` was not called (the API used as a library); signals
+    already ignored (:func:`settle`) stay ignored. A no-op off the main thread, where no signal handler runs."""
+    global _holding, _held
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {s: signal.getsignal(s) for s in _SIGNALS}
+    for s, handler in saved.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(s, _on_signal)
+    if not _holding:
+        _held = None
+    _holding += 1
+    try:
+        yield
+    finally:
+        _holding -= 1
+        for s, handler in saved.items():
+            if handler is not None:  # None: a handler not set from Python, which cannot be put back
+                signal.signal(s, handler)
+    if not _holding and _held is not None:
+        signum, _held = _held, None
+        raise Stopped(signum)
 
 
 def settle() -> None:

@@ -305,6 +305,40 @@ def test_a_schema_2_manifest_names_its_kind_format_and_is_read(tmp_path: Path) -
     assert artifact.Manifest.from_json(data).kind == "test"
 
 
+def test_a_swap_cut_short_is_put_right_by_the_next_writer(tmp_path: Path) -> None:
+    """A run killed between the --force swap's two renames leaves the old artifact hidden as .NAME.old-PID and
+    nothing at the output; one killed while removing it leaves that copy beside the new one. The next writer of the
+    output (holding its lock, so nobody else is writing it) puts the first back and removes the second."""
+    out = tmp_path / "art"
+    make(out, b"v1")
+    os.replace(out, tmp_path / ".art.old-999999")
+    with pytest.raises(OutputExistsError, match="already exists"):  # the old artifact is back, and not replaced
+        make(out, b"v2")
+    assert (out / "model.safetensors").read_bytes() == b"v1" and artifact.verify(out).ok
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]
+    shutil.copytree(out, tmp_path / ".art.old-999998")
+    make(out, b"v3", force=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]
+    assert (out / "model.safetensors").read_bytes() == b"v3"
+
+
+def test_a_swap_whose_second_rename_fails_puts_the_old_artifact_back(tmp_path: Path, monkeypatch) -> None:
+    out = tmp_path / "art"
+    make(out, b"v1")
+    real = os.replace
+
+    def replace(src: Path, dst: Path) -> None:
+        if Path(src).name.startswith(".art.partial-"):  # the new artifact renamed in, the old one already away
+            raise PermissionError(13, "Permission denied", str(dst))
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    with pytest.raises(PermissionError):
+        make(out, b"v2", force=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]
+    assert (out / "model.safetensors").read_bytes() == b"v1"
+
+
 def _relist(out: Path, name: str, target: Path) -> None:
     """Make the manifest list ``name`` (instead of config.json) with ``target``'s true sha256 and size."""
     data = json.loads((out / artifact.MANIFEST).read_text())

@@ -8,6 +8,8 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ import pytest
 from quantkit import artifact
 from quantkit.errors import OutputExistsError
 
-from conftest import TINY, quantkit
+from conftest import ROOT, TINY, quantkit
 
 pytestmark = pytest.mark.cli
 
@@ -212,4 +214,78 @@ def test_force_replaces_what_quantkit_left_unsealed_in_an_artifact(tmp_path: Pat
         artifact.check_replaceable(out)
     fake_artifact(tmp_path / "clean")
     fake_artifact(tmp_path / "clean")  # an artifact holding only what it lists is replaced, as before
+
+
+SWAP = """
+import os, shutil, signal, sys
+from pathlib import Path
+
+import typer
+
+from quantkit import artifact
+from quantkit.cli.common import handle_errors
+
+final, when = Path(sys.argv[1]), sys.argv[2]
+SOURCE = artifact.SourceInfo(id="src", path="/nowhere", config_sha256="0" * 64)
+
+
+def write(content):
+    with artifact.ArtifactWriter(final, force=True) as w:
+        (w.path / "model.safetensors").write_bytes(content)
+        if when == "twice" and content == b"new":
+            os.kill(os.getpid(), signal.SIGINT)  # the first Ctrl-C, while the producer writes
+        w.commit(artifact.Manifest(kind="test", method="test", source=SOURCE))
+
+
+write(b"old")
+real_replace, real_rmtree = os.replace, shutil.rmtree
+
+
+def replace(src, dst):
+    real_replace(src, dst)
+    if when == "between" and ".old-" in str(dst):
+        os.kill(os.getpid(), signal.SIGINT)  # the old artifact renamed away, the new one not yet in
+
+
+def rmtree(path, *args, **kwargs):
+    if (when == "removing" and ".old-" in str(path)) or (when == "twice" and ".partial-" in str(path)):
+        os.kill(os.getpid(), signal.SIGINT)
+    real_rmtree(path, *args, **kwargs)
+
+
+os.replace, shutil.rmtree = replace, rmtree
+try:
+    handle_errors(lambda: write(b"new"))()
+except typer.Exit as e:
+    sys.exit(e.exit_code)
+"""
+
+
+@pytest.mark.parametrize("when", ["between", "removing"])
+def test_a_stop_during_the_force_swap_leaves_one_whole_artifact(tmp_path: Path, when: str) -> None:
+    """Ctrl-C between the swap's two renames lost both artifacts (the new one deleted, the old one hidden as
+    .f1.old-PID); during the old one's removal it published the new one yet said the run was interrupted and left a
+    hidden full copy. The swap and the removal now finish once begun, and the message says the new artifact is in
+    place."""
+    final = tmp_path / "f1"
+    proc = subprocess.run([sys.executable, "-c", SWAP, str(final), when], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 130 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip() == (f"interrupted (stopped by SIGINT as {final} was put in place: it holds the new "
+                                   "artifact, complete and sealed; the old artifact was removed): temporary files "
+                                   "were removed")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f1"]
+    assert (final / "model.safetensors").read_bytes() == b"new" and artifact.verify(final).ok
+
+
+def test_a_second_stop_during_cleanup_still_removes_the_temporary_folder(tmp_path: Path) -> None:
+    """A second Ctrl-C that landed in the cleanup's rmtree left .f1.partial-PID behind while the message said the
+    temporary files were removed."""
+    final = tmp_path / "f1"
+    proc = subprocess.run([sys.executable, "-c", SWAP, str(final), "twice"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.strip() == "interrupted (stopped by SIGINT): temporary files were removed"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f1"]
+    assert (final / "model.safetensors").read_bytes() == b"old"
 

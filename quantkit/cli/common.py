@@ -116,7 +116,7 @@ def handle_errors(fn: F) -> F:
             if STATE.debug:
                 raise
             why = escape(str(e) or "stopped by SIGINT")
-            err.print(f"[bold red]interrupted[/] ({why}): temporary files were removed")
+            err.print(f"[bold red]interrupted[/] ({why}): temporary files were removed", soft_wrap=True)
             raise typer.Exit(EXIT_INTERRUPTED) from None
 
     return wrapper  # type: ignore[return-value]
