@@ -7,8 +7,8 @@ complete, and only when it is one quantkit wrote (a folder with a quantkit manif
 does not list but what quantkit itself adds later) or an empty folder (:func:`check_replaceable`): ``--force``
 never removes a file of the user's. The swap (old renamed to ``.NAME.old-PID``, new renamed in, old removed) is
 not split by Ctrl-C, and the next writer puts right one a crash split. A lock file beside the output stops two
-runs writing the same artifact at once. Free space is checked against the expected size before writing, and
-ENOSPC while writing becomes a clear error.
+runs writing the same artifact at once. Free space is checked against the expected size before writing, and a
+disk that fills while writing is a clear error however the library reports it (:func:`_disk_full`).
 
 ``quantkit.json`` records what the artifact is and how it was made, and the sha256 of every file, which
 :func:`verify` re-checks (tampering, bit rot, an incomplete copy). It is one typed object, :class:`Manifest`,
@@ -41,7 +41,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from quantkit import __version__, interrupts, seal
-from quantkit.errors import DiskSpaceError, IntegrityError, LockedError, OutputExistsError, UsageError
+from quantkit.errors import (DiskSpaceError, IntegrityError, LockedError, OutputExistsError, QuantkitError,
+                             UsageError)
 
 MANIFEST = "quantkit.json"
 SCHEMA_VERSION = 3  # 1: quantkit 0.1.0 before the typed manifest (key "schema"; source path as typed)
@@ -750,6 +751,7 @@ class ArtifactWriter:
         shutil.rmtree(old, ignore_errors=True)
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        full = exc is not None and not self.committed and _disk_full(exc, self.path)  # before the cleanup frees it
         try:
             with interrupts.deferred():  # a second Ctrl-C waits: the message after it says the folder was removed
                 self._sealer.close()
@@ -757,9 +759,42 @@ class ArtifactWriter:
                     shutil.rmtree(self.path, ignore_errors=True)
         finally:
             self._lock.__exit__(None, None, None)
-        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if full:
             raise DiskSpaceError(f"the disk filled up while writing {self.final}; the partial output was removed",
                                  hint="free some space or write the output elsewhere") from None
+
+
+_FULL_BELOW = 1 << 20  # a write failed with less than this left: the disk filled up
+_FULL_WORDS = (os.strerror(errno.ENOSPC), os.strerror(errno.EDQUOT), f"os error {errno.ENOSPC}",
+               f"os error {errno.EDQUOT}")
+
+
+def _disk_full(exc: BaseException, where: Path) -> bool:
+    """Whether an error raised while an artifact was written means its disk filled up, however the library wrapped
+    ENOSPC: an OSError with that errno anywhere in the exception's chain, a message saying so (safetensors'
+    SafetensorError: "No space left on device (os error 28)"), or, for a library's own exception that says nothing
+    of it (torch.save's RuntimeError: "unexpected pos 576 vs 534"), a file system left with no space or no inodes
+    as it is raised. Not a stop (KeyboardInterrupt) nor quantkit's own refusals, which say what they are."""
+    chain: list[BaseException] = []
+    e: BaseException | None = exc
+    while e is not None and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
+    for e in chain:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(word in str(e) for word in _FULL_WORDS):
+            return True
+    if not isinstance(exc, Exception) or isinstance(exc, QuantkitError):
+        return False
+    probe = where
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        st = os.statvfs(probe)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < _FULL_BELOW or (st.f_files > 0 and st.f_favail == 0)
 
 
 def _share(root: Path) -> None:

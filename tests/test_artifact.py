@@ -339,6 +339,46 @@ def test_a_swap_whose_second_rename_fails_puts_the_old_artifact_back(tmp_path: P
     assert (out / "model.safetensors").read_bytes() == b"v1"
 
 
+def _fill_with(how: str, folder: Path) -> None:
+    """Write 4 MiB the way a library does: safetensors (SafetensorError), torch.save (a RuntimeError that says
+    nothing of the disk), Python's own file (OSError)."""
+    if how == "open":
+        (folder / "model.bin").write_bytes(b"\0" * (4 << 20))
+        return
+    import torch
+
+    if how == "safetensors":
+        from safetensors.torch import save_file
+
+        save_file({"w": torch.zeros(1 << 20)}, str(folder / "model.safetensors"))
+    else:
+        torch.save({"w": torch.zeros(1 << 20)}, folder / "model.pt")
+
+
+@pytest.mark.parametrize("how", ["safetensors", "torch", "open"])
+def test_a_disk_that_fills_while_writing_is_one_clear_error(tmp_path: Path, how: str) -> None:
+    """SafetensorError ("No space left on device (os error 28)") is no OSError, and torch.save's RuntimeError names
+    no errno ("unexpected pos ..."): both escaped as tracebacks. However the library wraps ENOSPC, it is the
+    documented DiskSpaceError, and the partial folder is removed."""
+    from test_reliability import tmpfs
+
+    disk = tmpfs(tmp_path / "disk", "2m")
+    try:
+        with pytest.raises(DiskSpaceError, match="disk filled up while writing .*art; the partial output was removed"):
+            with artifact.ArtifactWriter(disk / "art") as w:
+                _fill_with(how, w.path)
+        assert list(disk.iterdir()) == []
+    finally:
+        subprocess.run(["umount", "--lazy", str(disk)], check=False)  # a failed run may still hold a file open
+
+
+def test_a_library_error_on_a_disk_with_room_is_not_called_a_full_disk(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="unexpected pos"):
+        with artifact.ArtifactWriter(tmp_path / "art"):
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 576 vs 534")
+    assert list(tmp_path.iterdir()) == []
+
+
 def _relist(out: Path, name: str, target: Path) -> None:
     """Make the manifest list ``name`` (instead of config.json) with ``target``'s true sha256 and size."""
     data = json.loads((out / artifact.MANIFEST).read_text())
