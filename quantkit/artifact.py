@@ -548,11 +548,19 @@ def output_lock(final: Path, wait: bool = False) -> Iterator[None]:
     """An exclusive lock beside ``final`` so two runs never write one artifact at once.
 
     The lock is an ``flock`` on ``.NAME.lock``: the kernel releases it if the holder dies, so a crash never
-    leaves a stale lock behind.
+    leaves a stale lock behind. A folder it cannot be made in is refused here too (exit 2), for callers that did
+    not check first (:func:`quantkit.outputs.check_writable`).
     """
-    final.parent.mkdir(parents=True, exist_ok=True)
     lock_path = final.parent / f".{final.name}.lock"
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskSpaceError(f"no space left to start writing {final}: {e.strerror}",
+                                 hint="free some space or write the output elsewhere") from None
+        raise UsageError(f"cannot write {final}: {e.filename or lock_path}: {e.strerror}",
+                         hint="choose an output in a folder you can write") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))

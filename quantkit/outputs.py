@@ -13,12 +13,16 @@ Two rules, one module, used by every verb that writes (the producers, ``run`` an
   removes it, or chooses another output. An artifact holding files its manifest does not list (the user's notes,
   data) is the user's too, in part: refused, naming them.
 
-Every refusal is a :class:`~quantkit.errors.UnsafeOutputError` (exit 2) naming both paths.
+Every refusal is exit 2: an :class:`~quantkit.errors.UnsafeOutputError` naming both paths, an
+:class:`~quantkit.errors.OutputExistsError`, or a :class:`~quantkit.errors.UsageError` for an output that cannot
+be created at all (:func:`check_writable`: a file on its path, a folder that takes no new files).
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -27,7 +31,7 @@ from quantkit import artifact
 # The names quantkit writes into a release and an artifact, and how it tells its own files there, are spelled in
 # artifact (which --force and the seals consult); the pipeline reads them from here.
 from quantkit.artifact import BUNDLE_FILES, LOGS, REPORT_JSON, SUMS, wrote
-from quantkit.errors import OutputExistsError, UnsafeOutputError
+from quantkit.errors import DiskSpaceError, OutputExistsError, UnsafeOutputError, UsageError
 
 REMOVE_HINT = "remove it yourself, or choose another output"
 # Every name quantkit gives a meaning in a release folder: the bundle's files, its logs, and the manifest that would
@@ -81,6 +85,7 @@ def check_files(folder: Path, names: Iterable[str], source: Path | None = None,
                                     hint=f"move the {name}, or choose another folder")
     for target in targets.values():
         check_file(target)
+    check_writable(folder, what, into=True)
 
 
 def check_file(path: Path) -> None:
@@ -89,6 +94,29 @@ def check_file(path: Path) -> None:
         return
     if path.is_symlink() or not path.is_file() or not wrote(path):
         raise OutputExistsError(f"{path} exists and was not written by quantkit", hint=REMOVE_HINT)
+
+
+def check_writable(output: Path, what: str = "output", *, into: bool = False) -> None:
+    """Refuse an output quantkit could not create, before any work (``--dry-run`` too): a file where a folder on
+    its path should be, or a folder that takes no new entries (read-only, ``/proc``, ``/sys``, no permission).
+    The writer creates its lock and temporary folder beside the output (``into``: files go into ``output``
+    itself, a report folder), so the first folder on the way that exists is asked, by creating and removing an
+    empty hidden folder there: permission bits do not tell, and root passes every ``access`` check."""
+    output = Path(os.path.expanduser(str(output)))
+    probe = output if into else output.parent
+    while not probe.exists() and not probe.is_symlink() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UsageError(f"{what} {output} cannot be created: {probe} is not a folder",
+                         hint="choose an output in a folder you can write")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".quantkit-probe-", dir=probe))
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskSpaceError(f"{what} {output} cannot be written: {probe} has no space left",
+                                 hint="free some space or write the output elsewhere") from None
+        raise UsageError(f"{what} {output} cannot be created: nothing can be written in {probe} ({e.strerror})",
+                         hint="choose an output in a folder you can write") from None
 
 
 def recipe_inputs(recipe: Any) -> list[tuple[str, Path]]:
@@ -121,6 +149,7 @@ def check_recipe(recipe: Any, *, force: bool = False, pipeline: bool = False, so
     inputs = recipe_inputs(recipe)
     for _, out in recipe.artifacts():
         check_apart(out, src, inputs)
+        check_writable(out)
         if force and (out.exists() or out.is_symlink()):
             artifact.check_replaceable(out)
     if pipeline and recipe.outputs is not None:  # one output's bundle lives in the artifact, replaced with it

@@ -429,3 +429,14 @@ def test_verify_and_inspect_cli_on_a_manifest_naming_a_file_outside(tmp_path: Pa
         assert proc.stderr.splitlines() == [f"error: {out / artifact.MANIFEST} is not a quantkit manifest: files: "
                                             "Value error, '/etc/hostname' is not the name of a file inside the "
                                             "artifact folder"]
+
+
+def test_the_lock_refuses_an_output_it_cannot_be_made_beside(tmp_path: Path) -> None:
+    """What takes the lock before the outputs are checked (run's release folder) got mkdir's FileExistsError or
+    open's FileNotFoundError as a traceback: it is one line, exit 2."""
+    (tmp_path / "afile").write_text("mine")
+    for out, said in ((tmp_path / "afile" / "sub", "File exists"), (Path("/proc/qk-out"), "No such file")):
+        with pytest.raises(UsageError, match=f"cannot write {out}: .*{said}"):
+            with artifact.output_lock(out):
+                pass
+    assert (tmp_path / "afile").read_text() == "mine"

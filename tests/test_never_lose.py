@@ -289,3 +289,18 @@ def test_a_second_stop_during_cleanup_still_removes_the_temporary_folder(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f1"]
     assert (final / "model.safetensors").read_bytes() == b"old"
 
+
+@pytest.mark.parametrize("output, said", [
+    ("afile/sub", "output afile/sub cannot be created: afile is not a folder"),
+    ("/proc/qk-out", "output /proc/qk-out cannot be created: nothing can be written in /proc"),
+    ("/sys/qk-out", "output /sys/qk-out cannot be created: nothing can be written in /sys")])
+def test_an_output_that_cannot_be_created_is_refused_before_any_work(work: Path, output: str, said: str) -> None:
+    """A file on the output's path, or a folder that takes no new entries, gave output_lock's FileExistsError,
+    FileNotFoundError or PermissionError as a traceback (exit 1)."""
+    (work / "afile").write_text("mine")
+    before = tree(work)
+    for extra in ([], ["--dry-run"]):
+        proc = quantkit("rtn", "parent/src", output, *extra, cwd=work)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert proc.stderr.splitlines()[0].startswith(f"error: {said}"), proc.stderr
+    assert tree(work) == before
