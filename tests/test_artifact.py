@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -440,3 +441,32 @@ def test_the_lock_refuses_an_output_it_cannot_be_made_beside(tmp_path: Path) -> 
             with artifact.output_lock(out):
                 pass
     assert (tmp_path / "afile").read_text() == "mine"
+
+
+def test_a_waiter_never_shares_the_lock_with_a_newcomer(tmp_path: Path) -> None:
+    """The holder removes its lock file on the way out. A run that waited on that file must not then hold a lock on
+    a file no one else can find while a newcomer locks a fresh one at the path: two writers of one artifact."""
+    import threading
+
+    from quantkit.errors import LockedError
+
+    final = tmp_path / "art"
+    got, release = threading.Event(), threading.Event()
+
+    def waiter() -> None:
+        with artifact.output_lock(final, wait=True):
+            got.set()
+            release.wait(10)
+
+    with artifact.output_lock(final):
+        t = threading.Thread(target=waiter)
+        t.start()
+        time.sleep(0.3)  # the waiter is blocked on this holder's lock file
+    assert got.wait(10)
+    try:
+        with pytest.raises(LockedError):
+            with artifact.output_lock(final):
+                pass
+    finally:
+        release.set()
+        t.join(10)
