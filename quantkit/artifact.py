@@ -530,6 +530,9 @@ def verify_tree(path: Path) -> list[VerifyResult]:
     """What ``quantkit verify`` checks: an artifact folder against its manifest, a file against the manifest of
     its folder, a release folder artifact by artifact and then as a whole against its :data:`SUMS`."""
     path = Path(path)
+    if not path.exists():
+        raise UsageError(f"{path} does not exist", hint="give an artifact folder, a file inside one, or a release "
+                         "folder")
     if path.is_file():
         return [verify_file(path)]
     if (path / MANIFEST).exists():

@@ -470,3 +470,10 @@ def test_a_waiter_never_shares_the_lock_with_a_newcomer(tmp_path: Path) -> None:
     finally:
         release.set()
         t.join(10)
+
+
+def test_verify_of_a_path_that_is_not_there_says_so(tmp_path: Path) -> None:
+    from quantkit.errors import UsageError
+
+    with pytest.raises(UsageError, match="does not exist"):  # it said the path had no quantkit.json
+        artifact.verify_tree(tmp_path / "nowhere")
