@@ -103,7 +103,7 @@ def load_documents(source: str, field: str = "text") -> Documents:
     if is_hub(source):
         return _load_hub(source, field)
     raise CalibrationError(
-        f"calibration source {source!r} is neither a shipped set ({', '.join(SHIPPED)}), an existing file, "
+        f"text source {source!r} (calibration or evaluation) is neither a shipped set ({', '.join(SHIPPED)}), an existing file, "
         "nor a hub dataset name", hint="`quantkit calib list` shows the shipped sets")
 
 
@@ -195,7 +195,7 @@ def _document(value: Any, field: str, where: str) -> Any:
 def _load_file(path: Path, field: str) -> Documents:
     name = path.name.lower()
     if path.is_dir():
-        raise CalibrationError(f"calibration source {path} is a folder; give a .txt, .jsonl(.gz) or .parquet file")
+        raise CalibrationError(f"text source {path} is a folder; give a .txt, .jsonl(.gz) or .parquet file")
     raw = _read(path)
     digest = hashlib.sha256(raw).hexdigest()
     if name.endswith((".jsonl", ".jsonl.gz", ".ndjson")):
