@@ -154,3 +154,19 @@ def check_recipe(recipe: Any, *, force: bool = False, pipeline: bool = False, so
             artifact.check_replaceable(out)
     if pipeline and recipe.outputs is not None:  # one output's bundle lives in the artifact, replaced with it
         check_files(Path(recipe.output), BUNDLE_FILES, src, inputs, what="release folder")
+        check_release_holds_only_its_own(Path(recipe.output), {out.name for _, out in recipe.artifacts()})
+
+
+def check_release_holds_only_its_own(release: Path, outputs: set[str]) -> None:
+    """A release folder holds its outputs, other quantkit artifacts (an earlier recipe's), the bundle and the logs:
+    SHA256SUMS seals everything in it, so a file of the user's (notes, data) would be sealed and shipped as part of
+    the release. Refused, naming a few (exit 2); hidden entries (locks, temporary folders) are quantkit's."""
+    if not release.is_dir():
+        return
+    foreign = sorted(p.name + ("/" if p.is_dir() else "") for p in release.iterdir()
+                     if not p.name.startswith(".") and p.name not in outputs and p.name not in RELEASE_NAMES
+                     and not (p.is_dir() and (p / artifact.MANIFEST).is_file()))
+    if foreign:
+        raise OutputExistsError(f"release folder {release} holds what quantkit did not write: "
+                                f"{', '.join(foreign[:3])}{' …' if len(foreign) > 3 else ''}; SHA256SUMS would seal "
+                                "it into the release", hint=f"move it out of {release}, or choose another output")

@@ -243,3 +243,15 @@ def test_a_one_output_release_sums_check_out(tmp_path: Path) -> None:
         digest, path = line.split("  ", 1)
         assert hashlib.sha256((rel / path).read_bytes()).hexdigest() == digest, path
     assert {"SHA256SUMS", "report.json"} <= set(artifact.read_manifest(rel).files) and artifact.verify(rel).ok
+
+
+def test_a_release_folder_holding_the_users_files_is_refused(tmp_path: Path) -> None:
+    """SHA256SUMS seals everything in a release folder: a file of the user's there would ship as part of it."""
+    _two_outputs(tmp_path)
+    (tmp_path / "rel").mkdir()
+    (tmp_path / "rel" / "notes.txt").write_text("mine\n")
+    for flags in (["--dry-run"], ["--no-eval", "--no-smoke"]):
+        proc = quantkit("run", "r.yaml", *flags, cwd=tmp_path)
+        assert proc.returncode == 2 and "holds what quantkit did not write: notes.txt" in proc.stderr, \
+            proc.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "rel").iterdir()) == ["notes.txt"]
