@@ -149,6 +149,24 @@ def quantkit(*args: str, cwd: Path | None = None, env: dict | None = None, timeo
     return proc
 
 
+def token_gguf(path: Path, tokens: list[str], file_type: int | None = None) -> Path:
+    """A GGUF file gguf-py writes with a token list, one tensor and, where given, a file type: no model llama.cpp
+    could load, but what inspect, doctor and the vocabulary check read."""
+    import numpy as np
+    from gguf import GGUFWriter
+
+    w = GGUFWriter(str(path), "llama")
+    if file_type is not None:
+        w.add_file_type(file_type)
+    w.add_token_list(tokens)
+    w.add_tensor("t", np.zeros(32, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 def _tree_sha256(root: Path) -> dict[str, str]:
     """Every file under ``root`` with its sha256: what a read-only shared artifact must still hold at the end."""
     return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import token_gguf
 from quantkit import artifact
 from quantkit.errors import DiskSpaceError, IntegrityError, LockedError, OutputExistsError, UsageError
 
@@ -183,19 +184,8 @@ def test_verify_cli_on_a_release_and_on_a_file(tmp_path: Path, cli) -> None:
 
 
 def small_gguf(path: Path) -> Path:
-    """A GGUF file gguf-py writes (a token list, one tensor, file type Q8_0): what inspect and doctor read."""
-    import numpy as np
-    from gguf import GGUFWriter
-
-    w = GGUFWriter(str(path), "llama")
-    w.add_file_type(7)  # MOSTLY_Q8_0
-    w.add_token_list(["a", "b"])
-    w.add_tensor("t", np.zeros(32, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+    """A Q8_0-typed GGUF file with two tokens: what inspect and doctor read."""
+    return token_gguf(path, ["a", "b"], file_type=7)  # MOSTLY_Q8_0
 
 
 def gguf_artifact(final: Path) -> Path:

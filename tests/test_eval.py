@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import TINY, quantkit, requires_gpu
+from conftest import TINY, quantkit, requires_gpu, token_gguf
 from quantkit.engines.logits import LogProbs, log_softmax
 from quantkit.evaluation.metrics import BaselineWindow, kld_rows
 from quantkit.evaluation.protocol import make_windows
@@ -269,34 +269,20 @@ def test_refusals_before_any_model_loads(gguf_artifact, tmp_path):
     assert proc.returncode == 2 and "is GGUF" in proc.stderr
 
 
-def _tokens_gguf(path: Path, tokens: list[str]) -> Path:
-    """A GGUF file holding only a token list (no model llama.cpp could load): what the vocabulary check reads."""
-    from gguf import GGUFWriter
-
-    w = GGUFWriter(str(path), "llama")
-    w.add_token_list(tokens)
-    w.add_tensor("t", np.zeros(32, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
 @pytest.mark.cli
 def test_an_artifact_of_another_vocabulary_is_refused_before_any_model_loads(tmp_path):
     """llama.cpp failed with 'llama_decode failed (-1)' on an id past its vocabulary (exit 1), transformers refused
     only after scoring the baseline: every engine's artifact is now checked from its files first, exit 2."""
     vocab = json.loads((TINY / "tokenizer.json").read_text())["model"]["vocab"]
     tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
-    small = _tokens_gguf(tmp_path / "small.gguf", tokens[:100])
+    small = token_gguf(tmp_path / "small.gguf", tokens[:100])
     proc = quantkit("eval", small, "--baseline", TINY, "--report-dir", tmp_path / "r")
     assert proc.returncode == 2 and "vocabulary of 100 tokens" in proc.stderr and "8,192" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "r").exists()
 
     swapped = tokens.copy()
     swapped[300], swapped[301] = swapped[301], swapped[300]
-    other = _tokens_gguf(tmp_path / "other.gguf", swapped)
+    other = token_gguf(tmp_path / "other.gguf", swapped)
     proc = quantkit("eval", other, "--baseline", TINY, "--report-dir", tmp_path / "r")
     assert proc.returncode == 2 and "another tokenizer" in proc.stderr and "token id 300" in proc.stderr, proc.stderr
 
