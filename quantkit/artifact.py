@@ -606,11 +606,16 @@ def _refuse_lock(final: Path, lock_path: Path, e: OSError) -> NoReturn:
                      hint="choose an output in a folder you can write") from None
 
 
+def _existing(path: Path) -> Path:
+    """The first of ``path`` and its parents that exists: the file system a folder not made yet will be on."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
 def check_free_space(where: Path, needed: int, margin: float = 1.1) -> None:
     """Refuse to start when the file system cannot hold the artifact (plus a 10% margin)."""
-    probe = where
-    while not probe.exists():
-        probe = probe.parent
+    probe = _existing(where)
     free = shutil.disk_usage(probe).free
     if needed * margin > free:
         raise DiskSpaceError(
@@ -818,11 +823,8 @@ def _disk_full(exc: BaseException, where: Path) -> bool:
             return True
     if not isinstance(exc, Exception) or isinstance(exc, QuantkitError):
         return False
-    probe = where
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
     try:
-        st = os.statvfs(probe)
+        st = os.statvfs(_existing(where))
     except OSError:
         return False
     return st.f_bavail * st.f_frsize < _FULL_BELOW or (st.f_files > 0 and st.f_favail == 0)

@@ -402,11 +402,13 @@ def check(spec: CalibrationSpec, source: SourceModel, *, trust_remote_code: bool
         return "a hub dataset: read when the run starts, not checked offline"
     docs = _usable(load_documents(spec.dataset, spec.field))
     name = _cache_name(spec, docs, source.path)
-    if name and token_cache.read(name, tokens_sha256) is not None:  # made by an earlier run: no tokenizer to load
+    made = _checked.get(name) if name else None  # checked already in this process (another output of the recipe)
+    if made is None and name and token_cache.read(name, tokens_sha256) is not None:  # no tokenizer to load
         return f"{len(docs.items):,} documents checked, their tokens made by an earlier run"
-    made = _tokenize(spec, load_tokenizer(source.path, trust_remote_code=trust_remote_code), docs)
-    if name:
-        _checked[name] = made
+    if made is None:
+        made = _tokenize(spec, load_tokenizer(source.path, trust_remote_code=trust_remote_code), docs)
+        if name:
+            _checked[name] = made
     return f"{len(docs.items):,} documents checked, {made.num_tokens:,} tokens"
 
 

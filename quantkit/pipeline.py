@@ -26,7 +26,7 @@ from quantkit.errors import GateFailedError, Interrupted, OutputExistsError, Qua
 from quantkit.formats.names import LLAMACPP, VLLM, KindName
 from quantkit.progress import Reporter
 from quantkit.outputs import BUNDLE_FILES, REPORT_JSON, SUMS
-from quantkit.recipe import Recipe
+from quantkit.recipe import Recipe, TaskSpec
 from quantkit.reuse import reusable
 
 if TYPE_CHECKING:
@@ -268,7 +268,10 @@ def _score_tasks(recipe: Recipe, src: source_mod.SourceModel, tasks: list[Task],
     why = "llama-server gives no prompt log-probabilities"
     scored = [t for t in tasks if t not in skipped]
     if scored:
-        specs = [t.spec for i, t in enumerate(scored) if t.spec not in [s.spec for s in scored[:i]]]  # a group: once
+        specs: list[TaskSpec] = []
+        for t in scored:  # a group's members share their spec: it is scored once
+            if t.spec not in specs:
+                specs.append(t.spec)
         options = TaskOptions(tasks=specs, engine=recipe.evaluation.engine,
                               run=RunOptions(device=recipe.runtime.device, python=recipe.smoke.python,
                                              stall_timeout=recipe.evaluation.stall_timeout))
