@@ -265,6 +265,32 @@ def test_an_empty_path_is_a_usage_error_for_every_verb(tmp_path: Path, monkeypat
         assert res.exit_code == 2 and "an empty path" in res.output, (argv, res.output)
 
 
+@pytest.mark.unit
+def test_an_empty_text_option_is_a_usage_error_for_every_verb(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same unset variable in an option: `quantkit eval OUT --baseline "$BASE"` compared against the manifest's
+    source instead, `--calib "$DATA"` read the current folder as a text file, `--python "$VLLM_PY"` fell back to
+    another interpreter. Every text option of every verb refuses "" and blanks before the verb runs."""
+    import typer.main
+    from typer.testing import CliRunner
+
+    from quantkit.cli.main import app
+
+    monkeypatch.chdir(tmp_path)
+    text = set()
+    for words, cmd in _verbs(typer.main.get_command(app)):
+        args = ["x"] * sum(p.param_type_name == "argument" and p.required for p in cmd.params)
+        for p in cmd.params:
+            if p.param_type_name != "option" or p.is_flag:
+                continue
+            for blank in ("", "  "):
+                res = CliRunner().invoke(app, [*words, *args, p.opts[0], blank])
+                out = " ".join(res.output.split())  # Rich wraps the error box
+                assert res.exit_code == 2 and f"Invalid value for '{p.opts[0]}'" in out, (words, p.opts, out)
+                if "an empty value" in out:
+                    text.add(p.opts[0])
+    assert {"--baseline", "--calib", "--python", "--recipe", "--dataset", "--engine", "--tasks", "--model"} <= text
+
+
 @pytest.mark.cli
 def test_an_empty_release_path_does_not_verify_the_current_folder(tmp_path: Path) -> None:
     """The CI case: `quantkit verify ""` in a folder holding an artifact verified it and passed (exit 0)."""

@@ -122,43 +122,48 @@ def handle_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _not_empty(convert: Callable[[str], Any]) -> Callable[[Any], Any]:
-    """A path argument's parser: an empty string is refused (exit 2). Typer turns it into ``Path(".")``, so
-    ``quantkit verify "$RELEASE"`` with the variable empty (``jq -r .release`` of a failed run) checked the current
-    folder and passed."""
+def _not_empty(convert: Callable[[str], Any], what: str) -> Callable[[Any], Any]:
+    """A parser that refuses an empty string (exit 2), then converts. Typer turns an empty path into ``Path(".")``,
+    so ``quantkit verify "$RELEASE"`` with the variable empty (``jq -r .release`` of a failed run) checked the current
+    folder and passed; an empty ``--baseline "$BASE"`` fell back to the manifest's source and ``--calib ""`` read the
+    current folder as a text file."""
     def parse(value: Any) -> Any:
         if not isinstance(value, str):  # a default, already typed
             return value
-        if not value:
-            raise typer.BadParameter("an empty path names no file or folder (an unset variable?)")
+        if not value.strip():
+            raise typer.BadParameter(f"an empty {what} (an unset variable?)")
         return convert(value)
 
     return parse
 
 
-def _refuse_empty_paths(fn: Callable[..., Any], sig: inspect.Signature) -> None:
-    """Give every parameter naming a file or folder the :func:`_not_empty` parser: those typed ``Path`` (alone, in a
-    list or optional) and every positional argument (each verb's are paths, models, recipes or sets by name)."""
+def _refuse_empty_values(fn: Callable[..., Any], sig: inspect.Signature) -> None:
+    """Give every text parameter the :func:`_not_empty` parser: those typed ``Path`` or ``str`` (alone, in a list or
+    optional) and every positional argument (each verb's are paths, models, recipes or sets by name). No option of
+    quantkit's means anything when empty: each names a model, a file, an engine, a prompt or a choice."""
     hints = typing.get_type_hints(fn) if any(isinstance(p.annotation, str) for p in sig.parameters.values()) else {}
     for p in sig.parameters.values():
         info = p.default
-        if not isinstance(info, ParameterInfo) or info.parser is not None:
+        if not isinstance(info, ParameterInfo) or info.parser is not None or getattr(info, "click_type", None):
             continue
-        if _is_path(hints.get(p.name, p.annotation)):
-            info.parser = _not_empty(Path)
+        hint = hints.get(p.name, p.annotation)
+        if _is(hint, Path):
+            info.parser = _not_empty(Path, "path names no file or folder")
         elif isinstance(info, ArgumentInfo):
-            info.parser = _not_empty(str)
+            info.parser = _not_empty(str, "path names no file or folder")
+        elif _is(hint, str):
+            info.parser = _not_empty(str, "value names nothing")
 
 
-def _is_path(hint: Any) -> bool:
-    """``Path``, or a list or an optional of it."""
-    return hint is Path or any(_is_path(a) for a in typing.get_args(hint))
+def _is(hint: Any, kind: type) -> bool:
+    """``kind``, or a list or an optional of it."""
+    return hint is kind or any(_is(a, kind) for a in typing.get_args(hint))
 
 
 def command(fn: F) -> F:
     """A verb: :func:`handle_errors`, plus the global ``--json``, ``--quiet`` and ``--debug`` accepted before the
     verb as well as after it (``quantkit gptq MODEL OUT --quiet`` and ``quantkit --quiet gptq MODEL OUT`` are the
-    same), and an empty path refused (:func:`_refuse_empty_paths`)."""
+    same), and an empty value refused (:func:`_refuse_empty_values`)."""
     handled = handle_errors(fn)
 
     @functools.wraps(fn)
@@ -172,7 +177,7 @@ def command(fn: F) -> F:
         return handled(*args, **kwargs)
 
     sig = inspect.signature(fn)
-    _refuse_empty_paths(fn, sig)
+    _refuse_empty_values(fn, sig)
     extra = [inspect.Parameter("quiet", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=QUIET_OPT),
              inspect.Parameter("debug", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=DEBUG_OPT)]
     wrapper.__signature__ = sig.replace(parameters=[*sig.parameters.values(), *extra])  # type: ignore[attr-defined]
