@@ -337,12 +337,13 @@ def _tune(recipe: Recipe, r: OutputResult, rep: Reporter) -> None:
 def write_model_card(r: OutputResult, recipe: Recipe, src: source_mod.SourceModel) -> None:
     """A Hugging Face model card for one artifact: metadata header, recipe, evaluation table, smoke result.
 
-    ``base_model`` is the hub id the model came from: the hub reads it as one (and links the two), so a local source,
-    which has none, gets no ``base_model`` rather than a path of the machine that made it."""
+    ``base_model`` is the hub id the model came from: the hub reads it as one (and links the two), so a local source
+    gets the one its recipe names (``model.base_model``, the repository it was downloaded from) or none, never a path
+    of the machine that made it."""
     m = r.manifest
     assert m is not None, "only built or reused outputs get a model card"
-    hub = src.from_hub
-    base = src.spec if hub else Path(src.spec).name
+    hub = src.spec if src.from_hub else recipe.model.base_model
+    base = hub or Path(src.spec).name
     tags = ["quantkit", r.method, m.kind]
     if m.kind == KindName.GGUF:
         tags.append(LLAMACPP)

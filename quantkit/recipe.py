@@ -39,9 +39,29 @@ class ModelSpec(Strict):
     source: str = Field(max_length=PATH_LENGTH, description="local folder or hub id (org/name)")
     revision: str | None = Field(None, max_length=256, description="hub branch, tag or commit; recorded in the "
                                  "manifest")
+    base_model: str | None = Field(None, max_length=NAME_LENGTH, description="the hub id (org/name) a local "
+                                   "source was downloaded from, named as the model cards' base_model; a hub source "
+                                   "names itself")
     trust_remote_code: bool = Field(False, description="run the checkpoint's own Python code (off by default)")
     allow_pickle: bool = Field(False, description="accept .bin/.pt pickle weights (unsafe; off by default)")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+
+
+    @field_validator("base_model")
+    @classmethod
+    def _hub_id(cls, v: str | None) -> str | None:
+        """The hub links a card's ``base_model`` only when it is a repository id that exists: a path or a bare name
+        would publish a card whose link goes nowhere."""
+        if v is not None:
+            from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+            try:
+                validate_repo_id(v)
+            except HFValidationError as e:
+                raise ValueError(f"{v!r} is not a hub id: {' '.join(str(e).split())}") from None
+            if v.count("/") != 1:
+                raise ValueError(f"{v!r} is not a hub id: give ORG/NAME, as on the model's hub page")
+        return v
 
 
 class CalibrationSpec(Strict):

@@ -105,6 +105,9 @@ def resolve(spec: ModelSpec) -> SourceModel:
     model = vet(path, spec=spec.source, revision=revision, trust_remote_code=spec.trust_remote_code,
                 allow_pickle=spec.allow_pickle)
     model.from_hub = path != Path(os.path.expanduser(spec.source))
+    if model.from_hub and spec.base_model not in (None, spec.source):
+        raise SourceModelError(f"model.base_model {spec.base_model} differs from the hub source {spec.source}",
+                               hint="a hub source is its own base_model: drop model.base_model")
     return model
 
 

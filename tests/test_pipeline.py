@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from quantkit import artifact
 
@@ -255,3 +256,20 @@ def test_a_release_folder_holding_the_users_files_is_refused(tmp_path: Path) -> 
         assert proc.returncode == 2 and "holds what quantkit did not write: notes.txt" in proc.stderr, \
             proc.stderr[-2000:]
     assert sorted(p.name for p in (tmp_path / "rel").iterdir()) == ["notes.txt"]
+
+
+def test_a_local_source_names_the_hub_id_it_came_from_in_the_model_card(tmp_path: Path) -> None:
+    """A release is usually made from a local copy of a hub model: `model.base_model` gives the card the hub id the
+    hub links (a local path there would link nowhere); an id that is not ORG/NAME is a recipe error, before any
+    work."""
+    recipe = f"model:\n  source: {TINY}\n  base_model: my-org/quantkit-tiny\noutput: one\nquantize:\n  method: rtn\n"
+    (tmp_path / "one.yaml").write_text(recipe)
+    quantkit("run", "one.yaml", "--no-eval", "--no-smoke", cwd=tmp_path, check=True)
+    header = yaml.safe_load((tmp_path / "one" / "README.md").read_text().split("---")[1])
+    assert header["base_model"] == "my-org/quantkit-tiny" and header["base_model_relation"] == "quantized"
+    for bad in ("models/quantkit-tiny/x", "quantkit-tiny", "my org/x"):
+        (tmp_path / "bad.yaml").write_text(recipe.replace("my-org/quantkit-tiny", bad).replace("one\n", "two\n"))
+        proc = quantkit("run", "bad.yaml", "--dry-run", cwd=tmp_path)
+        assert proc.returncode == 2 and "model.base_model" in proc.stderr and "is not a hub id" in proc.stderr, \
+            (bad, proc.stderr[-1000:])
+    assert not (tmp_path / "two").exists()
