@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +39,39 @@ from quantkit.producers.patches import awq_resolved, awq_without_pin_memory
 # GPTQ artifact and 5.6 s for FP8 on the H200 host (a 4 GB file hashed at about 1 GB/s by one thread,
 # bench/results/h200/8b/); 1 GB shards bound it near 1 s, and loaders (transformers, vLLM) take any number of them.
 SHARD_SIZE = "1GB"
+LOAD_REPORT_LOGGER = "transformers.modeling_utils"  # where transformers 5 logs its load report
+
+
+class _HeldReport(logging.Filter):
+    """transformers' load report (a table of missing and unexpected tensors, on its logger), held back while
+    quantkit checks the same lists: where they make quantkit refuse the checkpoint, its one error line is the whole
+    message (the report above it was a screenful saying the same); where the load goes on, the report is logged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "LOAD REPORT" in record.getMessage():
+            self.held.append(record)
+            return False
+        return True
+
+    def release(self) -> None:
+        for record in self.held:
+            logging.getLogger(record.name).handle(record)
+        self.held.clear()
+
+
+@contextlib.contextmanager
+def _load_report_held() -> Iterator[_HeldReport]:
+    log = logging.getLogger(LOAD_REPORT_LOGGER)
+    held = _HeldReport()
+    log.addFilter(held)
+    try:
+        yield held
+    finally:
+        log.removeFilter(held)
 
 
 @contextlib.contextmanager
@@ -126,7 +160,8 @@ def load_model(job: Job, distributed: bool = False) -> Any:
             with load_offloaded_model():
                 model = auto.from_pretrained(job.source, device_map="auto_offload", **kwargs)
         else:
-            model, info = auto.from_pretrained(job.source, output_loading_info=True, **kwargs)
+            with _load_report_held() as report:
+                model, info = auto.from_pretrained(job.source, output_loading_info=True, **kwargs)
             missing = sorted(info.get("missing_keys") or [])
             if missing:
                 raise SourceModelError(
@@ -135,6 +170,7 @@ def load_model(job: Job, distributed: bool = False) -> Any:
                     + (f" (+{len(missing) - 6} more)" if len(missing) > 6 else ""),
                     hint="the checkpoint's tensor names do not match its config.json's architecture")
             source.check_unused(job.source, info.get("unexpected_keys") or [], job.config)
+            report.release()
     except (OSError, ValueError, KeyError, RuntimeError) as e:  # RuntimeError: a checkpoint it cannot convert
         raise SourceModelError(
             f"transformers cannot load {job.source}: {str(e).splitlines()[0][:300]}",
