@@ -57,6 +57,7 @@ def test_smoke_gguf_in_llamacpp_server(gguf_artifact: Path) -> None:
     assert run["status"] == "passed"
     assert run["models"] and run["completion"]["text"].strip() and run["chat"]["text"].strip()
     assert run["ttft_s"] > 0 and run["decode_tokens_per_s"] > 0 and run["stream_tokens"] > 1
+    assert run["decode_clock"] == "server"  # llama-server's own timings, not the events' arrival in the client
     # llama.cpp's own server, built from llama-cpp-python's llama.cpp, chatting with the GGUF's own template
     assert Path(run["command"].split()[0]).name == "llama-server" and "--jinja" in run["command"]
     assert run["facts"]["server"] == "llama-server b11312 (0c1e57098)"

@@ -337,15 +337,17 @@ def check_expected(expected: str, answer: str, what: str, r: SmokeRun) -> None:
 
 def measure_speed(url: str, model: str, opts: SmokeOptions, engine: Server,
                   timeout: float) -> dict[str, Any]:
-    """Time to first token and decode tokens/s of one streamed greedy completion (batch 1)."""
+    """Time to first token and decode tokens/s of one streamed greedy completion (batch 1): the decode rate by the
+    server's own clock where it reports one (:meth:`Server.own_decode_rate`), else by the events' arrival here."""
     payload = {"model": model, "prompt": opts.prompt, "temperature": 0.0, "seed": SEED,
                "max_tokens": opts.speed_tokens, "stream_options": {"include_usage": True},
                **engine.speed_extra(opts.speed_tokens)}
     t0 = time.perf_counter()
     first = last = None
     chunks = 0
-    usage_tokens = None
+    usage_tokens = own = None
     for t, ev in client.stream(url + "/v1/completions", payload, timeout=timeout):
+        own = engine.own_decode_rate(ev) or own
         for ch in ev.get("choices") or []:
             if ch.get("text"):
                 chunks += 1
@@ -356,9 +358,10 @@ def measure_speed(url: str, model: str, opts: SmokeOptions, engine: Server,
     if first is None or last is None:
         raise BackendError("the streamed completion produced no text")
     tokens = usage_tokens or chunks
-    decode = (tokens - 1) / (last - first) if tokens > 1 and last > first else None
+    decode = own or ((tokens - 1) / (last - first) if tokens > 1 and last > first else None)
     return {"ttft_s": round(first - t0, 4), "stream_tokens": tokens,
-            "decode_tokens_per_s": round(decode, 1) if decode else None}
+            "decode_tokens_per_s": round(decode, 1) if decode else None,
+            "decode_clock": "server" if own else "client"}
 
 
 def baseline_model(path: Path, baseline: str) -> Path:

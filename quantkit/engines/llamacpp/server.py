@@ -113,6 +113,12 @@ class LlamaCppServer(Server):
     def health_path_for(self, argv: list[str]) -> str:
         return "/v1/models" if _is_python_server(argv) else self.health_path
 
+    def own_decode_rate(self, event: dict[str, Any]) -> float | None:
+        """llama-server's last event carries ``timings`` (its own ``predicted_per_second``)."""
+        t = event.get("timings") or {}
+        rate, n = t.get("predicted_per_second"), t.get("predicted_n")
+        return float(rate) if isinstance(rate, (int, float)) and rate > 0 and isinstance(n, int) and n > 1 else None
+
     def log_facts(self, log_text: str) -> dict[str, Any]:
         facts: dict[str, Any] = {}
         first = log_text.split("\n", 1)[0]
