@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from conftest import TINY
+
 pytestmark = pytest.mark.e2e
 pytest.importorskip("lm_eval")
 
@@ -63,6 +65,24 @@ def test_metric_the_task_does_not_report_refused(smollm2: Path, tmp_path: Path, 
     proc = cli("eval", smollm2, "--baseline", smollm2, "--tasks", "quantkit_lastword", "--recipe", recipe,
                env=_env(tmp_path))
     _refused(proc, "quantkit_lastword does not report the metric 'acc_norm'", "it reports: acc")
+
+
+@pytest.mark.cli
+def test_perplexity_flags_with_tasks_refused(tmp_path: Path, cli: Callable) -> None:
+    """``--tasks`` replaces the perplexity evaluation: its flags and gates were dropped without a word (``--tasks T
+    --max-kld 0.1`` exited 0, no KLD computed), while the task flags without ``--tasks`` were refused. Both ways are
+    now one line naming every flag that does not apply, exit 2, before anything loads."""
+    report = tmp_path / "report"
+    proc = cli("eval", TINY, "--baseline", TINY, "--tasks", "quantkit_lastword", "--limit", "2", "--max-kld", "0.1",
+               "--ctx", "512", "--dataset", "heldout", "--stride", "64", "--max-tokens", "64", "--numerics", "auto",
+               "--max-ppl-ratio", "2", "--min-top1", "0.5", "--report-dir", report, env=_env(tmp_path))
+    line = _refused(proc, "--dataset, --ctx, --stride, --max-tokens, --numerics, --max-ppl-ratio, --max-kld and "
+                          "--min-top1 do not apply to --tasks")
+    assert "--limit" not in line and not report.exists()
+    _refused(cli("eval", TINY, "--tasks", "quantkit_lastword", "--ctx", "512", env=_env(tmp_path)),
+             "--ctx does not apply to --tasks")
+    _refused(cli("eval", TINY, "--limit", "2", "--min-recovery", "0.9", env=_env(tmp_path)),
+             "--limit and --min-recovery do not apply to an eval without --tasks")
 
 
 def _tasks(folder: Path) -> dict[str, Any]:

@@ -128,11 +128,16 @@ def eval_cmd(
     and recovery (artifact / baseline) per task and metric, in tasks.md and the manifest. Exits 3 when a gate fails
     (after writing the report)."""
     if tasks is not None:
+        _refuse_unused({"--dataset": dataset, "--ctx": ctx, "--stride": stride, "--max-tokens": max_tokens,
+                        "--numerics": numerics, "--max-ppl-ratio": max_ppl_ratio, "--max-kld": max_kld,
+                        "--min-top1": min_top1},
+                       "--tasks (flags of the perplexity evaluation, which --tasks replaces)",
+                       "run a second quantkit eval without --tasks for perplexity, KLD and top-1 and their gates")
         _eval_tasks(artifacts, baseline, tasks, limit, num_fewshot, min_recovery, engine, device, python, recipe,
                     report_dir, json, stall_timeout)
         return
-    if limit is not None or num_fewshot is not None or min_recovery is not None:
-        raise UsageError("--limit, --num-fewshot and --min-recovery apply to --tasks", hint="add --tasks T1,T2")
+    _refuse_unused({"--limit": limit, "--num-fewshot": num_fewshot, "--min-recovery": min_recovery},
+                   "an eval without --tasks (flags of task scoring)", "add --tasks T1,T2")
     options, recipe_model = api.eval_options(
         recipe, flags={"dataset": dataset, "ctx": ctx, "stride": stride, "max_tokens": max_tokens, "engine": engine,
                        "stall_timeout": stall_timeout},
@@ -145,6 +150,19 @@ def eval_cmd(
     else:
         _summary(rep.console, report)
     report.raise_for_gates()
+
+
+def _refuse_unused(flags: dict[str, Any], mode: str, hint: str) -> None:
+    """Refuse the flags given that the chosen evaluation does not read. ``--tasks`` and the perplexity protocol are
+    two evaluations; a flag of the other one, silently dropped, read in CI as a gate that was checked
+    (``--tasks T --max-kld 0.05`` exited 0 with no KLD computed)."""
+    given = [name for name, value in flags.items() if value is not None]
+    if given:
+        raise UsageError(f"{_join(given)} {'does' if len(given) == 1 else 'do'} not apply to {mode}", hint=hint)
+
+
+def _join(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def _eval_tasks(artifacts: list[Path], baseline: Optional[str], tasks: str, limit: Optional[int],
