@@ -5,6 +5,8 @@ the buffer would be lost by an exit that forgot to flush it)."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +14,8 @@ from pathlib import Path
 import pytest
 
 import quantkit
+from conftest import TINY
+from conftest import quantkit as cli
 
 pytestmark = pytest.mark.cli
 
@@ -44,3 +48,31 @@ def test_waits_for_a_running_thread() -> None:
     thread = "threading.Thread(target=lambda: (time.sleep(0.5), print('thread done'))).start()"
     r = _run(f"import threading, time; {thread}; " + _main(["--version"]))
     assert r.returncode == 0 and "thread done" in r.stdout
+
+
+def _one_document(stdout: str) -> object:
+    """stdout holds exactly one JSON document (json.loads refuses trailing data)."""
+    assert stdout.strip(), "nothing on stdout"
+    return json.loads(stdout)
+
+
+def test_json_error_exit_prints_one_document(tiny_rtn: Path, tmp_path: Path) -> None:
+    """Under --json an error exit (1 or 2) printed nothing on stdout, so ``quantkit run R --json > run.json; jq -r
+    .release run.json`` failed to parse: it now prints ``ok: false`` with the error, hint and exit code (the human
+    line still on stderr); a verb that printed its document before failing prints no second one."""
+    proc = cli("verify", tmp_path / "missing", "--json")
+    doc = _one_document(proc.stdout)
+    assert proc.returncode == 2 and doc == {"ok": False, "error": f"{tmp_path / 'missing'} does not exist",
+                                            "hint": doc["hint"], "exit_code": 2} and doc["hint"]
+    assert "error:" in proc.stderr
+
+    proc = cli("--json", "eval", TINY, "--limit", "2")  # --json before the verb
+    assert proc.returncode == 2 and _one_document(proc.stdout)["error"].startswith("--limit does not apply")
+
+    tampered = tmp_path / "tampered"
+    shutil.copytree(tiny_rtn, tampered)
+    with open(tampered / "config.json", "a") as f:
+        f.write(" ")
+    proc = cli("verify", tampered, "--json")
+    assert proc.returncode == 1 and "differ from their seal" in proc.stderr
+    assert [r["ok"] for r in _one_document(proc.stdout)] == [False], "the results, not a second document"

@@ -32,6 +32,7 @@ class State:
     debug: bool = False
     quiet: bool = False
     json: bool = False
+    emitted: bool = False  # the verb printed its JSON document (a gate failure raises after it)
 
 
 STATE = State()
@@ -89,8 +90,18 @@ def print_plan(plan: Any, as_json: bool) -> None:
 
 
 def emit_json(data: Any) -> None:
+    """The verb's one JSON document on stdout."""
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
     sys.stdout.flush()
+    STATE.emitted = True
+
+
+def _emit_failure(as_json: bool, message: str, hint: str | None, exit_code: int) -> None:
+    """Under ``--json``, a verb that ends on an error still prints its one JSON document, unless it printed one
+    before failing (a gate failure, exit 3, prints the report first): an empty stdout left ``quantkit run R --json >
+    run.json; jq -r .release run.json`` failing with a parse error instead of reading ``ok: false``."""
+    if as_json and not STATE.emitted:
+        emit_json({"ok": False, "error": message, "hint": hint, "exit_code": exit_code})
 
 
 def handle_errors(fn: F) -> F:
@@ -100,6 +111,8 @@ def handle_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         interrupts.install()
         err = Console(stderr=True, highlight=False)
+        as_json = bool(kwargs.get("json")) or STATE.json
+        STATE.emitted = False
         try:
             return fn(*args, **kwargs)
         except QuantkitError as e:
@@ -110,13 +123,15 @@ def handle_errors(fn: F) -> F:
             err.print(f"[bold red]error:[/] {escape(e.message)}", soft_wrap=True)
             if e.hint:
                 err.print(f"  [dim]hint:[/] {escape(e.hint)}", soft_wrap=True)
+            _emit_failure(as_json, e.message, e.hint, e.exit_code)
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt as e:
             interrupts.settle()
             if STATE.debug:
                 raise
-            why = escape(str(e) or "stopped by SIGINT")
-            err.print(f"[bold red]interrupted[/] ({why}): temporary files were removed", soft_wrap=True)
+            why = str(e) or "stopped by SIGINT"
+            err.print(f"[bold red]interrupted[/] ({escape(why)}): temporary files were removed", soft_wrap=True)
+            _emit_failure(as_json, f"interrupted ({why}): temporary files were removed", None, EXIT_INTERRUPTED)
             raise typer.Exit(EXIT_INTERRUPTED) from None
 
     return wrapper  # type: ignore[return-value]
