@@ -120,6 +120,21 @@ def test_transformers_recovery_recorded_cached_and_gated(smollm2_rtn: Path, tmp_
     assert (tmp_path / "b" / "tasks.md").read_text().startswith("# quantkit task accuracy\n")
 
 
+def test_zero_baseline_gate_names_the_real_cause(tiny_rtn: Path, tmp_path: Path, cli: Callable) -> None:
+    """The QA report's case: the reference model against its RTN artifact as the baseline, which finds none of the
+    first two last words while the model finds one. Recovery is undefined and the gate fails (documented), and the
+    hint said the artifact did the task worse; it now names the baseline's zero and what to change."""
+    proc = cli("eval", TINY, "--baseline", tiny_rtn, "--tasks", "quantkit_lastword_gen", "--limit", "2",
+               "--min-recovery", "0.9", "--report-dir", tmp_path / "report", "--json", env=_env(tmp_path))
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    row = json.loads(proc.stdout)["rows"][0]
+    assert (row["baseline"], row["recovery"]) == (0, None) and row["artifact"] > 0, \
+        f"the case needs a baseline scoring 0 and an artifact scoring more: {row}"
+    hint = next(ln for ln in proc.stderr.splitlines() if "hint:" in ln)
+    assert "the baseline scores 0" in hint and "raise --limit" in hint and "worse" not in hint, hint
+    assert "recovery undefined (baseline 0) (min 0.9)" in proc.stderr
+
+
 def test_gguf_generation_task_through_llama_server(smollm2_gguf: Path, tmp_path: Path, cli: Callable) -> None:
     art = tmp_path / "gguf"
     shutil.copytree(smollm2_gguf, art)

@@ -50,9 +50,14 @@ class Row:
     def passed(self) -> bool:
         return self.limit is None or (self.recovery is not None and self.recovery >= self.limit)
 
+    @property
+    def higher_is_better(self) -> bool:
+        return self.task.metrics[self.metric]
+
     def describe(self) -> str:
         """The gate's line: task, metric, both scores, the recovery and its limit."""
-        rec = "undefined (baseline 0)" if self.recovery is None else f"{self.recovery:.4f}"
+        zero = "baseline 0" if self.higher_is_better else "artifact 0 on a lower-is-better metric"
+        rec = f"undefined ({zero})" if self.recovery is None else f"{self.recovery:.4f}"
         return (f"{self.task.name} {self.metric}: artifact {self.value:.4f}, baseline {self.baseline:.4f}, recovery "
                 f"{rec} (min {self.limit:g})")
 
@@ -66,9 +71,24 @@ class Row:
         return {"label": self.label, "engine": self.engine, "task": self.task.name, "metric": self.metric,
                 "baseline": self.baseline, "baseline_stderr": self.baseline_stderr, "artifact": self.value,
                 "artifact_stderr": self.stderr, "recovery": self.recovery,
-                "higher_is_better": self.task.metrics[self.metric], "samples": self.samples,
+                "higher_is_better": self.higher_is_better, "samples": self.samples,
                 "num_fewshot": self.num_fewshot, "limit": self.task.spec.limit, "task_sha256": self.task.sha256,
                 "min_recovery": self.limit, "passed": self.passed}
+
+
+UNDEFINED_HINT = ("recovery is undefined where the baseline scores 0 on the samples scored (or the artifact 0 on a "
+                  "lower-is-better metric), and an undefined recovery fails its gate: raise --limit (a recipe task's "
+                  "limit) or pick a task the baseline scores on")
+WORSE_HINT = "the artifact does the task worse than its baseline by more than the gate allows"
+
+
+def _gate_hint(failed: list[Row]) -> str:
+    """The cause of each kind of failure present: a gate failed on an undefined recovery says nothing about the
+    artifact (it said "worse" of an artifact scoring 0.5 against a baseline's 0)."""
+    causes = [UNDEFINED_HINT] if any(r.recovery is None for r in failed) else []
+    if any(r.recovery is not None for r in failed):
+        causes.append(WORSE_HINT)
+    return "; ".join([*causes, "the full table is in the report"])
 
 
 @dataclass
@@ -113,8 +133,7 @@ class TaskReport:
         if failed:
             raise GateFailedError(f"{len(failed)} task gate(s) failed:\n  "
                                   + "\n  ".join(f"{r.label}: {r.describe()}" for r in failed),
-                                  hint="the artifact does the task worse than its baseline by more than the gate "
-                                       "allows; the full table is in the report")
+                                  hint=_gate_hint(failed))
 
     def baseline_json(self) -> dict[str, Any]:
         return {engine: {"label": b.label, "path": str(b.path), "engine": b.scores.engine, "cached": b.scores.cached,
