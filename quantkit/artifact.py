@@ -71,13 +71,6 @@ def _artifact_files(root: Path) -> list[Path]:
     return [p for p in root.rglob("*") if p.is_file() and _counts(p)]
 
 
-def hash_tree(root: Path) -> dict[str, "FileInfo"]:
-    """sha256 and size of every regular file under ``root`` except the manifest itself, sorted by path."""
-    found = {p.relative_to(root).as_posix(): FileInfo(sha256=digest, size=p.stat().st_size)
-             for p, digest in seal.hash_many(_artifact_files(root))}
-    return dict(sorted(found.items()))
-
-
 def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
 
@@ -137,11 +130,17 @@ def _left_by_quantkit(root: Path, rel: PurePosixPath) -> bool:
     plot, ``eval --tasks``'s report, a one-output release's bundle and its smoke and kernel-sweep logs (under
     :data:`LOGS`), or :func:`write_text_atomic`'s temporary file. A run stopped between writing one and sealing
     it leaves it unlisted; ``--force`` may remove these, and nothing else the manifest does not list."""
-    if _TEMPORARY.fullmatch(rel.name):
+    if _TEMPORARY.fullmatch(rel.name) or (rel.parts[:1] == (LOGS,) and (root / rel).is_dir()):
         return True
+    return _written_after_seal(rel) and (rel.parts[:1] == (LOGS,) or wrote(root / rel))
+
+
+def _written_after_seal(rel: PurePosixPath) -> bool:
+    """Whether a file's name is one quantkit writes into an artifact after sealing it (:func:`_left_by_quantkit`
+    checks the content too): a bundle file or the model card at the top, a log under :data:`LOGS`."""
     if rel.parts[:1] == (LOGS,):
-        return (root / rel).is_dir() or rel.name.endswith((".log", ".request.json"))
-    return len(rel.parts) == 1 and rel.name in (*BUNDLE_FILES, MODEL_CARD) and wrote(root / rel)
+        return len(rel.parts) > 1 and rel.name.endswith((".log", ".request.json"))
+    return len(rel.parts) == 1 and rel.name in (*BUNDLE_FILES, MODEL_CARD)
 
 
 def inside_name(name: str) -> bool:
@@ -393,15 +392,40 @@ def update_manifest(root: Path, *, evaluation: EvaluationInfo | dict[str, Any] |
                     smoke: SmokeInfo | dict[str, Any] | None = None,
                     serving: ServingInfo | dict[str, Any] | None = None,
                     pipeline: PipelineInfo | dict[str, Any] | None = None) -> Manifest:
-    """Replace the sections given (``evaluation``, ``smoke``, ``serving``, ``pipeline``) and re-hash the files, so
-    files added since sealing (a report, a model card) are part of the seal, never left unhashed."""
+    """Replace the sections given (``evaluation``, ``smoke``, ``serving``, ``pipeline``) and seal the files quantkit
+    wrote into the artifact since (:func:`resealed_files`), so a report or a model card is never left unhashed.
+    Raises :class:`IntegrityError`, writing nothing, when any other file differs from the seal."""
     manifest = read_manifest(root)
     given = {"evaluation": evaluation, "smoke": smoke, "serving": serving, "pipeline": pipeline}
     update = {k: v for k, v in given.items() if v is not None}
-    manifest = Manifest.model_validate({**manifest.model_dump(), **update, "files": hash_tree(root),
+    manifest = Manifest.model_validate({**manifest.model_dump(), **update, "files": resealed_files(root, manifest),
                                         "updated": now_iso()})
     _write_manifest(root, manifest)
     return manifest
+
+
+def resealed_files(root: Path, manifest: Manifest) -> dict[str, FileInfo]:
+    """The manifest's ``files`` once quantkit has written into a sealed artifact: the files it writes there after
+    sealing (a report, the plot, the model card, a release bundle's files, logs: :func:`_left_by_quantkit`, by
+    name and content) get their new sha256, or leave the list when gone; every other file keeps the sha256 it was
+    sealed with and must still have it. Re-hashing whatever is on disk instead would seal a changed weight file,
+    or a file someone dropped in, as quantkit's: ``verify`` would then vouch for a tampered artifact. Such a
+    difference is an :class:`IntegrityError` (exit 1)."""
+    check = _against(root, manifest.files)
+    fresh = sorted(rel for rel in [*check.changed, *check.extra]
+                   if not _TEMPORARY.fullmatch(PurePosixPath(rel).name)
+                   and _left_by_quantkit(root, PurePosixPath(rel)))
+    changed = [rel for rel in check.changed if rel not in fresh]
+    extra = [rel for rel in check.extra if rel not in fresh]
+    missing = [rel for rel in check.missing if not _written_after_seal(PurePosixPath(rel))]
+    if changed or extra or missing:
+        raise IntegrityError(f"{root} differs from its {MANIFEST} ({_differences(changed, missing, extra)}): "
+                             "not recording into a manifest that would then vouch for files quantkit did not write",
+                             hint=f"run `quantkit verify {root}`; re-create the artifact if it was damaged")
+    files = {rel: f for rel, f in manifest.files.items() if rel not in check.missing}
+    files.update((p.relative_to(root).as_posix(), FileInfo(sha256=d, size=p.stat().st_size))
+                 for p, d in seal.hash_many([root / rel for rel in fresh]))
+    return dict(sorted(files.items()))
 
 
 @dataclass
@@ -422,6 +446,13 @@ class VerifyResult:
     @property
     def ok(self) -> bool:
         return self.sealed and not (self.changed or self.missing or self.extra)
+
+    def problem(self) -> str:
+        """What is wrong, for one line of an error (empty when nothing is)."""
+        if not self.sealed:
+            return f"no {self.seal} (quantkit run writes it last: its last run on this folder did not finish)"
+        found = _differences(self.changed, self.missing, self.extra)
+        return f"its files differ from its {self.seal} ({found})" if found else ""
 
     def to_json(self) -> dict[str, Any]:
         return {"path": str(self.root), "ok": self.ok, "seal": self.seal, "sealed": self.sealed,
@@ -458,9 +489,29 @@ def _compare(root: Path, expected: dict[str, str], sizes: dict[str, int], on_dis
 
 def verify(root: Path) -> VerifyResult:
     """Re-hash every file against the manifest (the artifact's seal)."""
-    files = read_manifest(root).files
+    return _against(root, read_manifest(root).files)
+
+
+def _against(root: Path, files: dict[str, FileInfo]) -> VerifyResult:
+    """Every file of an artifact folder against the ``files`` of its manifest."""
     return _compare(root, {rel: f.sha256 for rel, f in files.items()}, {rel: f.size for rel, f in files.items()},
                     {p.relative_to(root).as_posix() for p in _artifact_files(root)}, MANIFEST)
+
+
+def check_intact(root: Path, doing: str) -> None:
+    """Refuse to ``doing`` (``smoke-test``) an artifact whose files differ from its manifest, before anything starts:
+    what a tampered or damaged artifact gives says nothing of the artifact quantkit wrote, and recording it would
+    be refused once the work was done (:func:`update_manifest`)."""
+    check = verify(root)
+    if not check.ok:
+        raise IntegrityError(f"refusing to {doing} {root}: {check.problem()}",
+                             hint=f"run `quantkit verify {root}`; re-create the artifact if it was damaged")
+
+
+def _differences(changed: list[str], missing: list[str], extra: list[str]) -> str:
+    """What a check found, for one line: ``changed ['a'], not listed ['b']``."""
+    return "; ".join(f"{what} {names}" for what, names in
+                     (("changed", changed), ("missing", missing), ("not listed", extra)) if names)
 
 
 def artifact_of(path: Path) -> Path | None:

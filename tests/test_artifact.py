@@ -235,13 +235,41 @@ def test_inspect_and_doctor_take_a_release_folder(tmp_path: Path, cli) -> None:
     assert all(p["engine"]["name"] == "llama.cpp" and p["ok"] for p in parts)
 
 
-def test_update_manifest_rehashes_new_files(tmp_path: Path) -> None:
+def test_update_manifest_seals_what_quantkit_wrote_and_nothing_else(tmp_path: Path) -> None:
+    """It re-hashed every file on disk, so recording a result (smoke, eval) sealed a changed weight file or a file
+    dropped into the folder as quantkit's, and verify vouched for the tampered artifact. Now only quantkit's own
+    post-seal files (a report, the model card, logs) get new hashes; any other difference is refused."""
     out = tmp_path / "art"
     make(out)
-    (out / "report.md").write_text("# report")
+    (out / "report.md").write_text("# quantkit evaluation\n\nfirst")
+    (out / artifact.LOGS).mkdir()
+    (out / artifact.LOGS / "a.smoke-llama.cpp.log").write_text("served")
     m = artifact.update_manifest(out, evaluation={"ppl": 1.0})
-    assert m.evaluation.model_dump(exclude_unset=True) == {"ppl": 1.0} and "report.md" in m.files
+    assert m.evaluation.model_dump(exclude_unset=True) == {"ppl": 1.0}
+    assert {"report.md", "logs/a.smoke-llama.cpp.log"} <= set(m.files) and artifact.verify(out).ok
+    (out / "report.md").write_text("# quantkit evaluation\n\nsecond run")  # a re-run rewrites it: sealed anew
+    assert artifact.update_manifest(out, evaluation={"ppl": 2.0}).files["report.md"].size == 33
     assert artifact.verify(out).ok
+
+
+TAMPERS = {
+    "changed weights": (lambda a: (a / "model.safetensors").write_bytes(b"weightz"), "changed ['model.safetensors']"),
+    "added file": (lambda a: (a / "evil.sh").write_text("#!/bin/sh"), "not listed ['evil.sh']"),
+    "report not quantkit's": (lambda a: (a / "report.md").write_text("# mine\n"), "not listed ['report.md']"),
+    "missing file": (lambda a: (a / "sub" / "tokenizer.json").unlink(), "missing ['sub/tokenizer.json']"),
+}
+
+
+@pytest.mark.parametrize("tamper", TAMPERS)
+def test_update_manifest_refuses_a_tampered_artifact_and_writes_nothing(tmp_path: Path, tamper: str) -> None:
+    out = tmp_path / "art"
+    make(out)
+    change, found = TAMPERS[tamper]
+    change(out)
+    before = (out / artifact.MANIFEST).read_bytes()
+    with pytest.raises(IntegrityError, match=re.escape(found)):
+        artifact.update_manifest(out, smoke={"runs": {}})
+    assert (out / artifact.MANIFEST).read_bytes() == before and not artifact.verify(out).ok
 
 
 @pytest.mark.cli

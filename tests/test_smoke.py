@@ -116,6 +116,26 @@ def test_server_that_cannot_load_fails_clearly_and_keeps_its_log(gguf_artifact: 
     assert gone(run["pid"])
 
 
+def test_a_tampered_artifact_is_refused_before_serving_and_stays_unsealed(gguf_artifact: Path, tmp_path: Path) -> None:
+    """smoke served a changed weight file (or beside a file dropped in) and recorded its run by re-hashing the
+    folder: the tampered files were sealed into quantkit.json and verify said ok. Now it checks the seal first."""
+    changed = shutil.copytree(gguf_artifact, tmp_path / "changed")
+    gguf = next(changed.glob("*.gguf"))
+    with open(gguf, "r+b") as f:
+        f.seek(gguf.stat().st_size // 2)
+        f.write(b"\xff" * 64)
+    added = shutil.copytree(gguf_artifact, tmp_path / "added")
+    (added / "evil.sh").write_text("#!/bin/sh\n")
+    for art, target, found in [(changed, changed, f"changed ['{gguf.name}']"),
+                               (changed, gguf, f"changed ['{gguf.name}']"), (added, added, "not listed ['evil.sh']")]:
+        sealed = (art / "quantkit.json").read_bytes()
+        proc = quantkit("smoke", target, "--log-dir", tmp_path, timeout=300)
+        assert proc.returncode == 1 and f"refusing to smoke-test {art}" in proc.stderr, proc.stderr[-2000:]
+        assert found in proc.stderr and "Traceback" not in proc.stderr
+        assert not list(tmp_path.glob("*.log"))  # no server was started
+        assert (art / "quantkit.json").read_bytes() == sealed and quantkit("verify", art).returncode == 1
+
+
 def test_timeout_stops_the_whole_process_group(gguf_artifact: Path, tmp_path: Path) -> None:
     proc = quantkit("smoke", gguf_artifact, "--server-cmd", SLOW_SERVER, "--timeout", "3", "--log-dir", tmp_path,
                     "--json", timeout=300)

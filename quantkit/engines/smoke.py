@@ -1,6 +1,8 @@
 """``quantkit smoke``: prove an artifact serves, in its real engine's OpenAI-compatible server, before release.
 
-For each thing to serve (the artifact folder; for GGUF, each ``.gguf`` file or the one ``--file`` names):
+An artifact is first checked against its ``quantkit.json`` (:func:`quantkit.artifact.check_intact`, exit 1): a
+tampered or damaged one is neither served nor has its results recorded. Then, for each thing to serve (the artifact
+folder; for GGUF, each ``.gguf`` file or the one ``--file`` names):
 
 1. doctor first (:func:`quantkit.engines.doctor.check` on the engine's own Python): a known version skew stops here,
    with what is wrong and what to do, before minutes are spent starting a server that cannot load the artifact;
@@ -29,7 +31,7 @@ Tested with llama.cpp b11312's llama-server, llama-cpp-python 0.3.36 (fallback s
 (baseline) on CPU; written for vLLM 0.26.0.
 
 The server log is written beside the artifact, ``PARENT/NAME.smoke-ENGINE[-FILE].log`` (or into ``--log-dir``),
-not inside it: a file added inside would break the artifact's seal until the manifest is re-hashed, which cannot
+not inside it: a file added inside would break the artifact's seal until the manifest is updated, which cannot
 be done safely while a Ctrl-C is unwinding. It is kept after every run; failures print its last lines.
 """
 
@@ -174,6 +176,8 @@ def run(path: Path, opts: SmokeOptions, reporter: Reporter | None = None) -> Smo
     path = Path(path)
     if not path.exists():
         raise UsageError(f"{path} does not exist")
+    if (root := artifact.artifact_of(path)) is not None:  # before serving it, and before recording into its seal
+        artifact.check_intact(root, "smoke-test")
     engine_name = registry.serving_engine(path) if opts.engine == "auto" else opts.engine
     engine = serving.get(engine_name)
     targets = engine.targets(path, opts.file)
