@@ -1,18 +1,21 @@
 """Upload verified artifacts to the Hugging Face hub (``quantkit publish``).
 
 Everything that can be checked here is checked before the hub is asked: the repository ids (huggingface_hub's own
-validator), every artifact's files against its manifest, and that there is a token to upload with. Tested with
+validator), the folder as ``quantkit verify`` checks it (every artifact against its manifest; a release, then, against
+its SHA256SUMS: a release without one is a run that did not finish), the release's verdict (``report.json``: a release
+whose gates failed is not published, exit 3), and that there is a token to upload with. Tested with
 huggingface_hub 1.33.0, whose requests go through httpx: a hub that cannot be reached raises httpx's transport errors
 (a refused connection, a name that does not resolve, a timeout), an answer it refuses raises ``HfHubHTTPError``.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from quantkit import artifact
-from quantkit.errors import IntegrityError, QuantkitError, UnsafeOutputError, UsageError
+from quantkit.errors import GateFailedError, IntegrityError, QuantkitError, UnsafeOutputError, UsageError
 
 
 def publish(folder: Path, repo: str, *, private: bool = False) -> list[dict[str, Any]]:
@@ -24,12 +27,13 @@ def publish(folder: Path, repo: str, *, private: bool = False) -> list[dict[str,
         targets = [(p, f"{repo}-{p.name}") for p in artifact.release_artifacts(folder)]
     if not targets:
         raise UsageError(f"{folder} holds no quantkit artifact (no {artifact.MANIFEST})")
-    for path, repo_id in targets:
+    for _, repo_id in targets:
         _check_repo_id(repo_id)
-        res = artifact.verify(path)
-        if not res.ok:
-            raise IntegrityError(f"refusing to publish {path}: files differ from the manifest "
-                                 f"(changed {res.changed}, missing {res.missing}, extra {res.extra})")
+    bad = [r for r in artifact.verify_tree(folder) if not r.ok]
+    if bad:
+        raise IntegrityError(f"refusing to publish {folder}: " + "; ".join(f"{r.root}: {r.problem()}" for r in bad),
+                             hint=f"run `quantkit verify {folder}`; re-run what made it if it was cut short or damaged")
+    _check_verdict(folder)
     import httpx
     from huggingface_hub import HfApi, get_token
     from huggingface_hub.errors import HfHubHTTPError
@@ -53,6 +57,31 @@ def publish(folder: Path, repo: str, *, private: bool = False) -> list[dict[str,
                                 hint="check the network; the artifacts are unchanged on disk") from None
         done.append({"path": str(path), "repo": repo_id, "url": str(getattr(info, "commit_url", info))})
     return done
+
+
+def _check_verdict(folder: Path) -> None:
+    """A release ``quantkit run`` judged failed (its ``report.json``, checked against the seal first, says ``ok``
+    false) is not published: a failed gate is exit 3, a failed output, evaluation or smoke test exit 1. A folder
+    without a ``report.json`` (an artifact made by a quantize verb) has no verdict to check."""
+    path = folder / artifact.REPORT_JSON
+    if not path.is_file():
+        return
+    try:
+        raw = artifact.read_capped(path, artifact.MAX_MANIFEST_BYTES)
+        report = json.loads(raw) if raw is not None else None
+    except (OSError, ValueError):
+        report = None
+    if not isinstance(report, dict):
+        raise IntegrityError(f"refusing to publish {folder}: {path} is not a quantkit run report")
+    if report.get("ok") is True:
+        return
+    hint = f"see {folder / 'report.md'}; fix what failed and run the recipe again"
+    if gates := report.get("failed_gates"):
+        raise GateFailedError(f"refusing to publish {folder}: its last quantkit run failed verification gates: "
+                              + "; ".join(map(str, gates)), hint=hint)
+    raise QuantkitError(f"refusing to publish {folder}: its last quantkit run did not pass ({artifact.REPORT_JSON} "
+                        f"says ok: {json.dumps(report.get('ok'))}: an output, its evaluation or its smoke test "
+                        "failed)", hint=hint)
 
 
 def _check_repo_id(repo_id: str) -> None:

@@ -183,6 +183,42 @@ def test_verify_cli_on_a_release_and_on_a_file(tmp_path: Path, cli) -> None:
     assert proc.returncode == 1 and "NOT SEALED" in proc.stdout and "Traceback" not in proc.stderr
 
 
+def _seal_release(rel: Path, report: dict) -> None:
+    """``quantkit run``'s last two steps: report.json with its verdict, then SHA256SUMS over every file."""
+    (rel / artifact.REPORT_JSON).write_text(json.dumps({"release": str(rel), "outputs": [], **report}))
+    lines = [f"{artifact.sha256_file(p)}  {p.relative_to(rel).as_posix()}" for p in artifact.release_files(rel)]
+    (rel / artifact.SUMS).write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.cli
+def test_publish_checks_a_release_as_verify_does_and_refuses_a_failed_one(tmp_path: Path, cli) -> None:
+    """publish checked each artifact alone: a release without its SHA256SUMS (a run cut short), with a changed
+    report, or whose gates failed passed every check and would have uploaded. Each is refused in one line before
+    the hub or the token is asked for (offline, no token: a release that passes stops at the token check)."""
+    no_token = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "HF_TOKEN_PATH": str(tmp_path / "hf" / "t"),
+                "HF_TOKEN": "", "HUGGING_FACE_HUB_TOKEN": ""}
+    rel = tmp_path / "rel"
+    make(rel / "rtn")
+    make(rel / "gguf", b"gguf weights")
+    (rel / "report.md").write_text("# quantkit evaluation\n")
+
+    def publish(code: int, said: str) -> None:
+        proc = cli("publish", rel, "--repo", "me/test", env=no_token, timeout=120)
+        assert proc.returncode == code and said in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 2, proc.stderr
+
+    _seal_release(rel, {"ok": False, "failed_gates": ["rtn: max_kld = 0.5 (limit 0.1)"]})
+    publish(3, "failed verification gates: rtn: max_kld = 0.5 (limit 0.1)")
+    _seal_release(rel, {"ok": False, "failed_gates": []})  # a failed output or smoke test, no gate
+    publish(1, "did not pass (report.json says ok: false")
+    _seal_release(rel, {"ok": True, "failed_gates": []})
+    publish(2, "hf auth login")  # every check passed: only the token is missing
+    (rel / "report.md").write_text("# quantkit evaluation\nedited\n")
+    publish(1, "differ from its SHA256SUMS (changed ['report.md'])")
+    (rel / artifact.SUMS).unlink()
+    publish(1, "no SHA256SUMS")
+
+
 def small_gguf(path: Path) -> Path:
     """A Q8_0-typed GGUF file with two tokens: what inspect and doctor read."""
     return token_gguf(path, ["a", "b"], file_type=7)  # MOSTLY_Q8_0
