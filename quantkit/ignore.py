@@ -105,6 +105,18 @@ def effective(spec: MethodBase, source: SourceModel, *, wildcards: bool = False)
     return list(dict.fromkeys(defaults + list(spec.ignore)))
 
 
+# A weight-carrying module that is an embedding (its "input width" is no Linear's): never a quantization target.
+EMBEDDINGS = ("embed", "wte", "wpe")
+
+
+def targets(source: SourceModel, ignore: list[str]) -> dict[str, int]:
+    """The Linear layers a compressed-tensors method would quantize with this ignore list, by name with their input
+    width, from the headers: every 2-D weight that is no embedding and that no pattern names. A bare class name
+    (``Linear``) is not seen here (headers show no types)."""
+    return {n: w for n, w in module_input_widths(source).items()
+            if not any(matches(p, n) for p in ignore) and not any(e in n.rpartition(".")[2] for e in EMBEDDINGS)}
+
+
 def _check_regex(pattern: str) -> None:
     """Refuse a ``re:`` pattern that is no regular expression, naming it and what is wrong (llm-compressor would
     fail on it after the model loaded; matching it here would be a traceback)."""

@@ -289,6 +289,45 @@ def test_an_expert_the_group_does_not_divide_is_refused(tmp_path):
     assert "Traceback" not in proc.stderr and not out.exists()
 
 
+@pytest.mark.parametrize("ignore,kept,rest", [
+    (["model.layers.0.self_attn.k_proj"], "model.layers.0.self_attn.k_proj",
+     "model.layers.0.self_attn.q_proj, model.layers.0.self_attn.v_proj"),
+    (["re:.*up_proj"], "model.layers.0.mlp.up_proj", "model.layers.0.mlp.gate_proj"),
+])
+def test_part_of_a_fused_group_ignored_is_refused_before_loading(tmp_path, ignore, kept, rest):
+    """NVFP4 gives q/k/v (and gate/up) one global scale: keeping some of them in bf16 failed in llm-compressor with
+    a traceback after loading. Refused from the headers (run and --dry-run), naming the siblings to ignore with it."""
+    out = tmp_path / "out"
+    flags = [x for p in ignore for x in ("--ignore", p)]
+    for dry in (["--dry-run"], []):
+        proc = quantkit("nvfp4", TINY, out, "--algorithm", "rtn", *flags, *dry)
+        assert proc.returncode == 2, proc.stderr
+        err = " ".join(proc.stderr.split())
+        assert err.startswith(f"error: the ignore list keeps {kept} in full precision but not {rest}: "), err
+        assert "--ignore " + rest.split(", ")[0] in err and "Traceback" not in err and "Loading" not in err
+        assert not out.exists()
+    whole = ["--ignore", f"re:model\\.layers\\.0\\.self_attn\\.[qkv]_proj"]  # the whole group: accepted
+    assert quantkit("nvfp4", TINY, out, "--algorithm", "rtn", *whole, "--dry-run").returncode == 0
+
+
+def test_an_assertion_in_llmcompressor_is_a_backend_error():
+    """llm-compressor states preconditions as asserts (its fused groups' observers); one that fails is quantkit's
+    one-line BackendError (exit 1) naming the backend, not a traceback. Driven past quantkit's own refusal of the
+    same ignore list (above) to reach llm-compressor's."""
+    from quantkit.errors import BackendError
+    from quantkit.producers import oneshot
+    from quantkit.producers.job import Job
+    from transformers import AutoModelForCausalLM
+
+    spec = Nvfp4Spec(method="nvfp4", algorithm="rtn", observer="minmax")
+    job = Job(spec=spec, source=str(TINY), config=CONFIG, ignore=["lm_head", "model.layers.0.self_attn.k_proj"],
+              dtype="auto", trust_remote_code=False, seq_len=64, min_expert_tokens=0, seed=0, out="unused")
+    model = AutoModelForCausalLM.from_pretrained(TINY, dtype="auto")
+    with pytest.raises(BackendError) as e:
+        oneshot.run(model, modifiers.plan(spec), job)
+    assert e.value.message.startswith("llm-compressor failed (AssertionError): Some layers in fused group")
+
+
 def test_scales_the_check_refuses():
     """The post-quantization check takes FP4's global scales: a zero or NaN one fails it, naming the module."""
     from llmcompressor import oneshot

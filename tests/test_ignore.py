@@ -37,3 +37,18 @@ def test_a_malformed_regex_through_the_cli(cli, tiny: Path, tmp_path: Path) -> N
         assert proc.returncode == 2, proc.stderr[-2000:]
         assert proc.stderr.startswith("error: --ignore 're:[' is not a valid regular expression")
         assert "Traceback" not in proc.stderr and not (tmp_path / "out").exists()
+
+
+@pytest.mark.cli
+@pytest.mark.parametrize("verb, pattern", [("fp8", "re:.*"), ("nvfp4", "re:.*proj")])
+def test_an_ignore_list_that_leaves_nothing_to_quantize_is_refused_before_loading(cli, tiny: Path, tmp_path: Path,
+                                                                                 verb: str, pattern: str) -> None:
+    """llm-compressor would load, run and save, then write no quantization config; refused from the headers instead,
+    by the run and by --dry-run alike (docs/formats.md promises it)."""
+    flags = ["--scheme", "dynamic"] if verb == "fp8" else ["--algorithm", "rtn"]
+    for dry in ([], ["--dry-run"]):
+        proc = cli(verb, tiny, tmp_path / "out", "--ignore", pattern, *flags, *dry)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert proc.stderr.startswith(f"error: the ignore list (lm_head, {pattern}) keeps every layer of ")
+        assert "nothing would be quantized" in proc.stderr and "Traceback" not in proc.stderr
+        assert "Loading" not in proc.stdout + proc.stderr and not (tmp_path / "out").exists()

@@ -10,7 +10,7 @@ fp8 static/dynamic/block, int8, rtn) on Qwen3-MoE; Mixtral and DeepSeek-V3 with 
 calibrate through the experts and smooth into the router), plus an 8-bit run of each for a numerical check after
 reloading in transformers; the fused 3-D expert layout of Qwen3-MoE and Mixtral; Qwen2-MoE for its shared-expert
 gate (a real ``nn.Linear`` a ``Linear`` target would otherwise take). Failures are provoked for real: a recipe whose
-ignore list catches experts exits 1 and publishes nothing; a checkpoint missing an expert's weight exits 2.
+ignore list catches experts is refused before loading (exit 2); a checkpoint missing an expert's weight exits 2.
 """
 
 from __future__ import annotations
@@ -294,22 +294,25 @@ def test_low_token_experts_warn(tmp_path, checkpoint):
 
 
 @pytest.mark.parametrize("ignore,n,caught", [
-    (r"re:.*experts\.[0-2]\..*", 18, "layer 0: 0.gate_proj, 0.up_proj, 0.down_proj, 1.gate_proj"),
-    ("re:.*down_proj$", 16, "layer 1: 0.down_proj, 1.down_proj, 2.down_proj"),
+    (r"re:.*experts\.[0-2]\..*", 18, "model.layers.0.mlp.experts.0.gate_proj, model.layers.0.mlp.experts.0.up_proj"),
+    ("re:.*down_proj$", 16, "model.layers.0.mlp.experts.0.down_proj, model.layers.0.mlp.experts.1.down_proj"),
 ])
-def test_experts_left_unquantized_exit_1(tmp_path, checkpoint, ignore, n, caught):
-    """A recipe whose ignore list catches experts: exit 1, the modules named per layer, nothing published."""
+def test_experts_the_ignore_list_catches_are_refused_before_loading(tmp_path, checkpoint, ignore, n, caught):
+    """A recipe whose ignore list catches experts (every expert must be quantized): refused in one line, exit 2, from
+    the headers before anything loads, and by --dry-run too; the experts are named. It used to be found by the
+    coverage check after quantizing (exit 1)."""
     src = checkpoint("qwen3moe")
     out = tmp_path / "out"
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump({"quantize": {"method": "rtn", "ignore": ["lm_head", ignore]}}))
-    proc = quantkit("rtn", src, out, "--recipe", path, env={"OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    err = " ".join(proc.stderr.split())
-    assert f"{n} of 56 modules that must be quantized were not" in err, err
-    assert "nothing was written" in err and caught in err and "Traceback" not in err
-    assert f"the ignore list catches them ({ignore})" in err and "every expert of an MoE must be quantized" in err
-    assert not out.exists() and not list(tmp_path.glob(".out.partial-*"))
+    for flags in (["--dry-run"], []):
+        proc = quantkit("rtn", src, out, "--recipe", path, *flags, env={"OMP_NUM_THREADS": "1"})
+        assert proc.returncode == 2, proc.stderr[-3000:]
+        err = " ".join(proc.stderr.split())
+        assert err.startswith(f"error: the ignore list keeps {n} expert projection(s) in full precision ({caught}"), err
+        assert "every expert of a mixture-of-experts model must be quantized" in err and "Traceback" not in err
+        assert "Loading" not in proc.stdout + proc.stderr
+        assert not out.exists() and not list(tmp_path.glob(".out.partial-*"))
 
 
 @pytest.mark.parametrize("name,key,words", [

@@ -160,10 +160,6 @@ def check_tiles(spec: Any, source: SourceModel) -> None:
         raise UsageError(f"{what}, and 128 does not divide the layers' width ({', '.join(bad)})", hint=hint)
 
 
-# A weight-carrying module that is an embedding (its "input width" is no Linear's): never an FP4 target.
-_EMBEDDINGS = ("embed", "wte", "wpe")
-
-
 def narrow_layers(spec: Any, source: SourceModel, ignore: list[str]) -> dict[str, int]:
     """The layers an FP4 spec keeps unquantized because their input width is not a whole number of its groups (16
     for NVFP4, 32 for MXFP4, fixed by the format: no other size to fall back to), by name with their width, read from
@@ -180,9 +176,7 @@ def narrow_layers(spec: Any, source: SourceModel, ignore: list[str]) -> dict[str
 
     if not isinstance(spec, Fp4Spec):
         return {}
-    targets = {n: w for n, w in ignore_mod.module_input_widths(source).items()
-               if not any(ignore_mod.matches(p, n) for p in ignore)
-               and not any(e in n.rpartition(".")[2] for e in _EMBEDDINGS)}
+    targets = ignore_mod.targets(source, ignore)
     narrow = {n: w for n, w in sorted(targets.items()) if w % spec.group_size}
     what = f"{spec.method} quantizes in groups of {spec.group_size} along each layer's input"
     if narrow and len(narrow) == len(targets):
@@ -197,6 +191,67 @@ def narrow_layers(spec: Any, source: SourceModel, ignore: list[str]) -> dict[str
                          "mixture-of-experts model must be quantized",
                          hint="use gptq or rtn (int4 in groups that divide the widths) or fp8")
     return narrow
+
+
+def check_ignore(spec: Any, source: SourceModel, ignore: list[str]) -> None:
+    """Refuse (exit 2, before anything loads) an effective ignore list the run could only fail on after all its
+    work, for every method: one that leaves nothing to quantize (llm-compressor would write no quantization config),
+    one that keeps an expert of a mixture-of-experts model in full precision (every expert must be quantized: the
+    coverage check, :mod:`quantkit.producers.coverage`, fails the run after quantizing otherwise), and for NVFP4 one
+    that keeps part of a group of layers vLLM fuses (q/k/v, gate/up: :data:`quantkit.producers.mixed.FUSED`), which
+    share one global scale (llm-compressor fails on it with an assertion once the model is loaded)."""
+    from quantkit import ignore as ignore_mod
+
+    if not ignore_mod.targets(source, ignore):
+        raise UsageError(f"the ignore list ({', '.join(ignore)}) keeps every layer of {source.spec} in full "
+                         "precision: nothing would be quantized",
+                         hint="narrow or drop the --ignore patterns (quantize.ignore)")
+    names = ignore_mod.module_names(source)
+    caught = [n for n in _expert_names(source, names) if any(ignore_mod.matches(p, n) for p in ignore)]
+    if caught:
+        more = f" (+{len(caught) - 3} more)" if len(caught) > 3 else ""
+        raise UsageError(f"the ignore list keeps {len(caught)} expert projection(s) in full precision "
+                         f"({', '.join(caught[:3])}{more}); every expert of a mixture-of-experts model must be "
+                         "quantized",
+                         hint="narrow or drop the --ignore patterns that catch experts (quantize.ignore)")
+    if spec.method == Method.NVFP4:
+        _check_fused(names, ignore)
+
+
+def _expert_names(source: SourceModel, names: list[str]) -> list[str]:
+    """The expert projections a run must quantize: by the names the loaded model has them under (llm-compressor's
+    linearized ``mlp.experts.N.gate_proj``, which ignore patterns are matched against in the run), and by the
+    checkpoint's own (Mixtral's ``block_sparse_moe.experts.N.w1``, which the ignore check accepts). Empty for a
+    dense model."""
+    from quantkit.producers import moe
+
+    fam = moe.family(source.config)
+    if fam is None:
+        return []
+    prefixes = sorted({n.partition(".layers.")[0] + ".layers" for n in names if ".layers." in n})
+    loaded = [n for prefix in prefixes for ns in moe.expert_modules(fam, source.config, prefix).values() for n in ns]
+    return list(dict.fromkeys(loaded + [n for n in names if ".experts." in n]))
+
+
+def _check_fused(names: list[str], ignore: list[str]) -> None:
+    """Refuse an ignore list that keeps some, not all, of a fused group, naming the siblings to keep with them."""
+    from quantkit import ignore as ignore_mod
+    from quantkit.producers.mixed import FUSED
+
+    present = set(names)
+    for name in names:
+        parent, _, leaf = name.rpartition(".")
+        group = next((g for g in FUSED if leaf in g), ())
+        members = [f"{parent}.{x}" for x in group if f"{parent}.{x}" in present]
+        if not members or members[0] != name:
+            continue  # not in a fused group, or not its first member (each group is looked at once)
+        kept = [m for m in members if any(ignore_mod.matches(p, m) for p in ignore)]
+        if kept and len(kept) < len(members):
+            rest = [m for m in members if m not in kept]
+            raise UsageError(f"the ignore list keeps {', '.join(kept)} in full precision but not {', '.join(rest)}: "
+                             f"nvfp4 gives the layers vLLM fuses ({'/'.join(group)}) one global scale, so they are "
+                             "quantized or kept together",
+                             hint=f"ignore them together ({' '.join(f'--ignore {m}' for m in members)}), or none")
 
 
 @dataclass(frozen=True)

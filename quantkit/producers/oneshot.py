@@ -238,8 +238,10 @@ def run(model: Any, p: Plan, job: Job, tokenizer: Any | None = None) -> dict[str
     except torch.OutOfMemoryError as e:
         raise BackendError(f"out of GPU memory while quantizing: {str(e).splitlines()[0][:200]}",
                            hint="lower --samples or --seq-len, or use --num-gpus N") from None
-    except (ValueError, RuntimeError, AttributeError, TypeError, KeyError) as e:
-        raise BackendError(f"llm-compressor failed ({type(e).__name__}): {str(e).splitlines()[0][:400]}",
+    except (ValueError, RuntimeError, AttributeError, TypeError, KeyError, AssertionError) as e:
+        # AssertionError: llm-compressor states some of its preconditions as asserts (fused layers' observers)
+        said = (str(e) or "no message").splitlines()[0][:400]  # a bare assert has no message
+        raise BackendError(f"llm-compressor failed ({type(e).__name__}): {said}",
                            hint="rerun with --debug for the traceback") from e
     info: dict[str, Any] = {"notes": notes}
     if fam:
