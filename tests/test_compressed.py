@@ -46,6 +46,7 @@ ARTIFACTS: dict[str, list[str]] = {
     "int8": ["int8", "--samples", "8", "--seq-len", "128"],
     "int8-rtn": ["int8", "--weights", "rtn", "--samples", "8", "--seq-len", "128"],
     "w4a8": ["w4a8", "--weights", "rtn"],
+    "rtn-mixed": ["rtn", "--target-bits", "6"],  # reads calibration only for its sensitivity pass
 }
 
 
@@ -282,6 +283,28 @@ def test_w4a8_is_packed_for_vllm(build, source_tensors, heldout_windows):
         assert tuple(t[f"{prefix}.weight_scale"].shape) == (o, i // 128)
     assert_untouched(t, source_tensors)
     assert_loads(out, heldout_windows)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# What --dry-run says against what the build made
+
+
+def _planned(name: str) -> dict[str, Any]:
+    """The --dry-run plan of an artifact of :data:`ARTIFACTS` (to a folder not made), as its JSON."""
+    verb, *flags = ARTIFACTS[name]
+    res = CliRunner().invoke(app, [verb, str(TINY), "/nonexistent/planned", *flags, "--dry-run", "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)["outputs"][0]
+
+
+@pytest.mark.parametrize("name", ["w4a8", "rtn-mixed", "rtn"])
+def test_the_size_estimate_is_the_built_size(build, name):
+    """The dry run's disk estimate (also the free-space check) within a few percent of the artifact, an upper
+    bound for a bits target: it counted W4A8's int4 weights as 8-bit (32% high) and any bits target as int4."""
+    out, _ = build(name)
+    built = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    estimate = _planned(name)["disk_bytes"]
+    assert 0.97 * built <= estimate <= 1.05 * built, (name, estimate, built, estimate / built)
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from typing import Any
 
 from quantkit import ignore as ignore_mod
 from quantkit.errors import SourceModelError, UsageError
+from quantkit.formats.names import Method
 from quantkit.architectures import text_config
 from quantkit.producers import mixed, moe, oneshot, sensitivity, torchrun, vision
 from quantkit.producers.base import ProduceContext, Produced
@@ -109,6 +110,22 @@ def _choose(measured: list[mixed.Unit], spec: Any, low: mixed.Precision, high: m
     return chosen
 
 
+# Scales, zero points and per-tensor scales on top of the values' bits, at most: 0.5 bits per weight of NVFP4's 4
+# (its FP8 scale per 16), 0.125 of int4 in groups of 128, less per channel.
+_SCALE_OVERHEAD = 1.1
+
+
+def _stored_bits(spec: Any) -> float:
+    """Bits per quantized weight as the checkpoint stores them, an upper bound: a bits target is counted so already
+    (scales included), and the run fails when the files are more than :data:`quantkit.producers.mixed.TOLERANCE`
+    above it; otherwise the values' width (W4A8: int4 weights, its 8 bits are the activations') plus the scales."""
+    target = getattr(spec, "target_bits", None)
+    if target is not None:
+        return target + mixed.TOLERANCE
+    bits = 4 if spec.method == Method.W4A8 else getattr(spec, "bits", 8)
+    return bits * _SCALE_OVERHEAD
+
+
 class CompressedProducer:
     """The ``awq``, ``gptq``, ``autoround``, ``fp8``, ``int8``, ``w4a8``, ``rtn``, ``nvfp4`` and ``mxfp4`` methods."""
 
@@ -136,12 +153,15 @@ class CompressedProducer:
         return Checked(choice, narrow)
 
     def estimate_bytes(self, spec: Any, source: SourceModel) -> int:
+        """The artifact's size on disk, before anything loads (``--dry-run`` and the free-space check): the
+        embeddings and lm_head in bf16, every other weight at :func:`_stored_bits`, and the tokenizer files copied
+        from the source (half a megabyte for a Llama-3 or SmolLM2 tokenizer: 4% of the reference model's artifact)."""
         cfg = text_config(source.config)
         vocab, hidden = int(cfg.get("vocab_size") or 0), int(cfg.get("hidden_size") or 0)
         unquantized = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
         params = source.num_parameters or source.size_bytes // 2
-        bits = getattr(spec, "bits", 8)
-        return int(unquantized * 2 + max(params - unquantized, 0) * bits / 8 * 1.1)
+        tokenizer = sum(f.stat().st_size for f in source.path.glob("tokenizer*") if f.is_file())
+        return int(unquantized * 2 + max(params - unquantized, 0) * _stored_bits(spec) / 8 + tokenizer)
 
     def produce(self, ctx: ProduceContext) -> Produced:
         spec, rep = ctx.spec, ctx.reporter
