@@ -17,7 +17,8 @@ nothing else opens the file. ``schema_version`` says which layout a file has; :f
 the layout of earlier quantkit versions (schema 1).
 
 An artifact's *size* is one thing everywhere (summaries, ``inspect``, ``eval``, bits per weight): the bytes of
-its weight files (:func:`size_bytes`). Configs, tokenizers and reports are not counted.
+its weight files (:func:`size_bytes`). Configs, tokenizers and reports are not counted, nor the second copy of the
+weights in a legacy layout's subfolder (:attr:`Manifest.legacy_bytes`).
 """
 
 from __future__ import annotations
@@ -306,8 +307,24 @@ class Manifest(Section):
 
     @property
     def size_bytes(self) -> int:
-        """The artifact's size: bytes of its weight files (see the module docstring)."""
-        return sum(f.size for name, f in self.files.items() if is_weight_file(name))
+        """The artifact's size: bytes of its weight files (see the module docstring), the model's own layout only:
+        a ``--format gptq``/``autoawq`` artifact's second copy of the same weights (:attr:`legacy_bytes`) would
+        double it, and make an int4 model look larger than its source."""
+        return sum(f.size for _, f in self._weight_files(legacy=False))
+
+    @property
+    def legacy_bytes(self) -> int:
+        """The bytes of the weight files of the legacy layout's copy (``quantization.legacy.path``: ``gptq/`` or
+        ``autoawq/``); 0 for an artifact without one."""
+        return sum(f.size for _, f in self._weight_files(legacy=True))
+
+    def _weight_files(self, legacy: bool) -> list[tuple[str, FileInfo]]:
+        """The weight files of the model's layout, or (``legacy``) of the legacy copy's folder."""
+        home = self.quantization.get("legacy")
+        folder = home.get("path") if isinstance(home, dict) else None
+        copy = PurePosixPath(folder) if isinstance(folder, str) and folder else None
+        return [(name, f) for name, f in self.files.items()
+                if is_weight_file(name) and (copy is not None and copy in PurePosixPath(name).parents) == legacy]
 
     @property
     def recipe_gates(self) -> dict[str, Any] | None:

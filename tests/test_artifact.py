@@ -317,6 +317,31 @@ def test_size_is_the_weight_files_everywhere(tmp_path: Path, cli) -> None:
     assert shown["size_bytes"] == 4096
 
 
+def legacy_artifact(final: Path) -> Path:
+    """An artifact as ``--format gptq`` lays it out: the model at the top, the same weights again under ``gptq/``
+    (what an AutoGPTQ loader is given), both sealed, the manifest's ``quantization.legacy`` naming the folder."""
+    with artifact.ArtifactWriter(final) as w:
+        (w.path / "config.json").write_text("{}")
+        (w.path / "model.safetensors").write_bytes(b"W" * 4096)
+        (w.path / "gptq").mkdir()
+        (w.path / "gptq" / "config.json").write_text("{}")
+        (w.path / "gptq" / "model.safetensors").write_bytes(b"G" * 4000)
+        w.commit(artifact.Manifest(kind="compressed-tensors", method="gptq", source=SOURCE,
+                                   quantization={"scheme": "W4A16", "legacy": {"path": "gptq"}}))
+    return final
+
+
+@pytest.mark.cli
+def test_a_legacy_layouts_copy_is_not_counted_in_the_size(tmp_path: Path, cli) -> None:
+    """Both copies were counted: an int4 model came out '0.90x smaller' than its source, 17.87 bits per weight."""
+    out = legacy_artifact(tmp_path / "art")
+    m = artifact.read_manifest(out)
+    assert m.size_bytes == artifact.size_bytes(out) == 4096 and m.legacy_bytes == 4000
+    assert {"gptq/model.safetensors", "gptq/config.json", "model.safetensors"} <= set(m.files)  # all still sealed
+    assert json.loads(cli("inspect", out, "--json", check=True).stdout)["size_bytes"] == 4096
+    assert make(tmp_path / "plain").legacy_bytes == 0
+
+
 @pytest.mark.cli
 def test_manifests_of_earlier_versions_still_open_and_verify(tmp_path: Path, cli) -> None:
     """A schema-1 manifest (written by quantkit 0.1.0 before the typed manifest, kept in tests/data) reads into the
