@@ -33,7 +33,7 @@ from quantkit.formats.specs import MethodBase
 from quantkit.producers.base import Producer
 from quantkit.producers import mixed
 from quantkit.producers.groups import Checked, input_widths
-from quantkit.recipe import Recipe
+from quantkit.recipe import CalibrationSpec, Recipe
 from quantkit.reuse import reusable
 from quantkit.source import SourceModel, safetensors_header
 
@@ -70,6 +70,7 @@ class Prepared:
     checked: Any
     calibrates: bool
     calibration: str | None = None  # calibration.check's few words, when the output calibrates
+    reads: CalibrationSpec | None = None  # the calibration it reads (:func:`calibration_read`), when it calibrates
     warnings: tuple[str, ...] = ()
 
 
@@ -83,9 +84,20 @@ def prepare(recipe: Recipe, spec: MethodBase, src: SourceModel) -> Prepared:
     checked = producer.check(spec, src)
     calibrates = row.calibrates(spec)
     if calibrates:
-        found = calibration.check(recipe.calibration, src, trust_remote_code=recipe.model.trust_remote_code)
-        return Prepared(row, producer, checked, calibrates, calibration=found)
+        reads = calibration_read(row, spec, recipe.calibration)
+        found = calibration.check(reads, src, trust_remote_code=recipe.model.trust_remote_code)
+        return Prepared(row, producer, checked, calibrates, calibration=found, reads=reads)
     return Prepared(row, producer, checked, calibrates, warnings=_unused_calibration(recipe, row))
+
+
+def calibration_read(row: formats.Format, spec: MethodBase, settings: CalibrationSpec) -> CalibrationSpec:
+    """The calibration an output reads: the recipe's, narrowed by llm-compressor's producer where only a bits
+    target's sensitivity pass reads data (:func:`quantkit.producers.compressed.calibration_read`)."""
+    if not row.llmcompressor:
+        return settings
+    from quantkit.producers.compressed import calibration_read as read
+
+    return read(spec, settings)
 
 
 def _unused_calibration(recipe: Recipe, row: formats.Format) -> tuple[str, ...]:
@@ -132,9 +144,9 @@ def make(recipe: Recipe, *, force: bool = False, pipeline: bool = False, evaluat
             else:
                 action, why = "refuse", (f"exists and cannot be reused: {reason}" if pipeline else "exists") \
                     + " (pass --force)"
-        c = recipe.calibration
+        c = prepared.reads
         calib = (f"{c.dataset}: {c.samples} x {c.seq_len} tokens, seed {recipe.runtime.seed} ({prepared.calibration})"
-                 if prepared.calibrates else f"none ({row.key} reads no calibration data)")
+                 if c is not None else f"none ({row.key} reads no calibration data)")
         host, gpu = _memory(row, spec, recipe, src, layer)
         kind = formats.kind(row.kind)
         choice = prepared.checked.choice if isinstance(prepared.checked, Checked) else None

@@ -307,6 +307,18 @@ def test_the_size_estimate_is_the_built_size(build, name):
     assert 0.97 * built <= estimate <= 1.05 * built, (name, estimate, built, estimate / built)
 
 
+def test_a_bits_target_records_the_calibration_it_read(build):
+    """rtn --target-bits reads calibration only for the sensitivity pass, which reads its first 2,048 tokens: the
+    manifest, the plan and the summary say 4 x 512 (what was read), not the recipe's 128 x 512."""
+    from quantkit.producers import mixed
+
+    out, result = build("rtn-mixed")
+    calib = result["calibration"]
+    assert (calib["samples"], calib["seq_len"]) == (4, 512) and calib["tokens"] == mixed.SENSITIVITY_TOKENS
+    assert result["quantization"]["mixed"]["sensitivity"]["tokens"] == mixed.SENSITIVITY_TOKENS
+    assert _planned("rtn-mixed")["calibration"].startswith("mixed: 4 x 512 tokens")
+
+
 # ------------------------------------------------------------------------------------------------------------
 # Legacy layouts, bit for bit against AutoAWQ 0.2.9's code
 

@@ -34,6 +34,7 @@ Tested with llmcompressor 0.14.0.1, compressed-tensors 0.19.0, auto-round 0.15.1
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from quantkit import ignore as ignore_mod
@@ -46,6 +47,7 @@ from quantkit.producers.groups import (Checked, check_ignore, check_tiles, group
                                       narrow_note)
 from quantkit.producers.job import Job
 from quantkit.producers.modifiers import plan
+from quantkit.recipe import CalibrationSpec
 from quantkit.source import SourceModel, load_tokenizer
 
 
@@ -126,6 +128,17 @@ def _stored_bits(spec: Any) -> float:
     return bits * _SCALE_OVERHEAD
 
 
+def calibration_read(spec: Any, settings: CalibrationSpec) -> CalibrationSpec:
+    """The calibration a spec reads, so that what is tokenized, recorded in the manifest and shown by the summary and
+    ``--dry-run`` is what was read: the recipe's, or where only a bits target's sensitivity pass reads data (its
+    method is round-to-nearest), the samples that hold its first :data:`quantkit.producers.mixed.SENSITIVITY_TOKENS`
+    tokens (4 of 512 by default, not the 128 a calibrating method reads)."""
+    if getattr(spec, "target_bits", None) is None or plan(spec.model_copy(update={"target_bits": None})).calibrate:
+        return settings
+    needed = -(-mixed.SENSITIVITY_TOKENS // settings.seq_len)
+    return settings.model_copy(update={"samples": needed}) if settings.samples > needed else settings
+
+
 class CompressedProducer:
     """The ``awq``, ``gptq``, ``autoround``, ``fp8``, ``int8``, ``w4a8``, ``rtn``, ``nvfp4`` and ``mxfp4`` methods."""
 
@@ -164,6 +177,7 @@ class CompressedProducer:
         return int(unquantized * 2 + max(params - unquantized, 0) * _stored_bits(spec) / 8 + tokenizer)
 
     def produce(self, ctx: ProduceContext) -> Produced:
+        ctx = dataclasses.replace(ctx, calibration=calibration_read(ctx.spec, ctx.calibration))
         spec, rep = ctx.spec, ctx.reporter
         checked: Checked = ctx.checked
         choice = checked.choice
