@@ -285,9 +285,13 @@ def recipe_tasks(recipe: Recipe) -> list[Task]:
     after hours of quantization with the release passing."""
     if not (recipe.evaluation.enabled and recipe.evaluation.tasks):
         return []
-    from quantkit.tasks.resolve import resolve
+    from quantkit.tasks.resolve import TaskProblems, resolve
 
-    return resolve(list(recipe.evaluation.tasks))
+    try:
+        return resolve(list(recipe.evaluation.tasks))
+    except TaskProblems as e:  # every task's problem, each at its field and line, as the schema's are reported
+        raise recipe.problems([(("evaluation", "tasks", p.index, p.key), p.error.message) for p in e.problems],
+                              hint=e.hint) from None
 
 
 def evaluate_tasks(artifacts: list[Path], baseline: str | None, options: TaskOptions,

@@ -188,11 +188,20 @@ class Recipe(Strict):
     smoke: SmokeSpec = Field(default_factory=SmokeSpec)
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec)
     _path: Path | None = PrivateAttr(None)
+    _where: str = PrivateAttr("recipe")  # the file, "+ command line" when flags set fields
+    _lines: dict[tuple, int] = PrivateAttr(default_factory=dict)
+    _flags: dict[str, str] = PrivateAttr(default_factory=dict)
 
     @property
     def path(self) -> Path | None:
         """The recipe file it was read from (None when made from flags alone): an input no output may replace."""
         return self._path
+
+    def problems(self, found: list[tuple[tuple, str]], hint: str | None = None) -> RecipeError:
+        """Problems found after loading (lm-eval's tasks, built later: quantkit.api.recipe_tasks) as the schema's
+        are reported: the file, each field with its line or flag."""
+        return _refusal(self._where, [f"{_origin(loc, self._lines, self._flags)}: {why}" for loc, why in found],
+                        hint)
 
     @model_validator(mode="after")
     def _one_seed(self) -> "Recipe":
@@ -490,13 +499,7 @@ def validate(data: Any, *, where: str = "recipe", lines: dict[tuple, int] | None
     data = _renamed_keys(data, lines if lines is not None else {}, where)
 
     def origin(loc: tuple) -> str:
-        field = _field(loc)
-        if flags and field in flags:
-            return f"{field} (from {flags[field]})"
-        probe = loc
-        while probe and probe not in (lines or {}):
-            probe = probe[:-1]
-        return f"{field} (line {lines[probe]})" if lines and probe in lines else field
+        return _origin(loc, lines or {}, flags or {})
 
     huge = _out_of_bounds(data)
     if huge:  # refused before the schema sees them, which would echo them back whole
@@ -515,8 +518,25 @@ def validate(data: Any, *, where: str = "recipe", lines: dict[tuple, int] | None
             problems += [f"{origin(loc)}: {why}" for loc, why in recipe._folder_problems()]
             if not problems:
                 return recipe
+    raise _refusal(where, problems, hint)
+
+
+def _refusal(where: str, problems: list[str], hint: str | None) -> RecipeError:
+    """One problem on the error's line; several listed under it, one a line."""
     head = f"{where}: " + ("invalid recipe" if len(problems) > 1 else problems[0])
-    raise RecipeError(head if len(problems) == 1 else head + "\n  " + "\n  ".join(problems), hint=hint)
+    return RecipeError(head if len(problems) == 1 else head + "\n  " + "\n  ".join(problems), hint=hint)
+
+
+def _origin(loc: tuple, lines: dict[tuple, int], flags: dict[str, str]) -> str:
+    """A field as recipe errors name it: its path, and the flag that set it or the line of the nearest key above it
+    that the file writes."""
+    field = _field(loc)
+    if field in flags:
+        return f"{field} (from {flags[field]})"
+    probe = loc
+    while probe and probe not in lines:
+        probe = probe[:-1]
+    return f"{field} (line {lines[probe]})" if probe in lines else field
 
 
 def _short(value: Any, limit: int = 200) -> str:
@@ -560,6 +580,7 @@ def load(path: str | Path | None, overrides: dict[str, Any] | None = None,
     hint = "use a relative path inside the working folder, or pass -o/--output explicitly" if escapes else None
     recipe = validate(data, where=where, lines=lines, flags=flags, problems=twice + escapes, hint=hint)
     recipe._path = Path(path) if path is not None else None
+    recipe._where, recipe._lines, recipe._flags = where, lines, flags
     return recipe
 
 

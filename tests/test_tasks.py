@@ -85,6 +85,26 @@ def test_perplexity_flags_with_tasks_refused(tmp_path: Path, cli: Callable) -> N
              "--limit and --min-recovery do not apply to an eval without --tasks")
 
 
+@pytest.mark.cli
+def test_recipe_task_problems_reported_together_with_field_and_line(tmp_path: Path, cli: Callable) -> None:
+    """A recipe's task problems came one at a time (the second only once the first was fixed), with no file, field
+    or line: now every one, as the schema's problems are reported, in ``run --dry-run`` and under ``--json``."""
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"model: {{source: {TINY}}}\noutput: out\noutputs:\n  - {{method: rtn}}\n"
+                      "evaluation:\n  tasks:\n    - {task: quantkit_no_such_task}\n"
+                      "    - task: quantkit_nextsentence\n      min_recovery: {exact_match: 0.9, acc_norm: 0.9}\n"
+                      "    - {task: quantkit_lastword, min_recovery: {acc: 0.9}}\n")
+    proc = cli("run", recipe.name, "--dry-run", "--json", cwd=tmp_path, env=_env(tmp_path))
+    line = _refused(proc, "r.yaml: invalid recipe")
+    lines = proc.stderr.splitlines()
+    problems = lines[lines.index(line) + 1:]
+    assert "evaluation.tasks.0.task (line 7): lm-eval" in problems[0] and "'quantkit_no_such_task'" in problems[0]
+    assert problems[1].strip() == ("evaluation.tasks.1.min_recovery (line 9): task quantkit_nextsentence does not "
+                                   "report the metric 'exact_match'; it reports: acc, acc_norm"), proc.stderr
+    assert problems[2].strip().startswith("hint:"), "the good task has no problem"
+    assert json.loads(proc.stdout)["error"] == "\n".join([line.removeprefix("error: "), *problems[:2]])
+
+
 def _tasks(folder: Path) -> dict[str, Any]:
     return json.loads((folder / "quantkit.json").read_text())["evaluation"]["tasks"]
 

@@ -155,16 +155,19 @@ def _metrics(task: Any) -> dict[str, bool]:
             for f in task._filters for m in task._metric_fn_list}
 
 
-def match_metric(wanted: str, reported: dict[str, bool], task: str) -> str:
-    """The reported metric a gate names: its full name, or its name before the filter when that is unambiguous."""
+def match_metric(wanted: str, reported: dict[str, bool]) -> str | None:
+    """The reported metric a gate names: its full name, or its name before the filter when that is unambiguous;
+    None when it names none."""
     if wanted in reported:
         return wanted
     found = [k for k in reported if k.split(",")[0] == wanted]
-    if len(found) == 1:
-        return found[0]
-    raise UsageError(f"task {task} does not report the metric {wanted!r}"
-                     + (f" alone (it reports it under several filters: {', '.join(found)})" if found else "")
-                     + f"; it reports: {', '.join(reported)}")
+    return found[0] if len(found) == 1 else None
+
+
+def _unmatched(wanted: str, reported: dict[str, bool]) -> str:
+    """A gate's metric that names no reported one, as the refusal shows it."""
+    found = [k for k in reported if k.split(",")[0] == wanted]
+    return repr(wanted) + (f" alone (it reports it under several filters: {', '.join(found)})" if found else "")
 
 
 def _build(cfg: dict[str, Any] | str, label: str, local: bool) -> list[Any]:
@@ -192,27 +195,76 @@ def _version() -> str:
     return version("lm_eval")
 
 
+class _GateMetricError(UsageError):
+    """A spec's gates name metrics its task does not report (every one of them, in one message)."""
+
+
+@dataclass
+class Problem:
+    """What is wrong with one task spec: its index in the list given, the spec's key at fault, the error."""
+
+    index: int
+    key: str  # "task" (the name or file) or "min_recovery" (a gate's metric)
+    error: UsageError
+
+
+class TaskProblems(UsageError):
+    """Every task spec's problem, found together: a recipe with two bad tasks was refused on the first, and the
+    second came up only once that was fixed. :func:`quantkit.api.recipe_tasks` names each spec's field and line."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        texts = [p.error.message for p in problems]
+        hints = list(dict.fromkeys(p.error.hint for p in problems if p.error.hint))
+        super().__init__(texts[0] if len(texts) == 1 else f"{len(texts)} task problems:\n  " + "\n  ".join(texts),
+                         hint="; ".join(hints) or None)
+
+
 def resolve(specs: list[TaskSpec]) -> list[Task]:
-    """Build and check each task (see the module docstring); a group name gives one :class:`Task` per member."""
+    """Build and check each task (see the module docstring); a group name gives one :class:`Task` per member. Every
+    spec is checked before any is refused (:class:`TaskProblems`)."""
     require("lm_eval", "tasks", "scoring lm-eval tasks")
     out: list[Task] = []
-    for spec in specs:
-        yaml = _yaml_path(spec.task)
-        cfg: dict[str, Any] | str = _read_yaml(yaml) if yaml else spec.task
-        local = isinstance(cfg, dict)
-        for task in _build(cfg, spec.task, local):
-            name = task.config.task
-            metrics = _metrics(task)
-            limits = spec.min_recovery if isinstance(spec.min_recovery, dict) else \
-                {m: spec.min_recovery for m in metrics} if spec.min_recovery is not None else {}
-            gates = {match_metric(m, metrics, name): float(x) for m, x in limits.items()}
-            out.append(Task(spec=spec, name=name, output_type=task.OUTPUT_TYPE, metrics=metrics,
-                            sha256=_sha256(task, cfg if local else None),
-                            config=cfg if local else name, local=local, gates=gates))
+    problems: list[Problem] = []
+    for i, spec in enumerate(specs):
+        try:
+            out += _resolve_one(spec)
+        except _GateMetricError as e:
+            problems.append(Problem(i, "min_recovery", e))
+        except UsageError as e:
+            problems.append(Problem(i, "task", e))
+    if problems:
+        raise TaskProblems(problems)
     names = [t.name for t in out]
     if dup := sorted({n for n in names if names.count(n) > 1}):
         raise UsageError(f"task {dup[0]} is given twice")
     return out
+
+
+def _resolve_one(spec: TaskSpec) -> list[Task]:
+    """One spec's tasks, built and checked."""
+    yaml = _yaml_path(spec.task)
+    cfg: dict[str, Any] | str = _read_yaml(yaml) if yaml else spec.task
+    local = isinstance(cfg, dict)
+    out: list[Task] = []
+    for task in _build(cfg, spec.task, local):
+        name = task.config.task
+        metrics = _metrics(task)
+        out.append(Task(spec=spec, name=name, output_type=task.OUTPUT_TYPE, metrics=metrics,
+                        sha256=_sha256(task, cfg if local else None), config=cfg if local else name, local=local,
+                        gates=_gates(spec, metrics, name)))
+    return out
+
+
+def _gates(spec: TaskSpec, metrics: dict[str, bool], name: str) -> dict[str, float]:
+    """The spec's ``min_recovery`` per reported metric; every metric it names that the task lacks, refused at once."""
+    limits = spec.min_recovery if isinstance(spec.min_recovery, dict) else \
+        {m: spec.min_recovery for m in metrics} if spec.min_recovery is not None else {}
+    wrong = [_unmatched(m, metrics) for m in limits if match_metric(m, metrics) is None]
+    if wrong:
+        raise _GateMetricError(f"task {name} does not report the metric{'s' if len(wrong) > 1 else ''} "
+                               f"{', '.join(wrong)}; it reports: {', '.join(metrics)}")
+    return {match_metric(m, metrics): float(x) for m, x in limits.items()}  # type: ignore[misc]
 
 
 def lm_eval_tasks(tasks: list[Task]) -> list[Any]:
