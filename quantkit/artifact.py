@@ -533,22 +533,38 @@ def _differences(changed: list[str], missing: list[str], extra: list[str]) -> st
 
 def artifact_of(path: Path) -> Path | None:
     """The artifact folder of a path: a folder holding a manifest is one; a file belongs to the nearest folder
-    above it that holds one (a ``.gguf`` file beside its ``quantkit.json``). None when there is none."""
+    above it that holds one (a ``.gguf`` file beside its ``quantkit.json``); a folder inside an artifact whose
+    manifest lists files under it (the ``gptq/`` or ``autoawq/`` legacy layout of ``--format gptq`` or
+    ``--format autoawq``) to that artifact, given as an absolute path. None when there is none."""
     path = Path(path)
-    return next((d for d in (path.parents if path.is_file() else [path]) if (d / MANIFEST).is_file()), None)
+    if path.is_file():
+        return next((d for d in path.parents if (d / MANIFEST).is_file()), None)
+    if (path / MANIFEST).is_file():
+        return path
+    if not path.is_dir():
+        return None
+    here = Path(os.path.abspath(path))
+    home = next((d for d in here.parents if (d / MANIFEST).is_file()), None)
+    if home is None:
+        return None
+    part = PurePosixPath(here.relative_to(home).as_posix())
+    return home if any(part in PurePosixPath(rel).parents for rel in read_manifest(home).files) else None
 
 
 def verify_file(path: Path) -> VerifyResult:
-    """One file of an artifact against the manifest of the folder it is in (:func:`artifact_of`)."""
+    """One file of an artifact, or a folder inside one (every file under it, and every file the manifest lists
+    there), against the manifest of its artifact (:func:`artifact_of`)."""
     root = artifact_of(path)
     if root is None:
         raise UsageError(f"{path} is in no folder with a {MANIFEST}: it was not written by quantkit (or is "
                          "incomplete)", hint="give an artifact folder, or a file inside one")
-    if not _counts(path):  # the manifest itself (or a lock file): the artifact's seal as a whole
+    path = Path(path)
+    if path.is_file() and not _counts(path):  # the manifest itself (or a lock file): the artifact's seal as a whole
         return verify(root)
-    rel = Path(path).relative_to(root).as_posix()  # root is one of its parents, as written
-    files = {k: f for k, f in read_manifest(root).files.items() if k == rel}
-    return _compare(root, {k: f.sha256 for k, f in files.items()}, {k: f.size for k, f in files.items()}, {rel},
+    part = PurePosixPath(Path(os.path.abspath(path)).relative_to(os.path.abspath(root)).as_posix())
+    files = {k: f for k, f in read_manifest(root).files.items() if k == str(part) or part in PurePosixPath(k).parents}
+    on_disk = {p.relative_to(root).as_posix() for p in _artifact_files(root / part)} if path.is_dir() else {str(part)}
+    return _compare(root, {k: f.sha256 for k, f in files.items()}, {k: f.size for k, f in files.items()}, on_disk,
                     MANIFEST)
 
 
@@ -595,8 +611,9 @@ def verify_release(release: Path, known: dict[str, str] | None = None) -> Verify
 
 
 def verify_tree(path: Path) -> list[VerifyResult]:
-    """What ``quantkit verify`` checks: an artifact folder against its manifest, a file against the manifest of
-    its folder, a release folder artifact by artifact and then as a whole against its :data:`SUMS`."""
+    """What ``quantkit verify`` checks: an artifact folder against its manifest, a file or a folder inside one
+    against the manifest of its artifact, a release folder artifact by artifact and then as a whole against its
+    :data:`SUMS`."""
     path = Path(path)
     if not path.exists():
         raise UsageError(f"{path} does not exist", hint="give an artifact folder, a file inside one, or a release "
@@ -606,6 +623,8 @@ def verify_tree(path: Path) -> list[VerifyResult]:
     if (path / MANIFEST).exists():
         return [verify(path)]
     roots = release_artifacts(path)
+    if not roots and artifact_of(path) is not None:  # a folder inside an artifact: a legacy layout's copy
+        return [verify_file(path)]
     if not roots:
         raise UsageError(f"{path} has no {MANIFEST} (and no artifact folders holding one)",
                          hint="give an artifact folder, a file inside one, or a release folder")

@@ -343,6 +343,26 @@ def test_a_legacy_layouts_copy_is_not_counted_in_the_size(tmp_path: Path, cli) -
 
 
 @pytest.mark.cli
+def test_verify_a_folder_inside_an_artifact_against_its_manifest(tmp_path: Path, cli) -> None:
+    """``verify ART/gptq`` (the legacy layout an AutoGPTQ loader is given) exited 2, 'has no quantkit.json'."""
+    out = legacy_artifact(tmp_path / "art")
+    shown = json.loads(cli("verify", out / "gptq", "--json", check=True).stdout)
+    assert [(r["ok"], r["checked"], r["seal"]) for r in shown] == [(True, 2, "quantkit.json")]
+    assert cli("verify", "gptq", cwd=out, check=True).stdout.startswith("ok ")  # a relative path, from inside
+    (out / "gptq" / "model.safetensors").write_bytes(b"H" * 4000)
+    (out / "gptq" / "mine.txt").write_text("mine")
+    (out / "gptq" / "config.json").unlink()
+    proc = cli("verify", out / "gptq", "--json")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    [r] = json.loads(proc.stdout)
+    assert (r["changed"], r["missing"], r["extra"]) == (["gptq/model.safetensors"], ["gptq/config.json"],
+                                                        ["gptq/mine.txt"])
+    (out / "mine").mkdir()
+    (out / "mine" / "x").write_text("x")
+    assert cli("verify", out / "mine").returncode == 2  # a folder the artifact does not hold: not quantkit's
+
+
+@pytest.mark.cli
 def test_manifests_of_earlier_versions_still_open_and_verify(tmp_path: Path, cli) -> None:
     """A schema-1 manifest (written by quantkit 0.1.0 before the typed manifest, kept in tests/data) reads into the
     typed object, and an artifact sealed with that layout verifies, inspects and finds its source model."""

@@ -96,8 +96,9 @@ def verify_cmd(
     json: bool = JSON_OPT,
 ) -> None:
     """Re-hash every file against quantkit.json and report any difference (tampering, bit rot, incomplete copy).
-    Exits 1 on any mismatch. A file is checked against the manifest of its folder; a release folder artifact by
-    artifact, then every file of it against its SHA256SUMS (a release without one is not sealed: its last run
+    Exits 1 on any mismatch. A file, or a folder inside an artifact (the gptq/ or autoawq/ copy of --format gptq or
+    autoawq), is checked against the manifest of its artifact; a release folder artifact by artifact, then every
+    file of it against its SHA256SUMS (a release without one is not sealed: its last run
     did not finish)."""
     results = [r.to_json() for r in api.verify_all(path)]
     if json:
