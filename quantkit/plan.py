@@ -26,7 +26,7 @@ from typing import Any
 from quantkit import calibration, formats, producers, source as source_mod
 from quantkit.artifact import fmt_bytes
 from quantkit.engines.registry import engine_unavailable
-from quantkit.errors import HostMemoryError
+from quantkit.errors import HostMemoryError, OutputExistsError
 from quantkit.formats.kinds import Kind
 from quantkit.formats.names import KindName, Method
 from quantkit.formats.specs import MethodBase
@@ -117,9 +117,18 @@ class Plan:
 
     source: dict[str, Any]
     outputs: list[PlannedOutput] = field(default_factory=list)
+    refusals: list[str] = field(default_factory=list)  # what the build would refuse with, one line per output
 
     def to_json(self) -> dict[str, Any]:
         return {"source": self.source, "outputs": [asdict(o) for o in self.outputs]}
+
+    def check(self) -> None:
+        """Exit as the build would (2) where it would refuse an output (one that exists, without ``--force``), once
+        the plan is shown: a dry run used as a pre-flight check must not pass what the run then refuses."""
+        if self.refusals:
+            more = f" (and {len(self.refusals) - 1} more output(s))" if len(self.refusals) > 1 else ""
+            raise OutputExistsError(self.refusals[0] + more,
+                                    hint="pass --force to replace it, or choose another output")
 
 
 def make(recipe: Recipe, *, force: bool = False, pipeline: bool = False, evaluate: bool = True,
@@ -144,6 +153,8 @@ def make(recipe: Recipe, *, force: bool = False, pipeline: bool = False, evaluat
             else:
                 action, why = "refuse", (f"exists and cannot be reused: {reason}" if pipeline else "exists") \
                     + " (pass --force)"
+                out.refusals.append(f"{path} exists but cannot be reused: {reason}" if pipeline
+                                    else f"output {path} already exists")
         c = prepared.reads
         calib = (f"{c.dataset}: {c.samples} x {c.seq_len} tokens, seed {recipe.runtime.seed} ({prepared.calibration})"
                  if c is not None else f"none ({row.key} reads no calibration data)")

@@ -477,6 +477,18 @@ def test_refusals_exit_2_without_traceback(tmp_path):
         assert not out.exists()
 
 
+def test_dry_run_on_an_existing_output_exits_as_the_build(tiny_rtn):
+    """A dry run's plan that refuses (an existing output, no --force) exits 2 as the build does, after showing the
+    plan; it printed "refuse" and exited 0, so a pre-flight check passed and the run then failed. --force plans."""
+    for flags in ([], ["--json"]):
+        proc = quantkit("rtn", TINY, tiny_rtn, "--dry-run", *flags)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.startswith(f"error: output {tiny_rtn} already exists") and "Traceback" not in proc.stderr
+        shown = json.loads(proc.stdout)["outputs"][0]["action"] if flags else proc.stdout
+        assert "refuse" in shown
+    assert quantkit("rtn", TINY, tiny_rtn, "--dry-run", "--force").returncode == 0
+
+
 def test_shipped_recipes_are_the_verbs_defaults():
     for name in ("awq", "gptq", "fp8", "fp8-dynamic", "fp8-block", "int8", "w4a8", "rtn"):
         path = recipe.find(name)

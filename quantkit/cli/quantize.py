@@ -48,7 +48,9 @@ def _quantize(row: formats.Format, values: dict[str, Any]) -> None:
                           hint=f"use `quantkit {formats.by_method(got).verb if r.quantize else 'run'} "
                                f"--recipe {recipe_path}`")
     if values["dry_run"]:
-        print_plan(api.plan(r, force=values["force"]), values["json"])
+        planned = api.plan(r, force=values["force"])
+        print_plan(planned, values["json"])
+        planned.check()  # exit 2 where the build would refuse (an existing output), after showing why
         return
     rep = reporter(values["json"])
     results = api.quantize(r, force=values["force"], reporter=rep)
