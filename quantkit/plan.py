@@ -32,7 +32,7 @@ from quantkit.formats.names import KindName, Method
 from quantkit.formats.specs import MethodBase
 from quantkit.producers.base import Producer
 from quantkit.producers import mixed
-from quantkit.producers.groups import Checked, input_widths
+from quantkit.producers.groups import Checked, input_widths, narrow_note
 from quantkit.recipe import CalibrationSpec, Recipe
 from quantkit.reuse import reusable
 from quantkit.source import SourceModel, safetensors_header
@@ -160,8 +160,11 @@ def make(recipe: Recipe, *, force: bool = False, pipeline: bool = False, evaluat
                  if c is not None else f"none ({row.key} reads no calibration data)")
         host, gpu = _memory(row, spec, recipe, src, layer)
         kind = formats.kind(row.kind)
-        choice = prepared.checked.choice if isinstance(prepared.checked, Checked) else None
+        checked = prepared.checked if isinstance(prepared.checked, Checked) else Checked(None)
+        choice = checked.choice
         notes = ([choice.reason] if choice is not None and choice.changed else []) + list(prepared.warnings)
+        if checked.narrow:  # FP4's layers kept for their width: the warning the run gives
+            notes.append(narrow_note(spec, checked.narrow))
         if row.llmcompressor and getattr(spec, "target_bits", None) is not None:  # the bits target's plan
             notes.append(mixed.describe(choice.apply(spec) if choice else spec,
                                         list(input_widths(src.config).values())))

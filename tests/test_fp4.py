@@ -244,13 +244,17 @@ def _odd(folder: Path, hidden: int, intermediate: int) -> Path:
 
 def test_a_width_the_group_does_not_divide_is_kept_and_said(tmp_path):
     """intermediate_size 200: down_proj's input is not a multiple of 16 (nor 32), so it stays in bf16, in the
-    warning, the manifest's notes and the ignore lists; every other Linear is FP4."""
+    warning, the dry run's notes, the manifest's notes and the ignore lists; every other Linear is FP4."""
     src, out = _odd(tmp_path / "odd", 64, 200), tmp_path / "out"
+    planned = quantkit("nvfp4", src, out, "--algorithm", "rtn", "--observer", "minmax", "--dry-run", "--json")
+    assert planned.returncode == 0, planned.stderr
     proc = quantkit("nvfp4", src, out, "--algorithm", "rtn", "--observer", "minmax")
     assert proc.returncode == 0, proc.stderr
     kept = [f"model.layers.{i}.mlp.down_proj" for i in range(2)]
-    said = proc.stdout + proc.stderr
+    said = " ".join((proc.stdout + proc.stderr).split())
     assert "kept unquantized" in said and kept[0] in said
+    note = next(n for n in json.loads(planned.stdout)["outputs"][0]["notes"] if "kept unquantized" in n)
+    assert note in said  # the dry run says what the run warns, in the same words
     manifest = json.loads((out / "quantkit.json").read_text())
     assert any("kept unquantized" in n and "200" in n for n in manifest["notes"])
     assert set(kept) <= set(manifest["quantization"]["ignore_patterns"]) and set(kept) <= set(qconfig(out)["ignore"])
