@@ -280,7 +280,7 @@ def test_the_check_refuses_images_for_a_text_model(source) -> None:
 
 @pytest.mark.cli
 def test_a_bad_calibration_file_through_the_cli(cli, tiny: Path, tmp_path: Path) -> None:
-    """Exit 2 with one line naming the file, and with --json nothing on stdout but no traceback on stderr either;
+    """Exit 2 with one line naming the file, no traceback, and with --json the error as stdout's one document;
     refused before the model loads, so nothing is written."""
     bad = tmp_path / "nonstr.jsonl"
     bad.write_text('{"text": 123}\n')
@@ -288,7 +288,12 @@ def test_a_bad_calibration_file_through_the_cli(cli, tiny: Path, tmp_path: Path)
         proc = cli("gptq", tiny, tmp_path / "out", "--calib", bad, "--samples", "2", "--seq-len", "16", *flags)
         assert proc.returncode == 2, proc.stderr[-2000:]
         assert proc.stderr.startswith(f"error: {bad}:1: 'text' is 123 (int)") and "Traceback" not in proc.stderr
-        assert proc.stdout == "" and not (tmp_path / "out").exists()
+        if flags == ["--json"]:
+            doc = json.loads(proc.stdout)
+            assert doc["ok"] is False and doc["exit_code"] == 2 and doc["error"].startswith(f"{bad}:1:"), doc
+        else:
+            assert proc.stdout == ""
+        assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.cli

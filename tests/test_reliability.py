@@ -253,5 +253,9 @@ def test_publish_refuses_in_one_line_what_it_can_check_before_the_hub(tmp_path: 
             proc = quantkit(*argv, *json_flag, env=env, timeout=120)
             assert proc.returncode == code and said in proc.stderr, proc.stderr
             assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 2, proc.stderr
-            assert proc.stdout == ""  # as every verb under --json: an error is stderr's, stdout gets no document
+            if json_flag:  # as every verb under --json: the error is also stdout's one document
+                doc = json.loads(proc.stdout)
+                assert doc["ok"] is False and doc["exit_code"] == code and said in doc["error"] + (doc["hint"] or "")
+            else:
+                assert proc.stdout == ""
     assert artifact.verify(art).ok
