@@ -20,7 +20,12 @@ spec's ``--high`` (int8 weight-only or FP8-dynamic, per output channel) for nvfp
    not the order). A second run on the same source and calibration reads it back
    (:mod:`quantkit.producers.sensitivity`).
 3. **Choice.** A knapsack solved greedily: units by KLD saved per extra bit, each taken while the average stays at
-   or below the target. The sum of the KLDs of the units left at 4 bits is the plan's estimate.
+   or below the target; then one more unit when that lands nearer the target, over it (:func:`pick`). Where the
+   units are few and large (a small model), neither may come within :data:`TOLERANCE` of a target inside the
+   range :func:`check_target` accepts: the mixes nearest the target are then searched over all counts of each unit
+   size, the most KLD saved per bit first within a size, and when none is within the tolerance the run is refused
+   (exit 2) right after the plan, before the method runs, naming the nearest reachable bits. The sum of the KLDs of
+   the units left at 4 bits is the plan's estimate.
 4. **The run.** The method (GPTQ, AWQ, RTN) runs once with two compressed-tensors config groups, one per precision,
    each listing its modules; vLLM's compressed-tensors loader and transformers read per-module schemes (FP4 mixes:
    a mixed-precision checkpoint, each group in its own format; which mixes vLLM 0.26 loads is
@@ -277,13 +282,12 @@ def measure(model: Any, found: list[Unit], samples: list[list[int]], low: Precis
 
 
 def choose(measured: list[Unit], target: float, low: Precision, high: Precision) -> list[Unit]:
-    """The units at the high precision: most KLD saved per extra bit first, while the average stays at or below
-    ``target``."""
+    """The units at the high precision for ``target``, by :func:`pick` (the plan's bits within :data:`TOLERANCE` of
+    it, or a refusal naming the nearest reachable bits)."""
     params = sum(u.params for u in measured)
     extra = {u.name: high.cost(u) - low.cost(u) for u in measured}
-    room = target * params - sum(low.cost(u) for u in measured)
-    high = greedy({u.name: u.kld for u in measured}, extra, room)
-    return [Unit(u.name, u.modules, u.params, u.in_features, u.kld, HIGH_BITS if u.name in high else LOW_BITS)
+    raised = pick({u.name: u.kld for u in measured}, extra, sum(low.cost(u) for u in measured), params, target)
+    return [Unit(u.name, u.modules, u.params, u.in_features, u.kld, HIGH_BITS if u.name in raised else LOW_BITS)
             for u in measured]
 
 
@@ -291,11 +295,84 @@ def greedy(gain: dict[str, float], extra: dict[str, float], room: float) -> set[
     """A knapsack solved greedily: the names with the most ``gain`` per ``extra`` bit first, each taken while the
     bits it adds fit in what is left of ``room``."""
     taken: set[str] = set()
-    for name in sorted(gain, key=lambda n: gain[n] / extra[n] if extra[n] > 0 else math.inf, reverse=True):
+    for name in _by_gain_per_bit(gain, extra):
         if extra[name] <= room:
             taken.add(name)
             room -= extra[name]
     return taken
+
+
+def _by_gain_per_bit(gain: dict[str, float], extra: dict[str, float]) -> list[str]:
+    """The names, the most ``gain`` per ``extra`` bit first: the order every choice here takes them in."""
+    return sorted(gain, key=lambda n: gain[n] / extra[n] if extra[n] > 0 else math.inf, reverse=True)
+
+
+def pick(gain: dict[str, float], extra: dict[str, float], base: float, weights: int, target: float) -> set[str]:
+    """The names to raise so that ``(base + their extra bits) / weights`` lands within :data:`TOLERANCE` of
+    ``target``, the nearest of: :func:`greedy`'s choice (at or below the target), that plus the one name (the most
+    gain per bit among equals) that lands nearest over it, and, where neither is within the tolerance because the
+    units are few and large, the mix within it that saves the most gain over all counts of each unit size
+    (:func:`_best_mix`).
+
+    Raises :class:`UsageError` (exit 2) naming the nearest reachable bits when no mix is within the tolerance: the
+    target lies between two mixes more than twice the tolerance apart, so running the method would only fail the
+    check after the save."""
+    room = target * weights - base
+    order = _by_gain_per_bit(gain, extra)
+    taken = greedy(gain, extra, room)
+    spent = sum(extra[n] for n in taken)
+    over = min((n for n in order if n not in taken), key=lambda n: abs(spent + extra[n] - room), default=None)
+    if over is not None and abs(spent + extra[over] - room) < abs(spent - room):
+        taken, spent = taken | {over}, spent + extra[over]
+    slack = TOLERANCE * weights * (1 - 1e-9)  # the files' count must pass verify()'s test, rounding included
+    if abs(spent - room) <= slack:
+        return taken
+    best, under, above = _best_mix(order, gain, extra, room, slack, weights)
+    if best is not None:
+        return best
+    reachable = " and ".join(f"{(base + x) / weights:.3f}" for x in (under, above) if x is not None)
+    raise UsageError(f"--target-bits {target:g} is more than {TOLERANCE} from every mix these layer groups make "
+                     f"(the nearest: {reachable} bits per weight); nothing was quantized",
+                     hint=f"choose a target within {TOLERANCE} of {reachable.replace(' and ', ' or ')}; the "
+                          "sensitivity just measured is cached, so the next run plans at once")
+
+
+def _best_mix(order: list[str], gain: dict[str, float], extra: dict[str, float], room: float, slack: float,
+              weights: int) -> tuple[set[str] | None, float, float | None]:
+    """Of the mixes whose extra bits are within ``slack`` of ``room``, the one saving the most ``gain`` (None: there
+    is none), and the extra bits of the nearest mixes at or below ``room`` and above ``room + slack`` (None: none).
+
+    A knapsack over how many units of each size are raised, the names of a size taken in ``order`` (the most gain
+    per bit first). Sums are kept one per step of a thousandth of the tolerance, the one saving most, so the search
+    is bounded (at most 40,000 sums per size, whatever the model) and within a few thousandths of a bit of exact."""
+    sizes: dict[float, list[str]] = {}
+    for n in order:
+        if extra[n] > 0:  # a name that adds no bits is no choice: greedy() has taken it
+            sizes.setdefault(round(extra[n], 3), []).append(n)
+    step = TOLERANCE * weights / 1000
+    sums: dict[int, tuple[float, float, tuple[int, ...]]] = {0: (0.0, 0.0, ())}  # step -> (sum, gain, counts)
+    above: float | None = None
+    for size, names in sizes.items():
+        grown: dict[int, tuple[float, float, tuple[int, ...]]] = {}
+        first = [0.0]  # the gain of raising the first c names of this size
+        for n in names:
+            first.append(first[-1] + gain[n])
+        for total, saved, counts in sums.values():
+            for c in range(len(names) + 1):
+                s = total + c * size
+                if s > room + slack:  # raising more of this size, or any other, only moves further above
+                    above = s if above is None else min(above, s)
+                    break
+                state = (s, saved + first[c], counts + (c,))
+                key = int(s // step)
+                if key not in grown or state[1] > grown[key][1]:
+                    grown[key] = state
+        sums = grown
+    groups = list(sizes.values())
+    near = [m for m in sums.values() if abs(m[0] - room) <= slack]
+    best = max(near, key=lambda m: m[1], default=None)
+    chosen = {n for group, c in zip(groups, best[2]) for n in group[:c]} if best else None
+    return chosen, max(m[0] for m in sums.values()), above
 
 
 def planned_bits(plan: list[Unit], low: Precision, high: Precision) -> float:
@@ -360,11 +437,20 @@ def measured_bits(folder: Path, plan: list[Unit]) -> float:
     return stored * 8 / sum(u.params for u in plan)
 
 
-def verify(achieved: float, target: float) -> None:
-    if abs(achieved - target) > TOLERANCE:
-        raise BackendError(f"the artifact has {achieved:.3f} bits per weight in its quantized layers, more than "
-                           f"{TOLERANCE} from --target-bits {target:g}; nothing was written",
-                           hint="a layer was stored otherwise than planned; rerun with --debug")
+def verify(achieved: float, target: float, planned: float | None = None) -> None:
+    """Fail the run (exit 1, nothing written) when the bits counted from the files are more than :data:`TOLERANCE`
+    from the target; the hint blames the stored layers only when the plan (``planned``) was within it."""
+    if abs(achieved - target) <= TOLERANCE:
+        return
+    if planned is None:
+        hint = "compare the bits plan in the log above with what was stored; rerun with --debug"
+    elif abs(planned - target) > TOLERANCE:
+        hint = (f"the plan itself had {planned:.3f} bits per weight: choose a target within {TOLERANCE} of what the "
+                "layer groups mix to here")
+    else:
+        hint = f"the plan had {planned:.3f}: a layer was stored otherwise than planned; rerun with --debug"
+    raise BackendError(f"the artifact has {achieved:.3f} bits per weight in its quantized layers, more than "
+                       f"{TOLERANCE} from --target-bits {target:g}; nothing was written", hint=hint)
 
 
 def manifest(plan: list[Unit], target: float, achieved: float, low: Precision, high: Precision,
