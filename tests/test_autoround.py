@@ -161,3 +161,18 @@ def test_gptq_after_awq_smooths_then_quantizes(tmp_path):
     norm = "model.layers.0.post_attention_layernorm.weight"
     with safe_open(str(TINY / "model.safetensors"), "pt") as src, safe_open(str(out / "model.safetensors"), "pt") as f:
         assert not torch.equal(src.get_tensor(norm), f.get_tensor(norm))
+
+
+@pytest.mark.unit
+def test_batch_larger_than_the_samples_is_refused_or_lowered_to_what_runs() -> None:
+    """AutoRound runs at most all the samples in a step (auto-round 0.15 clamps its batch to them, silently): a
+    --batch-size given above --samples is refused, the default 8 above them is lowered to what runs, so the manifest
+    records the batch that ran."""
+    from quantkit.errors import UsageError
+
+    with pytest.raises(UsageError, match="--batch-size 8 is more than the 4 calibration samples"):
+        modifiers.autoround_batch(AutoRoundSpec(method="autoround", batch_size=8), 4)
+    assert modifiers.autoround_batch(AutoRoundSpec(method="autoround"), 4).batch_size == 4
+    assert modifiers.autoround_batch(AutoRoundSpec(method="autoround", batch_size=4), 4).batch_size == 4
+    gptq = GptqSpec(method="gptq")
+    assert modifiers.autoround_batch(gptq, 1) is gptq

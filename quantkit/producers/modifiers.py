@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from quantkit.errors import UsageError
 from quantkit.formats.names import Method
 from quantkit.formats.specs import DEFAULT_GROUP_SIZE
 from quantkit.producers import mixed
@@ -159,6 +160,22 @@ def _plan_autoround(spec: Any) -> Plan:
                                          "iterations": spec.iterations, "batch_size": spec.batch_size,
                                          "lr": spec.lr if spec.lr is not None else 1 / spec.iterations},
                 signed_scales=True)
+
+
+def autoround_batch(spec: Any, samples: int) -> Any:
+    """The AutoRound spec with the batch it runs on ``samples`` calibration samples (another method's unchanged).
+
+    AutoRound draws each tuning step's batch from the samples and runs at most all of them (auto-round 0.15:
+    ``batch_size = min(batch_size, nsamples)``), silently, so a manifest would record a batch that never ran. A
+    ``--batch-size`` given larger than ``--samples`` is refused (exit 2): the user asked for something that cannot
+    happen. The default 8 with fewer samples is lowered to them, which is what runs, and what the manifest says."""
+    if spec.method != Method.AUTOROUND or spec.batch_size <= samples:
+        return spec
+    if "batch_size" in spec.model_fields_set:
+        raise UsageError(f"--batch-size {spec.batch_size} is more than the {samples} calibration samples AutoRound "
+                         "tunes on: each step's batch is drawn from them",
+                         hint=f"give --batch-size {samples} or less, or --samples {spec.batch_size} or more")
+    return spec.model_copy(update={"batch_size": samples})
 
 
 def _plan_rtn(spec: Any, split: dict[int, list[str]] | None = None) -> Plan:
