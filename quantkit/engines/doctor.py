@@ -263,9 +263,11 @@ def describe_artifact(path: Path) -> dict[str, Any]:
     kind = kinds.detect(path)
     root = path if path.is_dir() else path.parent
     written: dict[str, str] = {}
+    named: Any = None  # the manifest's name for the scheme (a mix: W4A16_ASYM+W8A16)
     if (root / artifact_mod.MANIFEST).exists():
         try:
-            written = artifact_mod.read_manifest(root).versions
+            manifest = artifact_mod.read_manifest(root)
+            written, named = manifest.versions, manifest.quantization.get("scheme")
         except QuantkitError:  # an unreadable manifest is verify's business; doctor reads the configs
             written = {}
     info: dict[str, Any] = {"path": str(path), "kind": kind.name, "architecture": _architecture(path)}
@@ -278,7 +280,9 @@ def describe_artifact(path: Path) -> dict[str, Any]:
         cfg = json.loads((path / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise UsageError(f"{path / 'config.json'} is unreadable: {e}") from None
-    info.update(checkpoint_quantization(path))
+    info.update(checkpoint_quantization(path))  # every config group, not the first alone
+    if isinstance(named, str):
+        info["scheme"] = named
     q = quantization_config(cfg)
     if kind.name == KindName.COMPRESSED_TENSORS:
         info["quantization_config"] = q

@@ -114,11 +114,14 @@ def _describe_format(path: Path, manifest: Manifest | None) -> str:
         info = describe_gguf_files(path)[0]
         text = f"gguf {str(info.get('type', '?')).removeprefix('ALL_')}"
     else:
-        q = checkpoint_quantization(path)
+        q = checkpoint_quantization(path)  # every config group of a mix, not the first alone
+        named = manifest.quantization.get("scheme") if manifest else None
+        if isinstance(named, str):
+            q["scheme"] = named
         fmt = q.get("format", "?")
         if fmt == "compressed-tensors":
-            gs = q.get("group_size")
-            text = f"compressed-tensors {q.get('scheme')}" + (f" g{gs}" if gs else "")
+            gs = q.get("group_size")  # one size for every group ("16+none" for a mix with per-channel layers)
+            text = f"compressed-tensors {q.get('scheme')}" + (f" g{gs}" if isinstance(gs, int) else "")
         elif fmt == "hf":
             text = f"hf {q.get('dtype') or '?'}"
         else:
