@@ -217,7 +217,11 @@ def test_doctor_flags_unknown_compressed_tensors_format(ct_artifact: Path, tmp_p
     assert checks["format"]["status"] == "ok"
     assert checks["scheme"]["status"] == "fail" and "scale_layout" in checks["scheme"]["message"]
 
-    # smoke runs doctor first and stops before starting any server
+    # smoke refuses the artifact first, its config.json being changed since it was sealed; a checkpoint with no
+    # quantkit.json it checks with doctor first and stops before starting any server
+    sealed = quantkit("smoke", skewed, "--engine", "vllm", "--log-dir", tmp_path / "logs", timeout=300)
+    assert sealed.returncode == 1 and "changed ['config.json']" in sealed.stderr, sealed.stderr
+    (skewed / "quantkit.json").unlink()
     proc = quantkit("smoke", skewed, "--engine", "vllm", "--log-dir", tmp_path / "logs", "--json", timeout=300)
     assert proc.returncode == 1
     run = json.loads(proc.stdout)["runs"][0]
