@@ -163,6 +163,10 @@ def _run(recipe: Recipe, release: Path, *, force: bool, rep: Reporter, evaluate:
     done = [r for r in results if r.status in ("built", "reused")]
     checks = verification_sha256(recipe)
     todo = [r for r in done if force or r.status == "built" or not _recall(r, checks)]
+    regated = [r for r in done if r not in todo and evaluate and _regate(r, recipe, tasks)]
+    if regated:  # the same numbers under other limits: the last report's verdicts are this run's
+        rep.log(f"[green]✓[/] evaluation reused ({', '.join(r.name for r in regated)}): the recorded figures, "
+                "checked against this recipe's gates")
     if todo and evaluate and recipe.evaluation.enabled:
         _evaluate(recipe, src, todo, rep)
         for r in todo if tasks else []:
@@ -172,6 +176,8 @@ def _run(recipe: Recipe, release: Path, *, force: bool, rep: Reporter, evaluate:
             _smoke(recipe, r, rep)
             if recipe.smoke.tune_kernels:
                 _tune(recipe, r, rep)
+    if regated:
+        _rewrite_report(release, done, recipe)
     for r in done:
         if not (evaluate and recipe.evaluation.enabled):
             r.evaluation = r.evaluation or {"status": "skipped", "summary": "evaluation turned off"}
@@ -188,10 +194,15 @@ def _run(recipe: Recipe, release: Path, *, force: bool, rep: Reporter, evaluate:
 
 
 def verification_sha256(recipe: Recipe) -> str:
-    """Hash of the verification settings: results recorded under the same hash are reused on a re-run."""
+    """Hash of what decides the verification's figures: the evaluation protocol, the tasks as scored, the smoke
+    settings and the source. Results recorded under the same hash are reused on a re-run. The gates (``gates``, each
+    task's ``min_recovery``) are left out: they are limits on the recorded figures, which a re-run checks again
+    (:func:`_regate`) rather than re-scoring every model to change a threshold."""
     import hashlib
 
-    data = {"evaluation": recipe.evaluation.model_dump(mode="json"), "smoke": recipe.smoke.model_dump(mode="json"),
+    protocol = recipe.evaluation.model_dump(mode="json", exclude={"gates": True,
+                                                                  "tasks": {"__all__": {"min_recovery"}}})
+    data = {"evaluation": protocol, "smoke": recipe.smoke.model_dump(mode="json"),
             "source": recipe.model.model_dump(mode="json")}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
@@ -204,8 +215,106 @@ def _recall(r: OutputResult, checks: str) -> bool:
         return False
     if "failed" in ((rec.evaluation or {}).get("status"), (rec.smoke or {}).get("status")):
         return False
+    if (rec.evaluation or {}).get("results") and "baseline" not in rec.evaluation:
+        return False  # recorded before the baseline's figures were: the report could not be written again from it
     r.evaluation, r.smoke, r.gates = rec.evaluation, rec.smoke, rec.gates
     return True
+
+
+def _regate(r: OutputResult, recipe: Recipe, tasks: list[Task]) -> bool:
+    """Check a recalled evaluation's figures against this recipe's gates (the evaluation's and each task's
+    ``min_recovery``), as scoring them would have; whether any verdict or limit differs from the recorded ones."""
+    from quantkit.evaluation import gates as gates_mod
+
+    ev = r.evaluation or {}
+    before = r.gates
+    limits = gates_mod.resolve({}, recipe.evaluation.gates)
+    gates: list[dict[str, Any]] = []
+    results = []
+    for x in ev.get("results") or []:
+        checked = [g.to_json() for g in gates_mod.check({k: x.get(k) for k in ("ppl_ratio", "kld", "top1")}, limits)]
+        results.append({**x, "gates": checked, "passed": all(g["passed"] for g in checked)})
+        gates += [{**g, "file": x.get("file")} for g in checked]
+    by_name = {t.name: t for t in tasks}
+    rows = []
+    for x in ev.get("tasks") or []:
+        task = by_name.get(x["task"])
+        limit = task.gates.get(x["metric"]) if task else None
+        passed = limit is None or (x["recovery"] is not None and x["recovery"] >= limit)
+        rows.append({**x, "min_recovery": limit, "passed": passed})
+        if limit is not None:
+            gates.append(_task_gate(rows[-1]))
+    ev = {**ev, "results": results} if "results" in ev else dict(ev)
+    if "tasks" in ev:
+        ev["tasks"] = rows
+    if skipped := ev.get("tasks_skipped"):
+        ev["tasks_skipped"] = {**skipped, "gates_not_checked": [
+            f"min_recovery {name} {m} >= {x:g}" for name in skipped["tasks"] if name in by_name
+            for m, x in by_name[name].gates.items()]}
+    r.evaluation, r.gates = ev, gates
+    if gates == before:
+        return False
+    _rewrite_tasks_report(r, by_name)
+    return True
+
+
+def _rewrite_tasks_report(r: OutputResult, tasks: dict[str, Task]) -> None:
+    """The gate column of the output's ``tasks.md`` under this run's limits: each recorded row rendered again as
+    the task run renders it (its figures unchanged), in place of the line the last run wrote with its own limits."""
+    from quantkit.tasks.report import TASKS_REPORT, tasks_table
+    from quantkit.tasks.results import HEADER, Row
+
+    path = r.path / TASKS_REPORT
+    recorded = [x for x in (r.evaluation or {}).get("tasks") or [] if x["task"] in tasks]
+    if not recorded or not path.is_file():
+        return
+    lines = {}
+    for x in recorded:
+        row = Row(label=x["label"], engine=x["engine"], task=tasks[x["task"]], metric=x["metric"],
+                  baseline=x["baseline"], baseline_stderr=x["baseline_stderr"], value=x["artifact"],
+                  stderr=x["artifact_stderr"], recovery=x["recovery"], samples=x["samples"],
+                  num_fewshot=x["num_fewshot"], limit=x["min_recovery"])
+        line = tasks_table([row.cells()], HEADER)[-1]
+        lines[line.rsplit(" | ", 1)[0]] = line  # keyed by every cell but the gate's
+    text = path.read_text()
+    artifact.write_text_atomic(path, "".join(lines.get(line.rsplit(" | ", 1)[0], line) + "\n"
+                                             for line in text.splitlines()))
+
+
+def _rewrite_report(release: Path, done: list[OutputResult], recipe: Recipe) -> None:
+    """``report.md`` and its plot again, from the outputs' records (recalled or scored now, one protocol) under this
+    run's gates: a recalled evaluation's report was written with the last run's limits, and a release's report must
+    give the verdicts its ``report.json`` gives."""
+    from types import SimpleNamespace
+
+    from quantkit.evaluation import gates as gates_mod, report as report_mod
+    from quantkit.evaluation.metrics import Metrics
+    from quantkit.evaluation.results import EvalReport, Result, Target
+
+    records = [(r, x) for r in done for x in (r.evaluation or {}).get("results") or []]
+    if not records:
+        return
+    limits = gates_mod.resolve({}, recipe.evaluation.gates)
+    fields = Metrics.__dataclass_fields__
+
+    def result(x: dict[str, Any], folder: Path | None) -> Result:
+        target = Target(label=x["label"], path=Path(x["path"]), engine=str(x["engine"].get("engine")),
+                        manifest_dir=folder, manifest=None, format=x["format"], size_bytes=x["size_bytes"],
+                        gates=limits)
+        metrics = Metrics(**{k: x.get(k) for k in fields})
+        metrics.ppl = float("nan") if metrics.ppl is None else metrics.ppl  # null in JSON: a non-finite figure
+        return Result(target=target, engine=x["engine"], metrics=metrics, ppl_ratio=x.get("ppl_ratio"),
+                      bits_per_weight=x.get("bits_per_weight"), seconds=x.get("seconds") or 0.0,
+                      gates=[gates_mod.GateResult(**{k: g[k] for k in ("gate", "metric", "value", "limit", "passed")})
+                             for g in x.get("gates") or []],
+                      kld_method=x.get("kld_method"), numerics=x.get("numerics"), images=x.get("images"))
+
+    ev = records[0][0].evaluation or {}
+    p = ev["protocol"]
+    protocol = SimpleNamespace(**{**p, "windows": range(p["windows"])})  # the recorded protocol, as report.md reads it
+    report = EvalReport(protocol=protocol, baseline=result(ev["baseline"], None),  # type: ignore[arg-type]
+                        results=[result(x, r.path) for r, x in records], kld_method=ev.get("kld_method", ""))
+    report_mod.write(report, release, Reporter(quiet=True))
 
 
 def _evaluate(recipe: Recipe, src: source_mod.SourceModel, done: list[OutputResult], rep: Reporter) -> None:
@@ -247,6 +356,7 @@ def _evaluate(recipe: Recipe, src: source_mod.SourceModel, done: list[OutputResu
             continue
         rows = [x.to_json() for x in mine]
         r.evaluation = {"baseline_ppl": report.baseline.metrics.ppl, "protocol": report.protocol.manifest(),
+                        "baseline": report.baseline.to_json(), "kld_method": report.kld_method,
                         "results": [{**row, "file": Path(row["path"]).name if row["path"].endswith(".gguf") else None}
                                     for row in rows]}
         r.gates = [{**g.to_json(), "file": Path(x.target.path).name if str(x.target.path).endswith(".gguf") else None}
@@ -280,11 +390,9 @@ def _score_tasks(recipe: Recipe, src: source_mod.SourceModel, tasks: list[Task],
         except UsageError as e:  # the engine cannot score it here (not installed, refuses the artifact)
             skipped, why = tasks, e.message
         else:
-            r.evaluation = {**(r.evaluation or {}), "tasks": [row.to_json() for row in report.rows]}
-            r.gates += [{"gate": f"min_recovery {row.task.name} {row.metric} (artifact {row.value:.4f}, baseline "
-                                 f"{row.baseline:.4f})", "value": row.recovery, "limit": row.limit,
-                         "passed": row.passed, "file": Path(row.label).name if row.label.endswith(".gguf") else None}
-                        for row in report.rows if row.limit is not None]
+            rows = [row.to_json() for row in report.rows]
+            r.evaluation = {**(r.evaluation or {}), "tasks": rows}
+            r.gates += [_task_gate(x) for x in rows if x["min_recovery"] is not None]
     if not skipped:
         return
     unchecked = [f"min_recovery {t.name} {m} >= {x:g}" for t in skipped for m, x in t.gates.items()]
@@ -292,6 +400,13 @@ def _score_tasks(recipe: Recipe, src: source_mod.SourceModel, tasks: list[Task],
             + (f"; not checked: {', '.join(unchecked)}" if unchecked else ""))
     r.evaluation = {**(r.evaluation or {}),
                     "tasks_skipped": {"tasks": [t.name for t in skipped], "why": why, "gates_not_checked": unchecked}}
+
+
+def _task_gate(row: dict[str, Any]) -> dict[str, Any]:
+    """One task row's recovery gate, as the run records it among the output's gates (``row``: a task row's JSON)."""
+    return {"gate": f"min_recovery {row['task']} {row['metric']} (artifact {row['artifact']:.4f}, baseline "
+                    f"{row['baseline']:.4f})", "value": row["recovery"], "limit": row["min_recovery"],
+            "passed": row["passed"], "file": Path(row["label"]).name if row["label"].endswith(".gguf") else None}
 
 
 def _smoke(recipe: Recipe, r: OutputResult, rep: Reporter) -> None:
@@ -366,15 +481,11 @@ def write_model_card(r: OutputResult, recipe: Recipe, src: source_mod.SourceMode
     if cal:
         lines += ["", f"Calibration: `{cal.dataset}`, {cal.samples} samples x {cal.seq_len} tokens, "
                       f"token sha256 `{cal.tokens_sha256}`."]
-    lines += ["", "Recipe:", "", "```yaml", m.recipe_yaml.strip(), "```"]
-    if r.evaluation:
-        lines += ["", "## Evaluation", ""] + _eval_table(r.evaluation)
-        if isinstance(r.evaluation.get("tasks"), list):
-            lines += ["", "## Task accuracy", ""] + _tasks_table(r.evaluation["tasks"])
-        if skipped := r.evaluation.get("tasks_skipped"):
-            lines += ["", f"Not scored: {', '.join(skipped['tasks'])} ({skipped['why']})"
-                      + (f"; gates not checked: {', '.join(skipped['gates_not_checked'])}."
-                         if skipped.get("gates_not_checked") else ".")]
+    # The recipe as it was when the artifact was built: a later run that reuses the artifact may evaluate it with
+    # other settings, which the Evaluation section states for itself.
+    lines += ["", "Build recipe (what made this artifact; the evaluation below states its own protocol and gates):",
+              "", "```yaml", m.recipe_yaml.strip(), "```"]
+    lines += _evaluation_section(r)
     if r.smoke:
         lines += ["", "## Smoke test", "", f"{r.smoke.get('status', '?')}: {r.smoke.get('summary', '')}"]
     lines += tune_mod.card_section(m.serving.model_dump(mode="json") if m.serving else None)
@@ -397,27 +508,83 @@ def _library(fmt: str | None) -> str:
     return {KindName.GGUF: "gguf", KindName.COMPRESSED_TENSORS: "transformers"}.get(fmt or "", "transformers")
 
 
-def _eval_table(ev: dict[str, Any]) -> list[str]:
-    rows = ev.get("results") or [ev]
+def _evaluation_section(r: OutputResult) -> list[str]:
+    """The card's evaluation: the protocol the numbers come from, the figures, task accuracy, and every gate with its
+    verdict, all from this run's evaluation (never the build recipe's settings)."""
+    ev = r.evaluation
+    if not ev:
+        return []
+    lines = ["", "## Evaluation", ""] + _protocol_lines(ev) + _eval_table(ev, r.name)
+    if isinstance(ev.get("tasks"), list):
+        lines += ["", "## Task accuracy", ""] + _tasks_table(ev["tasks"])
+    if skipped := ev.get("tasks_skipped"):
+        lines += ["", f"Not scored: {', '.join(skipped['tasks'])} ({skipped['why']})"
+                  + (f"; gates not checked: {', '.join(skipped['gates_not_checked'])}."
+                     if skipped.get("gates_not_checked") else ".")]
+    return lines + ["", "## Gates", ""] + _gate_lines(r.gates)
+
+
+def _protocol_lines(ev: dict[str, Any]) -> list[str]:
+    """The card's sentence saying what the numbers below were measured on and with: the run's evaluation protocol,
+    which may differ from the build recipe's when a later run re-evaluated a reused artifact."""
+    from quantkit.evaluation.report import engine_line
+
+    p = ev.get("protocol")
+    if not p:
+        return []
+    engines = sorted({engine_line({k: v for k, v in (x.get("engine") or {}).items() if k in ("engine", "version",
+                                                                                                "device")})
+                      for x in ev.get("results") or []})
+    windows = f"stride {p['stride']}" if p.get("stride") else "non-overlapping windows"
+    return [f"Protocol: {p['tokens_scored']:,} tokens of `{p['source']}` (dataset `{p['dataset']}`), ctx {p['ctx']}, "
+            f"{windows}" + (f"; engine {', '.join(engines)}" if engines else "")
+            + f"; baseline perplexity {artifact.fmt_num(ev.get('baseline_ppl'))}.", ""]
+
+
+def _eval_table(ev: dict[str, Any], name: str) -> list[str]:
+    """Perplexity, ratio, KLD and top-1 of each file scored (a GGUF output's files each have a row; another output's
+    one row is named by the output), or the step's status where it scored nothing."""
+    rows = ev.get("results")
+    if not rows:
+        return [f"{ev.get('status', '?')}: {ev.get('summary', '')}"]
     out = ["| file | ppl | ppl ratio | KLD | top-1 |", "| --- | --- | --- | --- | --- |"]
+    f = artifact.fmt_num
     for x in rows:
-        f = artifact.fmt_num
-        out.append(f"| {x.get('file', x.get('name', ''))} | {f(x.get('ppl'))} | {f(x.get('ppl_ratio'))} | "
+        out.append(f"| {x.get('file') or name} | {f(x.get('ppl'))} | {f(x.get('ppl_ratio'))} | "
                    f"{f(x.get('kld'), 4)} | {f(x.get('top1'))} |")
     return out
 
 
 def _tasks_table(rows: list[dict[str, Any]]) -> list[str]:
-    """The model card's lm-eval table: each task and metric, baseline and artifact with their standard errors."""
+    """The model card's lm-eval table: each task and metric, baseline and artifact with their standard errors; with
+    the file each row scored when the rows come from several (a GGUF output scores each of its files)."""
     def pm(x: float, err: float | None) -> str:
         return f"{x:.4f}" + (f" ± {err:.4f}" if err is not None else "")
 
-    out = ["| task | metric | baseline | artifact | recovery | items | few-shot |",
-           "| --- | --- | --- | --- | --- | --- | --- |"]
+    files = len({x.get("label") for x in rows}) > 1
+    head = ("file", "task", "metric", "baseline", "artifact", "recovery", "items", "few-shot")[0 if files else 1:]
+    out = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for x in rows:
         rec = "-" if x["recovery"] is None else f"{x['recovery']:.4f}"
-        out.append(f"| {x['task']} | {x['metric']} | {pm(x['baseline'], x['baseline_stderr'])} | "
+        out.append("| " + (f"{Path(x['label']).name} | " if files else "")
+                   + f"{x['task']} | {x['metric']} | {pm(x['baseline'], x['baseline_stderr'])} | "
                    f"{pm(x['artifact'], x['artifact_stderr'])} | {rec} | {x['samples']} | {x['num_fewshot']} |")
+    return out
+
+
+def _gate_lines(gates: list[dict[str, Any]]) -> list[str]:
+    """Each gate this run checked (its evaluation's limits, not the build recipe's), with its value and verdict."""
+    from quantkit.evaluation.gates import GATES
+
+    if not gates:
+        return ["No gate was checked."]
+    failed = sum(not g["passed"] for g in gates)
+    out = ["All gates pass." if not failed else f"**{failed} gate(s) failed.**", ""]
+    for g in gates:
+        op = GATES[g["gate"]][1] if g["gate"] in GATES else ">="
+        value = "not measured" if g["value"] is None else f"{g['value']:.4g}"
+        out.append(f"- {g['file'] + ': ' if g.get('file') else ''}{g['gate']}: {value} (limit {op} {g['limit']:g}) "
+                   + ("pass" if g["passed"] else "FAIL"))
     return out
 
 

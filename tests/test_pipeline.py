@@ -101,6 +101,17 @@ def test_bundle_has_sums_reports_plot_and_model_cards(release) -> None:
         # the multiple-choice task llama-server cannot score is said on the GGUF's card, never passed over
         assert (art == "gguf") == ("Not scored: quantkit_nextsentence (llama-server gives no prompt" in card), art
         assert artifact.verify(rel / art).ok
+        # the evaluation section: its protocol, each row named (a GGUF file, else the output), its gates' verdicts
+        evaluation = card[card.index("## Evaluation"):card.index("## Smoke test")]
+        assert "Protocol: 4,096 tokens of `heldout` (dataset `heldout`), ctx 512" in evaluation, evaluation
+        assert "| None |" not in evaluation and "## Gates\n\nAll gates pass." in evaluation, evaluation
+        assert art == "gguf" or f"\n| {art} | " in evaluation, evaluation
+    # a GGUF output's task rows, one per file, say which file each scored
+    card = (rel / "gguf" / "README.md").read_text()
+    tasks = card[card.index("## Task accuracy"):card.index("## Gates")]
+    assert "| file | task | metric |" in tasks, tasks
+    for name in ("quantkit-tiny-Q8_0.gguf", "quantkit-tiny-Q4_K_M.gguf"):
+        assert f"| {name} | quantkit_lastword_gen | exact_match,first-word |" in tasks, tasks
 
 
 def test_rerun_redoes_nothing(release) -> None:
@@ -273,3 +284,38 @@ def test_a_local_source_names_the_hub_id_it_came_from_in_the_model_card(tmp_path
         assert proc.returncode == 2 and "model.base_model" in proc.stderr and "is not a hub id" in proc.stderr, \
             (bad, proc.stderr[-1000:])
     assert not (tmp_path / "two").exists()
+
+
+def test_a_gate_change_rechecks_the_recorded_figures_and_the_card_says_what_was_measured(tmp_path: Path) -> None:
+    """Gates are limits on recorded figures: a re-run whose only change is a gate scores nothing again (no model
+    loads), checks the recorded figures against the new limits, the tasks' recovery gates too (exit 3, naming each
+    gate), and says so in report.md, tasks.md, report.json and the card; the card states the protocol and the gates
+    its numbers were checked against, beside the build recipe that made the artifact (and its limits then)."""
+    recipe = (f"model:\n  source: {TINY}\noutput: one\nquantize:\n  method: rtn\n"
+              "evaluation:\n  dataset: heldout\n  ctx: 64\n  max_tokens: 64\n{gates}"
+              "  tasks:\n    - {{task: quantkit_lastword, limit: 2{recovery}}}\nsmoke:\n  enabled: false\n")
+    (tmp_path / "r.yaml").write_text(recipe.format(gates="", recovery=""))
+    first = quantkit("run", "r.yaml", "--json", cwd=tmp_path, check=True)  # --json: the log goes to stderr
+    assert "loading baseline in" in first.stderr, first.stderr[-2000:]
+    card = (tmp_path / "one" / "README.md").read_text()
+    assert "\n| None |" not in card and "\n| one | " in card, card  # the output's name, not a stored None
+    assert "Protocol: 64 tokens of `heldout`" in card and "All gates pass." in card, card
+    assert "Build recipe (what made this artifact" in card and "max_kld: 0.5" in card
+
+    (tmp_path / "r.yaml").write_text(recipe.format(gates="  gates: {max_kld: 0.000001}\n",
+                                                   recovery=", min_recovery: 10"))  # no recovery reaches 10
+    proc = quantkit("run", "r.yaml", "--json", cwd=tmp_path)
+    assert proc.returncode == 3 and "max_kld" in proc.stderr and "1e-06" in proc.stderr, proc.stderr[-2000:]
+    assert "min_recovery quantkit_lastword acc" in proc.stderr, proc.stderr[-2000:]
+    assert "evaluation reused (one)" in proc.stderr and "loading " not in proc.stderr, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report["outputs"][0]["status"] == "reused" and report["failed_gates"], report
+    gate = next(g for g in report["outputs"][0]["gates"] if g["gate"] == "max_kld")
+    assert gate["limit"] == 0.000001 and gate["passed"] is False
+    assert "max_kld: kld" in (tmp_path / "one" / "report.md").read_text() and \
+        "(limit <= 1e-06) FAILED" in (tmp_path / "one" / "report.md").read_text()
+    card = (tmp_path / "one" / "README.md").read_text()
+    assert "**2 gate(s) failed.**" in card and "(limit <= 1e-06) FAIL" in card and "(limit >= 10) FAIL" in card, card
+    assert "| FAIL (≥ 10) |" in (tmp_path / "one" / "tasks.md").read_text()
+    assert "Build recipe (what made this artifact" in card and "max_kld: 0.5" in card  # the limit it was built under
+    assert artifact.verify(tmp_path / "one").ok
