@@ -245,7 +245,7 @@ def _to_target(ctx: ProduceContext, plan: convert.Plan, intermediate: Path, made
                                ctx.workdir / im.record["file"] if im else None, ctx.workdir)
     record["measured_bits"] = round(target_bits.file_bits(made), 4)
     record["tolerance"] = mixed.TOLERANCE
-    mixed.verify(record["measured_bits"], ctx.spec.target_bits)
+    mixed.verify(record["measured_bits"], ctx.spec.target_bits, record["planned_bits"])
     rep.log(f"bits per weight of the block matrices: {record['measured_bits']:.3f} (target {ctx.spec.target_bits:g})")
     return record, calib
 

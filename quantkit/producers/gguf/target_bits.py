@@ -11,8 +11,8 @@ where they buy the most, by the same measured sensitivity as the compressed-tens
    unquantized intermediate (gguf-py dequantizes every type), so a group llama.cpp already keeps at 6 bits
    (``attn_v``) is worth little and a group that fell back to Q5_0 is priced as Q5_0;
 3. a group's KLD at the file's types is estimated as its int4 KLD scaled by the ratio of those errors, and groups
-   are raised to Q8_0 by most KLD saved per extra bit (:func:`quantkit.producers.mixed.greedy`) while the
-   average stays at or below the target;
+   are raised to Q8_0 by most KLD saved per extra bit, the mix within the tolerance of the target
+   (:func:`quantkit.producers.mixed.pick`, which refuses a target no mix comes near before the file is made again);
 4. ``llama-quantize --tensor-type-file`` makes the file again with those tensors at Q8_0 (and the same matrix);
    its bits per weight over the block matrices are counted from the file (tensor data bytes over weights) and the
    run fails, nothing written, when they are more than :data:`quantkit.producers.mixed.TOLERANCE` off.
@@ -188,8 +188,7 @@ def plan(model: Any, convert_plan: Any, base: Path, intermediate: Path, target: 
         rows.append({"name": u.name, "tensors": tensors, "params": u.params, "kld_int4": u.kld,
                      "types": sorted({in_file[t].type for t in tensors}), "error_ratio": scale,
                      "kld_estimated": gain[u.name]})
-    high = mixed.greedy({k: v for k, v in gain.items() if extra[k] > 0}, extra,
-                        target * weights - stored)
+    high = mixed.pick({k: v for k, v in gain.items() if extra[k] > 0}, extra, stored, weights, target)
     raised = {t for r in rows if r["name"] in high for t in r["tensors"]}
     for r in rows:
         r["type"] = HIGH_TYPE if r["name"] in high else "+".join(r["types"])
