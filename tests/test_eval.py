@@ -53,23 +53,27 @@ def gguf_eval(gguf_artifact) -> dict:
 @pytest.fixture(scope="session")
 def broken_model(tmp_path_factory) -> Path:
     """An RTN int8 artifact with the weight scales of four projections zeroed, as a producer bug would ship
-    it: re-sealed, so only its numbers can tell."""
+    it: sealed by quantkit's own writer, so only its numbers can tell."""
+    import shutil
+
     import torch
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
-    from quantkit.artifact import update_manifest
+    from quantkit import artifact
 
-    out = tmp_path_factory.mktemp("eval") / "rtn-w8-zeroed-scales"
-    quantkit("rtn", TINY, out, "--bits", "8", check=True)
-    weights_file = out / "model.safetensors"
-    with safe_open(weights_file, "pt") as f:
+    made = tmp_path_factory.mktemp("eval") / "rtn-w8"
+    quantkit("rtn", TINY, made, "--bits", "8", check=True)
+    with safe_open(made / "model.safetensors", "pt") as f:
         metadata = f.metadata()
-    tensors = load_file(weights_file)
+    tensors = load_file(made / "model.safetensors")
     for name in BROKEN:
         tensors[f"{name}_scale"] = torch.zeros_like(tensors[f"{name}_scale"])
-    save_file(tensors, weights_file, metadata=metadata)
-    update_manifest(out)
+    out = made.parent / "rtn-w8-zeroed-scales"
+    with artifact.ArtifactWriter(out) as w:
+        shutil.copytree(made, w.path, dirs_exist_ok=True, ignore=shutil.ignore_patterns(artifact.MANIFEST))
+        save_file(tensors, w.path / "model.safetensors", metadata=metadata)
+        w.commit(artifact.read_manifest(made))
     return out
 
 

@@ -5,8 +5,8 @@ Tested with matplotlib 3.11.2 (Agg backend, no display needed).
 The report puts every model evaluated together in one table (format, size, bits per weight, perplexity, ratio
 to the baseline, KLD, top-1, gates) above the protocol that produced the numbers, so a table can always be
 traced back to the exact tokens scored. Each artifact's ``quantkit.json`` gets an ``evaluation`` section with
-the same figures; :func:`quantkit.artifact.update_manifest` then re-hashes the folder, so a report written
-inside an artifact is part of its seal.
+the same figures; :func:`quantkit.artifact.update_manifest` then seals the report files quantkit wrote inside
+the artifact (and refuses the update where any other file differs from the manifest).
 """
 
 from __future__ import annotations
