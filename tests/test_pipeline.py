@@ -182,6 +182,8 @@ def test_a_source_whose_weights_changed_is_not_reused(tmp_path: Path) -> None:
     save_file(tensors, src / "model.safetensors", metadata={"format": "pt"})
     proc = quantkit("run", "r.yaml", "--no-eval", "--no-smoke", cwd=tmp_path)
     assert proc.returncode == 2 and "the source model's weights changed" in proc.stderr, proc.stderr[-2000:]
+    dry = quantkit("run", "r.yaml", "--no-eval", "--no-smoke", "--dry-run", cwd=tmp_path)  # a pre-flight check
+    assert dry.returncode == 2 and "cannot be reused" in dry.stderr, dry.stderr[-2000:]  # refuses as the run does
     proc = quantkit("eval", "rel/rtn-w4g128", "--baseline", src, "--max-tokens", "256", "--ctx", "256",
                     cwd=tmp_path)
     assert proc.returncode == 2 and "other weights than the baseline" in proc.stderr, proc.stderr[-2000:]

@@ -31,7 +31,9 @@ def run_cmd(
     verification gate failed, 130 interrupted."""
     r = api.load_recipe(recipe, {"output|--output": str(output) if output else None, "model.source|--model": model})
     if dry_run:
-        print_plan(api.plan(r, force=force, pipeline=True, evaluate=not no_eval, smoke=not no_smoke), json)
+        planned = api.plan(r, force=force, pipeline=True, evaluate=not no_eval, smoke=not no_smoke)
+        print_plan(planned, json)
+        planned.check()  # exit 2 where the run would refuse, once the plan is shown
         return
     rep = reporter(json)
     result = pipeline.run(r, force=force, reporter=rep, evaluate=not no_eval, smoke=not no_smoke)

@@ -40,7 +40,9 @@ def build_trt_cmd(
     """Build a recipe's TensorRT-LLM artifact(s): ModelOpt checkpoints, and the engine where it can be built."""
     r = api.trt_recipe(recipe, checkpoint_only=checkpoint_only, python=python, output=str(output) if output else None)
     if dry_run:
-        print_plan(api.plan(r, force=force, method="trt"), json)
+        planned = api.plan(r, force=force, method="trt")
+        print_plan(planned, json)
+        planned.check()  # exit 2 where the build would refuse, once the plan is shown
         return
     rep = reporter(json)
     results = api.build_trt(r, force=force, reporter=rep)
