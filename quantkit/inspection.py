@@ -276,7 +276,7 @@ def _describe(path: Path, check: artifact.VerifyResult | None) -> dict[str, Any]
         info["gguf"] = describe_gguf_files(path)
     elif path.is_dir():
         info.update(checkpoint_quantization(path))
-    home = home_of(path)
+    home = artifact.artifact_of(path)
     if home is not None:
         m = artifact.read_manifest(home)
         src = m.source
@@ -301,7 +301,8 @@ def _describe(path: Path, check: artifact.VerifyResult | None) -> dict[str, Any]
         info["calibration"] = m.calibration.model_dump(mode="json") if m.calibration else None
         info["evaluation"] = m.evaluation.model_dump(mode="json") if m.evaluation else None
         info["smoke"] = m.smoke.model_dump(mode="json") if m.smoke else None
-        check = check or _seal(path, home)
+        # the artifact itself, or one file or folder of it against its manifest: what `verify PATH` checks
+        check = check or (artifact.verify(home) if home == path else artifact.verify_file(path))
         info["manifest"] = check.to_json()
     else:
         info["manifest"] = None
@@ -313,40 +314,3 @@ def _describe(path: Path, check: artifact.VerifyResult | None) -> dict[str, Any]
     return info
 
 
-def home_of(path: Path) -> Path | None:
-    """The artifact a path belongs to: :func:`quantkit.artifact.artifact_of`, and for a folder inside an artifact
-    whose manifest lists files under it (the ``gptq/`` or ``autoawq/`` legacy layout of ``--format gptq`` or
-    ``--format autoawq``) the artifact above it. None when there is none."""
-    path = Path(path)
-    home = artifact.artifact_of(path)
-    if home is not None or not path.is_dir():
-        return home
-    for parent in path.resolve().parents:
-        if (parent / artifact.MANIFEST).is_file():
-            prefix = f"{path.resolve().relative_to(parent).as_posix()}/"
-            files = artifact.read_manifest(parent).files
-            return parent if any(rel.startswith(prefix) for rel in files) else None
-    return None
-
-
-def _seal(path: Path, home: Path) -> artifact.VerifyResult:
-    """``path`` against the manifest of ``home``: the whole artifact, one file of it, or a folder inside it (every
-    file under the folder, and every file the manifest lists there)."""
-    if path.is_file():
-        return artifact.verify_file(path)
-    folder, home = path.resolve(), home.resolve()
-    if folder == home:
-        return artifact.verify(home)
-    prefix = f"{folder.relative_to(home).as_posix()}/"
-    result = artifact.VerifyResult(root=path)
-    on_disk = set()
-    for f in sorted(folder.rglob("*")):
-        if f.is_file() and f.name != artifact.MANIFEST and not f.name.endswith(".lock"):
-            one = artifact.verify_file(f)
-            on_disk.add(prefix + f.relative_to(folder).as_posix())
-            result.checked += one.checked
-            result.changed += one.changed
-            result.extra += one.extra
-    result.missing = sorted(rel for rel in artifact.read_manifest(home).files
-                            if rel.startswith(prefix) and rel not in on_disk)
-    return result
