@@ -32,7 +32,8 @@ from quantkit.producers import modifiers  # noqa: E402
 from conftest import TINY, kld, log_probs, quantkit  # noqa: E402
 
 CONFIG = json.loads((TINY / "config.json").read_text())
-ARGS = {"autoround": ["autoround", "--samples", "8", "--seq-len", "128", "--iterations", "10", "--batch-size", "4"]}
+ARGS = {"autoround": ["autoround", "--samples", "8", "--seq-len", "128", "--iterations", "10", "--batch-size", "4"],
+        "autoround-4-samples": ["autoround", "--samples", "4", "--seq-len", "64", "--iterations", "2"]}
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -114,10 +115,12 @@ def test_autoround_recipe_and_refusals(tmp_path):
     assert kwargs["config_groups"]["group_0"]["weights"]["group_size"] == 64
     out = tmp_path / "nope"
     for flags, words in ((["--iterations", "0"], "iterations"), (["--bits", "3"], "bits"),
-                         (["--group-size", "96"], "group")):
-        proc = quantkit("autoround", TINY, out, *flags)
-        assert proc.returncode == 2, proc.stderr
-        assert words in proc.stderr and "Traceback" not in proc.stderr and not out.exists()
+                         (["--group-size", "96"], "group"),
+                         (["--samples", "4", "--batch-size", "8"], "more than the 4 calibration samples")):
+        for dry in ([], ["--dry-run"]):
+            proc = quantkit("autoround", TINY, out, *flags, *dry)
+            assert proc.returncode == 2, proc.stderr
+            assert words in proc.stderr and "Traceback" not in proc.stderr and not out.exists()
     bad = tmp_path / "asym.yaml"
     bad.write_text(path.read_text().replace("symmetric: true", "symmetric: false"))
     proc = quantkit("autoround", "--recipe", bad, "--output", out)
@@ -176,3 +179,10 @@ def test_batch_larger_than_the_samples_is_refused_or_lowered_to_what_runs() -> N
     assert modifiers.autoround_batch(AutoRoundSpec(method="autoround", batch_size=4), 4).batch_size == 4
     gptq = GptqSpec(method="gptq")
     assert modifiers.autoround_batch(gptq, 1) is gptq
+
+
+def test_the_manifest_records_the_batch_autoround_ran(build):
+    """The default batch (8) with 4 samples: AutoRound runs batches of 4, and the manifest says 4, with why."""
+    m = json.loads((build("autoround-4-samples") / "quantkit.json").read_text())
+    assert m["quantization"]["batch_size"] == 4, m["quantization"]
+    assert any("AutoRound's batch: 4" in n for n in m["notes"]), m["notes"]

@@ -46,7 +46,7 @@ from quantkit.producers.base import ProduceContext, Produced
 from quantkit.producers.groups import (Checked, check_ignore, check_tiles, group_choice, input_widths, narrow_layers,
                                       narrow_note)
 from quantkit.producers.job import Job
-from quantkit.producers.modifiers import plan
+from quantkit.producers.modifiers import autoround_batch, plan
 from quantkit.recipe import CalibrationSpec
 from quantkit.source import SourceModel, load_tokenizer
 
@@ -132,7 +132,9 @@ def calibration_read(spec: Any, settings: CalibrationSpec) -> CalibrationSpec:
     """The calibration a spec reads, so that what is tokenized, recorded in the manifest and shown by the summary and
     ``--dry-run`` is what was read: the recipe's, or where only a bits target's sensitivity pass reads data (its
     method is round-to-nearest), the samples that hold its first :data:`quantkit.producers.mixed.SENSITIVITY_TOKENS`
-    tokens (4 of 512 by default, not the 128 a calibrating method reads)."""
+    tokens (4 of 512 by default, not the 128 a calibrating method reads). An AutoRound batch larger than the
+    samples is refused here, before anything loads (:func:`quantkit.producers.modifiers.autoround_batch`)."""
+    autoround_batch(spec, settings.samples)
     if getattr(spec, "target_bits", None) is None or plan(spec.model_copy(update={"target_bits": None})).calibrate:
         return settings
     needed = -(-mixed.SENSITIVITY_TOKENS // settings.seq_len)
@@ -178,10 +180,13 @@ class CompressedProducer:
 
     def produce(self, ctx: ProduceContext) -> Produced:
         ctx = dataclasses.replace(ctx, calibration=calibration_read(ctx.spec, ctx.calibration))
-        spec, rep = ctx.spec, ctx.reporter
+        spec, rep = autoround_batch(ctx.spec, ctx.calibration.samples), ctx.reporter
         checked: Checked = ctx.checked
         choice = checked.choice
         notes: list[str] = []
+        if spec is not ctx.spec:  # the default batch lowered to the samples: what AutoRound runs, and records
+            notes.append(f"AutoRound's batch: {spec.batch_size}, the {ctx.calibration.samples} calibration samples "
+                         "(its default 8 is more than there are)")
         if choice is not None:
             spec = choice.apply(spec)
             if choice.changed:
@@ -230,7 +235,7 @@ class CompressedProducer:
             del model
             if bits_plan is not None:
                 achieved = mixed.measured_bits(ctx.workdir, bits_plan)
-                mixed.verify(achieved, spec.target_bits)
+                mixed.verify(achieved, spec.target_bits, mixed.planned_bits(bits_plan, *mixed.precisions(spec)))
                 info["mixed"] = mixed.manifest(bits_plan, spec.target_bits, achieved, *mixed.precisions(spec),
                                                measurement)
                 rep.log(f"bits per weight of the quantized layers: {achieved:.3f} (target {spec.target_bits:g})")
