@@ -301,6 +301,8 @@ def _describe(path: Path, check: artifact.VerifyResult | None) -> dict[str, Any]
         info["calibration"] = m.calibration.model_dump(mode="json") if m.calibration else None
         info["evaluation"] = m.evaluation.model_dump(mode="json") if m.evaluation else None
         info["smoke"] = m.smoke.model_dump(mode="json") if m.smoke else None
+        if home == path:
+            _legacy_copy(info, path, m)
         # the artifact itself, or one file or folder of it against its manifest: what `verify PATH` checks
         check = check or (artifact.verify(home) if home == path else artifact.verify_file(path))
         info["manifest"] = check.to_json()
@@ -314,3 +316,12 @@ def _describe(path: Path, check: artifact.VerifyResult | None) -> dict[str, Any]
     return info
 
 
+
+
+def _legacy_copy(info: dict[str, Any], root: Path, m: artifact.Manifest) -> None:
+    """Add ``legacy_copy`` (its folder, the bytes of its weight files) for an artifact that also holds its weights
+    in a legacy layout (``--format gptq``/``autoawq``): that second copy is left out of ``size_bytes``, so it is
+    given apart, and the bytes on disk are all accounted for."""
+    folder = _obj(m.quantization.get("legacy")).get("path")
+    if m.legacy_bytes and isinstance(folder, str):
+        info["legacy_copy"] = {"path": str(root / folder), "size_bytes": m.legacy_bytes}

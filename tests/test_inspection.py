@@ -109,12 +109,20 @@ def test_inspect_bits_per_weight_are_the_quantized_layers(tiny_rtn: Path) -> Non
     assert shown["scheme"] == json.loads((tiny_rtn / "quantkit.json").read_text())["quantization"]["scheme"]
 
 
-def test_inspect_the_legacy_gptq_folder_inside_an_artifact(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def gptq_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ``--format gptq`` artifact (compressed-tensors, and the legacy GPTQ layout in gptq/), built once: about 7 s.
+    Tests that change its files work on a copy."""
+    art = tmp_path_factory.mktemp("inspection") / "art"
+    quantkit("gptq", TINY, art, "--format", "gptq", "--samples", "8", "--seq-len", "64", "--quiet", check=True)
+    return art
+
+
+def test_inspect_the_legacy_gptq_folder_inside_an_artifact(gptq_artifact: Path, tmp_path: Path) -> None:
     """`inspect ART/gptq` printed "scheme False" (desc_act) and "manifest: none". Now it names the scheme from the
     legacy config (W4A16, group 128, symmetric), finds the artifact's manifest above it and checks the folder's
     files against it: a changed, an added and a removed file are each reported, exit 1."""
-    art = tmp_path / "art"
-    quantkit("gptq", TINY, art, "--format", "gptq", "--samples", "8", "--seq-len", "64", "--quiet", check=True)
+    art = Path(shutil.copytree(gptq_artifact, tmp_path / "art"))
     shown = json.loads(quantkit("inspect", art / "gptq", "--json", check=True).stdout)
     assert (shown["format"], shown["scheme"], shown["bits"], shown["group_size"], shown["symmetric"]) == \
         ("gptq", "W4A16", 4, 128, True)
@@ -129,3 +137,34 @@ def test_inspect_the_legacy_gptq_folder_inside_an_artifact(tmp_path: Path) -> No
                                          "missing ['gptq/generation_config.json']", "not listed ['gptq/extra.txt']"))
     shutil.rmtree(art / "gptq")
     assert quantkit("inspect", art).returncode == 1  # and the artifact itself misses the folder's files
+
+
+def test_inspect_table_shows_both_bits_figures_and_the_legacy_copy(gptq_artifact: Path) -> None:
+    """The table showed one "bits per weight" and the size without the legacy gptq/ copy, though inspect knew the
+    quantized layers' bits, the whole model's and that copy's bytes. Now each bits figure is labelled for what it
+    counts, and the size row gives the copy's bytes apart (the bytes of gptq/'s weight file, not in the size)."""
+    from quantkit.api import fmt_bytes
+
+    shown = json.loads(quantkit("inspect", gptq_artifact, "--json", check=True).stdout)
+    legacy_weights = (gptq_artifact / "gptq" / "model.safetensors").stat().st_size
+    assert shown["legacy_copy"] == {"path": str(gptq_artifact / "gptq"), "size_bytes": legacy_weights}
+    assert shown["size_bytes"] == (gptq_artifact / "model.safetensors").stat().st_size
+    table = quantkit("inspect", gptq_artifact, check=True).stdout
+    assert re.search(rf"size\s+│ {re.escape(fmt_bytes(shown['size_bytes']))} \+ "
+                     rf"{re.escape(fmt_bytes(legacy_weights))} legacy gptq/ copy", table)
+    assert re.search(rf"bits per weight \(quantized layers\)\s+│ {shown['bits_per_weight']}\s", table)
+    assert re.search(rf"bits per parameter \(whole model\)\s+│ {shown['bits_per_parameter']}\s", table)
+    assert "legacy_copy" not in json.loads(quantkit("inspect", gptq_artifact / "gptq", "--json", check=True).stdout)
+
+
+def test_inspect_table_shows_each_config_group_of_a_mix(mixed: Path, tiny_rtn: Path) -> None:
+    """The table named the mix (NVFP4A16+W4A16_ASYM+W8A16, bits 4+4+8) but not what each group covers, which --json
+    gives. Now each group has a row: its scheme, type and bits, grouping, symmetry, layers, weights and share. A
+    checkpoint of one group has none (the rows above describe it)."""
+    table = quantkit("inspect", mixed, check=True).stdout
+    rows = {"NVFP4A16": f"float4 group 16 symmetric, 7 layers, {LAYER_WEIGHTS:,} weights (12%)",
+            "W4A16_ASYM": f"int4 group 32 asymmetric, 42 layers, {6 * LAYER_WEIGHTS:,} weights (75%)",
+            "W8A16": f"int8 group 128 symmetric, 7 layers, {LAYER_WEIGHTS:,} weights (12%)"}
+    for scheme, row in rows.items():
+        assert re.search(rf"│ {scheme}\s+│ {re.escape(row)}\s", table), (scheme, table)
+    assert "layers," not in quantkit("inspect", tiny_rtn, check=True).stdout

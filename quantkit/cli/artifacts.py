@@ -51,11 +51,16 @@ def _artifact_table(info: dict[str, Any]) -> Table:
     for k in keys:
         if info.get(k) is not None:
             t.add_row(k, escape(str(info[k])))
-    t.add_row("size", api.fmt_bytes(info["size_bytes"]))
+    groups = info.get("groups") or []
+    for g in groups if len(groups) > 1 else []:  # one group is the rows above
+        t.add_row(escape(str(g["scheme"])), escape(_group(g)))
+    t.add_row("size", _size(info))
     if info.get("compression"):
         t.add_row("compression", f"{info['compression']}x vs source ({api.fmt_bytes(info['source_size_bytes'])})")
     if info.get("bits_per_weight"):
-        t.add_row("bits per weight", str(info["bits_per_weight"]))
+        t.add_row("bits per weight (quantized layers)", str(info["bits_per_weight"]))
+    if info.get("bits_per_parameter"):
+        t.add_row("bits per parameter (whole model)", str(info["bits_per_parameter"]))
     for g in info.get("gguf", []):
         extra = f", {g['bits_per_weight']} bpw" if "bits_per_weight" in g else ""
         t.add_row(escape(g["file"]), escape(f"{g.get('type', g.get('error', '?'))}, {api.fmt_bytes(g['size'])}{extra}"))
@@ -72,6 +77,26 @@ def _artifact_table(info: dict[str, Any]) -> Table:
         status, detail = _seal(info["manifest"])
         t.add_row("manifest", f"{status}: {detail}")
     return t
+
+
+def _group(g: dict[str, Any]) -> str:
+    """One config group of a mix, as a row: ``int4 group 32 asymmetric, 40 layers, 4,915,200 weights (78%)``."""
+    grain = f"group {g['group_size']}" if g.get("group_size") else f"per {g['strategy']}" if g.get("strategy") else ""
+    symmetry = {True: "symmetric", False: "asymmetric"}.get(g.get("symmetric"), "")
+    what = " ".join(w for w in (f"{g.get('type')}{g.get('bits')}", grain, symmetry) if w)
+    if g.get("weights") is None:  # the files' headers gave no quantized layer: the config alone
+        return what
+    share = f" ({g['share']:.0%})" if g.get("share") is not None else ""
+    return f"{what}, {g['layers']} layers, {g['weights']:,} weights{share}"
+
+
+def _size(info: dict[str, Any]) -> str:
+    """The artifact's size, and apart from it the legacy layout's copy of the same weights (not in the size)."""
+    size = api.fmt_bytes(info["size_bytes"])
+    copy = info.get("legacy_copy")
+    if copy:
+        size += f" + {api.fmt_bytes(copy['size_bytes'])} legacy {escape(Path(copy['path']).name)}/ copy"
+    return size
 
 
 def _seal(check: dict[str, Any]) -> tuple[str, str]:
