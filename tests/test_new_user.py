@@ -296,3 +296,14 @@ def test_an_empty_release_path_does_not_verify_the_current_folder(tmp_path: Path
     """The CI case: `quantkit verify ""` in a folder holding an artifact verified it and passed (exit 0)."""
     empty = quantkit("verify", "", cwd=_sealed(tmp_path / "rel"))
     assert empty.returncode == 2 and "an empty path" in empty.stderr and "Traceback" not in empty.stderr
+
+
+@pytest.mark.unit
+def test_the_summary_says_larger_for_an_artifact_bigger_than_its_source() -> None:
+    """An F32 GGUF of a bf16 model, or a small model's artifact with its embeddings kept, is bigger than its source:
+    the summary said "0.50x smaller"."""
+    from quantkit.cli.quantize import _versus
+
+    assert _versus(100, 25) == "4.00x smaller" and _versus(100, 100) == "1.00x smaller"
+    assert _versus(100, 200) == "2.00x larger"
+    assert _versus(None, 5) == _versus(5, 0) == "-"

@@ -70,10 +70,18 @@ def summary(console: Any, results: list[Any]) -> None:
         size, src = m.size_bytes, m.source.size_bytes
         calib = m.calibration
         t.add_row(str(r.path), m.kind, str(m.quantization.get("scheme", m.method)), api.fmt_bytes(size),
-                  f"{src / size:.2f}x smaller" if src and size else "-",
+                  _versus(src, size),
                   f"{calib.samples}x{calib.seq_len} {calib.dataset}" if calib else "none",
                   f"{m.timings.get('total', 0):.1f}s")
     console.print(t)
+
+
+def _versus(source: int | None, size: int | None) -> str:
+    """The artifact's size against its source's, as a person says it: ``3.61x smaller``, or ``1.12x larger`` for an
+    artifact that is bigger (a legacy layout beside the model, unquantized embeddings of a small model)."""
+    if not source or not size:
+        return "-"
+    return f"{source / size:.2f}x smaller" if size <= source else f"{size / source:.2f}x larger"
 
 
 def _help(row: formats.Format) -> str:
