@@ -52,3 +52,21 @@ def test_an_ignore_list_that_leaves_nothing_to_quantize_is_refused_before_loadin
         assert proc.stderr.startswith(f"error: the ignore list (lm_head, {pattern}) keeps every layer of ")
         assert "nothing would be quantized" in proc.stderr and "Traceback" not in proc.stderr
         assert "Loading" not in proc.stdout + proc.stderr and not (tmp_path / "out").exists()
+
+
+@pytest.mark.cli
+@pytest.mark.parametrize("verb, flags, pattern", [("rtn", [], "model.layers.0.self_attn.k_proj"),
+                                                  ("fp8", ["--scheme", "dynamic"], "re:.*up_proj$")])
+def test_part_of_a_layer_vllm_fuses_is_refused_before_loading(cli, tiny: Path, tmp_path: Path, verb: str,
+                                                              flags: list[str], pattern: str) -> None:
+    """vLLM fuses q/k/v and gate/up into one layer and refuses a compressed-tensors checkpoint whose parts differ
+    ("vLLM requires all to use the same scheme"): an artifact that only fails where it is served. Refused from the
+    headers by every compressed-tensors method, naming the siblings; the whole group ignored is fine."""
+    for dry in ([], ["--dry-run"]):
+        proc = cli(verb, tiny, tmp_path / "out", "--ignore", pattern, *flags, *dry)
+        assert proc.returncode == 2, proc.stderr[-2000:]
+        assert "vLLM fuses" in proc.stderr and "so they are quantized or kept together" in proc.stderr
+        assert "--ignore model.layers.0." in proc.stderr and "Traceback" not in proc.stderr
+        assert not (tmp_path / "out").exists()
+    whole = "re:.*self_attn.[qkv]_proj$" if "k_proj" in pattern else "re:.*mlp.(gate|up)_proj$"
+    assert cli(verb, tiny, tmp_path / "out", "--ignore", whole, *flags, "--dry-run").returncode == 0

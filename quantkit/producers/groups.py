@@ -197,9 +197,10 @@ def check_ignore(spec: Any, source: SourceModel, ignore: list[str]) -> None:
     """Refuse (exit 2, before anything loads) an effective ignore list the run could only fail on after all its
     work, for every method: one that leaves nothing to quantize (llm-compressor would write no quantization config),
     one that keeps an expert of a mixture-of-experts model in full precision (every expert must be quantized: the
-    coverage check, :mod:`quantkit.producers.coverage`, fails the run after quantizing otherwise), and for NVFP4 one
-    that keeps part of a group of layers vLLM fuses (q/k/v, gate/up: :data:`quantkit.producers.mixed.FUSED`), which
-    share one global scale (llm-compressor fails on it with an assertion once the model is loaded)."""
+    coverage check, :mod:`quantkit.producers.coverage`, fails the run after quantizing otherwise), and one that keeps
+    part of a group of layers vLLM fuses (q/k/v, gate/up: :data:`quantkit.producers.mixed.FUSED`): vLLM refuses to
+    load such a compressed-tensors checkpoint ("vLLM requires all to use the same scheme"), and for NVFP4, whose
+    fused layers share one global scale, llm-compressor fails on it with an assertion once the model is loaded."""
     from quantkit import ignore as ignore_mod
 
     if not ignore_mod.targets(source, ignore):
@@ -214,8 +215,7 @@ def check_ignore(spec: Any, source: SourceModel, ignore: list[str]) -> None:
                          f"({', '.join(caught[:3])}{more}); every expert of a mixture-of-experts model must be "
                          "quantized",
                          hint="narrow or drop the --ignore patterns that catch experts (quantize.ignore)")
-    if spec.method == Method.NVFP4:
-        _check_fused(names, ignore)
+    _check_fused(names, ignore, spec.method)
 
 
 def _expert_names(source: SourceModel, names: list[str]) -> list[str]:
@@ -233,7 +233,7 @@ def _expert_names(source: SourceModel, names: list[str]) -> list[str]:
     return list(dict.fromkeys(loaded + [n for n in names if ".experts." in n]))
 
 
-def _check_fused(names: list[str], ignore: list[str]) -> None:
+def _check_fused(names: list[str], ignore: list[str], method: str) -> None:
     """Refuse an ignore list that keeps some, not all, of a fused group, naming the siblings to keep with them."""
     from quantkit import ignore as ignore_mod
     from quantkit.producers.mixed import FUSED
@@ -248,9 +248,10 @@ def _check_fused(names: list[str], ignore: list[str]) -> None:
         kept = [m for m in members if any(ignore_mod.matches(p, m) for p in ignore)]
         if kept and len(kept) < len(members):
             rest = [m for m in members if m not in kept]
+            why = (f"nvfp4 gives the layers vLLM fuses ({'/'.join(group)}) one global scale" if method == Method.NVFP4
+                   else f"vLLM fuses {'/'.join(group)} into one layer and refuses a checkpoint whose parts differ")
             raise UsageError(f"the ignore list keeps {', '.join(kept)} in full precision but not {', '.join(rest)}: "
-                             f"nvfp4 gives the layers vLLM fuses ({'/'.join(group)}) one global scale, so they are "
-                             "quantized or kept together",
+                             f"{why}, so they are quantized or kept together",
                              hint=f"ignore them together ({' '.join(f'--ignore {m}' for m in members)}), or none")
 
 
