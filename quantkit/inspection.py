@@ -316,8 +316,6 @@ def _describe(path: Path, check: artifact.VerifyResult | None) -> dict[str, Any]
     return info
 
 
-
-
 def _legacy_copy(info: dict[str, Any], root: Path, m: artifact.Manifest) -> None:
     """Add ``legacy_copy`` (its folder, the bytes of its weight files) for an artifact that also holds its weights
     in a legacy layout (``--format gptq``/``autoawq``): that second copy is left out of ``size_bytes``, so it is

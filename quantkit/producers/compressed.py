@@ -15,8 +15,8 @@ module is the orchestration: the checks before anything loads, then load, (bits 
   anything loads.
   FP4's groups are fixed by the format (16 NVFP4, 32 MXFP4): a layer whose input width they do not divide is kept
   unquantized, said in one warning and recorded (refused where nothing, or an MoE expert, would be left).
-* Ignore lists: one that leaves nothing to quantize, keeps an MoE expert, or (NVFP4, one global scale per fused
-  group) keeps only part of q/k/v or gate/up is refused before anything loads (:func:`groups.check_ignore`).
+* Ignore lists: one that leaves nothing to quantize, keeps an MoE expert, or keeps only part of q/k/v or gate/up
+  (layers vLLM fuses) is refused before anything loads (:func:`groups.check_ignore`).
 * Memory: llm-compressor's sequential pipeline (inferred for AWQ, GPTQ, SmoothQuant and static FP8) keeps the
   model on the CPU and moves one decoder layer at a time to the GPU, so GPU memory is about one layer's weights
   plus the calibration activations; the CPU needs the whole model in its load dtype. RTN, FP8 dynamic and FP8
@@ -161,7 +161,7 @@ class CompressedProducer:
         choice = group_choice(spec, source)
         check_tiles(spec, source)
         ignore = ignore_mod.effective(spec, source)  # a misspelt --ignore fails here, before anything loads
-        check_ignore(spec, source, ignore)  # nothing left, an MoE expert kept, part of an NVFP4 fused group kept
+        check_ignore(spec, source, ignore)  # nothing left, an MoE expert kept, part of a fused group kept
         narrow = narrow_layers(spec, source, ignore)  # FP4: nothing (or an expert) left to quantize fails here
         if getattr(spec, "target_bits", None) is not None:
             _check_target_bits(choice.apply(spec) if choice is not None else spec, source)
