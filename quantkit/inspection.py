@@ -19,7 +19,7 @@ from quantkit.checkpoint import gguf_files, quantization_config
 from quantkit.errors import IntegrityError, QuantkitError
 from quantkit.formats import kinds
 from quantkit.formats.names import KindName
-from quantkit.source import MAX_CONFIG_BYTES, safetensors_header
+from quantkit.source import MAX_CONFIG_BYTES, safetensors_header, stored_weight_tensor
 
 
 def _config(path: Path) -> dict[str, Any]:
@@ -141,9 +141,9 @@ _INT64 = 8
 def _quantized_layers(root: Path, legacy_bits: int | None = None) -> dict[str, tuple[int, int]]:
     """Each quantized module's weights and stored bytes, read from the safetensors headers: a compressed-tensors
     module (one with a ``weight_scale``) counts its ``weight*`` tensors (packed values, scales, zero points, global
-    scale) the way :func:`quantkit.producers.mixed.measured_bits` does; a GPTQ/AWQ one (``qweight``) its
-    ``qweight``, ``scales``, ``qzeros`` and ``g_idx``. {} when a file's header is unreadable: inspect still says what
-    the configs say, and the seal check says what is wrong with the file."""
+    scale: :func:`quantkit.source.stored_weight_tensor`, as :func:`quantkit.producers.mixed.measured_bits` does); a
+    GPTQ/AWQ one (``qweight``) its ``qweight``, ``scales``, ``qzeros`` and ``g_idx``. {} when a file's header is
+    unreadable: inspect still says what the configs say, and the seal check says what is wrong with the file."""
     out: dict[str, tuple[int, int]] = {}
     for path in sorted(root.glob("*.safetensors")):
         try:
@@ -173,7 +173,7 @@ def _layer(path: Path, start: int, tensors: dict[str, dict[str, Any]], legacy_bi
         return math.prod(tensors[name]["shape"])
 
     if "weight_scale" in tensors:
-        stored = nbytes([n for n in tensors if n.startswith("weight") and n != "weight_shape"])
+        stored = nbytes([n for n in tensors if stored_weight_tensor(n)])
         if tensors.get("weight_shape", {}).get("dtype") == "I64":  # packed ints: the shape before packing
             lo, hi = tensors["weight_shape"]["data_offsets"]
             with open(path, "rb") as f:

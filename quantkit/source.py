@@ -497,6 +497,13 @@ def safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
     return header, size - 8 - n
 
 
+def stored_weight_tensor(leaf: str) -> bool:
+    """Whether a module's tensor (its name's last part) holds what a quantized checkpoint stores for the weight:
+    ``weight``, ``weight_packed``, ``weight_scale``, ``weight_zero_point``, ``weight_global_scale`` (not
+    ``weight_shape``, the shape before packing). The producer's bits check and ``inspect`` count the same bytes."""
+    return leaf.startswith("weight") and leaf != "weight_shape"
+
+
 def check_safetensors(path: Path) -> int:
     """Validate a safetensors file's header against its size without reading the data; returns its element count
     (:func:`_check_entries`)."""

@@ -423,7 +423,7 @@ def check_bits(model: Any, plan: list[Unit], low: Precision, high: Precision) ->
 def measured_bits(folder: Path, plan: list[Unit]) -> float:
     """Bits per weight of the planned modules as written: their weight tensors' bytes (packed values, scales,
     zero points) from the safetensors headers, over their weights."""
-    from quantkit.source import safetensors_header
+    from quantkit.source import safetensors_header, stored_weight_tensor
 
     wanted = {m for u in plan for m in u.modules}
     stored = 0
@@ -431,7 +431,7 @@ def measured_bits(folder: Path, plan: list[Unit]) -> float:
         header, _ = safetensors_header(path)
         for name, info in header.items():
             module, _, tensor = name.rpartition(".")
-            if module in wanted and tensor.startswith("weight") and tensor != "weight_shape":
+            if module in wanted and stored_weight_tensor(tensor):
                 start, end = info["data_offsets"]
                 stored += end - start
     return stored * 8 / sum(u.params for u in plan)
