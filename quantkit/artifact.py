@@ -408,27 +408,31 @@ def _write_manifest(root: Path, manifest: Manifest) -> None:
 def update_manifest(root: Path, *, evaluation: EvaluationInfo | dict[str, Any] | None = None,
                     smoke: SmokeInfo | dict[str, Any] | None = None,
                     serving: ServingInfo | dict[str, Any] | None = None,
-                    pipeline: PipelineInfo | dict[str, Any] | None = None) -> Manifest:
+                    pipeline: PipelineInfo | dict[str, Any] | None = None,
+                    checked: VerifyResult | None = None) -> Manifest:
     """Replace the sections given (``evaluation``, ``smoke``, ``serving``, ``pipeline``) and seal the files quantkit
     wrote into the artifact since (:func:`resealed_files`), so a report or a model card is never left unhashed.
-    Raises :class:`IntegrityError`, writing nothing, when any other file differs from the seal."""
+    Raises :class:`IntegrityError`, writing nothing, when any other file differs from the seal. ``checked``: this
+    artifact's verification of a moment ago (:func:`check_intact`), whose unchanged files are not hashed again."""
     manifest = read_manifest(root)
     given = {"evaluation": evaluation, "smoke": smoke, "serving": serving, "pipeline": pipeline}
     update = {k: v for k, v in given.items() if v is not None}
-    manifest = Manifest.model_validate({**manifest.model_dump(), **update, "files": resealed_files(root, manifest),
-                                        "updated": now_iso()})
+    files = resealed_files(root, manifest, checked.matched if checked else None)
+    manifest = Manifest.model_validate({**manifest.model_dump(), **update, "files": files, "updated": now_iso()})
     _write_manifest(root, manifest)
     return manifest
 
 
-def resealed_files(root: Path, manifest: Manifest) -> dict[str, FileInfo]:
+def resealed_files(root: Path, manifest: Manifest, known: dict[str, str] | None = None) -> dict[str, FileInfo]:
     """The manifest's ``files`` once quantkit has written into a sealed artifact: the files it writes there after
     sealing (a report, the plot, the model card, a release bundle's files, logs: :func:`_left_by_quantkit`, by
     name and content) get their new sha256, or leave the list when gone; every other file keeps the sha256 it was
     sealed with and must still have it. Re-hashing whatever is on disk instead would seal a changed weight file,
     or a file someone dropped in, as quantkit's: ``verify`` would then vouch for a tampered artifact. Such a
-    difference is an :class:`IntegrityError` (exit 1)."""
-    check = _against(root, manifest.files)
+    difference is an :class:`IntegrityError` (exit 1). ``known``: sha256 of files verified a moment ago, taken as
+    they are, except the files quantkit may have written since (those are hashed)."""
+    known = {rel: d for rel, d in (known or {}).items() if not _written_after_seal(PurePosixPath(rel))}
+    check = _against(root, manifest.files, known)
     fresh = sorted(rel for rel in [*check.changed, *check.extra]
                    if not _TEMPORARY.fullmatch(PurePosixPath(rel).name)
                    and _left_by_quantkit(root, PurePosixPath(rel)))
@@ -509,13 +513,13 @@ def verify(root: Path) -> VerifyResult:
     return _against(root, read_manifest(root).files)
 
 
-def _against(root: Path, files: dict[str, FileInfo]) -> VerifyResult:
-    """Every file of an artifact folder against the ``files`` of its manifest."""
+def _against(root: Path, files: dict[str, FileInfo], known: dict[str, str] | None = None) -> VerifyResult:
+    """Every file of an artifact folder against the ``files`` of its manifest (``known``: see :func:`_compare`)."""
     return _compare(root, {rel: f.sha256 for rel, f in files.items()}, {rel: f.size for rel, f in files.items()},
-                    {p.relative_to(root).as_posix() for p in _artifact_files(root)}, MANIFEST)
+                    {p.relative_to(root).as_posix() for p in _artifact_files(root)}, MANIFEST, known)
 
 
-def check_intact(root: Path, doing: str) -> None:
+def check_intact(root: Path, doing: str) -> VerifyResult:
     """Refuse to ``doing`` (``smoke-test``) an artifact whose files differ from its manifest, before anything starts:
     what a tampered or damaged artifact gives says nothing of the artifact quantkit wrote, and recording it would
     be refused once the work was done (:func:`update_manifest`)."""
@@ -523,6 +527,7 @@ def check_intact(root: Path, doing: str) -> None:
     if not check.ok:
         raise IntegrityError(f"refusing to {doing} {root}: {check.problem()}",
                              hint=f"run `quantkit verify {root}`; re-create the artifact if it was damaged")
+    return check
 
 
 def _differences(changed: list[str], missing: list[str], extra: list[str]) -> str:

@@ -176,8 +176,8 @@ def run(path: Path, opts: SmokeOptions, reporter: Reporter | None = None) -> Smo
     path = Path(path)
     if not path.exists():
         raise UsageError(f"{path} does not exist")
-    if (root := artifact.artifact_of(path)) is not None:  # before serving it, and before recording into its seal
-        artifact.check_intact(root, "smoke-test")
+    root = artifact.artifact_of(path)  # checked before serving it, and before recording into its seal
+    checked = artifact.check_intact(root, "smoke-test") if root is not None else None
     engine_name = registry.serving_engine(path) if opts.engine == "auto" else opts.engine
     engine = serving.get(engine_name)
     targets = engine.targets(path, opts.file)
@@ -205,7 +205,7 @@ def run(path: Path, opts: SmokeOptions, reporter: Reporter | None = None) -> Smo
             for t in targets:
                 result.runs.append(SmokeRun(t, engine.name, None, status="refused",
                                             error="; ".join(c.message for c in fails), hint=fails[0].hint))
-            result.manifest_updated = _record(path, result)
+            result.manifest_updated = _record(path, result, checked)
             return result
 
     pic = image_question.picture(opts.image) if any(engine.takes_images(t) for t in targets) else None
@@ -236,7 +236,7 @@ def run(path: Path, opts: SmokeOptions, reporter: Reporter | None = None) -> Smo
                 _say_numerics(r, found, rep, checks)
         if r.status == "failed":
             rep.console.print(f"[red]✗[/] {target.name}: {r.error.splitlines()[0] if r.error else 'failed'}")
-    result.manifest_updated = _record(path, result)
+    result.manifest_updated = _record(path, result, checked)
     return result
 
 
@@ -456,8 +456,9 @@ def _read(path: Path) -> str:
         return ""
 
 
-def _record(path: Path, result: SmokeResult) -> bool:
-    """Merge the runs into the artifact's manifest ``smoke`` section (when it is a quantkit artifact)."""
+def _record(path: Path, result: SmokeResult, checked: artifact.VerifyResult | None) -> bool:
+    """Merge the runs into the artifact's manifest ``smoke`` section (when it is a quantkit artifact); ``checked``:
+    the artifact's verification before serving, whose unchanged files are not hashed again."""
     root = path if path.is_dir() else path.parent
     if not (root / artifact.MANIFEST).exists():
         return False
@@ -470,5 +471,5 @@ def _record(path: Path, result: SmokeResult) -> bool:
             entry.pop("target", None)
             entry["when"] = now
             runs[r.key] = entry
-        artifact.update_manifest(root, smoke=artifact.SmokeInfo(updated=now, runs=runs))
+        artifact.update_manifest(root, smoke=artifact.SmokeInfo(updated=now, runs=runs), checked=checked)
     return True
