@@ -288,32 +288,19 @@ def _rewrite_report(release: Path, done: list[OutputResult], recipe: Recipe) -> 
     from types import SimpleNamespace
 
     from quantkit.evaluation import gates as gates_mod, report as report_mod
-    from quantkit.evaluation.metrics import Metrics
-    from quantkit.evaluation.results import EvalReport, Result, Target
+    from quantkit.evaluation.results import EvalReport, Result
 
     records = [(r, x) for r in done for x in (r.evaluation or {}).get("results") or []]
     if not records:
         return
     limits = gates_mod.resolve({}, recipe.evaluation.gates)
-    fields = Metrics.__dataclass_fields__
-
-    def result(x: dict[str, Any], folder: Path | None) -> Result:
-        target = Target(label=x["label"], path=Path(x["path"]), engine=str(x["engine"].get("engine")),
-                        manifest_dir=folder, manifest=None, format=x["format"], size_bytes=x["size_bytes"],
-                        gates=limits)
-        metrics = Metrics(**{k: x.get(k) for k in fields})
-        metrics.ppl = float("nan") if metrics.ppl is None else metrics.ppl  # null in JSON: a non-finite figure
-        return Result(target=target, engine=x["engine"], metrics=metrics, ppl_ratio=x.get("ppl_ratio"),
-                      bits_per_weight=x.get("bits_per_weight"), seconds=x.get("seconds") or 0.0,
-                      gates=[gates_mod.GateResult(**{k: g[k] for k in ("gate", "metric", "value", "limit", "passed")})
-                             for g in x.get("gates") or []],
-                      kld_method=x.get("kld_method"), numerics=x.get("numerics"), images=x.get("images"))
-
     ev = records[0][0].evaluation or {}
     p = ev["protocol"]
     protocol = SimpleNamespace(**{**p, "windows": range(p["windows"])})  # the recorded protocol, as report.md reads it
-    report = EvalReport(protocol=protocol, baseline=result(ev["baseline"], None),  # type: ignore[arg-type]
-                        results=[result(x, r.path) for r, x in records], kld_method=ev.get("kld_method", ""))
+    report = EvalReport(protocol=protocol,  # type: ignore[arg-type]
+                        baseline=Result.from_json(ev["baseline"], None, limits),
+                        results=[Result.from_json(x, r.path, limits) for r, x in records],
+                        kld_method=ev.get("kld_method", ""))
     report_mod.write(report, release, Reporter(quiet=True))
 
 

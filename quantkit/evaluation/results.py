@@ -86,6 +86,21 @@ class Result:
                 **({"numerics": self.numerics} if self.numerics else {}),
                 **({"images": self.images} if self.images is not None else {})}
 
+    @classmethod
+    def from_json(cls, x: dict[str, Any], folder: Path | None, limits: GateSpec) -> "Result":
+        """A result as :meth:`to_json` recorded it (a run's manifest or report.json), under ``limits``: what a
+        re-run that reuses the figures renders again with its own gates. ``folder``: the artifact it belongs to."""
+        target = Target(label=x["label"], path=Path(x["path"]), engine=str(x["engine"].get("engine")),
+                        manifest_dir=folder, manifest=None, format=x["format"], size_bytes=x["size_bytes"],
+                        gates=limits)
+        metrics = Metrics(**{k: x.get(k) for k in Metrics.__dataclass_fields__})
+        metrics.ppl = float("nan") if metrics.ppl is None else metrics.ppl  # null in JSON: a non-finite figure
+        return cls(target=target, engine=x["engine"], metrics=metrics, ppl_ratio=x.get("ppl_ratio"),
+                   bits_per_weight=x.get("bits_per_weight"), seconds=x.get("seconds") or 0.0,
+                   gates=[gates_mod.GateResult(**{k: g[k] for k in ("gate", "metric", "value", "limit", "passed")})
+                          for g in x.get("gates") or []],
+                   kld_method=x.get("kld_method"), numerics=x.get("numerics"), images=x.get("images"))
+
 
 @dataclass
 class EvalReport:
