@@ -14,6 +14,7 @@ from typing import Any
 from meta import RESULTS
 
 H200 = RESULTS / "h200"
+H100 = RESULTS / "h100"
 
 
 def _body(md: Path) -> str:
@@ -107,6 +108,10 @@ def quantize_cost() -> list[str]:
     sealed, h200 = H200 / "8b" / "quantize_cost_8b_sealed.md", H200 / "8b" / "quantize_cost_8b.md"
     if md.exists():
         lines += [_body(md), ""]
+    for name, what in (("quantize_cost_8b_fp8_warm", "FP8 static, a warm-up and three runs per tool"),
+                       ("quantize_cost_8b_int8_medians", "INT8 SmoothQuant, two quantkit runs and one direct")):
+        if (h100 := H100 / "8b" / f"{name}.md").exists():
+            lines += [f"### The 8B shape on one H100: {what} (issue 44; h100/8b/README.md)", "", _body(h100), ""]
     medians = H200 / "8b" / "quantize_cost_8b_medians.md"
     if medians.exists():
         lines += ["### The 8B shape on one H200, medians of three runs per tool (issue 44; h200/8b/README.md)", "",
@@ -226,8 +231,8 @@ def build() -> Path:
              "Everything here is re-runnable: `make bench` (= `python bench/run.py all`: quality, GGUF "
              "conversion and GGUF importance matrices of both reference models on a CPU) and `make bench-gpu` "
              "(= `python bench/quantize_cost.py --shape 8b`, an H200). Each "
-             "result's JSON file holds its command, machine, library versions and date (the H200 files under h200/ "
-             "came from the commands named below and in each folder's README, run on an H200).", "",
+             "result's JSON file holds its command, machine, library versions and date (the files under h200/ and "
+             "h100/ came from the commands named below and in each folder's README, run on an H200 or an H100).", "",
              "## 1. Quantization cost: quantkit vs llm-compressor directly", "", *quantize_cost(),
              "## 2. Quality on the reference model (CPU)", "", *quality(),
              "## 3. Serving in vLLM 0.26 on an H200", "", *serve_speed(),
