@@ -22,11 +22,11 @@ from pydantic import ValidationError
 
 from quantkit import artifact, calibration, outputs, plan as plan_mod, recipe as recipe_mod, source as source_mod, \
     versions
-from quantkit.artifact import MANIFEST, Manifest, fmt_bytes, fmt_num, size_bytes
+from quantkit.artifact import MANIFEST, Manifest, size_bytes
 from quantkit.errors import RecipeError
 from quantkit.formats.names import Method
 from quantkit.producers.base import ProduceContext
-from quantkit.progress import Reporter
+from quantkit.progress import Reporter, fmt_bytes, fmt_num
 from quantkit.recipe import Recipe
 
 if TYPE_CHECKING:  # the modules behind the lazy imports below, for their result types

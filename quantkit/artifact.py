@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from quantkit import __version__, interrupts, seal
 from quantkit.errors import (DiskSpaceError, IntegrityError, LockedError, OutputExistsError, QuantkitError,
                              UsageError)
+from quantkit.progress import fmt_bytes
 
 MANIFEST = "quantkit.json"
 SCHEMA_VERSION = 3  # 1: quantkit 0.1.0 before the typed manifest (key "schema"; source path as typed)
@@ -713,19 +714,6 @@ def check_free_space(where: Path, needed: int, margin: float = 1.1) -> None:
         raise DiskSpaceError(
             f"not enough free space in {probe}: the artifact needs about {fmt_bytes(int(needed * margin))}, "
             f"{fmt_bytes(free)} is free", hint="free some space or write the output elsewhere")
-
-
-def fmt_num(v: Any, digits: int = 3) -> str:
-    """A figure for a table: fixed digits, or '-' when there is none."""
-    return f"{v:.{digits}f}" if isinstance(v, (int, float)) else "-"
-
-
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def check_replaceable(path: Path) -> None:

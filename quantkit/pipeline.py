@@ -24,7 +24,7 @@ from quantkit.engines.registry import engine_unavailable
 from quantkit.engines.vllm import tune as tune_mod
 from quantkit.errors import GateFailedError, Interrupted, OutputExistsError, QuantkitError, UsageError
 from quantkit.formats.names import LLAMACPP, VLLM, KindName
-from quantkit.progress import Reporter
+from quantkit.progress import Reporter, fmt_num
 from quantkit.outputs import BUNDLE_FILES, REPORT_JSON, SUMS
 from quantkit.recipe import Recipe, TaskSpec
 from quantkit.reuse import reusable
@@ -525,7 +525,7 @@ def _protocol_lines(ev: dict[str, Any]) -> list[str]:
     windows = f"stride {p['stride']}" if p.get("stride") else "non-overlapping windows"
     return [f"Protocol: {p['tokens_scored']:,} tokens of `{p['source']}` (dataset `{p['dataset']}`), ctx {p['ctx']}, "
             f"{windows}" + (f"; engine {', '.join(engines)}" if engines else "")
-            + f"; baseline perplexity {artifact.fmt_num(ev.get('baseline_ppl'))}.", ""]
+            + f"; baseline perplexity {fmt_num(ev.get('baseline_ppl'))}.", ""]
 
 
 def _eval_table(ev: dict[str, Any], name: str) -> list[str]:
@@ -535,7 +535,7 @@ def _eval_table(ev: dict[str, Any], name: str) -> list[str]:
     if not rows:
         return [f"{ev.get('status', '?')}: {ev.get('summary', '')}"]
     out = ["| file | ppl | ppl ratio | KLD | top-1 |", "| --- | --- | --- | --- | --- |"]
-    f = artifact.fmt_num
+    f = fmt_num
     for x in rows:
         out.append(f"| {x.get('file') or name} | {f(x.get('ppl'))} | {f(x.get('ppl_ratio'))} | "
                    f"{f(x.get('kld'), 4)} | {f(x.get('top1'))} |")

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 from quantkit import calibration, formats, producers, source as source_mod
-from quantkit.artifact import fmt_bytes
 from quantkit.engines.registry import engine_unavailable
 from quantkit.errors import HostMemoryError, OutputExistsError
 from quantkit.formats.kinds import Kind
@@ -33,6 +32,7 @@ from quantkit.formats.specs import MethodBase
 from quantkit.producers.base import Producer
 from quantkit.producers import mixed
 from quantkit.producers.groups import Checked, input_widths, narrow_note
+from quantkit.progress import fmt_bytes
 from quantkit.recipe import CalibrationSpec, Recipe
 from quantkit.reuse import reusable
 from quantkit.source import SourceModel, safetensors_header

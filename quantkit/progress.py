@@ -1,7 +1,8 @@
 """Human output: Rich progress bars and spinners for long steps, timings per step, and quiet/JSON modes.
 
 Everything a person reads goes through a :class:`Reporter`. With ``--json`` it writes to stderr so stdout
-carries only the machine-readable result; with ``--quiet`` it shows nothing but errors.
+carries only the machine-readable result; with ``--quiet`` it shows nothing but errors. The figures in what a person
+reads (a table, a summary, an error's sizes) are written one way everywhere: :func:`fmt_num`, :func:`fmt_bytes`.
 
 Libraries draw their own tqdm bars (compressed-tensors' "Applying quantization config" and "Dispatching model",
 llm-compressor's per-layer "Calibrating"): they ignore ``--quiet`` and break Rich's live display, and some pass
@@ -187,3 +188,16 @@ def use(reporter: Reporter) -> Reporter:
 def command_reporter() -> Reporter:
     """The running command's reporter (:func:`use`), else a quiet one (the Python API, tests)."""
     return _command[-1] if _command else Reporter(quiet=True)
+
+
+def fmt_num(v: Any, digits: int = 3) -> str:
+    """A figure for a table: fixed digits, or '-' when there is none."""
+    return f"{v:.{digits}f}" if isinstance(v, (int, float)) else "-"
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"

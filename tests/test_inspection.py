@@ -143,7 +143,7 @@ def test_inspect_table_shows_both_bits_figures_and_the_legacy_copy(gptq_artifact
     """The table showed one "bits per weight" and the size without the legacy gptq/ copy, though inspect knew the
     quantized layers' bits, the whole model's and that copy's bytes. Now each bits figure is labelled for what it
     counts, and the size row gives the copy's bytes apart (the bytes of gptq/'s weight file, not in the size)."""
-    from quantkit.api import fmt_bytes
+    from quantkit.progress import fmt_bytes
 
     shown = json.loads(quantkit("inspect", gptq_artifact, "--json", check=True).stdout)
     legacy_weights = (gptq_artifact / "gptq" / "model.safetensors").stat().st_size

@@ -112,7 +112,7 @@ def test_a_machine_too_small_for_the_32b_is_refused_in_one_line_before_any_work(
     """An address space of at most 40 GiB (``ulimit -v``) against the 32B's 62 GiB floor: one line with the estimate and
     the limit, the hint, exit 1 (a machine too small, like a disk too small), nothing written, no weight read
     (the sparse shards would load as zeros, so a load would not fail by itself)."""
-    from quantkit.artifact import fmt_bytes
+    from quantkit.progress import fmt_bytes
     from quantkit.plan import host_limit
 
     ram = host_limit()

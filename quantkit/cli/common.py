@@ -23,7 +23,7 @@ from rich.markup import escape
 
 from quantkit import interrupts
 from quantkit.errors import EXIT_INTERRUPTED, QuantkitError
-from quantkit.progress import Reporter, silence_library_bars, use
+from quantkit.progress import Reporter, fmt_bytes, silence_library_bars, use
 
 
 class State:
@@ -68,8 +68,6 @@ def print_plan(plan: Any, as_json: bool) -> None:
     if as_json:
         emit_json(plan.to_json())
         return
-    from quantkit.api import fmt_bytes
-
     c = console(False)
     s = plan.source
     c.print(f"[bold]plan[/] for {escape(s['id'])} ({s['architecture']}, {s['parameters']:,} parameters, "

@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantkit import artifact
 from quantkit.artifact import Manifest
+from quantkit.progress import fmt_bytes
 from quantkit.recipe import GateSpec
 from quantkit.evaluation import gates as gates_mod, protocol as protocol_mod
 from quantkit.evaluation.metrics import Metrics
@@ -36,7 +36,7 @@ def row(r: Result, is_baseline: bool = False) -> list[str]:
         verdict = "pass" if r.passed else "FAIL: " + ", ".join(g.gate for g in r.gates if not g.passed)
     engine = str(r.engine.get("engine", r.target.engine)) + (f" ({r.numerics})" if r.numerics else "")
     return [r.target.label, engine, r.target.format,
-            artifact.fmt_bytes(r.target.size_bytes), _num(r.bits_per_weight, ".2f"), _num(m.ppl, ".4f"),
+            fmt_bytes(r.target.size_bytes), _num(r.bits_per_weight, ".2f"), _num(m.ppl, ".4f"),
             _num(r.ppl_ratio, ".4f"), _num(m.kld, ".3g"), _num(m.top1, ".4f"), verdict]
 
 
