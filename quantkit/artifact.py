@@ -7,8 +7,9 @@ complete, and only when it is one quantkit wrote (a folder with a quantkit manif
 does not list but what quantkit itself adds later) or an empty folder (:func:`check_replaceable`): ``--force``
 never removes a file of the user's. The swap (old renamed to ``.NAME.old-PID``, new renamed in, old removed) is
 not split by Ctrl-C, and the next writer puts right one a crash split. A lock file beside the output stops two
-runs writing the same artifact at once. Free space is checked against the expected size before writing, and a
-disk that fills while writing is a clear error however the library reports it (:func:`_disk_full`).
+runs writing the same artifact at once (:mod:`quantkit.locks`). Free space is checked against the expected size
+before writing, and a disk that fills while writing is a clear error however the library reports it
+(:func:`_disk_full`).
 
 ``quantkit.json`` records what the artifact is and how it was made, and the sha256 of every file, which
 :func:`verify` re-checks (tampering, bit rot, an incomplete copy). It is one typed object, :class:`Manifest`,
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import errno
-import fcntl
 import json
 import os
 import platform as _platform
@@ -33,17 +33,15 @@ import re
 import shutil
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any, NoReturn
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from quantkit import __version__, interrupts, seal
-from quantkit.errors import (DiskSpaceError, IntegrityError, LockedError, OutputExistsError, QuantkitError,
-                             UsageError)
+from quantkit.errors import DiskSpaceError, IntegrityError, OutputExistsError, QuantkitError, UsageError
+from quantkit.locks import output_lock
 from quantkit.progress import fmt_bytes
 
 MANIFEST = "quantkit.json"
@@ -637,66 +635,6 @@ def verify_tree(path: Path) -> list[VerifyResult]:
     results = [verify(r) for r in roots]
     known = {f"{r.root.name}/{rel}": digest for r in results for rel, digest in r.matched.items()}
     return [*results, verify_release(path, known)]
-
-
-@contextmanager
-def output_lock(final: Path, wait: bool = False) -> Iterator[None]:
-    """An exclusive lock beside ``final`` so two runs never write one artifact at once.
-
-    The lock is an ``flock`` on ``.NAME.lock``: the kernel releases it if the holder dies, so a crash never
-    leaves a stale lock behind. A folder it cannot be made in is refused here too (exit 2), for callers that did
-    not check first (:func:`quantkit.outputs.check_writable`).
-    """
-    lock_path = final.parent / f".{final.name}.lock"
-    try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        _refuse_lock(final, lock_path, e)
-    fd = _open_lock(final, lock_path)
-    try:
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-            except BlockingIOError:
-                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "?"
-                raise LockedError(f"another quantkit process (pid {holder}) is writing {final}",
-                                  hint="wait for it to finish, or write to another output") from None
-            try:
-                current = os.stat(lock_path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                current = False
-            if current:
-                break
-            # The holder we waited on removed the file on its way out: a lock on that file is no one's, and a third
-            # process may already hold the one now at the path. Lock that one instead.
-            os.close(fd)
-            fd = _open_lock(final, lock_path)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        yield
-    finally:
-        for step in (lambda: os.ftruncate(fd, 0), lock_path.unlink):  # unlinked while still held: a waiter then
-            try:                                                       # finds the file gone and locks afresh
-                step()
-            except OSError:
-                pass
-        os.close(fd)
-
-
-def _open_lock(final: Path, lock_path: Path) -> int:
-    try:
-        return os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:
-        _refuse_lock(final, lock_path, e)
-
-
-def _refuse_lock(final: Path, lock_path: Path, e: OSError) -> NoReturn:
-    """A lock that cannot be made: a full disk, or a folder that cannot be written (one line, exit 2)."""
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        raise DiskSpaceError(f"no space left to start writing {final}: {e.strerror}",
-                             hint="free some space or write the output elsewhere") from None
-    raise UsageError(f"cannot write {final}: {e.filename or lock_path}: {e.strerror}",
-                     hint="choose an output in a folder you can write") from None
 
 
 def _existing(path: Path) -> Path:

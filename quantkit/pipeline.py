@@ -24,6 +24,7 @@ from quantkit.engines.registry import engine_unavailable
 from quantkit.engines.vllm import tune as tune_mod
 from quantkit.errors import GateFailedError, Interrupted, OutputExistsError, QuantkitError, UsageError
 from quantkit.formats.names import LLAMACPP, VLLM, KindName
+from quantkit.locks import output_lock
 from quantkit.progress import Reporter, fmt_num
 from quantkit.outputs import BUNDLE_FILES, REPORT_JSON, SUMS
 from quantkit.recipe import Recipe, TaskSpec
@@ -120,7 +121,7 @@ def run(recipe: Recipe, *, force: bool = False, reporter: Reporter | None = None
     release = Path(recipe.output)
     # A release of several outputs is one run's at a time: two would interleave their builds and bundles. (A
     # one-output recipe's release is its artifact folder, which the artifact's own lock already guards.)
-    with artifact.output_lock(release) if recipe.outputs else contextlib.nullcontext():
+    with output_lock(release) if recipe.outputs else contextlib.nullcontext():
         return _run(recipe, release, force=force, rep=rep, evaluate=evaluate, smoke=smoke, t0=t0)
 
 

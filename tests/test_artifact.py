@@ -16,6 +16,7 @@ import pytest
 from conftest import token_gguf
 from quantkit import artifact
 from quantkit.errors import DiskSpaceError, IntegrityError, LockedError, OutputExistsError, UsageError
+from quantkit.locks import output_lock
 
 pytestmark = pytest.mark.unit
 
@@ -74,8 +75,8 @@ def test_second_writer_is_refused_while_the_first_holds_the_lock(tmp_path: Path)
     out = tmp_path / "art"
     # A real second process holds the lock.
     holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time; from pathlib import Path; from quantkit import artifact\n"
-        f"with artifact.output_lock(Path({str(out)!r})):\n"
+        "import sys, time; from pathlib import Path; from quantkit.locks import output_lock\n"
+        f"with output_lock(Path({str(out)!r})):\n"
         "    print('locked', flush=True); time.sleep(30)\n")], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
@@ -537,7 +538,7 @@ def test_the_lock_refuses_an_output_it_cannot_be_made_beside(tmp_path: Path) -> 
     (tmp_path / "afile").write_text("mine")
     for out, said in ((tmp_path / "afile" / "sub", "File exists"), (Path("/proc/qk-out"), "No such file")):
         with pytest.raises(UsageError, match=f"cannot write {out}: .*{said}"):
-            with artifact.output_lock(out):
+            with output_lock(out):
                 pass
     assert (tmp_path / "afile").read_text() == "mine"
 
@@ -553,18 +554,18 @@ def test_a_waiter_never_shares_the_lock_with_a_newcomer(tmp_path: Path) -> None:
     got, release = threading.Event(), threading.Event()
 
     def waiter() -> None:
-        with artifact.output_lock(final, wait=True):
+        with output_lock(final, wait=True):
             got.set()
             release.wait(10)
 
-    with artifact.output_lock(final):
+    with output_lock(final):
         t = threading.Thread(target=waiter)
         t.start()
         time.sleep(0.3)  # the waiter is blocked on this holder's lock file
     assert got.wait(10)
     try:
         with pytest.raises(LockedError):
-            with artifact.output_lock(final):
+            with output_lock(final):
                 pass
     finally:
         release.set()

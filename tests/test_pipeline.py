@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from quantkit import artifact
+from quantkit.locks import output_lock
 
 from conftest import TINY, quantkit
 
@@ -212,7 +213,7 @@ def test_a_recipe_task_mistake_is_refused_before_anything_is_built(tmp_path: Pat
 
 def test_a_release_is_written_by_one_run_at_a_time(tmp_path: Path) -> None:
     _two_outputs(tmp_path)
-    with artifact.output_lock(tmp_path / "rel"):  # what a run in progress holds
+    with output_lock(tmp_path / "rel"):  # what a run in progress holds
         proc = quantkit("run", "r.yaml", "--no-eval", "--no-smoke", cwd=tmp_path)
     assert proc.returncode == 2 and "another quantkit process" in proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "rel").exists()

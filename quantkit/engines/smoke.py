@@ -51,6 +51,7 @@ from quantkit.engines.vllm import kernels
 from quantkit.engines.watch import DEFAULT_STALL_TIMEOUT
 from quantkit.errors import BackendError, GateFailedError, Interrupted, QuantkitError, UsageError
 from quantkit.formats.names import VLLM
+from quantkit.locks import output_lock
 from quantkit.progress import Reporter
 
 DEFAULT_PROMPT = "The capital of France is"
@@ -463,7 +464,7 @@ def _record(path: Path, result: SmokeResult, checked: artifact.VerifyResult | No
     if not (root / artifact.MANIFEST).exists():
         return False
     now = artifact.now_iso()
-    with artifact.output_lock(root, wait=True):
+    with output_lock(root, wait=True):
         current = artifact.read_manifest(root).smoke
         runs = dict(current.runs) if current else {}
         for r in result.runs:
