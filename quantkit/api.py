@@ -22,9 +22,9 @@ from pydantic import ValidationError
 
 from quantkit import artifact, calibration, outputs, plan as plan_mod, recipe as recipe_mod, source as source_mod, \
     versions
-from quantkit.artifact import MANIFEST, Manifest, size_bytes
 from quantkit.errors import RecipeError
 from quantkit.formats.names import Method
+from quantkit.manifest import MANIFEST, Manifest, size_bytes
 from quantkit.producers.base import ProduceContext
 from quantkit.progress import Reporter, fmt_bytes, fmt_num
 from quantkit.recipe import Recipe

@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantkit.architectures import vision_language
-from quantkit.artifact import CalibrationInfo
 from quantkit.errors import CalibrationError, MissingBackendError, UsageError
+from quantkit.manifest import CalibrationInfo
 from quantkit.recipe import CalibrationSpec
 
 if TYPE_CHECKING:

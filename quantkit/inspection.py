@@ -19,13 +19,14 @@ from quantkit.checkpoint import gguf_files, quantization_config
 from quantkit.errors import IntegrityError, QuantkitError
 from quantkit.formats import kinds
 from quantkit.formats.names import KindName
+from quantkit.manifest import Manifest, read_capped, read_manifest, size_bytes
 from quantkit.source import MAX_CONFIG_BYTES, safetensors_header, stored_weight_tensor
 
 
 def _config(path: Path) -> dict[str, Any]:
     """A JSON config as a dict; a file that is not one is an :class:`IntegrityError` (exit 1) saying so."""
     try:
-        raw = artifact.read_capped(path, MAX_CONFIG_BYTES)
+        raw = read_capped(path, MAX_CONFIG_BYTES)
         if raw is None:
             raise IntegrityError(f"{path} is larger than {MAX_CONFIG_BYTES >> 20} MiB: not a config")
         data = json.loads(raw)
@@ -270,7 +271,7 @@ def _describe(path: Path, check: artifact.VerifyResult | None) -> dict[str, Any]
     ``bits_per_parameter``, every weight file's bytes over the source's parameters (embeddings, norms and an
     unquantized lm_head included), the figure ``eval`` puts in its table."""
     kind = kinds.detect(path)
-    info: dict[str, Any] = {"path": str(path), "kind": kind.name, "size_bytes": artifact.size_bytes(path)}
+    info: dict[str, Any] = {"path": str(path), "kind": kind.name, "size_bytes": size_bytes(path)}
     if kind.name == KindName.GGUF:
         info["format"] = "gguf"
         info["gguf"] = describe_gguf_files(path)
@@ -278,7 +279,7 @@ def _describe(path: Path, check: artifact.VerifyResult | None) -> dict[str, Any]
         info.update(checkpoint_quantization(path))
     home = artifact.artifact_of(path)
     if home is not None:
-        m = artifact.read_manifest(home)
+        m = read_manifest(home)
         src = m.source
         info["method"] = m.method
         info["created"] = m.created
@@ -316,7 +317,7 @@ def _describe(path: Path, check: artifact.VerifyResult | None) -> dict[str, Any]
     return info
 
 
-def _legacy_copy(info: dict[str, Any], root: Path, m: artifact.Manifest) -> None:
+def _legacy_copy(info: dict[str, Any], root: Path, m: Manifest) -> None:
     """Add ``legacy_copy`` (its folder, the bytes of its weight files) for an artifact that also holds its weights
     in a legacy layout (``--format gptq``/``autoawq``): that second copy is left out of ``size_bytes``, so it is
     given apart, and the bytes on disk are all accounted for."""

@@ -32,11 +32,12 @@ from quantkit import artifact
 # artifact (which --force and the seals consult); the pipeline reads them from here.
 from quantkit.artifact import BUNDLE_FILES, LOGS, REPORT_JSON, SUMS, wrote
 from quantkit.errors import DiskSpaceError, OutputExistsError, UnsafeOutputError, UsageError
+from quantkit.manifest import MANIFEST
 
 REMOVE_HINT = "remove it yourself, or choose another output"
 # Every name quantkit gives a meaning in a release folder: the bundle's files, its logs, and the manifest that would
 # make the folder read as one artifact. No output's folder may take one (quantkit.recipe refuses it).
-RELEASE_NAMES = (*BUNDLE_FILES, LOGS, artifact.MANIFEST)
+RELEASE_NAMES = (*BUNDLE_FILES, LOGS, MANIFEST)
 
 
 def real(path: str | Path) -> Path:
@@ -165,7 +166,7 @@ def check_release_holds_only_its_own(release: Path, outputs: set[str]) -> None:
         return
     foreign = sorted(p.name + ("/" if p.is_dir() else "") for p in release.iterdir()
                      if not p.name.startswith(".") and p.name not in outputs and p.name not in RELEASE_NAMES
-                     and not (p.is_dir() and (p / artifact.MANIFEST).is_file()))
+                     and not (p.is_dir() and (p / MANIFEST).is_file()))
     if foreign:
         raise OutputExistsError(f"release folder {release} holds what quantkit did not write: "
                                 f"{', '.join(foreign[:3])}{' …' if len(foreign) > 3 else ''}; SHA256SUMS would seal "

@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from quantkit import api, artifact, formats, outputs, seal, source as source_mod
-from quantkit.artifact import Manifest
 from quantkit.engines.registry import engine_unavailable
 from quantkit.engines.vllm import tune as tune_mod
 from quantkit.errors import GateFailedError, Interrupted, OutputExistsError, QuantkitError, UsageError
 from quantkit.formats.names import LLAMACPP, VLLM, KindName
 from quantkit.locks import output_lock
+from quantkit.manifest import MANIFEST, Manifest, read_manifest, write_text_atomic
 from quantkit.progress import Reporter, fmt_num
 from quantkit.outputs import BUNDLE_FILES, REPORT_JSON, SUMS
 from quantkit.recipe import Recipe, TaskSpec
@@ -148,7 +148,7 @@ def _run(recipe: Recipe, release: Path, *, force: bool, rep: Reporter, evaluate:
         out = res.path
         if why is not None:
             rep.log(f"[green]✓[/] {res.name}: reused ({why})")
-            res.status, res.manifest = "reused", artifact.read_manifest(out)
+            res.status, res.manifest = "reused", read_manifest(out)
             continue
         rep.log(f"[bold]▶ {res.name}[/] ({spec.method})")
         try:
@@ -189,7 +189,7 @@ def _run(recipe: Recipe, release: Path, *, force: bool, rep: Reporter, evaluate:
         r.manifest = artifact.update_manifest(r.path, pipeline=record)
     result = RunResult(release=release, outputs=results, seconds=time.perf_counter() - t0)
     write_bundle(result, recipe)
-    if recipe.quantize is not None and (release / artifact.MANIFEST).exists():
+    if recipe.quantize is not None and (release / MANIFEST).exists():
         artifact.update_manifest(release)  # one-output recipe: the bundle files live in the artifact itself
     return result
 
@@ -278,7 +278,7 @@ def _rewrite_tasks_report(r: OutputResult, tasks: dict[str, Task]) -> None:
         line = tasks_table([row.cells()], HEADER)[-1]
         lines[line.rsplit(" | ", 1)[0]] = line  # keyed by every cell but the gate's
     text = path.read_text()
-    artifact.write_text_atomic(path, "".join(lines.get(line.rsplit(" | ", 1)[0], line) + "\n"
+    write_text_atomic(path, "".join(lines.get(line.rsplit(" | ", 1)[0], line) + "\n"
                                              for line in text.splitlines()))
 
 
@@ -434,7 +434,7 @@ def _tune(recipe: Recipe, r: OutputResult, rep: Reporter) -> None:
     except QuantkitError as e:
         rep.warn(f"kernel sweep of {r.name} failed: {e}")
         return
-    r.manifest = artifact.read_manifest(r.path)
+    r.manifest = read_manifest(r.path)
 
 
 def write_model_card(r: OutputResult, recipe: Recipe, src: source_mod.SourceModel) -> None:
@@ -479,7 +479,7 @@ def write_model_card(r: OutputResult, recipe: Recipe, src: source_mod.SourceMode
     lines += tune_mod.card_section(m.serving.model_dump(mode="json") if m.serving else None)
     lines += ["", "## Versions", "", "| library | version |", "| --- | --- |"]
     lines += [f"| {k} | {v} |" for k, v in m.versions.items()]
-    artifact.write_text_atomic(r.path / "README.md", "\n".join(lines) + "\n")
+    write_text_atomic(r.path / "README.md", "\n".join(lines) + "\n")
 
 
 def imatrix_line(im: dict[str, Any]) -> str:
@@ -582,7 +582,7 @@ def write_bundle(result: RunResult, recipe: Recipe) -> None:
     rewritten after it to record the bundle's files (and so seals them itself); listed, it was always stale."""
     release = result.release
     release.mkdir(parents=True, exist_ok=True)
-    artifact.write_text_atomic(release / REPORT_JSON, json.dumps(result.to_json(), indent=2, default=str) + "\n")
-    files = [p for p in artifact.release_files(release) if recipe.outputs or p != release / artifact.MANIFEST]
+    write_text_atomic(release / REPORT_JSON, json.dumps(result.to_json(), indent=2, default=str) + "\n")
+    files = [p for p in artifact.release_files(release) if recipe.outputs or p != release / MANIFEST]
     sums = sorted((p.relative_to(release).as_posix(), digest) for p, digest in seal.hash_many(files))
-    artifact.write_text_atomic(release / SUMS, "".join(f"{digest}  {rel}\n" for rel, digest in sums))
+    write_text_atomic(release / SUMS, "".join(f"{digest}  {rel}\n" for rel, digest in sums))

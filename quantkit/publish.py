@@ -16,17 +16,18 @@ from typing import Any
 
 from quantkit import artifact
 from quantkit.errors import GateFailedError, IntegrityError, QuantkitError, UnsafeOutputError, UsageError
+from quantkit.manifest import MANIFEST, MAX_MANIFEST_BYTES, read_capped
 
 
 def publish(folder: Path, repo: str, *, private: bool = False) -> list[dict[str, Any]]:
     """Verify then upload each artifact under ``folder``; a release folder maps to ``repo-<artifact>`` repos."""
     _check_repo_id(repo)
-    if (folder / artifact.MANIFEST).exists():
+    if (folder / MANIFEST).exists():
         targets = [(folder, repo)]
     else:
         targets = [(p, f"{repo}-{p.name}") for p in artifact.release_artifacts(folder)]
     if not targets:
-        raise UsageError(f"{folder} holds no quantkit artifact (no {artifact.MANIFEST})")
+        raise UsageError(f"{folder} holds no quantkit artifact (no {MANIFEST})")
     for _, repo_id in targets:
         _check_repo_id(repo_id)
     bad = [r for r in artifact.verify_tree(folder) if not r.ok]
@@ -67,7 +68,7 @@ def _check_verdict(folder: Path) -> None:
     if not path.is_file():
         return
     try:
-        raw = artifact.read_capped(path, artifact.MAX_MANIFEST_BYTES)
+        raw = read_capped(path, MAX_MANIFEST_BYTES)
         report = json.loads(raw) if raw is not None else None
     except (OSError, ValueError):
         report = None
@@ -105,7 +106,7 @@ def _check_repo(api: Any, repo_id: str) -> None:
         files = api.list_repo_files(repo_id)
     except RepositoryNotFoundError:
         return
-    if [f for f in files if f != ".gitattributes"] and artifact.MANIFEST not in files:
+    if [f for f in files if f != ".gitattributes"] and MANIFEST not in files:
         raise UnsafeOutputError(f"hub repository {repo_id} holds files that quantkit did not publish (no "
-                                f"{artifact.MANIFEST})", hint="publish to another repository, or empty that one "
+                                f"{MANIFEST})", hint="publish to another repository, or empty that one "
                                 "yourself")

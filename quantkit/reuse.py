@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from quantkit import artifact, versions
+from quantkit.manifest import MANIFEST, read_manifest
 
 if TYPE_CHECKING:
     from quantkit.formats.specs import MethodBase
@@ -27,9 +28,9 @@ PRODUCER_LIBS = ("llmcompressor", "compressed-tensors", "transformers", "torch",
 
 def reusable(recipe: Recipe, spec: MethodBase, out: Path, src: SourceModel) -> tuple[bool, str]:
     """Whether ``out`` already holds this output, complete and made the same way; and why not."""
-    if not (out / artifact.MANIFEST).exists():
+    if not (out / MANIFEST).exists():
         return False, "no manifest"
-    m = artifact.read_manifest(out)
+    m = read_manifest(out)
     if m.output_sha256 != recipe.output_sha256(spec):
         return False, "the recipe for this output changed"
     if m.source.config_sha256 != src.config_sha256:

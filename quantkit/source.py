@@ -29,8 +29,8 @@ from typing import Any
 
 from quantkit import file_hashes
 from quantkit.architectures import moe_family, text_config
-from quantkit.artifact import SourceInfo, read_capped
 from quantkit.errors import QuantkitError, SourceModelError
+from quantkit.manifest import SourceInfo, read_capped
 from quantkit.recipe import ModelSpec
 
 MAX_CONFIG_BYTES = 16 << 20  # config.json is kilobytes; read bounded

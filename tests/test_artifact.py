@@ -17,22 +17,23 @@ from conftest import token_gguf
 from quantkit import artifact
 from quantkit.errors import DiskSpaceError, IntegrityError, LockedError, OutputExistsError, UsageError
 from quantkit.locks import output_lock
+from quantkit.manifest import MANIFEST, SCHEMA_VERSION, Manifest, SourceInfo, read_manifest, size_bytes
 
 pytestmark = pytest.mark.unit
 
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE = artifact.SourceInfo(id="models/quantkit-tiny", path=str(ROOT / "models" / "quantkit-tiny"),
+SOURCE = SourceInfo(id="models/quantkit-tiny", path=str(ROOT / "models" / "quantkit-tiny"),
                              made_in=str(ROOT), config_sha256="0" * 64)
 
 
-def make(final: Path, content: bytes = b"weights", force: bool = False) -> artifact.Manifest:
+def make(final: Path, content: bytes = b"weights", force: bool = False) -> Manifest:
     with artifact.ArtifactWriter(final, force=force) as w:
         (w.path / "config.json").write_text("{}")
         (w.path / "model.safetensors").write_bytes(content)
         (w.path / "sub").mkdir()
         (w.path / "sub" / "tokenizer.json").write_text("{}")
-        return w.commit(artifact.Manifest(kind="test", method="test", source=SOURCE))
+        return w.commit(Manifest(kind="test", method="test", source=SOURCE))
 
 
 def test_commit_renames_into_place_with_manifest(tmp_path: Path) -> None:
@@ -41,8 +42,8 @@ def test_commit_renames_into_place_with_manifest(tmp_path: Path) -> None:
     assert sorted(m.files) == ["config.json", "model.safetensors", "sub/tokenizer.json"]
     assert m.files["model.safetensors"].sha256 == artifact.sha256_file(out / "model.safetensors")
     on_disk = json.loads((out / "quantkit.json").read_text())
-    assert on_disk["kind"] == "test" and on_disk["schema_version"] == artifact.SCHEMA_VERSION
-    assert artifact.read_manifest(out) == m
+    assert on_disk["kind"] == "test" and on_disk["schema_version"] == SCHEMA_VERSION
+    assert read_manifest(out) == m
     assert m.timings["hash_and_sync"] >= 0  # quantkit's own cost after the producer is accounted for
     assert [p.name for p in tmp_path.iterdir()] == ["art"]  # no temp folder or lock left behind
 
@@ -138,8 +139,8 @@ def test_verify_checks_a_release_folder_against_its_sha256sums(tmp_path: Path) -
     """A release's report files lie in no artifact: its SHA256SUMS is their seal, checked after each artifact."""
     rel = _release(tmp_path / "rel")
     ok = artifact.verify_tree(rel)
-    assert [(r.root.name, r.seal, r.ok) for r in ok] == [("gguf", artifact.MANIFEST, True),
-                                                         ("rtn", artifact.MANIFEST, True), ("rel", artifact.SUMS, True)]
+    assert [(r.root.name, r.seal, r.ok) for r in ok] == [("gguf", MANIFEST, True),
+                                                         ("rtn", MANIFEST, True), ("rel", artifact.SUMS, True)]
     assert ok[-1].checked == len(artifact.release_files(rel)) == 10
     (rel / "report.md").write_text("# edited")
     (rel / "notes.txt").write_text("mine")
@@ -228,7 +229,7 @@ def small_gguf(path: Path) -> Path:
 def gguf_artifact(final: Path) -> Path:
     with artifact.ArtifactWriter(final) as w:
         small_gguf(w.path / "m-Q8_0.gguf")
-        w.commit(artifact.Manifest(kind="gguf", method="gguf", source=SOURCE))
+        w.commit(Manifest(kind="gguf", method="gguf", source=SOURCE))
     return final
 
 
@@ -303,17 +304,17 @@ def test_update_manifest_refuses_a_tampered_artifact_and_writes_nothing(tmp_path
     make(out)
     change, found = TAMPERS[tamper]
     change(out)
-    before = (out / artifact.MANIFEST).read_bytes()
+    before = (out / MANIFEST).read_bytes()
     with pytest.raises(IntegrityError, match=re.escape(found)):
         artifact.update_manifest(out, smoke={"runs": {}})
-    assert (out / artifact.MANIFEST).read_bytes() == before and not artifact.verify(out).ok
+    assert (out / MANIFEST).read_bytes() == before and not artifact.verify(out).ok
 
 
 @pytest.mark.cli
 def test_size_is_the_weight_files_everywhere(tmp_path: Path, cli) -> None:
     out = tmp_path / "art"
     make(out, b"W" * 4096)
-    assert artifact.size_bytes(out) == artifact.read_manifest(out).size_bytes == 4096
+    assert size_bytes(out) == read_manifest(out).size_bytes == 4096
     shown = json.loads(cli("inspect", out, "--json", check=True).stdout)
     assert shown["size_bytes"] == 4096
 
@@ -327,7 +328,7 @@ def legacy_artifact(final: Path) -> Path:
         (w.path / "gptq").mkdir()
         (w.path / "gptq" / "config.json").write_text("{}")
         (w.path / "gptq" / "model.safetensors").write_bytes(b"G" * 4000)
-        w.commit(artifact.Manifest(kind="compressed-tensors", method="gptq", source=SOURCE,
+        w.commit(Manifest(kind="compressed-tensors", method="gptq", source=SOURCE,
                                    quantization={"scheme": "W4A16", "legacy": {"path": "gptq"}}))
     return final
 
@@ -336,8 +337,8 @@ def legacy_artifact(final: Path) -> Path:
 def test_a_legacy_layouts_copy_is_not_counted_in_the_size(tmp_path: Path, cli) -> None:
     """Both copies were counted: an int4 model came out '0.90x smaller' than its source, 17.87 bits per weight."""
     out = legacy_artifact(tmp_path / "art")
-    m = artifact.read_manifest(out)
-    assert m.size_bytes == artifact.size_bytes(out) == 4096 and m.legacy_bytes == 4000
+    m = read_manifest(out)
+    assert m.size_bytes == size_bytes(out) == 4096 and m.legacy_bytes == 4000
     assert {"gptq/model.safetensors", "gptq/config.json", "model.safetensors"} <= set(m.files)  # all still sealed
     assert json.loads(cli("inspect", out, "--json", check=True).stdout)["size_bytes"] == 4096
     assert make(tmp_path / "plain").legacy_bytes == 0
@@ -369,7 +370,7 @@ def test_manifests_of_earlier_versions_still_open_and_verify(tmp_path: Path, cli
     typed object, and an artifact sealed with that layout verifies, inspects and finds its source model."""
     v1 = json.loads((Path(__file__).parent / "data" / "manifest-v1.json").read_text())
     assert v1["schema"] == 1 and "schema_version" not in v1
-    m = artifact.Manifest.from_json(v1)
+    m = Manifest.from_json(v1)
     assert m.schema_version == 1 and m.method == "gptq" and m.calibration.samples == 4
     assert m.kind == "compressed-tensors"  # schemas 1 and 2 named the kind "format"
     assert m.source.id == "models/quantkit-tiny" and not m.source.hub
@@ -383,27 +384,27 @@ def test_manifests_of_earlier_versions_still_open_and_verify(tmp_path: Path, cli
     (out / "quantkit.json").write_text(json.dumps(v1))
     assert json.loads(cli("verify", out, "--json", check=True).stdout)[0]["ok"] is True
     assert json.loads(cli("inspect", out, "--json", check=True).stdout)["method"] == "gptq"
-    assert artifact.read_manifest(out).source.local_path() == Path("models/quantkit-tiny")
+    assert read_manifest(out).source.local_path() == Path("models/quantkit-tiny")
 
 
 def test_a_manifest_from_a_newer_quantkit_is_refused_clearly(tmp_path: Path) -> None:
     out = tmp_path / "new"
     make(out)
     data = json.loads((out / "quantkit.json").read_text())
-    data["schema_version"] = artifact.SCHEMA_VERSION + 1
+    data["schema_version"] = SCHEMA_VERSION + 1
     (out / "quantkit.json").write_text(json.dumps(data))
     with pytest.raises(UsageError, match="newer than this quantkit"):
-        artifact.read_manifest(out)
+        read_manifest(out)
 
 
 def test_a_schema_2_manifest_names_its_kind_format_and_is_read(tmp_path: Path) -> None:
     """Schema 2 wrote the kind under "format"; it reads as the kind, and a manifest written now says "kind"."""
     make(tmp_path / "art")
-    data = json.loads((tmp_path / "art" / artifact.MANIFEST).read_text())
+    data = json.loads((tmp_path / "art" / MANIFEST).read_text())
     assert data["kind"] == "test" and "format" not in data
     data["schema_version"] = 2
     data["format"] = data.pop("kind")
-    assert artifact.Manifest.from_json(data).kind == "test"
+    assert Manifest.from_json(data).kind == "test"
 
 
 def test_a_swap_cut_short_is_put_right_by_the_next_writer(tmp_path: Path) -> None:
@@ -482,10 +483,10 @@ def test_a_library_error_on_a_disk_with_room_is_not_called_a_full_disk(tmp_path:
 
 def _relist(out: Path, name: str, target: Path) -> None:
     """Make the manifest list ``name`` (instead of config.json) with ``target``'s true sha256 and size."""
-    data = json.loads((out / artifact.MANIFEST).read_text())
+    data = json.loads((out / MANIFEST).read_text())
     del data["files"]["config.json"]
     data["files"][name] = {"sha256": artifact.sha256_file(target), "size": target.stat().st_size}
-    (out / artifact.MANIFEST).write_text(json.dumps(data))
+    (out / MANIFEST).write_text(json.dumps(data))
 
 
 def test_verify_refuses_a_seal_naming_files_outside_the_folder(tmp_path: Path) -> None:
@@ -527,7 +528,7 @@ def test_verify_and_inspect_cli_on_a_manifest_naming_a_file_outside(tmp_path: Pa
     for verb in ("verify", "inspect"):
         proc = cli(verb, out)
         assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
-        assert proc.stderr.splitlines() == [f"error: {out / artifact.MANIFEST} is not a quantkit manifest: files: "
+        assert proc.stderr.splitlines() == [f"error: {out / MANIFEST} is not a quantkit manifest: files: "
                                             "Value error, '/etc/hostname' is not the name of a file inside the "
                                             "artifact folder"]
 

@@ -61,6 +61,7 @@ def broken_model(tmp_path_factory) -> Path:
     from safetensors.torch import load_file, save_file
 
     from quantkit import artifact
+    from quantkit.manifest import MANIFEST, read_manifest
 
     made = tmp_path_factory.mktemp("eval") / "rtn-w8"
     quantkit("rtn", TINY, made, "--bits", "8", check=True)
@@ -71,9 +72,9 @@ def broken_model(tmp_path_factory) -> Path:
         tensors[f"{name}_scale"] = torch.zeros_like(tensors[f"{name}_scale"])
     out = made.parent / "rtn-w8-zeroed-scales"
     with artifact.ArtifactWriter(out) as w:
-        shutil.copytree(made, w.path, dirs_exist_ok=True, ignore=shutil.ignore_patterns(artifact.MANIFEST))
+        shutil.copytree(made, w.path, dirs_exist_ok=True, ignore=shutil.ignore_patterns(MANIFEST))
         save_file(tensors, w.path / "model.safetensors", metadata=metadata)
-        w.commit(artifact.read_manifest(made))
+        w.commit(read_manifest(made))
     return out
 
 

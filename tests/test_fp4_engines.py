@@ -14,7 +14,6 @@ import pytest
 from rich.console import Console
 
 from conftest import ROOT, TINY, quantkit
-from quantkit import artifact
 from quantkit.checkpoint import MXFP4, NVFP4, Fp4, fp4, read_config
 from quantkit.engines import doctor, numerics, smoke
 from quantkit.engines.vllm import kernels
@@ -22,6 +21,7 @@ from quantkit.errors import UsageError
 from quantkit.formats.names import VLLM
 from quantkit.progress import Reporter
 from quantkit.evaluation.evaluate import EvalOptions, evaluate
+from quantkit.manifest import read_manifest
 
 pytestmark = pytest.mark.e2e
 
@@ -53,7 +53,7 @@ def test_emulated_w4a4_is_scored_apart_from_weight_only(arts: dict[str, Path]) -
     w4a4 = [arts["nvfp4-w4a4"], arts["mxfp4-w4a4"]]
     emulated = evaluate(w4a4, str(TINY), EvalOptions(**PROTOCOL, numerics="emulated"))
     assert [r.numerics for r in emulated.results] == [numerics.EMULATED] * 2
-    assert artifact.read_manifest(arts["mxfp4-w4a4"]).evaluation.numerics == numerics.EMULATED
+    assert read_manifest(arts["mxfp4-w4a4"]).evaluation.numerics == numerics.EMULATED
     auto = evaluate([*w4a4, arts["nvfp4-w4a16"]], str(TINY), EvalOptions(**PROTOCOL, numerics="auto"))
     nv, mx, twin = auto.results
     assert twin.numerics is None and nv.numerics == mx.numerics == numerics.EMULATED  # auto in transformers: emulated
@@ -61,7 +61,7 @@ def test_emulated_w4a4_is_scored_apart_from_weight_only(arts: dict[str, Path]) -
     nv, mx = weight_only.results
     assert nv.numerics == mx.numerics == numerics.WEIGHT_ONLY
     assert nv.to_json()["numerics"] == numerics.WEIGHT_ONLY
-    assert artifact.read_manifest(arts["nvfp4-w4a4"]).evaluation.numerics == numerics.WEIGHT_ONLY
+    assert read_manifest(arts["nvfp4-w4a4"]).evaluation.numerics == numerics.WEIGHT_ONLY
     assert nv.metrics.kld == pytest.approx(twin.metrics.kld, rel=1e-6)  # activations untouched: the twin's numerics
     for e, w in zip(emulated.results, weight_only.results):
         assert e.metrics.kld > w.metrics.kld * 1.2, (e.target.label, e.metrics.kld, w.metrics.kld)
@@ -76,12 +76,12 @@ def test_the_cli_records_and_refuses_numerics(arts: dict[str, Path], tmp_path: P
     assert result["numerics"] == "emulated w4a4" and result["engine"]["numerics"] == "emulated w4a4"
     assert "NVFP4 W4A4 artifact with its activations quantized to FP4 and back" in p.stderr
     assert "transformers (emulated w4a4)" in (tmp_path / "report.md").read_text()
-    before = artifact.read_manifest(arts["nvfp4-w4a16"]).evaluation
+    before = read_manifest(arts["nvfp4-w4a16"]).evaluation
     p = quantkit("eval", arts["nvfp4-w4a16"], "--numerics", "emulated", "--report-dir", tmp_path / "refused")
     assert p.returncode == 2 and p.stderr.startswith("error: --numerics emulated: ") and \
         "is not an FP4 W4A4 checkpoint" in p.stderr.splitlines()[0], p.stderr
     assert not (tmp_path / "refused").exists()
-    assert artifact.read_manifest(arts["nvfp4-w4a16"]).evaluation == before  # nothing scored, nothing written
+    assert read_manifest(arts["nvfp4-w4a16"]).evaluation == before  # nothing scored, nothing written
     for name, options, message in [("nvfp4-w4a4", {"numerics": "bf16"}, "choose one of auto, emulated, weight-only"),
                                    ("mxfp4-w4a4", {"numerics": "emulated", "engine": "vllm"},
                                     "no MXFP4 emulation kernel")]:

@@ -23,9 +23,10 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
-from quantkit import artifact, recipe as recipe_mod, source
+from quantkit import recipe as recipe_mod, source
 from quantkit.errors import EXIT_FAILURE, EXIT_GATE, EXIT_OK, EXIT_USAGE, IntegrityError, RecipeError, \
     SourceModelError, UsageError
+from quantkit.manifest import MANIFEST, MAX_MANIFEST_BYTES, FileInfo, Manifest, SourceInfo, read_manifest
 
 from conftest import ROOT, TINY
 
@@ -267,30 +268,30 @@ MANIFEST_FIELDS = ["schema_version", "schema", "kind", "format", "method", "sour
 
 
 def _real_manifest() -> dict:
-    return artifact.Manifest(kind="test", method="rtn", source=artifact.SourceInfo(
-        id="m", path="/m", config_sha256="0" * 64), files={"a": artifact.FileInfo(sha256="0" * 64, size=1)}).to_json()
+    return Manifest(kind="test", method="rtn", source=SourceInfo(
+        id="m", path="/m", config_sha256="0" * 64), files={"a": FileInfo(sha256="0" * 64, size=1)}).to_json()
 
 
 @fast(200)
 @given(st.one_of(json_values, st.dictionaries(st.sampled_from(MANIFEST_FIELDS), json_values, max_size=4).map(
     lambda changes: {**_real_manifest(), **changes})))
 def test_any_manifest_is_read_or_refused(tmp_path: Path, data: object) -> None:
-    (tmp_path / artifact.MANIFEST).write_text(json.dumps(data))
+    (tmp_path / MANIFEST).write_text(json.dumps(data))
     try:
-        m = artifact.read_manifest(tmp_path)
+        m = read_manifest(tmp_path)
     except (IntegrityError, UsageError):
         return
     assert m.size_bytes >= 0
 
 
 def test_a_manifest_nested_too_deeply_or_too_large_is_refused(tmp_path: Path) -> None:
-    (tmp_path / artifact.MANIFEST).write_text("[" * 100_000 + "]" * 100_000)
+    (tmp_path / MANIFEST).write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(IntegrityError, match="nested too deeply"):
-        artifact.read_manifest(tmp_path)
-    with open(tmp_path / artifact.MANIFEST, "wb") as f:
-        f.truncate(artifact.MAX_MANIFEST_BYTES + 1)  # sparse: no disk taken
+        read_manifest(tmp_path)
+    with open(tmp_path / MANIFEST, "wb") as f:
+        f.truncate(MAX_MANIFEST_BYTES + 1)  # sparse: no disk taken
     with pytest.raises(IntegrityError, match="larger than"):
-        artifact.read_manifest(tmp_path)
+        read_manifest(tmp_path)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -420,13 +421,13 @@ def test_malformed_gguf_and_manifests_through_the_cli(sandbox: Sandbox) -> None:
                        "types": json.dumps({**_real_manifest(), "files": {"a": {"sha256": 5, "size": "big"}}})}.items():
         (r / name).mkdir()
         shutil.copy(r / "tensors.gguf", r / name / "m.gguf")
-        (r / name / artifact.MANIFEST).write_text(text)
+        (r / name / MANIFEST).write_text(text)
         for verb in ("inspect", "verify"):
             proc = sandbox.run(verb, name, expect={EXIT_FAILURE, EXIT_USAGE})
-            assert artifact.MANIFEST in proc.stderr
+            assert MANIFEST in proc.stderr
     for name in ("deep", "types"):  # refused before the hub is asked (offline here)
         proc = sandbox.run("publish", name, "--repo", "org/name", expect={EXIT_FAILURE})
-        assert artifact.MANIFEST in proc.stderr
+        assert MANIFEST in proc.stderr
     sandbox.run("eval", "half.gguf", "--baseline", "model", "--dataset", "heldout", "--max-tokens", "64",
                 "--report-dir", "reports", out="reports", expect={EXIT_FAILURE, EXIT_USAGE})
     sandbox.run("eval", "deep", "--baseline", "model", "--max-tokens", "64", "--report-dir", "reports",

@@ -16,12 +16,13 @@ import pytest
 
 from quantkit import artifact
 from quantkit.errors import OutputExistsError
+from quantkit.manifest import MANIFEST, Manifest, SourceInfo, read_manifest
 
 from conftest import ROOT, TINY, quantkit
 
 pytestmark = pytest.mark.cli
 
-SOURCE = artifact.SourceInfo(id="src", path="/nowhere", config_sha256="0" * 64)
+SOURCE = SourceInfo(id="src", path="/nowhere", config_sha256="0" * 64)
 
 
 def tree(root: Path) -> dict[str, str]:
@@ -42,7 +43,7 @@ def fake_artifact(folder: Path) -> None:
     """A small folder quantkit wrote (through its own writer), to stand for an artifact without quantizing."""
     with artifact.ArtifactWriter(folder, force=True) as w:
         (w.path / "model.safetensors").write_bytes(b"old")
-        w.commit(artifact.Manifest(kind="test", method="test", source=SOURCE))
+        w.commit(Manifest(kind="test", method="test", source=SOURCE))
 
 
 @pytest.fixture
@@ -150,9 +151,9 @@ def test_force_replaces_an_empty_folder_and_an_artifact_only(tmp_path: Path) -> 
     (tmp_path / "empty").mkdir()
     fake_artifact(tmp_path / "empty")
     fake_artifact(tmp_path / "empty")  # an artifact is replaced in turn
-    assert artifact.read_manifest(tmp_path / "empty").kind == "test"
+    assert read_manifest(tmp_path / "empty").kind == "test"
     (tmp_path / "broken").mkdir()
-    (tmp_path / "broken" / artifact.MANIFEST).write_text("{not json")
+    (tmp_path / "broken" / MANIFEST).write_text("{not json")
     with pytest.raises(OutputExistsError, match="does not read"):
         artifact.check_replaceable(tmp_path / "broken")
     (tmp_path / "link").symlink_to("empty")
@@ -181,7 +182,7 @@ def test_force_refuses_an_artifact_holding_the_users_files(work: Path) -> None:
     (work / "q2x" / "mydata").mkdir()
     (work / "q2x" / "mydata" / "important.csv").write_text("1")
     (work / "thesis").mkdir()
-    shutil.copy(work / "q2x" / artifact.MANIFEST, work / "thesis")
+    shutil.copy(work / "q2x" / MANIFEST, work / "thesis")
     (work / "thesis" / "thesis.tex").write_text("\\documentclass{article}")
     before = tree(work)
     for argv, shown in ((["q2x", "--force"], "NOTES.md, mydata/"), (["q2x", "--force", "--dry-run"], "NOTES.md, mydata/"),
@@ -224,9 +225,10 @@ import typer
 
 from quantkit import artifact
 from quantkit.cli.common import handle_errors
+from quantkit.manifest import Manifest, SourceInfo
 
 final, when = Path(sys.argv[1]), sys.argv[2]
-SOURCE = artifact.SourceInfo(id="src", path="/nowhere", config_sha256="0" * 64)
+SOURCE = SourceInfo(id="src", path="/nowhere", config_sha256="0" * 64)
 
 
 def write(content):
@@ -234,7 +236,7 @@ def write(content):
         (w.path / "model.safetensors").write_bytes(content)
         if when == "twice" and content == b"new":
             os.kill(os.getpid(), signal.SIGINT)  # the first Ctrl-C, while the producer writes
-        w.commit(artifact.Manifest(kind="test", method="test", source=SOURCE))
+        w.commit(Manifest(kind="test", method="test", source=SOURCE))
 
 
 write(b"old")

@@ -225,11 +225,12 @@ def test_global_flags_before_the_verb(tmp_path: Path) -> None:
 def _sealed(out: Path) -> Path:
     """A small artifact folder sealed by quantkit's own writer (what verify reads; nothing quantized)."""
     from quantkit import artifact
+    from quantkit.manifest import Manifest, SourceInfo
 
-    source = artifact.SourceInfo(id=TINY_REL, path=str(ROOT / TINY_REL), config_sha256="0" * 64)
+    source = SourceInfo(id=TINY_REL, path=str(ROOT / TINY_REL), config_sha256="0" * 64)
     with artifact.ArtifactWriter(out) as w:
         (w.path / "model.safetensors").write_bytes(b"weights")
-        w.commit(artifact.Manifest(kind="test", method="test", source=source))
+        w.commit(Manifest(kind="test", method="test", source=source))
     return out
 
 

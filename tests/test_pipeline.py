@@ -11,6 +11,7 @@ import yaml
 
 from quantkit import artifact
 from quantkit.locks import output_lock
+from quantkit.manifest import MANIFEST, read_manifest
 
 from conftest import TINY, quantkit
 
@@ -117,18 +118,18 @@ def test_bundle_has_sums_reports_plot_and_model_cards(release) -> None:
 
 def test_rerun_redoes_nothing(release) -> None:
     work, first, first_log = release
-    created = {a: artifact.read_manifest(work / "release" / a).created for a in ("rtn-w4g128", "gptq-w4g128", "gguf")}
+    created = {a: read_manifest(work / "release" / a).created for a in ("rtn-w4g128", "gptq-w4g128", "gguf")}
     proc = quantkit("run", "recipe.yaml", "--json", cwd=work, check=True)
     again = json.loads(proc.stdout)
     assert {o["status"] for o in again["outputs"]} == {"reused"}
     # the first run logged loading the baseline to score it; the second loads no model at all
     assert "loading baseline in" in first_log and "loading " not in proc.stderr, proc.stderr
     for a, when in created.items():
-        assert artifact.read_manifest(work / "release" / a).created == when
+        assert read_manifest(work / "release" / a).created == when
     assert [o["evaluation"] for o in again["outputs"]] == [o["evaluation"] for o in first["outputs"]]
     # each artifact against its manifest, then the whole release against the SHA256SUMS the run wrote
     assert [(r.seal, r.ok) for r in artifact.verify_tree(work / "release")] == \
-        [(artifact.MANIFEST, True)] * 3 + [(artifact.SUMS, True)]
+        [(MANIFEST, True)] * 3 + [(artifact.SUMS, True)]
 
 
 def test_failing_gate_exits_3_and_names_it(release) -> None:
@@ -174,7 +175,7 @@ def test_a_source_whose_weights_changed_is_not_reused(tmp_path: Path) -> None:
     (tmp_path / "r.yaml").write_text(f"model:\n  source: {src}\noutput: rel\noutputs:\n  - method: rtn\n")
     first = quantkit("run", "r.yaml", "--no-eval", "--no-smoke", "--json", cwd=tmp_path, check=True)
     assert [o["status"] for o in json.loads(first.stdout)["outputs"]] == ["built"]
-    recorded = artifact.read_manifest(tmp_path / "rel" / "rtn-w4g128").source.weights_sha256
+    recorded = read_manifest(tmp_path / "rel" / "rtn-w4g128").source.weights_sha256
     assert recorded and len(recorded) == 64
 
     tensors = load_file(src / "model.safetensors")
@@ -190,7 +191,7 @@ def test_a_source_whose_weights_changed_is_not_reused(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "other weights than the baseline" in proc.stderr, proc.stderr[-2000:]
     proc = quantkit("run", "r.yaml", "--no-eval", "--no-smoke", "--force", "--json", cwd=tmp_path, check=True)
     assert [o["status"] for o in json.loads(proc.stdout)["outputs"]] == ["built"]
-    assert artifact.read_manifest(tmp_path / "rel" / "rtn-w4g128").source.weights_sha256 != recorded
+    assert read_manifest(tmp_path / "rel" / "rtn-w4g128").source.weights_sha256 != recorded
 
 
 def _two_outputs(work: Path, extra: str = "") -> None:
@@ -257,7 +258,7 @@ def test_a_one_output_release_sums_check_out(tmp_path: Path) -> None:
     for line in (rel / "SHA256SUMS").read_text().splitlines():
         digest, path = line.split("  ", 1)
         assert hashlib.sha256((rel / path).read_bytes()).hexdigest() == digest, path
-    assert {"SHA256SUMS", "report.json"} <= set(artifact.read_manifest(rel).files) and artifact.verify(rel).ok
+    assert {"SHA256SUMS", "report.json"} <= set(read_manifest(rel).files) and artifact.verify(rel).ok
 
 
 def test_a_release_folder_holding_the_users_files_is_refused(tmp_path: Path) -> None:

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from conftest import TINY, quantkit, sparse_checkpoint
-from quantkit import artifact
 from quantkit.engines import parallel
+from quantkit.manifest import read_manifest
 
 pytestmark = pytest.mark.e2e
 
@@ -83,7 +83,7 @@ def test_default_group_size_on_576_is_64_said_once_and_recorded(rtn_default: tup
     out, printed = rtn_default
     said = [line for line in printed.splitlines() if "group size" in line]
     assert len(said) == 1 and "warning:" in said[0] and REASON in said[0], said
-    m = artifact.read_manifest(out)
+    m = read_manifest(out)
     q = m.quantization
     assert (q["group_size"], q["group_size_requested"]) == (64, None) and q["group_size_reason"].startswith(REASON)
     assert q["weights"] == "int4 group 64 symmetric" and any(n.startswith(REASON) for n in m.notes)
@@ -132,7 +132,7 @@ def test_awq_on_576_records_the_mapping_llm_compressor_skips(smollm2_shape: Path
     outputs are not o_proj's 576 inputs, so llm-compressor applies that mapping in no layer: the manifest says so."""
     out = tmp_path / "awq"
     quantkit("awq", smollm2_shape, out, "--samples", "4", "--seq-len", "64", check=True)
-    m = artifact.read_manifest(out)
+    m = read_manifest(out)
     used = {mp["smooth_layer"]: mp["applied_to"] for mp in m.quantization["awq_mappings"]}
     assert used == {"re:.*input_layernorm$": 2, "re:.*v_proj$": 0, "re:.*post_attention_layernorm$": 2,
                     "re:.*up_proj$": 2}

@@ -17,6 +17,7 @@ import pytest
 
 from quantkit import artifact
 from quantkit.errors import DiskSpaceError
+from quantkit.manifest import Manifest, SourceInfo, read_manifest
 
 from conftest import ROOT, quantkit, sparse_checkpoint
 
@@ -89,10 +90,10 @@ def test_a_model_larger_than_host_memory_is_refused_before_loading(tmp_path: Pat
 def test_existing_output_refused_without_force(tmp_path: Path, tiny: Path) -> None:
     out = tmp_path / "rtn"
     quantkit("rtn", tiny, out, check=True)
-    before = artifact.read_manifest(out).created
+    before = read_manifest(out).created
     proc = quantkit("rtn", tiny, out)
     assert proc.returncode == 2 and "already exists" in proc.stderr and "--force" in proc.stderr
-    assert artifact.read_manifest(out).created == before
+    assert read_manifest(out).created == before
     quantkit("rtn", tiny, out, "--force", check=True)
     assert artifact.verify(out).ok
 
@@ -213,20 +214,20 @@ def test_same_recipe_seed_and_versions_give_identical_bytes(tmp_path: Path, tiny
     calibration = SMALL if method == "gptq" else []  # rtn reads no calibration data, and takes no such flags
     quantkit(method, tiny, a, *calibration, "--device", "cpu", check=True)
     quantkit(method, tiny, b, *calibration, "--device", "cpu", check=True)
-    fa = artifact.read_manifest(a).files
-    fb = artifact.read_manifest(b).files
+    fa = read_manifest(a).files
+    fb = read_manifest(b).files
     assert fa == fb  # every file's sha256 identical
-    ma, mb = artifact.read_manifest(a), artifact.read_manifest(b)
+    ma, mb = read_manifest(a), read_manifest(b)
     assert ma.calibration == mb.calibration and ma.output_sha256 == mb.output_sha256
 
 
 def _sealed(out: Path) -> Path:
     """A small artifact folder sealed by quantkit's own writer (nothing to quantize: publish reads only files)."""
-    source = artifact.SourceInfo(id="models/quantkit-tiny", path=str(ROOT / "models" / "quantkit-tiny"),
+    source = SourceInfo(id="models/quantkit-tiny", path=str(ROOT / "models" / "quantkit-tiny"),
                                  config_sha256="0" * 64)
     with artifact.ArtifactWriter(out) as w:
         (w.path / "model.safetensors").write_bytes(b"weights")
-        w.commit(artifact.Manifest(kind="test", method="test", source=source))
+        w.commit(Manifest(kind="test", method="test", source=source))
     return out
 
 

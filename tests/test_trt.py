@@ -31,6 +31,7 @@ from quantkit import api, artifact, recipe
 from quantkit.errors import QuantkitError
 from quantkit.producers.trt import pyenv
 from quantkit.engines.vllm import kernels
+from quantkit.manifest import read_manifest
 
 from conftest import quantkit
 
@@ -325,7 +326,7 @@ def test_trtllm_checkpoint_config_and_tensors(build, quantization: str, tp: int)
             else:
                 assert tensor.dtype == torch.bfloat16, name
 
-    m = artifact.read_manifest(art)
+    m = read_manifest(art)
     assert m.kind == "tensorrt-llm"
     assert m.quantization["quant_algo"] == algo and m.quantization["world_size"] == tp
     engine = m.quantization["engine"]
@@ -397,7 +398,7 @@ def test_unified_hf_checkpoint(build, source, quantization: str) -> None:
         return
     if kv_algo == "INT8":  # ModelOpt's unified export carries FP8 KV scales only; INT8 stays in trtllm-ckpt/
         kv_algo = None
-        assert any("model-dtype KV cache" in n for n in artifact.read_manifest(art).notes)
+        assert any("model-dtype KV cache" in n for n in read_manifest(art).notes)
     q = json.loads((hf / "hf_quant_config.json").read_text())["quantization"]
     assert q["quant_algo"] == algo and q["kv_cache_quant_algo"] == kv_algo
     # vLLM 0.26 loads ModelOpt's FP8 and NVFP4 exports; the others are refused before a server starts

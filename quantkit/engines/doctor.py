@@ -36,6 +36,7 @@ from quantkit.engines.transformers import dense_copy
 from quantkit.errors import QuantkitError, UsageError
 from quantkit.formats import kinds
 from quantkit.formats.names import LLAMACPP, SGLANG, VLLM, KindName
+from quantkit.manifest import MANIFEST, read_manifest
 
 # What ``doctor`` reports for an environment: quantkit's backends and the engines.
 DISTS = ("torch", "transformers", "accelerate", "llmcompressor", "compressed-tensors", "safetensors", "gguf",
@@ -264,9 +265,9 @@ def describe_artifact(path: Path) -> dict[str, Any]:
     root = path if path.is_dir() else path.parent
     written: dict[str, str] = {}
     named: Any = None  # the manifest's name for the scheme (a mix: W4A16_ASYM+W8A16)
-    if (root / artifact_mod.MANIFEST).exists():
+    if (root / MANIFEST).exists():
         try:
-            manifest = artifact_mod.read_manifest(root)
+            manifest = read_manifest(root)
             written, named = manifest.versions, manifest.quantization.get("scheme")
         except QuantkitError:  # an unreadable manifest is verify's business; doctor reads the configs
             written = {}

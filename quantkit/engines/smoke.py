@@ -52,6 +52,7 @@ from quantkit.engines.watch import DEFAULT_STALL_TIMEOUT
 from quantkit.errors import BackendError, GateFailedError, Interrupted, QuantkitError, UsageError
 from quantkit.formats.names import VLLM
 from quantkit.locks import output_lock
+from quantkit.manifest import MANIFEST, SmokeInfo, now_iso, read_manifest
 from quantkit.progress import Reporter
 
 DEFAULT_PROMPT = "The capital of France is"
@@ -162,7 +163,7 @@ def log_path(path: Path, engine: str, target: Path, log_dir: Path | None) -> Pat
     suffix = f"smoke-{engine}" + (f"-{target.stem}" if target.suffix == ".gguf" else "")
     if log_dir is not None:
         return Path(log_dir) / f"{root.name}.{suffix}.log"
-    if path.is_dir() or (root / artifact.MANIFEST).exists():
+    if path.is_dir() or (root / MANIFEST).exists():
         return root.parent / f"{root.name}.{suffix}.log"
     return root / f"{suffix}.log"  # a lone .gguf in a folder that is not an artifact
 
@@ -378,7 +379,7 @@ def baseline_model(path: Path, baseline: str) -> Path:
                              hint="pass the source model's folder, or 'source' to use the one in quantkit.json")
         return p
     root = path if path.is_dir() else path.parent
-    src = artifact.read_manifest(root).source
+    src = read_manifest(root).source
     local = src.local_path()
     if local is None:
         raise UsageError(f"--baseline source: {root}'s manifest names no source model on this machine "
@@ -461,16 +462,16 @@ def _record(path: Path, result: SmokeResult, checked: artifact.VerifyResult | No
     """Merge the runs into the artifact's manifest ``smoke`` section (when it is a quantkit artifact); ``checked``:
     the artifact's verification before serving, whose unchanged files are not hashed again."""
     root = path if path.is_dir() else path.parent
-    if not (root / artifact.MANIFEST).exists():
+    if not (root / MANIFEST).exists():
         return False
-    now = artifact.now_iso()
+    now = now_iso()
     with output_lock(root, wait=True):
-        current = artifact.read_manifest(root).smoke
+        current = read_manifest(root).smoke
         runs = dict(current.runs) if current else {}
         for r in result.runs:
             entry = r.to_json()
             entry.pop("target", None)
             entry["when"] = now
             runs[r.key] = entry
-        artifact.update_manifest(root, smoke=artifact.SmokeInfo(updated=now, runs=runs), checked=checked)
+        artifact.update_manifest(root, smoke=SmokeInfo(updated=now, runs=runs), checked=checked)
     return True

@@ -29,12 +29,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from quantkit import artifact, outputs, source as source_mod
-from quantkit.artifact import Manifest
 from quantkit.checkpoint import gguf_files
 from quantkit.engines import logits as engines, numerics as numerics_mod, registry
 from quantkit.engines.logits import EngineOptions
 from quantkit.errors import IntegrityError, UsageError
 from quantkit.formats.names import LLAMACPP, SGLANG, TRANSFORMERS, VLLM, Method
+from quantkit.manifest import MANIFEST, Manifest, read_manifest, size_bytes
 from quantkit.progress import Reporter
 from quantkit.recipe import DEFAULT_STALL_TIMEOUT, EvaluationSpec, GateSpec, ModelSpec
 from quantkit.evaluation import gates as gates_mod, images as images_mod, protocol as protocol_mod, report as report_mod
@@ -131,14 +131,14 @@ def _describe_format(path: Path, manifest: Manifest | None) -> str:
 
 def _manifest_of(folder: Path) -> Manifest | None:
     """The folder's manifest after checking its seal: evaluating a tampered artifact would re-seal it."""
-    if not (folder / artifact.MANIFEST).exists():
+    if not (folder / MANIFEST).exists():
         return None
     check = artifact.verify(folder)
     if not check.ok:
         raise IntegrityError(f"{folder}: files differ from its manifest (changed: {check.changed}, missing: "
                              f"{check.missing}, not in manifest: {check.extra})",
                              hint=f"run `quantkit verify {folder}`; re-create the artifact if it was damaged")
-    return artifact.read_manifest(folder)
+    return read_manifest(folder)
 
 
 def expand_targets(paths: list[Path], engine: str, numerics: str = numerics_mod.AUTO) -> list[Target]:
@@ -150,7 +150,7 @@ def expand_targets(paths: list[Path], engine: str, numerics: str = numerics_mod.
         if not path.exists():
             raise UsageError(f"artifact {path} does not exist")
         if path.is_dir() and not (path / "config.json").exists() and not gguf_files(path):
-            subs = sorted(p.parent for p in path.glob(f"*/{artifact.MANIFEST}"))
+            subs = sorted(p.parent for p in path.glob(f"*/{MANIFEST}"))
             if not subs:
                 raise UsageError(f"{path} is not a checkpoint, a GGUF artifact or a release folder of artifacts",
                                  hint="give an artifact folder, a Hugging Face checkpoint or a .gguf file")
@@ -166,7 +166,7 @@ def expand_targets(paths: list[Path], engine: str, numerics: str = numerics_mod.
             label = f"{home.name}/{f.name}" if f != home else home.name
             out.append(Target(label=label, path=f, engine=kind, manifest_dir=home if manifest else None,
                               manifest=manifest, format=_describe_format(f, manifest),
-                              size_bytes=artifact.size_bytes(f)))
+                              size_bytes=size_bytes(f)))
     labels = [t.label for t in out]
     dup = sorted({x for x in labels if labels.count(x) > 1})
     if dup:
@@ -349,7 +349,7 @@ def evaluate(paths: list[Path], baseline: str | None, options: EvalOptions | Non
         m, info, secs = _score("baseline", base_kind, src.path, proto, options, rep, store, is_baseline=True)
         base_target = Target(label=f"{src.path.name} (baseline)", path=src.path, engine=base_kind, manifest_dir=None,
                              manifest=None, format=_describe_format(src.path, None),
-                             size_bytes=artifact.size_bytes(src.path))
+                             size_bytes=size_bytes(src.path))
         m.kld, m.kld_median, m.kld_p99, m.kld_max, m.top1 = 0.0, 0.0, 0.0, 0.0, 1.0
         base = Result(target=base_target, engine=info, metrics=m, ppl_ratio=1.0,
                       bits_per_weight=_bpw(base_target.size_bytes, src.num_parameters), seconds=secs)

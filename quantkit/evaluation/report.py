@@ -19,6 +19,7 @@ from typing import Any
 from quantkit import __version__, artifact
 from quantkit.progress import Reporter
 from quantkit.evaluation.results import HEADER, EvalReport, Result, row
+from quantkit.manifest import now_iso, read_manifest, write_text_atomic
 
 REPORT = "report.md"
 PLOT = "size-vs-ppl.png"
@@ -63,7 +64,7 @@ def markdown(report: EvalReport, plot_name: str | None) -> str:
         lines.append(f"- `{r.target.label}`: {engine_line(r.engine)}, {r.seconds:.1f} s"
                      + (f"; KLD {r.kld_method}" if r.kld_method else ""))
     lines += [f"- note: {n}" for n in p.notes]
-    lines += [f"- quantkit {__version__}, {artifact.now_iso()}", ""]
+    lines += [f"- quantkit {__version__}, {now_iso()}", ""]
     return "\n".join(lines)
 
 
@@ -118,7 +119,7 @@ def write(report: EvalReport, out_dir: Path, reporter: Reporter) -> None:
         reporter.warn("matplotlib is not installed, so the report has no plot (pip install 'quantkit[eval]')")
         plot_path = None
     report_path = out_dir / REPORT
-    artifact.write_text_atomic(report_path, markdown(report, plot_path.name if plot_path else None))
+    write_text_atomic(report_path, markdown(report, plot_path.name if plot_path else None))
     report.report_path, report.plot_path = report_path, plot_path
 
 
@@ -146,7 +147,7 @@ def update_manifests(report: EvalReport) -> None:
             by_dir.setdefault(r.target.manifest_dir, []).append(r)
     for folder, results in by_dir.items():
         section = {
-            "created": artifact.now_iso(), "quantkit_version": __version__,
+            "created": now_iso(), "quantkit_version": __version__,
             "protocol": report.protocol.manifest(), "kld_method": report.kld_method,
             "baseline": report.baseline.to_json(), "results": [r.to_json() for r in results],
             "gates": results[0].target.gates.model_dump() if results[0].target.gates else None,
@@ -155,6 +156,6 @@ def update_manifests(report: EvalReport) -> None:
             "report": os.path.relpath(report.report_path, folder) if report.report_path else None,
             "plot": os.path.relpath(report.plot_path, folder) if report.plot_path else None,
         }
-        previous = artifact.read_manifest(folder).evaluation
+        previous = read_manifest(folder).evaluation
         section["tasks"] = previous.tasks if previous else None  # task accuracy is its own run: kept
         artifact.update_manifest(folder, evaluation=section)

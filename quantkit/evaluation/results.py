@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantkit.artifact import Manifest
+from quantkit.manifest import Manifest
 from quantkit.progress import fmt_bytes
 from quantkit.recipe import GateSpec
 from quantkit.evaluation import gates as gates_mod, protocol as protocol_mod

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from quantkit import __version__, artifact
 from quantkit.evaluation.report import engine_line
+from quantkit.manifest import now_iso, read_manifest, write_text_atomic
 from quantkit.tasks.results import TaskReport
 
 TASKS_REPORT = "tasks.md"
@@ -39,7 +40,7 @@ def tasks_markdown(report: TaskReport) -> str:
         lines.append(f"- baseline `{b.path}` in {engine_line(b.scores.engine)}: {how}")
     for a in report.artifacts:
         lines.append(f"- `{a.label}` in {engine_line(a.scores.engine)}: {a.scores.seconds:.1f} s")
-    lines += [f"- quantkit {__version__}, {artifact.now_iso()}", ""]
+    lines += [f"- quantkit {__version__}, {now_iso()}", ""]
     return "\n".join(lines)
 
 
@@ -47,7 +48,7 @@ def write_tasks(report: TaskReport, out_dir: Path) -> None:
     """Write ``tasks.md`` into ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / TASKS_REPORT
-    artifact.write_text_atomic(path, tasks_markdown(report))
+    write_text_atomic(path, tasks_markdown(report))
     report.report_path = path
 
 
@@ -59,11 +60,11 @@ def update_task_manifests(report: TaskReport) -> None:
         if a.manifest_dir is not None:
             by_dir.setdefault(a.manifest_dir, []).append(a.label)
     for folder, labels in by_dir.items():
-        previous = artifact.read_manifest(folder).evaluation
+        previous = read_manifest(folder).evaluation
         section = previous.model_dump(mode="json") if previous else {}
         entries = {label: report.manifest(label) for label in labels}
         tasks = next(iter(entries.values())) if len(entries) == 1 else \
             {"files": entries, "passed": all(e["passed"] for e in entries.values())}
-        tasks["created"] = artifact.now_iso()
+        tasks["created"] = now_iso()
         tasks["report"] = os.path.relpath(report.report_path, folder) if report.report_path else None
         artifact.update_manifest(folder, evaluation={**section, "tasks": tasks})

@@ -25,10 +25,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from quantkit import artifact
 from quantkit.engines.serving import ServeOptions, Server
 from quantkit.errors import UsageError
 from quantkit.formats.names import LLAMACPP
+from quantkit.manifest import MANIFEST, read_manifest
 from quantkit.producers.gguf import tools
 
 DEFAULT_CTX = 2048
@@ -51,9 +51,9 @@ def mmproj(target: Path) -> Path | None:
     """The vision side (mmproj file) a GGUF artifact's manifest names for its text files, or None (a text model,
     or a file outside a quantkit artifact)."""
     root = target.parent
-    if target.suffix != ".gguf" or not (root / artifact.MANIFEST).is_file():
+    if target.suffix != ".gguf" or not (root / MANIFEST).is_file():
         return None
-    record = artifact.read_manifest(root).quantization.get("mmproj")
+    record = read_manifest(root).quantization.get("mmproj")
     if not isinstance(record, dict) or not record.get("file"):
         return None
     path = root / record["file"]

@@ -15,10 +15,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from quantkit import artifact
 from quantkit.engines.serving import ServeOptions, Server
 from quantkit.errors import QuantkitError
 from quantkit.formats.names import TRTLLM
+from quantkit.manifest import read_manifest
 
 DEFAULT_KV_FRACTION = 0.4
 # trtllm-serve's console-script entry point, called through the engine's Python (the module has no __main__).
@@ -35,7 +35,7 @@ def tokenizer_dir(path: Path) -> Path | None:
     if (path / "tokenizer.json").exists() or (path / "tokenizer_config.json").exists():
         return path
     try:
-        src = artifact.read_manifest(path).source
+        src = read_manifest(path).source
     except QuantkitError:  # no manifest, or one that is not quantkit's: no tokenizer to point at
         return None
     p = Path(src.path)

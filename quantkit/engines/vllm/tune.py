@@ -27,6 +27,7 @@ from quantkit.engines.vllm import kernels
 from quantkit.errors import BackendError, UsageError
 from quantkit.formats import kinds
 from quantkit.formats.names import VLLM, KindName
+from quantkit.manifest import MANIFEST, now_iso
 from quantkit.progress import Reporter
 
 
@@ -70,7 +71,7 @@ def run(path: Path, opts: TuneOptions, reporter: Reporter | None = None) -> Any:
                                max_model_len=opts.max_model_len, gpu_memory_utilization=opts.gpu_memory_utilization,
                                engine_args={"quantization": "modelopt"} if kind.name == KindName.MODELOPT else {})
     runtime = kernel_sweep.Runtime(choice.python, {"VLLM_USE_FLASHINFER_SAMPLER": "0", **opts.env})
-    root = path if (path / artifact.MANIFEST).exists() else None
+    root = path if (path / MANIFEST).exists() else None
     log_dir = opts.log_dir or path.parent / f"{path.name}.tune-logs"
     deadline = time.monotonic() + opts.budget if opts.budget else None
     with rep.bar(f"Measuring vLLM's kernels for {path.name}", total=None) as bar:
@@ -89,7 +90,7 @@ def run(path: Path, opts: TuneOptions, reporter: Reporter | None = None) -> Any:
 
 def record(result: Any) -> dict[str, Any]:
     """The manifest's ``serving`` section for a sweep: its JSON, when, and the table as the model card shows it."""
-    return {**result.to_json(), "updated": artifact.now_iso(), "table": result.markdown()}
+    return {**result.to_json(), "updated": now_iso(), "table": result.markdown()}
 
 
 def card_section(serving: dict[str, Any] | None) -> list[str]:
