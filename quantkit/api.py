@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from quantkit import artifact, calibration, outputs, plan as plan_mod, recipe as recipe_mod, source as source_mod, \
-    versions
+from quantkit import artifact, calibration, integrity, outputs, plan as plan_mod, recipe as recipe_mod, \
+    source as source_mod, versions
 from quantkit.errors import RecipeError
 from quantkit.formats.names import Method
 from quantkit.manifest import MANIFEST, Manifest, size_bytes
@@ -226,15 +226,15 @@ def preview_calibration(source: str, *, model: str | None = None, samples: int =
 # Checking artifacts
 
 
-def verify(path: Path, reporter: Reporter | None = None) -> artifact.VerifyResult:
+def verify(path: Path, reporter: Reporter | None = None) -> integrity.VerifyResult:
     """Re-hash an artifact's files against its manifest."""
-    return artifact.verify(Path(path))
+    return integrity.verify(Path(path))
 
 
-def verify_all(path: Path) -> list[artifact.VerifyResult]:
+def verify_all(path: Path) -> list[integrity.VerifyResult]:
     """Verify an artifact, one file of an artifact, or a release folder (each artifact, then its SHA256SUMS); a
-    clear error when there is none (:func:`quantkit.artifact.verify_tree`)."""
-    return artifact.verify_tree(Path(path))
+    clear error when there is none (:func:`quantkit.integrity.verify_tree`)."""
+    return integrity.verify_tree(Path(path))
 
 
 def eval_options(recipe_path: str | None = None, *, flags: dict[str, Any] | None = None,

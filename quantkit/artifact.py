@@ -1,4 +1,5 @@
-"""Artifact folders: written atomically, locked while written, described and sealed by ``quantkit.json``.
+"""Writing an artifact folder: atomically, locked while written, sealed by ``quantkit.json``, never over the user's
+files.
 
 An artifact is produced into a temporary sibling folder (``.NAME.partial-PID``) and renamed into place only
 once complete and its manifest is written, so a folder at the output path is always a finished artifact. An
@@ -11,331 +12,27 @@ runs writing the same artifact at once (:mod:`quantkit.locks`). Free space is ch
 before writing, and a disk that fills while writing is a clear error however the library reports it
 (:func:`_disk_full`).
 
-What the artifact is, how it was made and the sha256 of every file are its manifest, ``quantkit.json``
-(:mod:`quantkit.manifest`), which :func:`verify` re-checks (tampering, bit rot, an incomplete copy).
+What the manifest records is :mod:`quantkit.manifest`'s; how a folder is checked against it afterwards,
+:mod:`quantkit.integrity`'s.
 """
 
 from __future__ import annotations
 
 import errno
-import json
 import os
-import re
 import shutil
 import time
-from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from quantkit import interrupts, seal
 from quantkit.errors import DiskSpaceError, IntegrityError, OutputExistsError, QuantkitError, UsageError
+from quantkit.integrity import unlisted
 from quantkit.locks import output_lock
-from quantkit.manifest import (MANIFEST, MAX_MANIFEST_BYTES, TEMPORARY, EvaluationInfo, FileInfo, Manifest,
-                               PipelineInfo, ServingInfo, SmokeInfo, inside_name, is_artifact_file, now_iso,
-                               read_capped, read_manifest, write_manifest)
+from quantkit.manifest import MANIFEST, FileInfo, Manifest, is_artifact_file, now_iso, read_manifest, write_manifest
 from quantkit.progress import fmt_bytes
 
-SUMS = "SHA256SUMS"  # a release folder's seal: every file's sha256 as sha256sum writes them (run writes it last)
-REPORT_JSON = "report.json"  # the release's verdict for pipelines
-# What quantkit writes beside a release's artifacts (a one-output release: into its artifact), and eval's reports
-BUNDLE_FILES = (REPORT_JSON, SUMS, "report.md", "size-vs-ppl.png", "tasks.md")
-LOGS = "logs"  # the release's folder of smoke-server and kernel-sweep logs (quantkit run)
-MODEL_CARD = "README.md"  # the model card quantkit run writes into each artifact
-_SNIFF = 1 << 20  # the most quantkit reads of a file to tell whether it wrote it
-_SUM_LINE = re.compile(r"[0-9a-f]{64}  \S.*")
-_PNG = b"\x89PNG\r\n\x1a\n"
 sha256_file = seal.sha256_file
-
-
-def _artifact_files(root: Path) -> list[Path]:
-    return [p for p in root.rglob("*") if p.is_file() and is_artifact_file(p)]
-
-
-def wrote(path: Path) -> bool:
-    """Whether a file at one of the names quantkit writes into a release or an artifact after sealing it
-    (:data:`BUNDLE_FILES`, :data:`MODEL_CARD`) is one it wrote, by its content."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(_SNIFF + 1)
-    except OSError:
-        return False  # what quantkit cannot read it did not write (and may not replace)
-    if len(head) > _SNIFF and path.name != "size-vs-ppl.png":
-        return False  # quantkit's reports, sums and cards are far smaller
-    if path.name == "size-vs-ppl.png":
-        return head.startswith(_PNG) and (b"Matplotlib" in head[:4096] or b"quantkit" in head[:4096])
-    try:
-        text = head.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    if path.name == "report.md":
-        return text.startswith("# quantkit evaluation\n")
-    if path.name == "tasks.md":
-        return text.startswith("# quantkit task accuracy\n")
-    if path.name == MODEL_CARD:  # quantkit.pipeline.write_model_card: front matter, then what made it
-        return text.startswith("---\n") and "\nQuantized from `" in text and "` with quantkit " in text
-    if path.name == SUMS:
-        return all(_SUM_LINE.fullmatch(line) for line in text.splitlines() if line)
-    if path.name == REPORT_JSON:
-        try:
-            data = json.loads(text)
-        except ValueError:
-            return False
-        return isinstance(data, dict) and {"release", "outputs"} <= set(data)
-    return False
-
-
-def _left_by_quantkit(root: Path, rel: PurePosixPath) -> bool:
-    """Whether a file or folder of an artifact that its manifest does not list is one quantkit writes there after
-    sealing it, and seals with :func:`update_manifest` once written: ``run``'s model card, ``eval``'s report and
-    plot, ``eval --tasks``'s report, a one-output release's bundle and its smoke and kernel-sweep logs (under
-    :data:`LOGS`), or :func:`write_text_atomic`'s temporary file. A run stopped between writing one and sealing
-    it leaves it unlisted; ``--force`` may remove these, and nothing else the manifest does not list."""
-    if TEMPORARY.fullmatch(rel.name) or (rel.parts[:1] == (LOGS,) and (root / rel).is_dir()):
-        return True
-    return _written_after_seal(rel) and (rel.parts[:1] == (LOGS,) or wrote(root / rel))
-
-
-def _written_after_seal(rel: PurePosixPath) -> bool:
-    """Whether a file's name is one quantkit writes into an artifact after sealing it (:func:`_left_by_quantkit`
-    checks the content too): a bundle file or the model card at the top, a log under :data:`LOGS`."""
-    if rel.parts[:1] == (LOGS,):
-        return len(rel.parts) > 1 and rel.name.endswith((".log", ".request.json"))
-    return len(rel.parts) == 1 and rel.name in (*BUNDLE_FILES, MODEL_CARD)
-
-
-
-
-def update_manifest(root: Path, *, evaluation: EvaluationInfo | dict[str, Any] | None = None,
-                    smoke: SmokeInfo | dict[str, Any] | None = None,
-                    serving: ServingInfo | dict[str, Any] | None = None,
-                    pipeline: PipelineInfo | dict[str, Any] | None = None,
-                    checked: VerifyResult | None = None) -> Manifest:
-    """Replace the sections given (``evaluation``, ``smoke``, ``serving``, ``pipeline``) and seal the files quantkit
-    wrote into the artifact since (:func:`resealed_files`), so a report or a model card is never left unhashed.
-    Raises :class:`IntegrityError`, writing nothing, when any other file differs from the seal. ``checked``: this
-    artifact's verification of a moment ago (:func:`check_intact`), whose unchanged files are not hashed again."""
-    manifest = read_manifest(root)
-    given = {"evaluation": evaluation, "smoke": smoke, "serving": serving, "pipeline": pipeline}
-    update = {k: v for k, v in given.items() if v is not None}
-    files = resealed_files(root, manifest, checked.matched if checked else None)
-    manifest = Manifest.model_validate({**manifest.model_dump(), **update, "files": files, "updated": now_iso()})
-    write_manifest(root, manifest)
-    return manifest
-
-
-def resealed_files(root: Path, manifest: Manifest, known: dict[str, str] | None = None) -> dict[str, FileInfo]:
-    """The manifest's ``files`` once quantkit has written into a sealed artifact: the files it writes there after
-    sealing (a report, the plot, the model card, a release bundle's files, logs: :func:`_left_by_quantkit`, by
-    name and content) get their new sha256, or leave the list when gone; every other file keeps the sha256 it was
-    sealed with and must still have it. Re-hashing whatever is on disk instead would seal a changed weight file,
-    or a file someone dropped in, as quantkit's: ``verify`` would then vouch for a tampered artifact. Such a
-    difference is an :class:`IntegrityError` (exit 1). ``known``: sha256 of files verified a moment ago, taken as
-    they are, except the files quantkit may have written since (those are hashed)."""
-    known = {rel: d for rel, d in (known or {}).items() if not _written_after_seal(PurePosixPath(rel))}
-    check = _against(root, manifest.files, known)
-    fresh = sorted(rel for rel in [*check.changed, *check.extra]
-                   if not TEMPORARY.fullmatch(PurePosixPath(rel).name)
-                   and _left_by_quantkit(root, PurePosixPath(rel)))
-    changed = [rel for rel in check.changed if rel not in fresh]
-    extra = [rel for rel in check.extra if rel not in fresh]
-    missing = [rel for rel in check.missing if not _written_after_seal(PurePosixPath(rel))]
-    if changed or extra or missing:
-        raise IntegrityError(f"{root} differs from its {MANIFEST} ({_differences(changed, missing, extra)}): "
-                             "not recording into a manifest that would then vouch for files quantkit did not write",
-                             hint=f"run `quantkit verify {root}`; re-create the artifact if it was damaged")
-    files = {rel: f for rel, f in manifest.files.items() if rel not in check.missing}
-    files.update((p.relative_to(root).as_posix(), FileInfo(sha256=d, size=p.stat().st_size))
-                 for p, d in seal.hash_many([root / rel for rel in fresh]))
-    return dict(sorted(files.items()))
-
-
-@dataclass
-class VerifyResult:
-    """What a verification found: files whose hash or size changed, went missing, or are not listed by the seal
-    (``seal``: an artifact's manifest, or a release folder's :data:`SUMS`). ``sealed`` is False for a release
-    folder without its :data:`SUMS`: ``quantkit run`` writes it last, so its last run did not finish."""
-
-    root: Path
-    checked: int = 0
-    changed: list[str] = field(default_factory=list)
-    missing: list[str] = field(default_factory=list)
-    extra: list[str] = field(default_factory=list)
-    seal: str = MANIFEST
-    sealed: bool = True
-    matched: dict[str, str] = field(default_factory=dict, repr=False)  # file -> sha256 of those found unchanged
-
-    @property
-    def ok(self) -> bool:
-        return self.sealed and not (self.changed or self.missing or self.extra)
-
-    def problem(self) -> str:
-        """What is wrong, for one line of an error (empty when nothing is)."""
-        if not self.sealed:
-            return f"no {self.seal} (quantkit run writes it last: its last run on this folder did not finish)"
-        found = _differences(self.changed, self.missing, self.extra)
-        return f"its files differ from its {self.seal} ({found})" if found else ""
-
-    def to_json(self) -> dict[str, Any]:
-        return {"path": str(self.root), "ok": self.ok, "seal": self.seal, "sealed": self.sealed,
-                "checked": self.checked, "changed": self.changed, "missing": self.missing, "extra": self.extra}
-
-
-def _compare(root: Path, expected: dict[str, str], sizes: dict[str, int], on_disk: set[str], seal_name: str,
-             known: dict[str, str] | None = None) -> VerifyResult:
-    """Files under ``root`` against the sha256 their seal lists, and the files on disk it does not list. A size the
-    seal records (``sizes``) that differs needs no hashing; a file hashed a moment ago (``known``: a release's
-    artifact files, just checked against their manifests) is not hashed again."""
-    known = known or {}
-    res = VerifyResult(root=root, seal=seal_name)
-    inside = root.resolve()
-    for rel in expected:
-        where = (root / rel).resolve()
-        if where != inside and inside not in where.parents:
-            raise IntegrityError(f"{root / seal_name} lists {rel}, which a symbolic link leads outside {root} "
-                                 f"(to {where}): not a seal of this folder's files")
-    res.missing = sorted(rel for rel in expected if not (root / rel).is_file())
-    res.changed = [rel for rel in expected if rel not in res.missing and rel in sizes
-                   and (root / rel).stat().st_size != sizes[rel]]
-    digests = {rel: known[rel] for rel in expected if rel in known and rel not in res.missing}
-    skip = {*res.missing, *res.changed, *digests}
-    to_hash = [root / rel for rel in expected if rel not in skip]
-    digests.update((p.relative_to(root).as_posix(), d) for p, d in seal.hash_many(to_hash))
-    res.changed += [rel for rel, d in digests.items() if d != expected[rel]]
-    res.changed.sort()
-    res.matched = {rel: d for rel, d in digests.items() if d == expected[rel]}
-    res.checked = len(expected) - len(res.missing)
-    res.extra = sorted(on_disk - expected.keys())
-    return res
-
-
-def verify(root: Path) -> VerifyResult:
-    """Re-hash every file against the manifest (the artifact's seal)."""
-    return _against(root, read_manifest(root).files)
-
-
-def _against(root: Path, files: dict[str, FileInfo], known: dict[str, str] | None = None) -> VerifyResult:
-    """Every file of an artifact folder against the ``files`` of its manifest (``known``: see :func:`_compare`)."""
-    return _compare(root, {rel: f.sha256 for rel, f in files.items()}, {rel: f.size for rel, f in files.items()},
-                    {p.relative_to(root).as_posix() for p in _artifact_files(root)}, MANIFEST, known)
-
-
-def check_intact(root: Path, doing: str) -> VerifyResult:
-    """Refuse to ``doing`` (``smoke-test``) an artifact whose files differ from its manifest, before anything starts:
-    what a tampered or damaged artifact gives says nothing of the artifact quantkit wrote, and recording it would
-    be refused once the work was done (:func:`update_manifest`)."""
-    check = verify(root)
-    if not check.ok:
-        raise IntegrityError(f"refusing to {doing} {root}: {check.problem()}",
-                             hint=f"run `quantkit verify {root}`; re-create the artifact if it was damaged")
-    return check
-
-
-def _differences(changed: list[str], missing: list[str], extra: list[str]) -> str:
-    """What a check found, for one line: ``changed ['a'], not listed ['b']``."""
-    return "; ".join(f"{what} {names}" for what, names in
-                     (("changed", changed), ("missing", missing), ("not listed", extra)) if names)
-
-
-def artifact_of(path: Path) -> Path | None:
-    """The artifact folder of a path: a folder holding a manifest is one; a file belongs to the nearest folder
-    above it that holds one (a ``.gguf`` file beside its ``quantkit.json``); a folder inside an artifact whose
-    manifest lists files under it (the ``gptq/`` or ``autoawq/`` legacy layout of ``--format gptq`` or
-    ``--format autoawq``) to that artifact, given as an absolute path. None when there is none."""
-    path = Path(path)
-    if path.is_file():
-        return next((d for d in path.parents if (d / MANIFEST).is_file()), None)
-    if (path / MANIFEST).is_file():
-        return path
-    if not path.is_dir():
-        return None
-    here = Path(os.path.abspath(path))
-    home = next((d for d in here.parents if (d / MANIFEST).is_file()), None)
-    if home is None:
-        return None
-    part = PurePosixPath(here.relative_to(home).as_posix())
-    return home if any(part in PurePosixPath(rel).parents for rel in read_manifest(home).files) else None
-
-
-def verify_file(path: Path) -> VerifyResult:
-    """One file of an artifact, or a folder inside one (every file under it, and every file the manifest lists
-    there), against the manifest of its artifact (:func:`artifact_of`)."""
-    root = artifact_of(path)
-    if root is None:
-        raise UsageError(f"{path} is in no folder with a {MANIFEST}: it was not written by quantkit (or is "
-                         "incomplete)", hint="give an artifact folder, or a file inside one")
-    path = Path(path)
-    if path.is_file() and not is_artifact_file(path):  # the manifest itself (or a lock file): the artifact's seal as a whole
-        return verify(root)
-    part = PurePosixPath(Path(os.path.abspath(path)).relative_to(os.path.abspath(root)).as_posix())
-    files = {k: f for k, f in read_manifest(root).files.items() if k == str(part) or part in PurePosixPath(k).parents}
-    on_disk = {p.relative_to(root).as_posix() for p in _artifact_files(root / part)} if path.is_dir() else {str(part)}
-    return _compare(root, {k: f.sha256 for k, f in files.items()}, {k: f.size for k, f in files.items()}, on_disk,
-                    MANIFEST)
-
-
-def release_artifacts(folder: Path) -> list[Path]:
-    """The artifact folders of a release folder (``quantkit run``'s output of several outputs: one folder each,
-    with its manifest); [] for a folder that is itself an artifact or holds none."""
-    folder = Path(folder)
-    if not folder.is_dir() or (folder / MANIFEST).exists():
-        return []
-    return sorted(p.parent for p in folder.glob(f"*/{MANIFEST}"))
-
-
-def release_files(release: Path) -> list[Path]:
-    """The files a release's :data:`SUMS` lists: every file under it but that list and hidden files (locks,
-    temporary files)."""
-    return sorted(p for p in release.rglob("*") if p.is_file() and p.name != SUMS and not p.name.startswith("."))
-
-
-def _read_sums(path: Path) -> dict[str, str]:
-    """``sha256sum``'s lines (``<sha256>  <file>``, ``*`` before the file in binary mode) as file -> sha256;
-    a line of any other shape, or naming a file outside the folder, is an :class:`IntegrityError`."""
-    raw = read_capped(path, MAX_MANIFEST_BYTES)
-    if raw is None:
-        raise IntegrityError(f"{path} is larger than {fmt_bytes(MAX_MANIFEST_BYTES)}: not a list of sha256")
-    sums: dict[str, str] = {}
-    for n, line in enumerate(raw.decode(errors="replace").splitlines(), 1):
-        digest, sep, name = line.partition("  ") if "  " in line else line.partition(" *")
-        if not (sep and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest) and inside_name(name)):
-            raise IntegrityError(f"{path}, line {n}: not '<sha256>  <file>' with a file inside the folder: "
-                                 f"{line[:120]!r}")
-        sums[PurePosixPath(name).as_posix()] = digest
-    return sums
-
-
-def verify_release(release: Path, known: dict[str, str] | None = None) -> VerifyResult:
-    """A release folder against its :data:`SUMS`: every file it lists is there with that sha256, and every file of
-    the release is listed (``known``: files already hashed, by their path in the release). No :data:`SUMS` at all:
-    not sealed."""
-    release = Path(release)
-    if not (release / SUMS).is_file():
-        return VerifyResult(root=release, seal=SUMS, sealed=False)
-    on_disk = {p.relative_to(release).as_posix() for p in release_files(release)}
-    return _compare(release, _read_sums(release / SUMS), {}, on_disk, SUMS, known)
-
-
-def verify_tree(path: Path) -> list[VerifyResult]:
-    """What ``quantkit verify`` checks: an artifact folder against its manifest, a file or a folder inside one
-    against the manifest of its artifact, a release folder artifact by artifact and then as a whole against its
-    :data:`SUMS`."""
-    path = Path(path)
-    if not path.exists():
-        raise UsageError(f"{path} does not exist", hint="give an artifact folder, a file inside one, or a release "
-                         "folder")
-    if path.is_file():
-        return [verify_file(path)]
-    if (path / MANIFEST).exists():
-        return [verify(path)]
-    roots = release_artifacts(path)
-    if not roots and artifact_of(path) is not None:  # a folder inside an artifact: a legacy layout's copy
-        return [verify_file(path)]
-    if not roots:
-        raise UsageError(f"{path} has no {MANIFEST} (and no artifact folders holding one)",
-                         hint="give an artifact folder, a file inside one, or a release folder")
-    results = [verify(r) for r in roots]
-    known = {f"{r.root.name}/{rel}": digest for r in results for rel, digest in r.matched.items()}
-    return [*results, verify_release(path, known)]
 
 
 def _existing(path: Path) -> Path:
@@ -357,8 +54,8 @@ def check_free_space(where: Path, needed: int, margin: float = 1.1) -> None:
 
 def check_replaceable(path: Path) -> None:
     """What ``--force`` may replace: a folder holding a readable quantkit manifest (an artifact) and nothing else
-    but the files it lists and what quantkit writes there after sealing it (:func:`_left_by_quantkit`), or an
-    empty folder. Anything else (a file, a link, a folder quantkit did not write, an artifact whose manifest no
+    but the files it lists and what quantkit writes there after sealing it (:func:`quantkit.integrity.unlisted`), or
+    an empty folder. Anything else (a file, a link, a folder quantkit did not write, an artifact whose manifest no
     longer reads, an artifact the user put files into) is the user's: refused, never removed."""
     path = Path(path)
     if path.is_symlink() or not path.is_dir():
@@ -382,25 +79,6 @@ def check_replaceable(path: Path) -> None:
                                 hint=f"move them out of {path}, or choose another output")
 
 
-def unlisted(root: Path, manifest: Manifest) -> list[str]:
-    """What an artifact folder holds besides the files its manifest lists and what quantkit left there
-    (:func:`_left_by_quantkit`): files, links and empty folders of the user's, each named by its top-most folder
-    that holds nothing of the artifact (``mydata/``, not every file in it). Links are not followed."""
-    ours = {PurePosixPath(name) for name in manifest.files} | {PurePosixPath(MANIFEST)}
-    homes = {parent for name in ours for parent in name.parents}  # the folders the artifact's files are in
-    theirs: set[str] = set()
-    for dirpath, dirnames, filenames in os.walk(root):
-        here = PurePosixPath(Path(dirpath).relative_to(root).as_posix())
-        links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]
-        entries = [*filenames, *links] + ([] if dirnames or filenames else [""])  # "": an empty folder itself
-        for name in entries:
-            rel = here / name if name else here
-            if rel in ours or rel in homes or _left_by_quantkit(root, rel):
-                continue
-            # the top-most folder on its way that is neither the artifact's nor quantkit's (rel itself at the latest)
-            top = next(p for p in [*reversed(rel.parents), rel] if p not in homes and not _left_by_quantkit(root, p))
-            theirs.add(top.as_posix() + ("/" if top != rel or not name else ""))
-    return sorted(theirs)
 
 
 class ArtifactWriter:

@@ -14,7 +14,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from quantkit import artifact
+from quantkit import integrity
 from quantkit.checkpoint import gguf_files, quantization_config
 from quantkit.errors import IntegrityError, QuantkitError
 from quantkit.formats import kinds
@@ -257,13 +257,13 @@ def describe(path: Path) -> dict[str, Any]:
     manifest of its folder, where it has one), or a release folder: each of its artifacts, and the release as a
     whole against its ``SHA256SUMS`` (what ``verify`` checks)."""
     path = Path(path)
-    if artifact.release_artifacts(path):
-        *checks, release = artifact.verify_tree(path)
+    if integrity.release_artifacts(path):
+        *checks, release = integrity.verify_tree(path)
         return {"path": str(path), "release": release.to_json(), "artifacts": [_describe(c.root, c) for c in checks]}
     return _describe(path, None)
 
 
-def _describe(path: Path, check: artifact.VerifyResult | None) -> dict[str, Any]:
+def _describe(path: Path, check: integrity.VerifyResult | None) -> dict[str, Any]:
     """One artifact, checkpoint or ``.gguf`` file; ``check``: its seal, already verified.
 
     Two figures of bits: ``bits_per_weight``, the quantized layers' (from the files' headers; else the manifest's
@@ -277,7 +277,7 @@ def _describe(path: Path, check: artifact.VerifyResult | None) -> dict[str, Any]
         info["gguf"] = describe_gguf_files(path)
     elif path.is_dir():
         info.update(checkpoint_quantization(path))
-    home = artifact.artifact_of(path)
+    home = integrity.artifact_of(path)
     if home is not None:
         m = read_manifest(home)
         src = m.source
@@ -305,7 +305,7 @@ def _describe(path: Path, check: artifact.VerifyResult | None) -> dict[str, Any]
         if home == path:
             _legacy_copy(info, path, m)
         # the artifact itself, or one file or folder of it against its manifest: what `verify PATH` checks
-        check = check or (artifact.verify(home) if home == path else artifact.verify_file(path))
+        check = check or (integrity.verify(home) if home == path else integrity.verify_file(path))
         info["manifest"] = check.to_json()
     else:
         info["manifest"] = None

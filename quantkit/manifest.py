@@ -1,9 +1,9 @@
 """``quantkit.json``: the typed manifest of an artifact, and the one place that reads and writes it.
 
 ``quantkit.json`` records what the artifact is and how it was made, and the sha256 of every file, which
-:func:`quantkit.artifact.verify` re-checks (tampering, bit rot, an incomplete copy). It is one typed object,
+:func:`quantkit.integrity.verify` re-checks (tampering, bit rot, an incomplete copy). It is one typed object,
 :class:`Manifest`, written by :func:`write_manifest` (for :meth:`quantkit.artifact.ArtifactWriter.commit` and
-:func:`quantkit.artifact.update_manifest`) and read by :func:`read_manifest` only: nothing else opens the file.
+:func:`quantkit.integrity.update_manifest`) and read by :func:`read_manifest` only: nothing else opens the file.
 It is written whole or not at all (:func:`write_text_atomic`, which the reports quantkit writes beside it use too).
 ``schema_version`` says which layout a file has; :func:`read_manifest` still opens the layout of earlier quantkit
 versions (schema 1).
@@ -13,8 +13,8 @@ its weight files (:func:`size_bytes`). Configs, tokenizers and reports are not c
 weights in a legacy layout's subfolder (:attr:`Manifest.legacy_bytes`).
 
 A module of its own because most of quantkit only reads what an artifact is (``inspect``, ``eval``, the engines,
-reuse): none of it needs the writer's folder swaps or the seal's checks (:mod:`quantkit.artifact`), which build on
-this.
+reuse): none of it needs the writer's folder swaps (:mod:`quantkit.artifact`) or the seal's checks
+(:mod:`quantkit.integrity`), and both of those build on this.
 """
 
 from __future__ import annotations
@@ -68,10 +68,9 @@ def size_bytes(path: Path) -> int:
 
 
 def inside_name(name: str) -> bool:
-    """Whether a file name a seal lists (a manifest's ``files``, a line of :data:`quantkit.artifact.SUMS`) names a
+    """Whether a file name a seal lists (a manifest's ``files``, a line of :data:`quantkit.integrity.SUMS`) names a
     file inside the folder: relative, with no ``..`` and no NUL. Anything else would make verify read (and vouch
-    for) a file elsewhere; whether a symbolic link inside leads out is checked on disk
-    (:func:`quantkit.artifact._compare`)."""
+    for) a file elsewhere; whether a symbolic link inside leads out is checked on disk (:mod:`quantkit.integrity`)."""
     rel = PurePosixPath(name)
     return bool(name) and "\0" not in name and not rel.is_absolute() and ".." not in rel.parts and bool(rel.parts)
 

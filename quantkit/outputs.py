@@ -28,10 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from quantkit import artifact
-# The names quantkit writes into a release and an artifact, and how it tells its own files there, are spelled in
-# artifact (which --force and the seals consult); the pipeline reads them from here.
-from quantkit.artifact import BUNDLE_FILES, LOGS, REPORT_JSON, SUMS, wrote
 from quantkit.errors import DiskSpaceError, OutputExistsError, UnsafeOutputError, UsageError
+from quantkit.integrity import BUNDLE_FILES, LOGS, wrote
 from quantkit.manifest import MANIFEST
 
 REMOVE_HINT = "remove it yourself, or choose another output"

@@ -18,15 +18,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quantkit import api, artifact, formats, outputs, seal, source as source_mod
+from quantkit import api, formats, integrity, outputs, seal, source as source_mod
 from quantkit.engines.registry import engine_unavailable
 from quantkit.engines.vllm import tune as tune_mod
 from quantkit.errors import GateFailedError, Interrupted, OutputExistsError, QuantkitError, UsageError
 from quantkit.formats.names import LLAMACPP, VLLM, KindName
+from quantkit.integrity import BUNDLE_FILES, LOGS, REPORT_JSON, SUMS
 from quantkit.locks import output_lock
 from quantkit.manifest import MANIFEST, Manifest, read_manifest, write_text_atomic
 from quantkit.progress import Reporter, fmt_num
-from quantkit.outputs import BUNDLE_FILES, REPORT_JSON, SUMS
 from quantkit.recipe import Recipe, TaskSpec
 from quantkit.reuse import reusable
 
@@ -186,11 +186,11 @@ def _run(recipe: Recipe, release: Path, *, force: bool, rep: Reporter, evaluate:
             r.smoke = r.smoke or {"status": "skipped", "summary": "smoke test turned off"}
         write_model_card(r, recipe, src)
         record = {"verification_sha256": checks, "evaluation": r.evaluation, "smoke": r.smoke, "gates": r.gates}
-        r.manifest = artifact.update_manifest(r.path, pipeline=record)
+        r.manifest = integrity.update_manifest(r.path, pipeline=record)
     result = RunResult(release=release, outputs=results, seconds=time.perf_counter() - t0)
     write_bundle(result, recipe)
     if recipe.quantize is not None and (release / MANIFEST).exists():
-        artifact.update_manifest(release)  # one-output recipe: the bundle files live in the artifact itself
+        integrity.update_manifest(release)  # one-output recipe: the bundle files live in the artifact itself
     return result
 
 
@@ -410,7 +410,7 @@ def _smoke(recipe: Recipe, r: OutputResult, rep: Reporter) -> None:
     res = api.smoke(r.path, reporter=rep, engine=engine, python=recipe.smoke.python, timeout=recipe.smoke.timeout,
                     stall_timeout=recipe.smoke.stall_timeout,
                     tp=1 if serving.get(engine).no_tensor_parallel else recipe.smoke.tp,
-                    log_dir=Path(recipe.output) / outputs.LOGS)
+                    log_dir=Path(recipe.output) / LOGS)
     data = res.to_json()
     errors = [run.get("error") for run in data["runs"] if run.get("error")]
     r.smoke = {"status": "passed" if res.ok else "failed", "engine": engine, "runs": data["runs"],
@@ -429,7 +429,7 @@ def _tune(recipe: Recipe, r: OutputResult, rep: Reporter) -> None:
         rep.log(f"[yellow]-[/] kernel sweep {r.name}: skipped ({why})")
         return
     try:
-        api.tune(r.path, reporter=rep, python=recipe.smoke.python, log_dir=Path(recipe.output) / outputs.LOGS /
+        api.tune(r.path, reporter=rep, python=recipe.smoke.python, log_dir=Path(recipe.output) / LOGS /
                  f"{r.name}.tune")
     except QuantkitError as e:
         rep.warn(f"kernel sweep of {r.name} failed: {e}")
@@ -577,12 +577,12 @@ def _gate_lines(gates: list[dict[str, Any]]) -> list[str]:
 
 
 def write_bundle(result: RunResult, recipe: Recipe) -> None:
-    """``report.json``, then ``SHA256SUMS`` over every file of the release (:func:`quantkit.artifact.release_files`,
+    """``report.json``, then ``SHA256SUMS`` over every file of the release (:func:`quantkit.integrity.release_files`,
     hashed several at once). A one-output release is its artifact: its manifest is left out of the list, since it is
     rewritten after it to record the bundle's files (and so seals them itself); listed, it was always stale."""
     release = result.release
     release.mkdir(parents=True, exist_ok=True)
     write_text_atomic(release / REPORT_JSON, json.dumps(result.to_json(), indent=2, default=str) + "\n")
-    files = [p for p in artifact.release_files(release) if recipe.outputs or p != release / MANIFEST]
+    files = [p for p in integrity.release_files(release) if recipe.outputs or p != release / MANIFEST]
     sums = sorted((p.relative_to(release).as_posix(), digest) for p, digest in seal.hash_many(files))
     write_text_atomic(release / SUMS, "".join(f"{digest}  {rel}\n" for rel, digest in sums))

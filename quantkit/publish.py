@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from quantkit import artifact
+from quantkit import integrity
 from quantkit.errors import GateFailedError, IntegrityError, QuantkitError, UnsafeOutputError, UsageError
 from quantkit.manifest import MANIFEST, MAX_MANIFEST_BYTES, read_capped
 
@@ -25,12 +25,12 @@ def publish(folder: Path, repo: str, *, private: bool = False) -> list[dict[str,
     if (folder / MANIFEST).exists():
         targets = [(folder, repo)]
     else:
-        targets = [(p, f"{repo}-{p.name}") for p in artifact.release_artifacts(folder)]
+        targets = [(p, f"{repo}-{p.name}") for p in integrity.release_artifacts(folder)]
     if not targets:
         raise UsageError(f"{folder} holds no quantkit artifact (no {MANIFEST})")
     for _, repo_id in targets:
         _check_repo_id(repo_id)
-    bad = [r for r in artifact.verify_tree(folder) if not r.ok]
+    bad = [r for r in integrity.verify_tree(folder) if not r.ok]
     if bad:
         raise IntegrityError(f"refusing to publish {folder}: " + "; ".join(f"{r.root}: {r.problem()}" for r in bad),
                              hint=f"run `quantkit verify {folder}`; re-run what made it if it was cut short or damaged")
@@ -64,7 +64,7 @@ def _check_verdict(folder: Path) -> None:
     """A release ``quantkit run`` judged failed (its ``report.json``, checked against the seal first, says ``ok``
     false) is not published: a failed gate is exit 3, a failed output, evaluation or smoke test exit 1. A folder
     without a ``report.json`` (an artifact made by a quantize verb) has no verdict to check."""
-    path = folder / artifact.REPORT_JSON
+    path = folder / integrity.REPORT_JSON
     if not path.is_file():
         return
     try:
@@ -80,7 +80,7 @@ def _check_verdict(folder: Path) -> None:
     if gates := report.get("failed_gates"):
         raise GateFailedError(f"refusing to publish {folder}: its last quantkit run failed verification gates: "
                               + "; ".join(map(str, gates)), hint=hint)
-    raise QuantkitError(f"refusing to publish {folder}: its last quantkit run did not pass ({artifact.REPORT_JSON} "
+    raise QuantkitError(f"refusing to publish {folder}: its last quantkit run did not pass ({integrity.REPORT_JSON} "
                         f"says ok: {json.dumps(report.get('ok'))}: an output, its evaluation or its smoke test "
                         "failed)", hint=hint)
 

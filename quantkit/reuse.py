@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from quantkit import artifact, versions
+from quantkit import integrity, versions
 from quantkit.manifest import MANIFEST, read_manifest
 
 if TYPE_CHECKING:
@@ -46,6 +46,6 @@ def reusable(recipe: Recipe, spec: MethodBase, out: Path, src: SourceModel) -> t
     if now != then:
         diff = sorted(k for k in set(now) | set(then) if now.get(k) != then.get(k))
         return False, f"library versions changed ({', '.join(diff)})"
-    if not artifact.verify(out).ok:
+    if not integrity.verify(out).ok:
         return False, "files differ from the manifest"
     return True, "complete, same recipe, source and versions"

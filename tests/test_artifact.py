@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import token_gguf
-from quantkit import artifact
+from quantkit import artifact, integrity
 from quantkit.errors import DiskSpaceError, IntegrityError, LockedError, OutputExistsError, UsageError
 from quantkit.locks import output_lock
 from quantkit.manifest import MANIFEST, SCHEMA_VERSION, Manifest, SourceInfo, read_manifest, size_bytes
@@ -69,7 +69,7 @@ def test_existing_output_needs_force_and_is_replaced_only_when_complete(tmp_path
     assert (out / "model.safetensors").read_bytes() == b"v1"  # the old artifact survives a failed --force
     make(out, b"v2", force=True)
     assert (out / "model.safetensors").read_bytes() == b"v2"
-    assert artifact.verify(out).ok
+    assert integrity.verify(out).ok
 
 
 def test_second_writer_is_refused_while_the_first_holds_the_lock(tmp_path: Path) -> None:
@@ -105,7 +105,7 @@ def test_verify_catches_tampering_missing_and_extra_files(tmp_path: Path) -> Non
     (out / "model.safetensors").write_bytes(bytes(data))
     (out / "sub" / "tokenizer.json").unlink()
     (out / "evil.py").write_text("print('hi')")
-    res = artifact.verify(out)
+    res = integrity.verify(out)
     assert not res.ok
     assert res.changed == ["model.safetensors"] and res.missing == ["sub/tokenizer.json"] and res.extra == ["evil.py"]
 
@@ -130,45 +130,45 @@ def _release(root: Path) -> Path:
     make(root / "gguf", b"gguf weights")
     (root / "report.md").write_text("# report")
     (root / "report.json").write_text("{}")
-    lines = [f"{artifact.sha256_file(p)}  {p.relative_to(root).as_posix()}" for p in artifact.release_files(root)]
-    (root / artifact.SUMS).write_text("\n".join(lines) + "\n")
+    lines = [f"{artifact.sha256_file(p)}  {p.relative_to(root).as_posix()}" for p in integrity.release_files(root)]
+    (root / integrity.SUMS).write_text("\n".join(lines) + "\n")
     return root
 
 
 def test_verify_checks_a_release_folder_against_its_sha256sums(tmp_path: Path) -> None:
     """A release's report files lie in no artifact: its SHA256SUMS is their seal, checked after each artifact."""
     rel = _release(tmp_path / "rel")
-    ok = artifact.verify_tree(rel)
+    ok = integrity.verify_tree(rel)
     assert [(r.root.name, r.seal, r.ok) for r in ok] == [("gguf", MANIFEST, True),
-                                                         ("rtn", MANIFEST, True), ("rel", artifact.SUMS, True)]
-    assert ok[-1].checked == len(artifact.release_files(rel)) == 10
+                                                         ("rtn", MANIFEST, True), ("rel", integrity.SUMS, True)]
+    assert ok[-1].checked == len(integrity.release_files(rel)) == 10
     (rel / "report.md").write_text("# edited")
     (rel / "notes.txt").write_text("mine")
-    bad = artifact.verify_tree(rel)[-1]
+    bad = integrity.verify_tree(rel)[-1]
     assert not bad.ok and bad.changed == ["report.md"] and bad.extra == ["notes.txt"] and bad.missing == []
     (rel / "report.json").unlink()
-    assert artifact.verify_tree(rel)[-1].missing == ["report.json"]
-    (rel / artifact.SUMS).unlink()  # the run writes it last: a release without one did not finish
-    unsealed = artifact.verify_tree(rel)[-1]
+    assert integrity.verify_tree(rel)[-1].missing == ["report.json"]
+    (rel / integrity.SUMS).unlink()  # the run writes it last: a release without one did not finish
+    unsealed = integrity.verify_tree(rel)[-1]
     assert not unsealed.ok and not unsealed.sealed and unsealed.to_json()["sealed"] is False
-    (rel / artifact.SUMS).write_text(f"{'0' * 64}  ../outside\n")
+    (rel / integrity.SUMS).write_text(f"{'0' * 64}  ../outside\n")
     with pytest.raises(IntegrityError, match="line 1"):
-        artifact.verify_tree(rel)
+        integrity.verify_tree(rel)
 
 
 def test_verify_a_file_against_the_manifest_of_its_folder(tmp_path: Path) -> None:
     out = tmp_path / "art"
     make(out, b"W" * 100)
-    res = artifact.verify_tree(out / "model.safetensors")
+    res = integrity.verify_tree(out / "model.safetensors")
     assert [(r.root, r.checked, r.ok) for r in res] == [(out, 1, True)]
-    assert artifact.verify_tree(out / "sub" / "tokenizer.json")[0].ok
+    assert integrity.verify_tree(out / "sub" / "tokenizer.json")[0].ok
     (out / "model.safetensors").write_bytes(b"V" * 100)
-    assert artifact.verify_tree(out / "model.safetensors")[0].changed == ["model.safetensors"]
+    assert integrity.verify_tree(out / "model.safetensors")[0].changed == ["model.safetensors"]
     (out / "evil.py").write_text("print('hi')")
-    assert artifact.verify_tree(out / "evil.py")[0].extra == ["evil.py"]
+    assert integrity.verify_tree(out / "evil.py")[0].extra == ["evil.py"]
     (tmp_path / "lone.gguf").write_bytes(b"GGUF")
     with pytest.raises(UsageError, match="no folder with a quantkit.json"):
-        artifact.verify_tree(tmp_path / "lone.gguf")
+        integrity.verify_tree(tmp_path / "lone.gguf")
 
 
 @pytest.mark.cli
@@ -180,16 +180,16 @@ def test_verify_cli_on_a_release_and_on_a_file(tmp_path: Path, cli) -> None:
     (rel / "report.md").write_text("# edited")
     proc = cli("verify", rel)
     assert proc.returncode == 1 and "report.md" in proc.stdout and "SHA256SUMS" in proc.stderr
-    (rel / artifact.SUMS).unlink()
+    (rel / integrity.SUMS).unlink()
     proc = cli("verify", rel)
     assert proc.returncode == 1 and "NOT SEALED" in proc.stdout and "Traceback" not in proc.stderr
 
 
 def _seal_release(rel: Path, report: dict) -> None:
     """``quantkit run``'s last two steps: report.json with its verdict, then SHA256SUMS over every file."""
-    (rel / artifact.REPORT_JSON).write_text(json.dumps({"release": str(rel), "outputs": [], **report}))
-    lines = [f"{artifact.sha256_file(p)}  {p.relative_to(rel).as_posix()}" for p in artifact.release_files(rel)]
-    (rel / artifact.SUMS).write_text("\n".join(lines) + "\n")
+    (rel / integrity.REPORT_JSON).write_text(json.dumps({"release": str(rel), "outputs": [], **report}))
+    lines = [f"{artifact.sha256_file(p)}  {p.relative_to(rel).as_posix()}" for p in integrity.release_files(rel)]
+    (rel / integrity.SUMS).write_text("\n".join(lines) + "\n")
 
 
 @pytest.mark.cli
@@ -217,7 +217,7 @@ def test_publish_checks_a_release_as_verify_does_and_refuses_a_failed_one(tmp_pa
     publish(2, "hf auth login")  # every check passed: only the token is missing
     (rel / "report.md").write_text("# quantkit evaluation\nedited\n")
     publish(1, "differ from its SHA256SUMS (changed ['report.md'])")
-    (rel / artifact.SUMS).unlink()
+    (rel / integrity.SUMS).unlink()
     publish(1, "no SHA256SUMS")
 
 
@@ -258,8 +258,8 @@ def test_inspect_and_doctor_take_a_release_folder(tmp_path: Path, cli) -> None:
     rel = tmp_path / "rel"
     gguf_artifact(rel / "a")
     gguf_artifact(rel / "b")
-    lines = [f"{artifact.sha256_file(p)}  {p.relative_to(rel).as_posix()}" for p in artifact.release_files(rel)]
-    (rel / artifact.SUMS).write_text("\n".join(lines) + "\n")
+    lines = [f"{artifact.sha256_file(p)}  {p.relative_to(rel).as_posix()}" for p in integrity.release_files(rel)]
+    (rel / integrity.SUMS).write_text("\n".join(lines) + "\n")
     shown = json.loads(cli("inspect", rel, "--json", check=True).stdout)
     assert [Path(a["path"]).name for a in shown["artifacts"]] == ["a", "b"]
     assert all(a["manifest"]["ok"] for a in shown["artifacts"]) and shown["release"]["ok"] is True
@@ -280,14 +280,14 @@ def test_update_manifest_seals_what_quantkit_wrote_and_nothing_else(tmp_path: Pa
     out = tmp_path / "art"
     make(out)
     (out / "report.md").write_text("# quantkit evaluation\n\nfirst")
-    (out / artifact.LOGS).mkdir()
-    (out / artifact.LOGS / "a.smoke-llama.cpp.log").write_text("served")
-    m = artifact.update_manifest(out, evaluation={"ppl": 1.0})
+    (out / integrity.LOGS).mkdir()
+    (out / integrity.LOGS / "a.smoke-llama.cpp.log").write_text("served")
+    m = integrity.update_manifest(out, evaluation={"ppl": 1.0})
     assert m.evaluation.model_dump(exclude_unset=True) == {"ppl": 1.0}
-    assert {"report.md", "logs/a.smoke-llama.cpp.log"} <= set(m.files) and artifact.verify(out).ok
+    assert {"report.md", "logs/a.smoke-llama.cpp.log"} <= set(m.files) and integrity.verify(out).ok
     (out / "report.md").write_text("# quantkit evaluation\n\nsecond run")  # a re-run rewrites it: sealed anew
-    assert artifact.update_manifest(out, evaluation={"ppl": 2.0}).files["report.md"].size == 33
-    assert artifact.verify(out).ok
+    assert integrity.update_manifest(out, evaluation={"ppl": 2.0}).files["report.md"].size == 33
+    assert integrity.verify(out).ok
 
 
 TAMPERS = {
@@ -306,8 +306,8 @@ def test_update_manifest_refuses_a_tampered_artifact_and_writes_nothing(tmp_path
     change(out)
     before = (out / MANIFEST).read_bytes()
     with pytest.raises(IntegrityError, match=re.escape(found)):
-        artifact.update_manifest(out, smoke={"runs": {}})
-    assert (out / MANIFEST).read_bytes() == before and not artifact.verify(out).ok
+        integrity.update_manifest(out, smoke={"runs": {}})
+    assert (out / MANIFEST).read_bytes() == before and not integrity.verify(out).ok
 
 
 @pytest.mark.cli
@@ -416,7 +416,7 @@ def test_a_swap_cut_short_is_put_right_by_the_next_writer(tmp_path: Path) -> Non
     os.replace(out, tmp_path / ".art.old-999999")
     with pytest.raises(OutputExistsError, match="already exists"):  # the old artifact is back, and not replaced
         make(out, b"v2")
-    assert (out / "model.safetensors").read_bytes() == b"v1" and artifact.verify(out).ok
+    assert (out / "model.safetensors").read_bytes() == b"v1" and integrity.verify(out).ok
     assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]
     shutil.copytree(out, tmp_path / ".art.old-999998")
     make(out, b"v3", force=True)
@@ -499,7 +499,7 @@ def test_verify_refuses_a_seal_naming_files_outside_the_folder(tmp_path: Path) -
         make(out)
         _relist(out, name, tmp_path / "afile")
         with pytest.raises(IntegrityError, match=f"files: .*{re.escape(repr(name))} is not the name of a file inside"):
-            artifact.verify_tree(out)
+            integrity.verify_tree(out)
         shutil.rmtree(out)
     make(out)
     (tmp_path / "elsewhere").mkdir()
@@ -508,16 +508,16 @@ def test_verify_refuses_a_seal_naming_files_outside_the_folder(tmp_path: Path) -
     (out / "link").symlink_to(tmp_path / "elsewhere")
     _relist(out, "link/config.json", tmp_path / "elsewhere" / "config.json")
     with pytest.raises(IntegrityError, match="lists link/config.json, which a symbolic link leads outside"):
-        artifact.verify_tree(out)
+        integrity.verify_tree(out)
     rel = _release(tmp_path / "rel")
     for line in (f"{'0' * 64}  /etc/hostname", f"{'0' * 64}  rtn/../../afile"):
-        (rel / artifact.SUMS).write_text(line + "\n")
+        (rel / integrity.SUMS).write_text(line + "\n")
         with pytest.raises(IntegrityError, match="line 1: not '<sha256>  <file>' with a file inside the folder"):
-            artifact.verify_tree(rel)
+            integrity.verify_tree(rel)
     (rel / "out").symlink_to(tmp_path / "elsewhere")
-    (rel / artifact.SUMS).write_text(f"{artifact.sha256_file(tmp_path / 'afile')}  out/config.json\n")
+    (rel / integrity.SUMS).write_text(f"{artifact.sha256_file(tmp_path / 'afile')}  out/config.json\n")
     with pytest.raises(IntegrityError, match="lists out/config.json, which a symbolic link leads outside"):
-        artifact.verify_tree(rel)
+        integrity.verify_tree(rel)
 
 
 @pytest.mark.cli
@@ -577,4 +577,4 @@ def test_verify_of_a_path_that_is_not_there_says_so(tmp_path: Path) -> None:
     from quantkit.errors import UsageError
 
     with pytest.raises(UsageError, match="does not exist"):  # it said the path had no quantkit.json
-        artifact.verify_tree(tmp_path / "nowhere")
+        integrity.verify_tree(tmp_path / "nowhere")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from quantkit import artifact
+from quantkit import artifact, integrity
 from quantkit.errors import OutputExistsError
 from quantkit.manifest import MANIFEST, Manifest, SourceInfo, read_manifest
 
@@ -170,7 +170,7 @@ def test_quantkits_own_bundle_files_are_recognised(tmp_path: Path) -> None:
     for files, expected in ((ours, True), (theirs, False)):
         for name, text in files.items():
             (tmp_path / name).write_text(text)
-            assert artifact.wrote(tmp_path / name) is expected, name
+            assert integrity.wrote(tmp_path / name) is expected, name
 
 
 def test_force_refuses_an_artifact_holding_the_users_files(work: Path) -> None:
@@ -277,7 +277,7 @@ def test_a_stop_during_the_force_swap_leaves_one_whole_artifact(tmp_path: Path, 
                                    "artifact, complete and sealed; the old artifact was removed): temporary files "
                                    "were removed")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f1"]
-    assert (final / "model.safetensors").read_bytes() == b"new" and artifact.verify(final).ok
+    assert (final / "model.safetensors").read_bytes() == b"new" and integrity.verify(final).ok
 
 
 def test_a_second_stop_during_cleanup_still_removes_the_temporary_folder(tmp_path: Path) -> None:

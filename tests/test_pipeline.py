@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from quantkit import artifact
+from quantkit import integrity
 from quantkit.locks import output_lock
 from quantkit.manifest import MANIFEST, read_manifest
 
@@ -102,7 +102,7 @@ def test_bundle_has_sums_reports_plot_and_model_cards(release) -> None:
         assert art == "gguf" or "## Task accuracy" in card
         # the multiple-choice task llama-server cannot score is said on the GGUF's card, never passed over
         assert (art == "gguf") == ("Not scored: quantkit_nextsentence (llama-server gives no prompt" in card), art
-        assert artifact.verify(rel / art).ok
+        assert integrity.verify(rel / art).ok
         # the evaluation section: its protocol, each row named (a GGUF file, else the output), its gates' verdicts
         evaluation = card[card.index("## Evaluation"):card.index("## Smoke test")]
         assert "Protocol: 4,096 tokens of `heldout` (dataset `heldout`), ctx 512" in evaluation, evaluation
@@ -128,8 +128,8 @@ def test_rerun_redoes_nothing(release) -> None:
         assert read_manifest(work / "release" / a).created == when
     assert [o["evaluation"] for o in again["outputs"]] == [o["evaluation"] for o in first["outputs"]]
     # each artifact against its manifest, then the whole release against the SHA256SUMS the run wrote
-    assert [(r.seal, r.ok) for r in artifact.verify_tree(work / "release")] == \
-        [(MANIFEST, True)] * 3 + [(artifact.SUMS, True)]
+    assert [(r.seal, r.ok) for r in integrity.verify_tree(work / "release")] == \
+        [(MANIFEST, True)] * 3 + [(integrity.SUMS, True)]
 
 
 def test_failing_gate_exits_3_and_names_it(release) -> None:
@@ -258,7 +258,7 @@ def test_a_one_output_release_sums_check_out(tmp_path: Path) -> None:
     for line in (rel / "SHA256SUMS").read_text().splitlines():
         digest, path = line.split("  ", 1)
         assert hashlib.sha256((rel / path).read_bytes()).hexdigest() == digest, path
-    assert {"SHA256SUMS", "report.json"} <= set(read_manifest(rel).files) and artifact.verify(rel).ok
+    assert {"SHA256SUMS", "report.json"} <= set(read_manifest(rel).files) and integrity.verify(rel).ok
 
 
 def test_a_release_folder_holding_the_users_files_is_refused(tmp_path: Path) -> None:
@@ -322,4 +322,4 @@ def test_a_gate_change_rechecks_the_recorded_figures_and_the_card_says_what_was_
     assert "**2 gate(s) failed.**" in card and "(limit <= 1e-06) FAIL" in card and "(limit >= 10) FAIL" in card, card
     assert "| FAIL (≥ 10) |" in (tmp_path / "one" / "tasks.md").read_text()
     assert "Build recipe (what made this artifact" in card and "max_kld: 0.5" in card  # the limit it was built under
-    assert artifact.verify(tmp_path / "one").ok
+    assert integrity.verify(tmp_path / "one").ok

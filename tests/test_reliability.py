@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from quantkit import artifact
+from quantkit import artifact, integrity
 from quantkit.errors import DiskSpaceError
 from quantkit.manifest import Manifest, SourceInfo, read_manifest
 
@@ -95,7 +95,7 @@ def test_existing_output_refused_without_force(tmp_path: Path, tiny: Path) -> No
     assert proc.returncode == 2 and "already exists" in proc.stderr and "--force" in proc.stderr
     assert read_manifest(out).created == before
     quantkit("rtn", tiny, out, "--force", check=True)
-    assert artifact.verify(out).ok
+    assert integrity.verify(out).ok
 
 
 @pytest.mark.cli
@@ -259,4 +259,4 @@ def test_publish_refuses_in_one_line_what_it_can_check_before_the_hub(tmp_path: 
                 assert doc["ok"] is False and doc["exit_code"] == code and said in doc["error"] + (doc["hint"] or "")
             else:
                 assert proc.stdout == ""
-    assert artifact.verify(art).ok
+    assert integrity.verify(art).ok

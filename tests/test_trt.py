@@ -27,7 +27,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from quantkit import api, artifact, recipe
+from quantkit import api, integrity, recipe
 from quantkit.errors import QuantkitError
 from quantkit.producers.trt import pyenv
 from quantkit.engines.vllm import kernels
@@ -337,7 +337,7 @@ def test_trtllm_checkpoint_config_and_tensors(build, quantization: str, tp: int)
         assert f"tensorrt_llm is not installed in {ENV.python}" in m.notes[0]
         assert "trtllm-build --checkpoint_dir trtllm-ckpt --output_dir engine" in m.notes[0]
         assert f"--workers {tp}" in m.notes[0]
-    assert artifact.verify(art).ok
+    assert integrity.verify(art).ok
 
 
 @needs_modelopt
@@ -448,7 +448,7 @@ def test_cli_build_trt_checkpoint_only_json(build: Builds) -> None:
     assert (art / "hf" / "hf_quant_config.json").is_file()
     assert (art / "trtllm-ckpt" / "rank0.safetensors").is_file()
     assert not (art / "engine").exists()
-    assert artifact.verify(art).ok
+    assert integrity.verify(art).ok
 
 
 def test_cli_refuses_a_tp_the_model_cannot_shard(cli, tmp_path: Path) -> None:

@@ -100,7 +100,7 @@ def _size(info: dict[str, Any]) -> str:
 
 
 def _seal(check: dict[str, Any]) -> tuple[str, str]:
-    """A verification (:meth:`quantkit.artifact.VerifyResult.to_json`) as a coloured status and what it found."""
+    """A verification (:meth:`quantkit.integrity.VerifyResult.to_json`) as a coloured status and what it found."""
     status = "[green]ok[/]" if check["ok"] else "[red]MISMATCH[/]" if check["sealed"] else "[red]NOT SEALED[/]"
     return status, escape(_found(check))
 

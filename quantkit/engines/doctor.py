@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from quantkit import artifact as artifact_mod
+from quantkit import integrity
 from quantkit.checkpoint import Fp4, quantization_config, read_config
 from quantkit.engines import numerics, registry, serving
 from quantkit.engines.serving import Server
@@ -406,7 +406,7 @@ def check(path: Path | None, engine_name: str = "auto", *, python: str | None = 
           env: dict[str, str] | None = None, include_quantkit: bool = True) -> Report:
     """Run doctor: quantkit's environment, the engine's (when an engine or artifact is given), the artifact; for a
     release folder, each of its artifacts against its engine (``--engine``, or each one's own)."""
-    if path is not None and (roots := artifact_mod.release_artifacts(Path(path))):
+    if path is not None and (roots := integrity.release_artifacts(Path(path))):
         report = check(None, "", include_quantkit=include_quantkit)  # quantkit's own environment, once
         report.parts = [check(r, engine_name, python=python, env=env, include_quantkit=False) for r in roots]
         return report

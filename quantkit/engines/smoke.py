@@ -1,6 +1,6 @@
 """``quantkit smoke``: prove an artifact serves, in its real engine's OpenAI-compatible server, before release.
 
-An artifact is first checked against its ``quantkit.json`` (:func:`quantkit.artifact.check_intact`, exit 1): a
+An artifact is first checked against its ``quantkit.json`` (:func:`quantkit.integrity.check_intact`, exit 1): a
 tampered or damaged one is neither served nor has its results recorded. Then, for each thing to serve (the artifact
 folder; for GGUF, each ``.gguf`` file or the one ``--file`` names):
 
@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantkit import artifact, images
+from quantkit import images, integrity
 from quantkit.checkpoint import Fp4, read_config
 from quantkit.engines import client, doctor, image_question, numerics, parallel, registry, serving
 from quantkit.engines.serving import HOST, ServeOptions, Server, ServerProcess
@@ -178,8 +178,8 @@ def run(path: Path, opts: SmokeOptions, reporter: Reporter | None = None) -> Smo
     path = Path(path)
     if not path.exists():
         raise UsageError(f"{path} does not exist")
-    root = artifact.artifact_of(path)  # checked before serving it, and before recording into its seal
-    checked = artifact.check_intact(root, "smoke-test") if root is not None else None
+    root = integrity.artifact_of(path)  # checked before serving it, and before recording into its seal
+    checked = integrity.check_intact(root, "smoke-test") if root is not None else None
     engine_name = registry.serving_engine(path) if opts.engine == "auto" else opts.engine
     engine = serving.get(engine_name)
     targets = engine.targets(path, opts.file)
@@ -458,7 +458,7 @@ def _read(path: Path) -> str:
         return ""
 
 
-def _record(path: Path, result: SmokeResult, checked: artifact.VerifyResult | None) -> bool:
+def _record(path: Path, result: SmokeResult, checked: integrity.VerifyResult | None) -> bool:
     """Merge the runs into the artifact's manifest ``smoke`` section (when it is a quantkit artifact); ``checked``:
     the artifact's verification before serving, whose unchanged files are not hashed again."""
     root = path if path.is_dir() else path.parent
@@ -473,5 +473,5 @@ def _record(path: Path, result: SmokeResult, checked: artifact.VerifyResult | No
             entry.pop("target", None)
             entry["when"] = now
             runs[r.key] = entry
-        artifact.update_manifest(root, smoke=SmokeInfo(updated=now, runs=runs), checked=checked)
+        integrity.update_manifest(root, smoke=SmokeInfo(updated=now, runs=runs), checked=checked)
     return True

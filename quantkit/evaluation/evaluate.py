@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from quantkit import artifact, outputs, source as source_mod
+from quantkit import integrity, outputs, source as source_mod
 from quantkit.checkpoint import gguf_files
 from quantkit.engines import logits as engines, numerics as numerics_mod, registry
 from quantkit.engines.logits import EngineOptions
@@ -133,7 +133,7 @@ def _manifest_of(folder: Path) -> Manifest | None:
     """The folder's manifest after checking its seal: evaluating a tampered artifact would re-seal it."""
     if not (folder / MANIFEST).exists():
         return None
-    check = artifact.verify(folder)
+    check = integrity.verify(folder)
     if not check.ok:
         raise IntegrityError(f"{folder}: files differ from its manifest (changed: {check.changed}, missing: "
                              f"{check.missing}, not in manifest: {check.extra})",

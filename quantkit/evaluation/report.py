@@ -5,7 +5,7 @@ Tested with matplotlib 3.11.2 (Agg backend, no display needed).
 The report puts every model evaluated together in one table (format, size, bits per weight, perplexity, ratio
 to the baseline, KLD, top-1, gates) above the protocol that produced the numbers, so a table can always be
 traced back to the exact tokens scored. Each artifact's ``quantkit.json`` gets an ``evaluation`` section with
-the same figures; :func:`quantkit.artifact.update_manifest` then seals the report files quantkit wrote inside
+the same figures; :func:`quantkit.integrity.update_manifest` then seals the report files quantkit wrote inside
 the artifact (and refuses the update where any other file differs from the manifest).
 """
 
@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from quantkit import __version__, artifact
+from quantkit import __version__, integrity
 from quantkit.progress import Reporter
 from quantkit.evaluation.results import HEADER, EvalReport, Result, row
 from quantkit.manifest import now_iso, read_manifest, write_text_atomic
@@ -158,4 +158,4 @@ def update_manifests(report: EvalReport) -> None:
         }
         previous = read_manifest(folder).evaluation
         section["tasks"] = previous.tasks if previous else None  # task accuracy is its own run: kept
-        artifact.update_manifest(folder, evaluation=section)
+        integrity.update_manifest(folder, evaluation=section)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from quantkit import __version__, artifact
+from quantkit import __version__, integrity
 from quantkit.evaluation.report import engine_line
 from quantkit.manifest import now_iso, read_manifest, write_text_atomic
 from quantkit.tasks.results import TaskReport
@@ -67,4 +67,4 @@ def update_task_manifests(report: TaskReport) -> None:
             {"files": entries, "passed": all(e["passed"] for e in entries.values())}
         tasks["created"] = now_iso()
         tasks["report"] = os.path.relpath(report.report_path, folder) if report.report_path else None
-        artifact.update_manifest(folder, evaluation={**section, "tasks": tasks})
+        integrity.update_manifest(folder, evaluation={**section, "tasks": tasks})

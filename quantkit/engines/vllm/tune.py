@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantkit import artifact, envs
+from quantkit import envs, integrity
 from quantkit.engines import registry
 from quantkit.engines.vllm import kernels
 from quantkit.errors import BackendError, UsageError
@@ -84,7 +84,7 @@ def run(path: Path, opts: TuneOptions, reporter: Reporter | None = None) -> Any:
         raise BackendError(f"vLLM ran none of the kernel configurations for {path}: {errors}",
                            hint=f"the logs are in {log_dir}")
     if root is not None:
-        artifact.update_manifest(root, serving=record(result))
+        integrity.update_manifest(root, serving=record(result))
     return result
 
 
