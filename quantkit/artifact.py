@@ -32,8 +32,6 @@ from quantkit.locks import output_lock
 from quantkit.manifest import MANIFEST, FileInfo, Manifest, is_artifact_file, now_iso, read_manifest, write_manifest
 from quantkit.progress import fmt_bytes
 
-sha256_file = seal.sha256_file
-
 
 def _existing(path: Path) -> Path:
     """The first of ``path`` and its parents that exists: the file system a folder not made yet will be on."""

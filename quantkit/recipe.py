@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from quantkit import artifact, formats
+from quantkit import formats, seal
 from quantkit.errors import RecipeError
 from quantkit.formats.names import EVALUATING, SERVING
 from quantkit.formats.specs import MethodBase, Strict
@@ -267,7 +267,7 @@ class Recipe(Strict):
         relevant: dict[str, Any] = {"model": self.model.model_dump(mode="json"), "spec": spec.model_dump(mode="json")}
         given = Path(getattr(spec, "imatrix_file", None) or "").expanduser()
         if given.is_file():  # an importance matrix is an input by its bytes, not its path
-            relevant["imatrix_sha256"] = artifact.sha256_file(given)
+            relevant["imatrix_sha256"] = seal.sha256_file(given)
         if formats.calibrates(spec):
             # the expert-token threshold only decides a warning, never the bytes
             relevant |= {"calibration": self.calibration.model_dump(mode="json", exclude={"min_expert_tokens"}),

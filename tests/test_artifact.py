@@ -18,6 +18,7 @@ from quantkit import artifact, integrity
 from quantkit.errors import DiskSpaceError, IntegrityError, LockedError, OutputExistsError, UsageError
 from quantkit.locks import output_lock
 from quantkit.manifest import MANIFEST, SCHEMA_VERSION, Manifest, SourceInfo, read_manifest, size_bytes
+from quantkit.seal import sha256_file
 
 pytestmark = pytest.mark.unit
 
@@ -40,7 +41,7 @@ def test_commit_renames_into_place_with_manifest(tmp_path: Path) -> None:
     out = tmp_path / "art"
     m = make(out)
     assert sorted(m.files) == ["config.json", "model.safetensors", "sub/tokenizer.json"]
-    assert m.files["model.safetensors"].sha256 == artifact.sha256_file(out / "model.safetensors")
+    assert m.files["model.safetensors"].sha256 == sha256_file(out / "model.safetensors")
     on_disk = json.loads((out / "quantkit.json").read_text())
     assert on_disk["kind"] == "test" and on_disk["schema_version"] == SCHEMA_VERSION
     assert read_manifest(out) == m
@@ -130,7 +131,7 @@ def _release(root: Path) -> Path:
     make(root / "gguf", b"gguf weights")
     (root / "report.md").write_text("# report")
     (root / "report.json").write_text("{}")
-    lines = [f"{artifact.sha256_file(p)}  {p.relative_to(root).as_posix()}" for p in integrity.release_files(root)]
+    lines = [f"{sha256_file(p)}  {p.relative_to(root).as_posix()}" for p in integrity.release_files(root)]
     (root / integrity.SUMS).write_text("\n".join(lines) + "\n")
     return root
 
@@ -188,7 +189,7 @@ def test_verify_cli_on_a_release_and_on_a_file(tmp_path: Path, cli) -> None:
 def _seal_release(rel: Path, report: dict) -> None:
     """``quantkit run``'s last two steps: report.json with its verdict, then SHA256SUMS over every file."""
     (rel / integrity.REPORT_JSON).write_text(json.dumps({"release": str(rel), "outputs": [], **report}))
-    lines = [f"{artifact.sha256_file(p)}  {p.relative_to(rel).as_posix()}" for p in integrity.release_files(rel)]
+    lines = [f"{sha256_file(p)}  {p.relative_to(rel).as_posix()}" for p in integrity.release_files(rel)]
     (rel / integrity.SUMS).write_text("\n".join(lines) + "\n")
 
 
@@ -258,7 +259,7 @@ def test_inspect_and_doctor_take_a_release_folder(tmp_path: Path, cli) -> None:
     rel = tmp_path / "rel"
     gguf_artifact(rel / "a")
     gguf_artifact(rel / "b")
-    lines = [f"{artifact.sha256_file(p)}  {p.relative_to(rel).as_posix()}" for p in integrity.release_files(rel)]
+    lines = [f"{sha256_file(p)}  {p.relative_to(rel).as_posix()}" for p in integrity.release_files(rel)]
     (rel / integrity.SUMS).write_text("\n".join(lines) + "\n")
     shown = json.loads(cli("inspect", rel, "--json", check=True).stdout)
     assert [Path(a["path"]).name for a in shown["artifacts"]] == ["a", "b"]
@@ -379,7 +380,7 @@ def test_manifests_of_earlier_versions_still_open_and_verify(tmp_path: Path, cli
     out.mkdir()
     (out / "config.json").write_text("{}")
     (out / "model.safetensors").write_bytes(b"old weights")
-    v1["files"] = {name: {"sha256": artifact.sha256_file(out / name), "size": (out / name).stat().st_size}
+    v1["files"] = {name: {"sha256": sha256_file(out / name), "size": (out / name).stat().st_size}
                    for name in ("config.json", "model.safetensors")}
     (out / "quantkit.json").write_text(json.dumps(v1))
     assert json.loads(cli("verify", out, "--json", check=True).stdout)[0]["ok"] is True
@@ -485,7 +486,7 @@ def _relist(out: Path, name: str, target: Path) -> None:
     """Make the manifest list ``name`` (instead of config.json) with ``target``'s true sha256 and size."""
     data = json.loads((out / MANIFEST).read_text())
     del data["files"]["config.json"]
-    data["files"][name] = {"sha256": artifact.sha256_file(target), "size": target.stat().st_size}
+    data["files"][name] = {"sha256": sha256_file(target), "size": target.stat().st_size}
     (out / MANIFEST).write_text(json.dumps(data))
 
 
@@ -515,7 +516,7 @@ def test_verify_refuses_a_seal_naming_files_outside_the_folder(tmp_path: Path) -
         with pytest.raises(IntegrityError, match="line 1: not '<sha256>  <file>' with a file inside the folder"):
             integrity.verify_tree(rel)
     (rel / "out").symlink_to(tmp_path / "elsewhere")
-    (rel / integrity.SUMS).write_text(f"{artifact.sha256_file(tmp_path / 'afile')}  out/config.json\n")
+    (rel / integrity.SUMS).write_text(f"{sha256_file(tmp_path / 'afile')}  out/config.json\n")
     with pytest.raises(IntegrityError, match="lists out/config.json, which a symbolic link leads outside"):
         integrity.verify_tree(rel)
 

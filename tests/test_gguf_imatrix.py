@@ -27,6 +27,7 @@ from quantkit.devices import cores
 from quantkit.errors import MissingToolError, UsageError
 from quantkit.formats import gguf_types as types
 from quantkit.producers.gguf import collect, imatrix, quantize, tools
+from quantkit.seal import sha256_file
 
 pytestmark = pytest.mark.e2e
 
@@ -225,7 +226,7 @@ def test_computed_imatrix_artifact(computed: api.ArtifactResult, have_tools: dic
         "imatrix/quantkit-tiny.imatrix.gguf", "quantkit-tiny-IQ2_M.gguf", "quantkit-tiny-Q4_K_M.gguf",
         "quantkit.json"]
     assert im["file"] == "imatrix/quantkit-tiny.imatrix.gguf" and im["format"] == "gguf"
-    assert im["sha256"] == imatrix.sha256(out / im["file"]) == m.files[im["file"]].sha256
+    assert im["sha256"] == sha256_file(out / im["file"]) == m.files[im["file"]].sha256
     assert im["source"] == "calibration" and im["types"] == ["Q4_K_M", "IQ2_M"] and im["entries"] == 56
     # the calibration set is recorded as for every other method, and the matrix names its exact tokens
     assert m.calibration.samples == 16 and m.calibration.seq_len == 256
@@ -268,7 +269,7 @@ def test_given_imatrix_is_applied_exactly_as_llama_quantize_does(fmt: str, llama
     res = make(tmp_path / "given", ["F16", "IQ3_M"], imatrix_file=given)
     im = res.manifest.quantization["imatrix"]
     assert im["source"] == "file" and im["given"] == str(given) and im["format"] == fmt
-    assert im["file"] == f"imatrix/quantkit-tiny.imatrix.{fmt}" and im["sha256"] == imatrix.sha256(given)
+    assert im["file"] == f"imatrix/quantkit-tiny.imatrix.{fmt}" and im["sha256"] == sha256_file(given)
     assert (res.path / im["file"]).read_bytes() == given.read_bytes()
     assert res.manifest.calibration is None  # nothing was calibrated here
     # the same file llama-quantize --imatrix writes from the same F16 file

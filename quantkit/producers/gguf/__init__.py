@@ -45,6 +45,7 @@ from quantkit.producers.base import ProduceContext, Produced
 from quantkit.formats import gguf_types as types
 from quantkit.producers.gguf import (collect, convert, guards, imatrix, mmproj, prequantized, quantize, target_bits,
                                      tools)
+from quantkit.seal import sha256_file  # the manifest's own file hash
 from quantkit.source import SourceModel, load_tokenizer
 
 # Preferred intermediate among requested unquantized types: the most precise one.
@@ -300,7 +301,7 @@ def _importance_matrix(ctx: ProduceContext, plan: convert.Plan, name: str) -> _M
 
 def _record(ctx: ProduceContext, dest: Path, im: imatrix.Imatrix, record: dict[str, Any],
             quantizer: dict[str, Any]) -> dict[str, Any]:
-    return {"file": dest.relative_to(ctx.workdir).as_posix(), "sha256": imatrix.sha256(dest), "format": im.format,
+    return {"file": dest.relative_to(ctx.workdir).as_posix(), "sha256": sha256_file(dest), "format": im.format,
             "entries": len(im.entries), **record, "applied_by": quantizer}
 
 

@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from quantkit.artifact import sha256_file as sha256  # the manifest's own file hash
 from quantkit.errors import UsageError
 
 # The CLI flags (defined with the recipe's GGUF fields ``imatrix`` and ``imatrix_file``), named in messages.
