@@ -66,9 +66,10 @@ def eval_cmd(
                                            "with (folder or hub id) \\[default: the source recorded in their "
                                            "quantkit.json]."),
     dataset: Optional[str] = typer.Option(None, "--dataset", help="Evaluation text: heldout, prose, code, mixed, a "
-                                          ".txt/.jsonl(.gz)/.parquet file, a hub dataset (wikitext2, org/name\\[:config]"
-                                          "\\[@split]), or auto = WikiText-2 test when the hub is reachable, else "
-                                          "heldout \\[default: auto].", rich_help_panel=PANEL_PROTOCOL),
+                                          ".txt/.jsonl(.gz)/.json/.parquet file, a hub dataset (wikitext2, "
+                                          "org/name\\[:config]\\[@split]), or auto = WikiText-2 test when the hub "
+                                          "is reachable, else heldout \\[default: auto].",
+                                          rich_help_panel=PANEL_PROTOCOL),
     ctx: Optional[int] = typer.Option(None, "--ctx", help="Tokens per window, BOS included \\[default: 2048].",
                                       rich_help_panel=PANEL_PROTOCOL),
     stride: Optional[int] = typer.Option(None, "--stride", help="Slide windows by N tokens and score only the new "

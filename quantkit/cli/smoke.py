@@ -229,8 +229,9 @@ def tune_cmd(
                                          "else the interpreter of vllm on PATH, else this Python]."),
     env: Optional[list[str]] = ENV_OPT,
     batch: Optional[list[int]] = typer.Option(None, "--batch", help="Batch sizes to decode at (repeatable) "
-                                              "\\[default: 1 and 16]; the fastest at the first wins, unless it "
-                                              "is over 5% slower than vLLM's default at another."),
+                                              "\\[default: 1 and 16]; the fastest at the first wins if it beats "
+                                              "vLLM's default there by more than 3% and is nowhere over 5% slower "
+                                              "than it at another, else vLLM's default stays."),
     kernel: Optional[list[str]] = typer.Option(None, "--kernel", help="Measure only these configurations "
                                                "(repeatable; vLLM's default is always measured)."),
     prompt_len: int = typer.Option(512, "--prompt-len", help="Prompt tokens per request."),

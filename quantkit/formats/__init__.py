@@ -55,9 +55,9 @@ def _f(name: str, decl: str, type_: Any, field_: str, help_: str, panel: str | N
 
 # Shared flag groups; a format lists the ones it uses.
 CALIBRATION = (
-    _f("calib", "--calib", str, "calibration.dataset", "Calibration data: prose, code, mixed, a "
-       ".txt/.jsonl(.gz)/.parquet file, or a hub dataset (wikitext2, pile-val, c4, ultrachat, "
-       "org/name\\[:config]\\[@split]) \\[default: mixed].", "Calibration"),
+    _f("calib", "--calib", str, "calibration.dataset", "Calibration data: prose, code, mixed, heldout (the "
+       "evaluation text), a .txt/.jsonl(.gz)/.json/.parquet file, or a hub dataset (wikitext2, pile-val, c4, "
+       "ultrachat, org/name\\[:config]\\[@split]) \\[default: mixed].", "Calibration"),
     _f("samples", "--samples", int, "calibration.samples", "Number of calibration samples \\[default: 128].",
        "Calibration"),
     _f("seq_len", "--seq-len", int, "calibration.seq_len", "Tokens per calibration sample \\[default: 512].",
