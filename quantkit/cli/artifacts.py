@@ -22,7 +22,13 @@ def inspect_cmd(
     """Print what an artifact is: format, bits, scheme, size, compression vs the source, and the manifest check
     (every file's sha256 re-verified; a .gguf file against the manifest of its folder). A release folder: each of
     its artifacts, then the release against its SHA256SUMS. Exits 1 if any file differs from its seal, or if a .gguf
-    file is not one."""
+    file is not one.
+
+    [bold]Examples[/]
+
+      [bold]$[/] quantkit inspect out/awq
+
+      [bold]$[/] quantkit inspect out/gguf/quantkit-tiny-Q4_K_M.gguf --json"""
     info = api.inspect(path)
     parts = info.get("artifacts", [info])
     seals = [p["manifest"] for p in parts if p["manifest"] is not None] + [info[k] for k in ("release",) if k in info]
@@ -124,7 +130,15 @@ def verify_cmd(
     Exits 1 on any mismatch. A file, or a folder inside an artifact (the gptq/ or autoawq/ copy of --format gptq or
     autoawq), is checked against the manifest of its artifact; a release folder artifact by artifact, then every
     file of it against its SHA256SUMS (a release without one is not sealed: its last run
-    did not finish)."""
+    did not finish).
+
+    [bold]Examples[/]
+
+      [bold]$[/] quantkit verify out/awq
+
+      [bold]$[/] quantkit verify out/gguf/quantkit-tiny-Q8_0.gguf    [dim]# one file, against its folder's manifest[/]
+
+      [bold]$[/] quantkit verify out/demo    [dim]# a release: each artifact, then SHA256SUMS[/]"""
     results = [r.to_json() for r in api.verify_all(path)]
     if json:
         emit_json(results)

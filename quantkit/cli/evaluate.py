@@ -127,7 +127,15 @@ def eval_cmd(
     in every engine. Writes report.md, a size-vs-perplexity plot and each artifact's quantkit.json evaluation
     section. With --tasks: lm-eval task accuracy of the baseline and each artifact in the engine that serves it,
     and recovery (artifact / baseline) per task and metric, in tasks.md and the manifest. Exits 3 when a gate fails
-    (after writing the report)."""
+    (after writing the report).
+
+    [bold]Examples[/]
+
+      [bold]$[/] quantkit eval out/awq out/gguf --dataset heldout --max-tokens 4096 --max-kld 0.1
+
+      [bold]$[/] quantkit eval out/awq --baseline models/quantkit-tiny --dataset prose --ctx 1024 --max-tokens 4096
+
+      [bold]$[/] quantkit eval out/gguf --tasks quantkit_lastword_gen --limit 20"""
     if tasks is not None:
         _refuse_unused({"--dataset": dataset, "--ctx": ctx, "--stride": stride, "--max-tokens": max_tokens,
                         "--numerics": numerics, "--max-ppl-ratio": max_ppl_ratio, "--max-kld": max_kld,

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import typer
+import yaml
 from rich.syntax import Syntax
 from rich.table import Table
 
@@ -14,22 +15,32 @@ from quantkit.cli.common import JSON_OPT, command, console, emit_json
 
 @command
 def recipes_cmd(
-    name: Optional[str] = typer.Argument(None, help="Show this recipe (name or path), validated, with defaults."),
+    name: Optional[str] = typer.Argument(None, help="Show this recipe (name or path), validated, every field with "
+                                         "its default filled in (null where unset)."),
     schema: bool = typer.Option(False, "--schema", help="Print the recipe JSON schema (every field)."),
     json: bool = JSON_OPT,
 ) -> None:
-    """List the shipped recipes in recipes/, or show one (validated, every default filled in)."""
+    """List the shipped recipes in recipes/, or show one: validated, every field with its default filled in, null
+    where it is unset (as --json shows it).
+
+    [bold]Examples[/]
+
+      [bold]$[/] quantkit recipes
+
+      [bold]$[/] quantkit recipes awq
+
+      [bold]$[/] quantkit recipes --schema"""
     c = console(json)
     if schema:
         emit_json(api.recipe_schema())
         return
     if name:
-        path, r, text = api.show_recipe(name)
+        path, r, _ = api.show_recipe(name)
         if json:
             emit_json(r.model_dump(mode="json"))
         else:
             c.print(f"[bold]{path}[/] (valid; defaults filled in)")
-            c.print(Syntax(text, "yaml"))
+            c.print(Syntax(_every_field(r), "yaml"))
         return
     rows = api.shipped_recipes()
     if json:
@@ -43,13 +54,27 @@ def recipes_cmd(
     c.print(t)
 
 
-calib_app = typer.Typer(help="Calibration sets: list the shipped ones, preview any source.", no_args_is_help=True)
+def _every_field(recipe: Any) -> str:
+    """The recipe as YAML with every field, a null one too. Not recipe.dump, the manifest's recipe_yaml, which leaves
+    out a field whose default is null (``group_size``, ``target_bits``, ``model.revision``): shown that way, a user
+    looking for the whole schema of a recipe never learnt those fields exist. Read back, it is the same recipe."""
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)
+
+
+calib_app = typer.Typer(help="Calibration sets: list the shipped ones, preview any source.\n\n[bold]Examples[/]\n\n"
+                        "  [bold]$[/] quantkit calib list\n\n"
+                        "  [bold]$[/] quantkit calib show code --model models/quantkit-tiny --samples 16 --seq-len 256",
+                        no_args_is_help=True)
 
 
 @calib_app.command("list")
 @command
 def calib_list(json: bool = JSON_OPT) -> None:
-    """List the calibration and evaluation sets shipped in calibration/."""
+    """List the calibration and evaluation sets shipped in calibration/.
+
+    [bold]Examples[/]
+
+      [bold]$[/] quantkit calib list"""
     rows = api.calibration_sets()
     if json:
         emit_json(rows)
@@ -79,7 +104,13 @@ def calib_show(
     n: int = typer.Option(3, "--show", help="Documents to preview."),
     json: bool = JSON_OPT,
 ) -> None:
-    """Preview a calibration source: its documents, and with --model the exact token samples and their sha256."""
+    """Preview a calibration source: its documents, and with --model the exact token samples and their sha256.
+
+    [bold]Examples[/]
+
+      [bold]$[/] quantkit calib show prose --show 1
+
+      [bold]$[/] quantkit calib show mixed --model models/quantkit-tiny --samples 16 --seq-len 256"""
     info = api.preview_calibration(source, model=model, samples=samples, seq_len=seq_len, seed=seed, field=field,
                                    chat_template=chat_template, show=n)
     if json:

@@ -163,7 +163,15 @@ def doctor_cmd(
     gguf, llama.cpp, vLLM, ModelOpt, TensorRT-LLM); with --engine, those of the engine's own Python; with an
     ARTIFACT, whether that engine can read it: the compressed-tensors version it was written with against the
     one the engine reads it with, whether that version knows its format and scheme, GGUF file types, and known
-    incompatibilities. Exits 1 when a check predicts the engine will not load the artifact."""
+    incompatibilities. Exits 1 when a check predicts the engine will not load the artifact.
+
+    [bold]Examples[/]
+
+      [bold]$[/] quantkit doctor
+
+      [bold]$[/] quantkit doctor out/gguf
+
+      [bold]$[/] quantkit doctor out/awq --engine vllm --python /opt/vllm/bin/python"""
     rep = api.doctor(artifact, engine=_engine(engine), python=python, env=_env(env))
     if json:
         emit_json(rep.to_json())

@@ -17,10 +17,14 @@ from quantkit import api
 from quantkit.cli.common import DRY_RUN_OPT, FORCE_OPT, JSON_OPT, command, emit_json, print_plan, reporter
 from quantkit.errors import BackendError
 
-HELP = ("TensorRT-LLM through NVIDIA ModelOpt: calibrate and quantize (fp8, int8_sq, int4_awq, w4a8_awq, nvfp4, w4a16_nvfp4), write the "
+HELP = ("TensorRT-LLM through NVIDIA ModelOpt: calibrate and quantize (fp8, int8_sq, int4_awq, w4a8_awq, nvfp4, "
+        "w4a16_nvfp4, or none: 16-bit weights, with the recipe's kv_cache quantized if it sets one), write the "
         "unified Hugging Face checkpoint (hf/: vLLM, SGLang, TensorRT-LLM's LLM API) and the TensorRT-LLM checkpoint "
         "(trtllm-ckpt/: one rank{N}.safetensors per tp x pp rank), then compile and try an engine (engine/) where "
-        "TensorRT-LLM <= 1.2 is installed. ModelOpt runs in its own Python environment (--python).")
+        "TensorRT-LLM <= 1.2 is installed. ModelOpt runs in its own Python environment (--python)."
+        "\n\n[bold]Examples[/]"
+        "\n\n  [bold]$[/] quantkit build-trt trt-fp8 --checkpoint-only"
+        "\n\n  [bold]$[/] quantkit build-trt recipes/trt-int4-awq.yaml -o out/trt-awq --dry-run")
 
 
 @command
