@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_valid
 from quantkit import formats, seal
 from quantkit.errors import RecipeError
 from quantkit.formats.names import EVALUATING, SERVING
-from quantkit.formats.specs import MethodBase, Strict
+from quantkit.formats.specs import NAMES_ITS_INPUT, MethodBase, Strict
 from quantkit.outputs import RELEASE_NAMES
 
 
@@ -511,8 +511,8 @@ def validate(data: Any, *, where: str = "recipe", lines: dict[tuple, int] | None
             for err in e.errors():
                 loc = tuple(p for p in err["loc"] if p not in METHODS)  # drop the discriminator's tag from the path
                 got = err.get("input")
-                got_s = "" if err["type"] in ("missing", "extra_forbidden") or isinstance(got, dict) else \
-                    f"; got {_short(got)}"
+                quiet = ("missing", "extra_forbidden", NAMES_ITS_INPUT)
+                got_s = "" if err["type"] in quiet or isinstance(got, dict) else f"; got {_short(got)}"
                 problems.append(f"{origin(loc)}: {_describe(err)}{got_s}")
         else:
             problems += [f"{origin(loc)}: {why}" for loc, why in recipe._folder_problems()]

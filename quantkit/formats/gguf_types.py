@@ -30,6 +30,7 @@ loading gguf, llama_cpp or torch.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 CONVERTER = "converter"  # written directly by llama.cpp's converter from the checkpoint's weights
@@ -116,7 +117,6 @@ REPACKED: dict[str, GgufType] = {t.name: t for t in _REPACKED}  # only repacked 
 ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}
 NAMES = tuple(TYPES)
 _ALL: dict[str, GgufType] = {**TYPES, **REPACKED}
-KNOWN = tuple(_ALL)
 
 
 def canonical(name: str) -> str:
@@ -124,7 +124,7 @@ def canonical(name: str) -> str:
     upper = name.strip().upper()
     upper = ALIASES.get(upper, upper)
     if upper not in _ALL:
-        raise ValueError(f"unknown GGUF type {name!r}; known: {', '.join(KNOWN)}")
+        raise _unknown([name])
     return upper
 
 
@@ -137,5 +137,19 @@ def validate(names: list[str]) -> list[str]:
     """Canonical names of a list of requested types, for the recipe's validator (ValueError names the bad ones)."""
     bad = [n for n in names if n.strip().upper() not in _ALL and n.strip().upper() not in ALIASES]
     if bad:
-        raise ValueError(f"unknown GGUF type {', '.join(bad)}; known: {', '.join(KNOWN)}")
+        raise _unknown(bad)
     return [canonical(n) for n in names]
+
+
+def _unknown(bad: list[str]) -> ValueError:
+    """Unknown type names, each with the nearest names there are, then what can be chosen: the types quantkit makes
+    (not one it always refuses) and a repacked type as what it is, so the list offers nothing that is then refused."""
+    offered = [t.name for t in _ROWS if not t.refused]
+
+    def named(name: str) -> str:
+        close = difflib.get_close_matches(name.strip().upper(), [*offered, *REPACKED], n=3)
+        return f"{name!r}" + (f" (did you mean {', '.join(close)}?)" if close else "")
+
+    repacked = ", ".join(f"{n} from an {n} checkpoint only" for n in REPACKED)
+    return ValueError(f"unknown GGUF type{'s' if len(bad) > 1 else ''} {', '.join(named(n) for n in bad)}; the "
+                      f"types: {', '.join(offered)}; {repacked}")

@@ -10,10 +10,13 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from quantkit.formats import gguf_types
 from quantkit.formats.names import Method
 
+# The error type of a validator's refusal that names the value it was given: a recipe error shows no "got ..." after it
+NAMES_ITS_INPUT = "names_its_input"
 GROUP_SIZES = (-1, 32, 64, 128, 256)
 # An unset group_size is 128, or where 128 does not divide every layer's input width (SmolLM2's hidden_size is 576),
 # the largest of these that does: the group sizes vLLM 0.26's int4/int8 weight-only kernels take (Machete, Hopper's
@@ -302,7 +305,10 @@ class GgufSpec(MethodBase):
     @field_validator("types")
     @classmethod
     def _types(cls, v: list[str]) -> list[str]:
-        return gguf_types.validate(v)
+        try:
+            return gguf_types.validate(v)
+        except ValueError as e:  # it names the bad types itself
+            raise PydanticCustomError(NAMES_ITS_INPUT, "{why}", {"why": str(e)}) from None
 
     @model_validator(mode="after")
     def _one_matrix(self) -> "GgufSpec":

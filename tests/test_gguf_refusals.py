@@ -1,0 +1,54 @@
+"""GGUF refusals: early, and each saying what is wrong.
+
+What the command line alone decides (an output that exists, an importance matrix that is not there, a type name that
+is not one) is refused before the source's weights are hashed and before llama.cpp's converter plans the file: the
+converter is made unavailable here (``$QUANTKIT_LLAMACPP_CONVERT`` naming an empty folder, the plans of this process
+forgotten), so a refusal that came after it would be the missing converter's instead. A refusal that only the
+converter can make (a tokenizer it cannot read) names the condition that failed and the file that is missing.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, TINY
+from gguf_spec import make
+from quantkit import api, recipe, source as source_mod
+from quantkit.errors import OutputExistsError, RecipeError, SourceModelError, UsageError
+from quantkit.producers.gguf import PRODUCER, convert, tools
+
+pytestmark = pytest.mark.unit
+
+TINY_MOE = ROOT / "models" / "quantkit-tiny-moe"
+
+
+@pytest.fixture
+def no_converter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """llama.cpp's converter cannot be found, and no plan of it is remembered: running it raises MissingToolError."""
+    empty = tmp_path / "no-converter"
+    empty.mkdir()
+    monkeypatch.setenv(tools.CONVERT_ENV_VAR, str(empty))
+    monkeypatch.setattr(convert, "_plans", {})
+
+
+def gguf_recipe(out: Path, **quantize: object) -> recipe.Recipe:
+    return recipe.load(None, {"model.source": str(TINY), "output": str(out)},
+                       base={"quantize": {"method": "gguf", **quantize}})
+
+
+def rtn_recipe(out: Path) -> recipe.Recipe:
+    return recipe.load(None, {"model.source": str(TINY), "output": str(out)}, base={"quantize": {"method": "rtn"}})
+
+
+def test_an_unknown_type_is_named_once_with_the_nearest_names(tmp_path: Path) -> None:
+    """The list offers what can be chosen: not Q2_0 (always refused), NVFP4 only as what an NVFP4 checkpoint gives."""
+    with pytest.raises(RecipeError) as e:
+        gguf_recipe(tmp_path / "out", types=["Q8_0", "Q4_K_X"])
+    said = e.value.message
+    assert said.count("Q4_K_X") == 1, said
+    assert "did you mean" in said and "Q4_K_M" in said.split("did you mean")[1].split(";")[0], said
+    assert "Q2_0" not in said.replace("TQ2_0", ""), said
+    assert "NVFP4 from an NVFP4 checkpoint only" in said, said
