@@ -99,11 +99,16 @@ def recipe_schema() -> dict[str, Any]:
 
 def quantize_one(recipe: Recipe, spec: MethodBase, out: Path, *, force: bool = False, reporter: Reporter | None = None,
                  source: source_mod.SourceModel | None = None) -> ArtifactResult:
-    """Produce one output of a recipe into ``out`` (atomically, with its manifest)."""
+    """Produce one output of a recipe into ``out`` (atomically, with its manifest).
+
+    What the command line alone decides (the output apart from the inputs, and absent or replaceable) is refused
+    first: before the source is resolved, its weights hashed or the producer's check run (llama.cpp's converter plans
+    a GGUF file there)."""
     rep = reporter or Reporter(quiet=True)
     rep.timings = {}
     t0 = time.perf_counter()
     outputs.check_apart(out, outputs.local_source(recipe), outputs.recipe_inputs(recipe))
+    artifact.check_output(out, force)
     if source is None:
         with rep.timed("check_source"):
             source = source_mod.resolve(recipe.model)

@@ -77,6 +77,16 @@ def check_replaceable(path: Path) -> None:
                                 hint=f"move them out of {path}, or choose another output")
 
 
+def check_output(final: Path, force: bool) -> None:
+    """What the output path may hold before an artifact is written there: nothing, or with ``force`` what
+    :func:`check_replaceable` allows. The writer asks under its lock; :func:`quantkit.api.quantize_one` asks first,
+    so what the command line alone decides is refused before the source is hashed or checked."""
+    there = final.exists() or final.is_symlink()
+    if there and not force:
+        raise OutputExistsError(f"output {final} already exists",
+                                hint="pass --force to replace it, or choose another output")
+    if there:
+        check_replaceable(final)
 
 
 class ArtifactWriter:
@@ -101,12 +111,7 @@ class ArtifactWriter:
         self._lock.__enter__()
         try:
             self._recover()
-            there = self.final.exists() or self.final.is_symlink()
-            if there and not self.force:
-                raise OutputExistsError(f"output {self.final} already exists",
-                                        hint="pass --force to replace it, or choose another output")
-            if there:
-                check_replaceable(self.final)
+            check_output(self.final, self.force)
             check_free_space(self.final.parent, self.expected_bytes)
             self.path.mkdir(parents=True)
         except BaseException:

@@ -43,6 +43,23 @@ def rtn_recipe(out: Path) -> recipe.Recipe:
     return recipe.load(None, {"model.source": str(TINY), "output": str(out)}, base={"quantize": {"method": "rtn"}})
 
 
+@pytest.mark.parametrize("method", ["gguf", "rtn"])
+@pytest.mark.parametrize("force, words", [(False, "already exists"), (True, "was not written by quantkit")])
+def test_an_existing_output_is_refused_before_any_work(method: str, force: bool, words: str, tmp_path: Path,
+                                                       no_converter: None) -> None:
+    """Without --force an output that exists, with it a folder of the user's: refused with the weights unhashed and
+    the converter never started (for GGUF it would be the missing converter's error otherwise)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("the user's")
+    r = gguf_recipe(out, types=["Q8_0"]) if method == "gguf" else rtn_recipe(out)
+    src = source_mod.resolve(r.model)
+    with pytest.raises(OutputExistsError, match=words):
+        api.quantize_one(r, r.quantize, out, force=force, source=src)
+    assert src._weights is None, "the source's weights were hashed before the refusal"
+    assert (out / "notes.txt").read_text() == "the user's"
+
+
 def test_an_unknown_type_is_named_once_with_the_nearest_names(tmp_path: Path) -> None:
     """The list offers what can be chosen: not Q2_0 (always refused), NVFP4 only as what an NVFP4 checkpoint gives."""
     with pytest.raises(RecipeError) as e:
