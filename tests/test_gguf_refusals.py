@@ -60,6 +60,27 @@ def test_an_existing_output_is_refused_before_any_work(method: str, force: bool,
     assert (out / "notes.txt").read_text() == "the user's"
 
 
+def test_a_missing_importance_matrix_is_refused_before_the_converter(tmp_path: Path, no_converter: None,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Named with where a relative path was looked for, and what to do instead."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UsageError, match=r"importance matrix nope\.gguf does not exist") as e:
+        make(tmp_path / "out", ["Q4_K_M"], imatrix_file=Path("nope.gguf"))
+    assert str(tmp_path) in e.value.message
+    assert "--imatrix " in e.value.hint
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("types, words", [(["F16"], "F16 is written directly"),
+                                          (["F16", "Q8_0"], "F16 and Q8_0 are written directly")])
+def test_a_matrix_for_types_written_directly(types: list[str], words: str, tmp_path: Path,
+                                             no_converter: None) -> None:
+    """Refused from the command line alone (the converter never asked), in words that agree with the types."""
+    r = gguf_recipe(tmp_path / "out", types=types, imatrix=True)
+    with pytest.raises(UsageError, match=words):
+        PRODUCER.check(r.quantize, source_mod.resolve(r.model))
+
+
 def test_an_unknown_type_is_named_once_with_the_nearest_names(tmp_path: Path) -> None:
     """The list offers what can be chosen: not Q2_0 (always refused), NVFP4 only as what an NVFP4 checkpoint gives."""
     with pytest.raises(RecipeError) as e:

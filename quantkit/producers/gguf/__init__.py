@@ -17,7 +17,8 @@ Q2_K_S) are refused without one, before any work.
 
 The converter's plan of the file (:func:`.convert.plan`: no weight read) is made in :meth:`GgufProducer.check`,
 so an architecture, tokenizer or tensor it cannot take is refused before any work; the importance matrix is named
-and checked against it.
+and checked against it. What the flags alone decide (the types, the importance matrix asked for, its file there) is
+refused before the plan, a subprocess of seconds.
 
 A checkpoint already quantized is refused before any work, except an NVFP4 one (compressed-tensors or ModelOpt),
 which llama.cpp's converter repacks without loss into GGUF type NVFP4 (:mod:`.prequantized`; the manifest's
@@ -74,22 +75,73 @@ def imatrix_request(spec: Any) -> tuple[bool, Path | None]:
     return bool(spec.imatrix), Path(given).expanduser() if given else None
 
 
+def _check_request(spec: Any) -> list[types.GgufType]:
+    """The requested types' rows, once what the command line alone decides is sound: no --ignore, no type quantkit
+    refuses, an importance matrix asked for one way, that exists, for types that use one, and given to those that
+    need one. Asked before the source's checks and the converter's plan, so a mistyped flag is refused at once."""
+    if spec.ignore:
+        raise UsageError("--ignore is not supported for GGUF: llama.cpp's type mixes decide per tensor",
+                         hint="pick a higher-precision --type (Q6_K, Q8_0) instead")
+    wanted = [types.get(t) for t in _ordered(spec)]
+    for t in wanted:
+        if t.refused:
+            raise UsageError(f"GGUF type {t.name} is not offered: {t.refused}",
+                             hint="choose another --type (quantkit gguf --help lists them)")
+    compute, given = imatrix_request(spec)
+    if compute and given:
+        raise UsageError(f"{imatrix.COMPUTE_FLAG} (compute an importance matrix) and {imatrix.FILE_FLAG} (use "
+                         "one) were both given", hint=f"pass {imatrix.COMPUTE_FLAG} to compute one from the "
+                                                     f"calibration set, or {imatrix.FILE_FLAG} FILE, not both")
+    if not (compute or given):
+        _refuse_needing_a_matrix(wanted)
+        return wanted
+    direct = [t.name for t in wanted if not t.quantized_by_llama_cpp]
+    if len(direct) == len(wanted):
+        raise UsageError(f"an importance matrix is only used by types llama.cpp quantizes, and {_listed(direct)} "
+                         f"{'is' if len(direct) == 1 else 'are'} written directly",
+                         hint=f"drop {imatrix.COMPUTE_FLAG}/{imatrix.FILE_FLAG}, or add a type llama.cpp "
+                              "quantizes (Q4_K_M, IQ4_XS...)")
+    if given is not None and not given.is_file():
+        _refuse_missing_matrix(given)
+    tools.require("llama-quantize", "quantizing with an importance matrix")
+    return wanted
+
+
+def _refuse_needing_a_matrix(wanted: list[types.GgufType]) -> None:
+    """Types llama.cpp will not make without an importance matrix, none given: refused, naming both flags."""
+    needy = [t.name for t in wanted if t.needs_imatrix]
+    if needy:
+        one = len(needy) == 1
+        raise UsageError(f"GGUF type{'' if one else 's'} {', '.join(needy)} need{'s' if one else ''} an "
+                         f"importance matrix: llama.cpp will not make {'it' if one else 'them'} without one",
+                         hint=f"add {imatrix.COMPUTE_FLAG} (computed from the calibration set) or "
+                              f"{imatrix.FILE_FLAG} FILE (one made by llama-imatrix)")
+
+
+def _refuse_missing_matrix(given: Path) -> None:
+    """An --imatrix-file that is not there: where a relative path was looked for, and the other way to get one."""
+    where = "" if given.is_absolute() else f" (looked for in {Path.cwd()})"
+    raise UsageError(f"importance matrix {given} does not exist{where}",
+                     hint=f"check the path, or pass {imatrix.COMPUTE_FLAG} instead to compute one from the "
+                          "calibration set")
+
+
+def _listed(names: list[str]) -> str:
+    """``A``, ``A and B``, ``A, B and C``."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
 class GgufProducer:
     """The ``gguf`` method."""
 
     def check(self, spec: Any, source: SourceModel) -> None:
-        """Refuse, before any weight is read, everything the conversion would otherwise fail on half-way."""
-        if spec.ignore:
-            raise UsageError("--ignore is not supported for GGUF: llama.cpp's type mixes decide per tensor",
-                             hint="pick a higher-precision --type (Q6_K, Q8_0) instead")
+        """Refuse, before any weight is read, everything the conversion would otherwise fail on half-way: first what
+        the command line alone decides (:func:`_check_request`), then what the source decides, the converter's plan
+        of the file last (a subprocess of seconds)."""
+        wanted = _check_request(spec)
         if source.is_pickle:
             raise SourceModelError(f"{source.path} holds pickle weights; GGUF conversion reads safetensors only",
                                    hint="convert the checkpoint to safetensors first")
-        wanted = [types.get(t) for t in _ordered(spec)]
-        for t in wanted:
-            if t.refused:
-                raise UsageError(f"GGUF type {t.name} is not offered: {t.refused}",
-                                 hint="choose another --type (quantkit gguf --help lists them)")
         prequantized.check(source.path, source.spec, source.architecture, [t.name for t in wanted])
         guards.refuse(source.config)
         if spec.target_bits is not None and moe.family(source.config):
@@ -101,33 +153,10 @@ class GgufProducer:
         if mmproj.wanted(source.config):
             mmproj.plan(source.path)
         compute, given = imatrix_request(spec)
-        if compute and given:
-            raise UsageError(f"{imatrix.COMPUTE_FLAG} (compute an importance matrix) and {imatrix.FILE_FLAG} (use "
-                             "one) were both given", hint=f"pass {imatrix.COMPUTE_FLAG} to compute one from the "
-                                                         f"calibration set, or {imatrix.FILE_FLAG} FILE, not both")
-        quantized = [t for t in wanted if t.quantized_by_llama_cpp]
-        if not (compute or given):
-            needy = [t.name for t in wanted if t.needs_imatrix]
-            if needy:
-                one = len(needy) == 1
-                raise UsageError(f"GGUF type{'' if one else 's'} {', '.join(needy)} need{'s' if one else ''} an "
-                                 f"importance matrix: llama.cpp will not make {'it' if one else 'them'} without one",
-                                 hint=f"add {imatrix.COMPUTE_FLAG} (computed from the calibration set) or "
-                                      f"{imatrix.FILE_FLAG} FILE (one made by llama-imatrix)")
-            return
-        if not quantized:
-            raise UsageError(f"an importance matrix is only used by types llama.cpp quantizes, and "
-                             f"{', '.join(t.name for t in wanted)} are written directly",
-                             hint=f"drop {imatrix.COMPUTE_FLAG}/{imatrix.FILE_FLAG}, or add a type llama.cpp "
-                                  "quantizes (Q4_K_M, IQ4_XS...)")
         if compute:
             collect.refuse_uncovered(plan, wanted)
-        else:
-            assert given is not None
-            if not given.is_file():
-                raise UsageError(f"importance matrix {given} does not exist")
+        elif given is not None:
             imatrix.check_fits(imatrix.read(given), plan.tensors, given)
-        tools.require("llama-quantize", "quantizing with an importance matrix")
 
     def estimate_bytes(self, spec: Any, source: SourceModel) -> int:
         """Every requested file, plus the intermediate that sits beside them until the quantizer is done; a file
