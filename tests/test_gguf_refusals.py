@@ -90,3 +90,19 @@ def test_an_unknown_type_is_named_once_with_the_nearest_names(tmp_path: Path) ->
     assert "did you mean" in said and "Q4_K_M" in said.split("did you mean")[1].split(";")[0], said
     assert "Q2_0" not in said.replace("TQ2_0", ""), said
     assert "NVFP4 from an NVFP4 checkpoint only" in said, said
+
+
+@pytest.mark.e2e
+def test_a_tokenizer_the_converter_cannot_read_says_why(tmp_path: Path) -> None:
+    """The MoE reference model without tokenizer_config.json: transformers then reads tokenizer.json as its model
+    type's default tokenizer, which adds a token past config.json's vocab_size, and the converter's bare assert
+    fails. The refusal gives the condition with its values, and the file that is missing."""
+    model = tmp_path / "nocfg"
+    shutil.copytree(TINY_MOE, model)
+    (model / "tokenizer_config.json").unlink()
+    with pytest.raises(SourceModelError) as e:
+        convert.plan(model)
+    said = e.value.message
+    assert "max(tokenizer.vocab.values()) < vocab_size" in said, said
+    assert "max(tokenizer.vocab.values()) is 8192" in said and "vocab_size is 8192" in said, said
+    assert "no tokenizer_config.json" in said, said

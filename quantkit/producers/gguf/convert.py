@@ -158,11 +158,24 @@ def _refusal(out: dict[str, Any], log: str, model_dir: Path, part: str = "") -> 
             hint=f"llama.cpp implements these splitters (quantkit matches them by regex): {tokenizer.names()}; "
                  "or use the checkpoint's original tokenizer files")
     if err["kind"] == "tokenizer":
-        return SourceModelError(f"llama.cpp's converter cannot read the tokenizer of {model_dir} "
-                                f"({tokenizer_file(model_dir)}): {err['message']}", hint=TOKENIZER_HINT)
+        missing = _missing_tokenizer_config(model_dir)
+        read = f" ({tokenizer_file(model_dir)})" if missing is None else ""
+        return SourceModelError(f"llama.cpp's converter cannot read the tokenizer of {model_dir}{read}: "
+                                f"{err['message']}{missing or ''}", hint=TOKENIZER_HINT)
     return SourceModelError(f"llama.cpp's converter cannot convert {part}{arch}: {reason}",
                             hint="`python convert_hf_to_gguf.py --print-supported-models` (in "
                                  f"{tools.CONVERT_CACHE}) lists what it converts; or choose another method")
+
+
+def _missing_tokenizer_config(model_dir: Path) -> str | None:
+    """What a refusal says when the folder has a tokenizer but no tokenizer_config.json: the file that tells
+    transformers the tokenizer's class and special tokens. Without it AutoTokenizer takes config.json's model type's
+    default class, which may read the same tokenizer.json differently (measured: the MoE reference model's gains a
+    token past config.json's vocab_size, and the converter's check of it fails); None otherwise."""
+    if (model_dir / "tokenizer_config.json").is_file():
+        return None
+    return (f"; the folder has {tokenizer_file(model_dir)} but no tokenizer_config.json, so transformers read it "
+            "as config.json's model type's default tokenizer")
 
 
 _plans: dict[tuple[str, float], Plan] = {}

@@ -23,18 +23,23 @@ matched from ``tokenizer.json``'s own regex; it is used only when upstream's che
 (:func:`_keep_weight_only_activations`; ``weight_only_from``). A SentencePiece-style vocabulary that only a
 tokenizer.json holds gets scores from its merge ranks (:func:`_score_by_merge_rank`; ``scores_from``). Any failure
 is written to the result as one line (its kind, the architecture), and the exit status is 3; the converter's own log
-goes to stderr. A failure while reading the tokenizer is its own kind (``tokenizer``): the checkpoint's tokenizer
+goes to stderr. A bare ``assert`` of upstream's, which says nothing, is written as its condition with the value of
+each side where it compares (:func:`_failed_assert`). A failure while reading the tokenizer is its own kind (``tokenizer``): the checkpoint's tokenizer
 files, not the converter, are what to fix.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
+import linecache
 import re
 import sys
+import textwrap
 import traceback
 from pathlib import Path
+from types import FrameType, TracebackType
 from typing import Any
 
 UNKNOWN_PRE = "BPE pre-tokenizer was not recognized"
@@ -241,6 +246,53 @@ def _reading_vocabulary(e: BaseException) -> bool:
     return any("vocab" in frame.name for frame in traceback.extract_tb(e.__traceback__))
 
 
+def _failed_assert(e: AssertionError) -> str:
+    """A bare ``assert`` of upstream's as one line: its condition, where it is, and each side of a comparison as it
+    was in the frame that failed (``max(tokenizer.vocab.values()) < vocab_size``: 8192 and 8192)."""
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return "a check of the converter failed"
+    where = f"{'/'.join(Path(tb.tb_frame.f_code.co_filename).parts[-2:])}:{tb.tb_lineno}"
+    node = _assert_at(tb)
+    if node is None:
+        return f"a check of the converter failed at {where}"
+    values = _sides(node.test, tb.tb_frame)
+    shown = f" ({', '.join(values)})" if values else ""
+    return f"the converter's check `{ast.unparse(node.test)}` failed at {where}{shown}"
+
+
+def _assert_at(tb: TracebackType) -> ast.Assert | None:
+    """The ``assert`` statement a traceback's last frame stopped at, parsed from its source; None where it cannot be
+    read or is no assert."""
+    summary = traceback.extract_tb(tb, limit=1)[0]
+    last = summary.end_lineno or tb.tb_lineno
+    source = "".join(linecache.getline(summary.filename, n) for n in range(tb.tb_lineno, last + 1))
+    try:
+        node = ast.parse(textwrap.dedent(source)).body[0]
+    except (SyntaxError, IndexError):
+        return None
+    return node if isinstance(node, ast.Assert) else None
+
+
+def _sides(test: ast.expr, frame: FrameType) -> list[str]:
+    """``EXPR is VALUE`` for each side of a comparison but constants, the converter's own expression evaluated again
+    in the frame it failed in (an expression that does not evaluate again is left out)."""
+    if not isinstance(test, ast.Compare):
+        return []
+    shown = []
+    for side in [test.left, *test.comparators]:
+        if isinstance(side, ast.Constant):
+            continue
+        try:
+            value = eval(compile(ast.Expression(side), "<assert>", "eval"), frame.f_globals, frame.f_locals)
+        except Exception:
+            continue
+        shown.append(f"{ast.unparse(side)} is {value!r}")
+    return shown
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--result", type=Path, required=True)
@@ -276,6 +328,11 @@ def main() -> int:
     except NotImplementedError as e:
         kind = "pre_tokenizer" if UNKNOWN_PRE in str(e) else "not_implemented"
         result["error"] = {"kind": kind, "message": str(e).strip().splitlines()[0] if str(e).strip() else kind}
+    except AssertionError as e:  # upstream's bare asserts say nothing: the condition that failed does
+        traceback.print_exc(file=sys.stderr)
+        kind = "tokenizer" if _reading_vocabulary(e) else "failed"
+        said = " ".join(str(e).split())
+        result["error"] = {"kind": kind, "message": (f"AssertionError: {said}" if said else _failed_assert(e))[:500]}
     except Exception as e:  # the converter raises many types for input it cannot take
         traceback.print_exc(file=sys.stderr)
         if _reading_vocabulary(e):  # the whole message: transformers' first line only says it listed the ways
