@@ -106,3 +106,15 @@ def test_a_tokenizer_the_converter_cannot_read_says_why(tmp_path: Path) -> None:
     assert "max(tokenizer.vocab.values()) < vocab_size" in said, said
     assert "max(tokenizer.vocab.values()) is 8192" in said and "vocab_size is 8192" in said, said
     assert "no tokenizer_config.json" in said, said
+
+
+@pytest.mark.e2e
+def test_the_size_estimate_is_the_artifacts(tiny_gguf_q4_k_m: Path) -> None:
+    """estimate_bytes is what the artifact takes (within 10%); the intermediate the quantizer reads, which sits beside
+    it only while it is made, is working space (working_bytes), not part of it."""
+    r = gguf_recipe(tiny_gguf_q4_k_m, types=["Q4_K_M"])
+    src = source_mod.resolve(r.model)
+    made = sum(f.stat().st_size for f in tiny_gguf_q4_k_m.glob("*.gguf"))
+    assert abs(PRODUCER.estimate_bytes(r.quantize, src) / made - 1) < 0.10
+    with_f16 = gguf_recipe(tiny_gguf_q4_k_m, types=["F16", "Q4_K_M"]).quantize  # the F16 file is the intermediate
+    assert PRODUCER.working_bytes(r.quantize, src) - PRODUCER.working_bytes(with_f16, src) == src.size_bytes

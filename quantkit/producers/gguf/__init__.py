@@ -47,10 +47,12 @@ from quantkit.formats import gguf_types as types
 from quantkit.producers.gguf import (collect, convert, guards, imatrix, mmproj, prequantized, quantize, target_bits,
                                      tools)
 from quantkit.seal import sha256_file  # the manifest's own file hash
-from quantkit.source import SourceModel, load_tokenizer
+from quantkit.source import SourceModel, load_tokenizer, tokenizer_file
 
 # Preferred intermediate among requested unquantized types: the most precise one.
 _INTERMEDIATE_ORDER = ("F32", "BF16", "F16")
+# Room for what llama.cpp writes beside the files as it works (the converter's and the quantizer's own files)
+_WORKING_MARGIN = 64 << 20
 IMATRIX_DIR = "imatrix"
 
 
@@ -159,15 +161,27 @@ class GgufProducer:
             imatrix.check_fits(imatrix.read(given), plan.tensors, given)
 
     def estimate_bytes(self, spec: Any, source: SourceModel) -> int:
-        """Every requested file, plus the intermediate that sits beside them until the quantizer is done; a file
-        repacked from the checkpoint (NVFP4) is the checkpoint's size."""
+        """The artifact's size on disk: every requested file (its type's bits per weight, and the vocabulary each
+        file carries, about the size of the checkpoint's tokenizer file), the vision side's F16 file; a file
+        repacked from the checkpoint (NVFP4) is the checkpoint's size. What sits beside the files only while they
+        are made is :meth:`working_bytes`."""
         wanted = [types.get(t) for t in _ordered(spec)]
         bits = sum(t.bits for t in wanted if not t.repacked)
-        if any(t.quantized_by_llama_cpp for t in wanted) and not any(t.name in _INTERMEDIATE_ORDER for t in wanted):
-            bits += 16.0  # the intermediate lives in the folder until the quantized files exist
+        vocabulary = source.path / tokenizer_file(source.path)
+        vocabulary_bytes = vocabulary.stat().st_size if vocabulary.is_file() else 0
         vision = mmproj.plan(source.path).parameters * 2 if mmproj.wanted(source.config) else 0
         repacked = source.size_bytes * sum(t.repacked for t in wanted)
-        return int(source.num_parameters * bits / 8) + repacked + vision + (64 << 20)
+        return int(source.num_parameters * bits / 8) + len(wanted) * vocabulary_bytes + repacked + vision
+
+    def working_bytes(self, spec: Any, source: SourceModel) -> int:
+        """What is written beside the artifact's files only while they are made, so must be free too (with
+        :meth:`estimate_bytes`) but is not part of the artifact: the unquantized intermediate llama.cpp quantizes
+        from (a lossless file of the checkpoint's own precision, about its size) unless a requested F32/BF16/F16 file
+        serves as it, and a margin for the files llama.cpp writes as it works."""
+        wanted = [types.get(t) for t in _ordered(spec)]
+        made_here = any(t.quantized_by_llama_cpp for t in wanted) and not any(
+            t.name in _INTERMEDIATE_ORDER for t in wanted)
+        return (source.size_bytes if made_here else 0) + _WORKING_MARGIN
 
     def produce(self, ctx: ProduceContext) -> Produced:
         """Make the importance matrix (if asked), convert each directly written type (and the intermediate), then
