@@ -4,8 +4,9 @@ Checks run in seconds, before hours of calibration: the folder exists and is rea
 custom code is refused unless trusted, pickle weights are refused unless allowed, every ``.safetensors`` file's
 header and byte extent are consistent (a truncated download is caught here, not mid-way through calibration), a
 sharded checkpoint's index and its shards agree, the weights hold the decoder layers the config builds (no more,
-no fewer), and the tokenizer's files are there and parse. Hub ids are downloaded with ``huggingface_hub`` (pinned to
-``revision``); offline, a hub id gives one clear message.
+no fewer), and the tokenizer's files are there and parse. The parameter count is the model's, also for a quantized
+checkpoint (its packed weights unpacked, the scales quantization adds left out: :func:`_parameters`). Hub ids are
+downloaded with ``huggingface_hub`` (pinned to ``revision``); offline, a hub id gives one clear message.
 
 What headers cannot show is checked when the model loads: :func:`check_unused` refuses tensors transformers reads but
 the model as built does not use (dropped silently otherwise), and :func:`load_tokenizer` turns a tokenizer that does
@@ -175,14 +176,17 @@ def vet(path: Path, *, spec: str | None = None, revision: str | None = None, tru
         if not pickles:
             raise SourceModelError(f"{path} has no weight files (*.safetensors)")
         is_pickle = True
-    total, params = 0, 0
-    tensors: dict[str, list[str]] = {}  # shard file name -> its tensors' names
+    total, elements = 0, 0
+    headers: dict[Path, tuple[dict[str, Any], int]] = {}  # each safetensors file's header and data length
     for f in safet if safet else pickles:
         if f.suffix == ".safetensors":
             header, data_len = safetensors_header(f)
-            params += _check_entries(f, header, data_len)
-            tensors[f.name] = [name for name in header if name != "__metadata__"]
+            elements += _check_entries(f, header, data_len)
+            headers[f] = header, data_len
         total += f.stat().st_size
+    tensors = {f.name: [name for name in header if name != "__metadata__"] for f, (header, _) in headers.items()}
+    quantization = _quantization_config(path, config)
+    params = elements if quantization is None else _parameters(headers, _value_bits(quantization))
     _check_index(path, weight_map, tensors)
     _check_layers(path, config, [name for names in tensors.values() for name in names])
     _check_tokenizer(path)
@@ -497,11 +501,116 @@ def safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
     return header, size - 8 - n
 
 
+# GPTQ's and AutoAWQ's own layouts: a module's packed values (qweight), zero points, scales and column order.
+LEGACY_WEIGHT_TENSORS = ("qweight", "qzeros", "scales", "g_idx")
+
+
 def stored_weight_tensor(leaf: str) -> bool:
     """Whether a module's tensor (its name's last part) holds what a quantized checkpoint stores for the weight:
     ``weight``, ``weight_packed``, ``weight_scale``, ``weight_zero_point``, ``weight_global_scale`` (not
-    ``weight_shape``, the shape before packing). The producer's bits check and ``inspect`` count the same bytes."""
-    return leaf.startswith("weight") and leaf != "weight_shape"
+    ``weight_shape``, the shape before packing), or GPTQ's and AutoAWQ's :data:`LEGACY_WEIGHT_TENSORS`. The
+    producer's bits check and ``inspect`` count the same bytes, and :func:`vet` counts the weight's values alone as
+    parameters (:func:`quantization_tensor`)."""
+    return (leaf.startswith("weight") and leaf != "weight_shape") or leaf in LEGACY_WEIGHT_TENSORS
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# A quantized checkpoint's parameters: the weights the model has, not the bytes that store them
+
+# The tensor of a quantized module's stored weight (stored_weight_tensor) that holds its values, one value per
+# element or several packed into one; the module's other weight tensors are scales, zero points and a column order.
+WEIGHT_VALUES = ("weight", "weight_packed", "qweight")
+# What quantization adds to a module beside its weight: the scales (and zero points) of its inputs, outputs and KV
+# cache (compressed-tensors' input_scale, input_global_scale, k_scale; ModelOpt's pre_quant_scale for AWQ).
+_ADDED_SCALE = re.compile(r"^(?:input|output|q|k|v|prob|pre_quant)_(?:scale|global_scale|zero_point)$")
+# The dtypes a packed weight keeps several narrower values in: bytes (FP4 and ModelOpt's int4, two a byte) and 32-bit
+# integers (compressed-tensors' pack-quantized, GPTQ's and AutoAWQ's qweight). F8 and I8 hold one value each.
+_PACKED_IN = {"U8": 8, "I32": 32, "U32": 32}
+# ModelOpt names its schemes (quant_algo) rather than their bits: 4-bit weights in these, 8-bit in the others.
+_FOUR_BIT_ALGO = re.compile(r"FP4|INT4|W4", re.IGNORECASE)
+
+
+def quantization_tensor(leaf: str) -> bool:
+    """Whether a quantized checkpoint's tensor (its name's last part) is one quantization added, not a parameter of
+    the model: a weight's scales, zero points, global scale and column order (:func:`stored_weight_tensor` less
+    :data:`WEIGHT_VALUES`), its shape before packing, and its inputs', outputs' and KV cache's scales."""
+    return leaf not in WEIGHT_VALUES and (stored_weight_tensor(leaf) or leaf == "weight_shape"
+                                          or bool(_ADDED_SCALE.match(leaf)))
+
+
+def _quantization_config(path: Path, config: dict[str, Any]) -> dict[str, Any] | None:
+    """A quantized checkpoint's quantization config: config.json's ``quantization_config``, else the
+    ``quantization`` of a ModelOpt export's ``hf_quant_config.json``; None for an unquantized checkpoint."""
+    q = config.get("quantization_config")
+    if isinstance(q, dict):
+        return q
+    f = path / "hf_quant_config.json"
+    if not f.is_file():
+        return None
+    data, _ = _read_json(f, MAX_CONFIG_BYTES, "a ModelOpt quantization config")
+    q = data.get("quantization") if isinstance(data, dict) else None
+    return q if isinstance(q, dict) else {}
+
+
+def _value_bits(q: dict[str, Any]) -> int | None:
+    """The width of a quantized checkpoint's weight values as its quantization config says, the narrowest where
+    layers differ: compressed-tensors' config groups (``num_bits``), GPTQ's and AutoAWQ's ``bits``, ModelOpt's scheme
+    (``quant_algo``, per layer in a mixed-precision export). What a packed weight that keeps no ``weight_shape`` is
+    unpacked by; None where the config says nothing of it."""
+    groups = q.get("config_groups")
+    widths = [g["weights"].get("num_bits") for g in (groups.values() if isinstance(groups, dict) else ())
+              if isinstance(g, dict) and isinstance(g.get("weights"), dict)]
+    widths += [q.get("bits"), q.get("w_bit")]
+    layers = q.get("quantized_layers")
+    algos = [q.get("quant_algo")] + [v.get("quant_algo") for v in (layers.values() if isinstance(layers, dict) else ())
+                                     if isinstance(v, dict)]
+    widths += [4 if _FOUR_BIT_ALGO.search(a) else 8 for a in algos if isinstance(a, str)]
+    return min((w for w in widths if type(w) is int and w > 0), default=None)
+
+
+def _parameters(headers: dict[Path, tuple[dict[str, Any], int]], value_bits: int | None) -> int:
+    """The parameters of a quantized checkpoint from its safetensors headers: each weight as the model has it (a
+    packed weight's ``weight_shape``, else its values unpacked at ``value_bits`` each), every other tensor as stored,
+    and none of what quantization added (:func:`quantization_tensor`). Counting stored elements instead put an
+    NVFP4 checkpoint of the reference model at 7,737,656 parameters for its 10,490,112."""
+    shapes = _shapes_before_packing(headers)
+    count = 0
+    for header, _ in headers.values():
+        for name, info in header.items():
+            module, _, leaf = name.rpartition(".")
+            if name == "__metadata__" or quantization_tensor(leaf):
+                continue
+            if leaf in WEIGHT_VALUES and module in shapes:
+                count += shapes[module]
+                continue
+            numel, width = math.prod(info["shape"]), _PACKED_IN.get(info["dtype"], 0)
+            packed = leaf in WEIGHT_VALUES and value_bits is not None and value_bits < width
+            count += numel * width // value_bits if packed else numel
+    return count
+
+
+def _shapes_before_packing(headers: dict[Path, tuple[dict[str, Any], int]]) -> dict[str, int]:
+    """Each packed module's weight count from its ``weight_shape`` tensor (the two integers compressed-tensors stores
+    beside an integer-packed weight), read from the file; one whose values are not positive is left out."""
+    found: dict[str, int] = {}
+    for f, (header, data_len) in headers.items():
+        wanted = [(name, info) for name, info in header.items() if name.endswith(".weight_shape")
+                  and info["dtype"] in _INT_CODES and len(info["shape"]) == 1 and 0 < info["shape"][0] <= 8]
+        if not wanted:
+            continue
+        start = f.stat().st_size - data_len
+        with open(f, "rb") as fh:
+            for name, info in wanted:
+                lo, _ = info["data_offsets"]
+                fh.seek(start + lo)
+                code = _INT_CODES[info["dtype"]]
+                dims = struct.unpack(f"<{info['shape'][0]}{code}", fh.read(info["shape"][0] * struct.calcsize(code)))
+                if all(d > 0 for d in dims):
+                    found[name.removesuffix(".weight_shape")] = math.prod(dims)
+    return found
+
+
+_INT_CODES = {"I64": "q", "I32": "i"}  # a weight_shape's dtype -> its struct code
 
 
 def check_safetensors(path: Path) -> int:

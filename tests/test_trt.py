@@ -32,6 +32,7 @@ from quantkit.errors import QuantkitError
 from quantkit.producers.trt import pyenv
 from quantkit.engines.vllm import kernels
 from quantkit.manifest import read_manifest
+from quantkit.source import vet
 
 from conftest import quantkit
 
@@ -426,6 +427,16 @@ def test_unified_hf_checkpoint(build, source, quantization: str) -> None:
             want = source[lin + ".weight"].float()
             got = t[lin + ".weight"].float() * t[lin + ".weight_scale"].float()
             assert ((got - want).norm() / want.norm()).item() <= MAX_REL_ERROR["fp8"], lin
+
+
+@needs_modelopt
+@pytest.mark.slow
+@pytest.mark.parametrize("quantization", QUANTS)
+def test_unified_hf_checkpoint_counts_the_models_parameters(build, quantization: str) -> None:
+    """As a source (``gguf`` repacks a ModelOpt NVFP4 export; ``eval``'s bits per weight divide by it) the export
+    counts the reference model's parameters: its 4-bit weights unpacked from two a byte, none of the weight, input
+    and KV-cache scales or AWQ's pre_quant_scale that ModelOpt adds (:func:`quantkit.source.quantization_tensor`)."""
+    assert vet(build(quantization, 1) / "hf").num_parameters == 10_490_112
 
 
 # ------------------------------------------------------------------------------------------------------------
