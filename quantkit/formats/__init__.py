@@ -163,7 +163,11 @@ def _fp4_folder(spec: Any) -> str:
 
 
 def _int_folder(spec: Any) -> str:
-    g = DEFAULT_GROUP_SIZE if spec.group_size is None else spec.group_size  # unset: named after the default
+    """``gptq-w4g128``: method, bits (or bits target) and group size. An unset group size is named after the default
+    128 even where the source gets another (SmolLM2's 576-wide layers get 64; the manifest records the size used):
+    names are made from the recipe alone, before the source is read or downloaded, so a rerun finds the folder it
+    reuses and two outputs of one folder are refused when the recipe loads."""
+    g = DEFAULT_GROUP_SIZE if spec.group_size is None else spec.group_size
     bits = f"b{spec.target_bits:g}" if getattr(spec, "target_bits", None) is not None else f"w{spec.bits}"
     return f"{spec.method}-{bits}g{g if g > 0 else 'ch'}"
 
