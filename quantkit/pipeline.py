@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -442,7 +443,10 @@ def write_model_card(r: OutputResult, recipe: Recipe, src: source_mod.SourceMode
 
     ``base_model`` is the hub id the model came from: the hub reads it as one (and links the two), so a local source
     gets the one its recipe names (``model.base_model``, the repository it was downloaded from) or none, never a path
-    of the machine that made it."""
+    of the machine that made it. The card is public (``publish`` uploads it): every value is shown as :func:`_public`
+    gives it, with no path of this machine; the manifest beside it is the build record and keeps them."""
+    from dataclasses import replace
+
     m = r.manifest
     assert m is not None, "only built or reused outputs get a model card"
     hub = src.spec if src.from_hub else recipe.model.base_model
@@ -461,25 +465,65 @@ def write_model_card(r: OutputResult, recipe: Recipe, src: source_mod.SourceMode
              f"Quantized from `{base}` with quantkit {m.quantkit_version} "
              f"({r.method if r.method == m.kind else f'{r.method}, {m.kind}'}).", "",
              "## Quantization", ""]
-    lines += ["| field | value |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in m.quantization.items()
+    lines += ["| field | value |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in _public(m.quantization).items()
                                                      if k != "imatrix"]
     if m.quantization.get("imatrix"):
         lines += ["", imatrix_line(m.quantization["imatrix"])]
     cal = m.calibration
     if cal:
-        lines += ["", f"Calibration: `{cal.dataset}`, {cal.samples} samples x {cal.seq_len} tokens, "
+        lines += ["", f"Calibration: `{_public(cal.dataset)}`, {cal.samples} samples x {cal.seq_len} tokens, "
                       f"token sha256 `{cal.tokens_sha256}`."]
     # The recipe as it was when the artifact was built: a later run that reuses the artifact may evaluate it with
     # other settings, which the Evaluation section states for itself.
     lines += ["", "Build recipe (what made this artifact; the evaluation below states its own protocol and gates):",
-              "", "```yaml", m.recipe_yaml.strip(), "```"]
-    lines += _evaluation_section(r)
-    if r.smoke:
-        lines += ["", "## Smoke test", "", f"{r.smoke.get('status', '?')}: {r.smoke.get('summary', '')}"]
-    lines += tune_mod.card_section(m.serving.model_dump(mode="json") if m.serving else None)
+              "", "```yaml", _public_recipe(m.recipe_yaml, src).strip(), "```"]
+    shown = replace(r, evaluation=_public(r.evaluation), smoke=_public(r.smoke))
+    lines += _evaluation_section(shown)
+    if shown.smoke:
+        lines += ["", "## Smoke test", "", f"{shown.smoke.get('status', '?')}: {shown.smoke.get('summary', '')}"]
+    lines += tune_mod.card_section(_public(m.serving.model_dump(mode="json")) if m.serving else None)
     lines += ["", "## Versions", "", "| library | version |", "| --- | --- |"]
     lines += [f"| {k} | {v} |" for k, v in m.versions.items()]
     write_text_atomic(r.path / "README.md", "\n".join(lines) + "\n")
+
+
+# An absolute path of this machine within a value (a tool's folder, a calibration file, the folder a baseline was read
+# from, a served artifact): after no word character, URL's "://" or path character, so "org/model", "bf16/fp16",
+# "./data.jsonl" and URLs are left as they are.
+_LOCAL_PATH = re.compile(r"(?<![\w.:/~-])~?/[^\s'\"`,;()|<>\[\]{}]+")
+
+
+def _public(value: Any) -> Any:
+    """A manifest value as the public model card shows it: each absolute path of this machine by its last part (the
+    file's or folder's name), a tool quantkit ran (a dict with ``tool``) by :func:`_tool_line`, through dicts and
+    lists. qa3 found the converter's cache folder, llama-quantize's path and the source's in a published card."""
+    if isinstance(value, dict):
+        return _tool_line(value) if "tool" in value else {k: _public(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_public(v) for v in value]
+    if isinstance(value, str):
+        return _LOCAL_PATH.sub(lambda found: Path(found.group()).name or found.group(), value)
+    return value
+
+
+def _tool_line(tool: dict[str, Any]) -> str:
+    """A tool as the card names it, by name and build, not where it was found (that stays in the manifest):
+    ``convert_hf_to_gguf.py b11312 (0c1e57098), built for llama-cpp-python 0.3.36``."""
+    build = f" b{tool['build_number']}" if tool.get("build_number") else ""
+    commit = f" ({tool['commit']})" if tool.get("commit") else ""
+    made_for = f", built for {tool['built_for']}" if tool.get("built_for") else ""
+    return f"{tool['tool']}{build}{commit}{made_for}"
+
+
+def _public_recipe(recipe_yaml: str, src: source_mod.SourceModel) -> str:
+    """The build recipe as the card shows it: a local source by its folder's name (a hub source as given), every
+    other path of this machine by its name (:func:`_public`)."""
+    import yaml
+
+    data = yaml.safe_load(recipe_yaml)
+    if not src.from_hub:
+        data["model"]["source"] = Path(data["model"]["source"]).name
+    return yaml.safe_dump(_public(data), sort_keys=False)
 
 
 def imatrix_line(im: dict[str, Any]) -> str:

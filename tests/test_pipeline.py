@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -114,6 +116,24 @@ def test_bundle_has_sums_reports_plot_and_model_cards(release) -> None:
     assert "| file | task | metric |" in tasks, tasks
     for name in ("quantkit-tiny-Q8_0.gguf", "quantkit-tiny-Q4_K_M.gguf"):
         assert f"| {name} | quantkit_lastword_gen | exact_match,first-word |" in tasks, tasks
+
+
+def test_a_model_card_shows_no_path_of_the_machine_that_made_it(release) -> None:
+    """A card is public (``publish`` uploads it): the source by its folder's name, tools by name and build, never
+    the converter's cache folder, llama-quantize's path or the source's, which qa3 found in one. The manifest, the
+    build record, keeps them (docs/manifest.md)."""
+    work, _, _ = release
+    rel = work / "release"
+    local = (str(TINY.parent), str(work), str(Path.home()), tempfile.gettempdir())
+    for art in ("rtn-w4g128", "gptq-w4g128", "gguf"):
+        card = (rel / art / "README.md").read_text()
+        assert [p for p in local if p in card] == [], art
+        assert f"\n  source: {TINY.name}\n" in card, art
+    card = (rel / "gguf" / "README.md").read_text()
+    tool = r"\n\| converter \| convert_hf_to_gguf\.py b\d+ \([0-9a-f]{9}\), built for llama-cpp-python \S+ \|\n"
+    assert re.search(tool, card), card
+    m = read_manifest(rel / "gguf")
+    assert m.source.path == str(TINY.resolve()) and Path(m.quantization["converter"]["path"]).is_absolute()
 
 
 def test_rerun_redoes_nothing(release) -> None:
