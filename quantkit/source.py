@@ -526,6 +526,7 @@ _ADDED_SCALE = re.compile(r"^(?:input|output|q|k|v|prob|pre_quant)_(?:scale|glob
 # The dtypes a packed weight keeps several narrower values in: bytes (FP4 and ModelOpt's int4, two a byte) and 32-bit
 # integers (compressed-tensors' pack-quantized, GPTQ's and AutoAWQ's qweight). F8 and I8 hold one value each.
 _PACKED_IN = {"U8": 8, "I32": 32, "U32": 32}
+_INT_CODES = {"I64": "q", "I32": "i"}  # a weight_shape's dtype -> its struct code
 # ModelOpt names its schemes (quant_algo) rather than their bits: 4-bit weights in these, 8-bit in the others.
 _FOUR_BIT_ALGO = re.compile(r"FP4|INT4|W4", re.IGNORECASE)
 
@@ -608,9 +609,6 @@ def _shapes_before_packing(headers: dict[Path, tuple[dict[str, Any], int]]) -> d
                 if all(d > 0 for d in dims):
                     found[name.removesuffix(".weight_shape")] = math.prod(dims)
     return found
-
-
-_INT_CODES = {"I64": "q", "I32": "i"}  # a weight_shape's dtype -> its struct code
 
 
 def check_safetensors(path: Path) -> int:
