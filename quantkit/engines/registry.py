@@ -108,20 +108,25 @@ def get(name: str) -> Engine:
 
 def evaluating_engine(path: Path) -> str:
     """The engine ``eval --engine auto`` picks for a path: its kind's (llama.cpp for GGUF, vLLM for ModelOpt exports,
-    which transformers would load silently wrong, else transformers)."""
+    which transformers would load silently wrong, else transformers). An artifact whose engine reads a folder inside
+    it (:attr:`quantkit.formats.kinds.Kind.reads`) is refused, naming that folder: the engine is given what it reads."""
     kind = kinds.detect(path)
-    if kind.evaluate is None:
+    if kind.evaluate is None or kind.reads:
         raise UsageError(f"{path} holds {kind.label}, which cannot be evaluated as it is",
-                         hint="evaluate the hf/ folder of a TensorRT-LLM artifact (with --engine vllm)")
+                         hint=f"evaluate its {kind.reads}/ folder: quantkit eval {kind.folder(path)}" if kind.reads
+                         else "evaluate the hf/ folder of a TensorRT-LLM artifact (with --engine vllm)")
     return kind.evaluate
 
 
 def serving_engine(path: Path) -> str:
-    """The engine that serves an artifact (``smoke --engine auto``): its kind's."""
+    """The engine that serves an artifact (``smoke --engine auto``): its kind's; refused, naming the folder, for an
+    artifact whose engine reads a folder inside it (as :func:`evaluating_engine`)."""
     kind = kinds.detect(path)
-    if kind.serve is None:
+    if kind.serve is None or kind.reads:
         raise UsageError(f"{path} holds {kind.label}, which no engine serves as it is",
-                         hint="serve the hf/ or engine/ folder of a TensorRT-LLM artifact, or pass --engine")
+                         hint=f"serve its {kind.reads}/ folder: quantkit smoke {kind.folder(path)} --engine "
+                              f"{kind.serve}" if kind.reads
+                         else "serve the hf/ or engine/ folder of a TensorRT-LLM artifact, or pass --engine")
     return kind.serve
 
 

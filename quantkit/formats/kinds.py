@@ -20,8 +20,10 @@ from quantkit.formats.names import LLAMACPP, TRANSFORMERS, TRTLLM, VLLM, KindNam
 class Kind:
     """One kind of artifact on disk.
 
-    ``evaluate`` is the engine ``quantkit eval`` uses for it (None: it cannot be scored as it is), ``serve`` the
-    engine ``quantkit smoke`` starts (None: nothing serves it as it is).
+    ``evaluate`` is the engine that scores it (None: it cannot be scored), ``serve`` the engine that serves it
+    (None: nothing serves it), both reading the folder ``reads`` names inside it where it names one: the one rule
+    for which folder of an artifact an engine reads, asked through :meth:`folder` (``quantkit run`` and its plan
+    evaluate and serve that folder; ``quantkit eval`` and ``smoke`` are given it).
     """
 
     name: str
@@ -29,6 +31,11 @@ class Kind:
     evaluate: str | None
     serve: str | None
     test: Callable[[Path], bool]
+    reads: str = ""  # the folder inside the artifact that its engines read; "": the artifact itself
+
+    def folder(self, path: Path) -> Path:
+        """The folder of the artifact at ``path`` that its engines read."""
+        return path / self.reads if self.reads else path
 
 
 def _is_trtllm_checkpoint(path: Path) -> bool:
@@ -37,9 +44,11 @@ def _is_trtllm_checkpoint(path: Path) -> bool:
 
 
 KINDS: tuple[Kind, ...] = (
-    # quantkit build-trt's folder: hf/ (evaluate and serve that one) and trtllm-ckpt/ (+ engine/) beside it.
-    Kind(KindName.TENSORRT_LLM, "quantkit TensorRT-LLM artifact (hf/, trtllm-ckpt/, engine/)", None, None,
-         lambda p: p.is_dir() and (p / "trtllm-ckpt").is_dir()),
+    # quantkit build-trt's folder: hf/, ModelOpt's unified checkpoint, which vLLM evaluates and serves (a ModelOpt
+    # export of an algorithm vLLM has no method for, such as INT4-AWQ, it refuses itself: kernels.vllm_refusal), and
+    # trtllm-ckpt/ (+ engine/) beside it for TensorRT-LLM.
+    Kind(KindName.TENSORRT_LLM, "quantkit TensorRT-LLM artifact (hf/, trtllm-ckpt/, engine/)", VLLM, VLLM,
+         lambda p: p.is_dir() and (p / "trtllm-ckpt").is_dir(), reads="hf"),
     Kind(KindName.GGUF, "GGUF files for llama.cpp", LLAMACPP, LLAMACPP, lambda p: bool(gguf_files(p))),
     Kind(KindName.TRTLLM_ENGINE, "TensorRT-LLM engine", None, TRTLLM,
          lambda p: p.is_dir() and any(p.glob("rank*.engine"))),
