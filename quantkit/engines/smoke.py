@@ -159,7 +159,7 @@ class ExpectFailed(MatchFailed):
 
 def log_path(path: Path, engine: str, target: Path, log_dir: Path | None) -> Path:
     """Where a run's server log goes: beside the artifact (or in ``log_dir``), named after it and the engine."""
-    root = path if path.is_dir() else path.parent
+    root = integrity.artifact_of(path) or (path if path.is_dir() else path.parent)  # hf/ of a build-trt one too
     suffix = f"smoke-{engine}" + (f"-{target.stem}" if target.suffix == ".gguf" else "")
     if log_dir is not None:
         return Path(log_dir) / f"{root.name}.{suffix}.log"
@@ -461,8 +461,8 @@ def _read(path: Path) -> str:
 def _record(path: Path, result: SmokeResult, checked: integrity.VerifyResult | None) -> bool:
     """Merge the runs into the artifact's manifest ``smoke`` section (when it is a quantkit artifact); ``checked``:
     the artifact's verification before serving, whose unchanged files are not hashed again."""
-    root = path if path.is_dir() else path.parent
-    if not (root / MANIFEST).exists():
+    root = integrity.artifact_of(path)  # the artifact a folder inside it belongs to (a build-trt one's hf/)
+    if root is None:
         return False
     now = now_iso()
     with output_lock(root, wait=True):

@@ -156,7 +156,7 @@ def expand_targets(paths: list[Path], engine: str, numerics: str = numerics_mod.
                                  hint="give an artifact folder, a Hugging Face checkpoint or a .gguf file")
             out += expand_targets(subs, engine, numerics)
             continue
-        home = path.parent if path.is_file() else path
+        home = integrity.artifact_of(path) or (path.parent if path.is_file() else path)  # hf/ of a build-trt one
         manifest = _manifest_of(home)
         kind = registry.evaluating_engine(path) if engine == "auto" else engine
         engines.check_compatible(kind, path)
