@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quantkit import api, formats, integrity, outputs, seal, source as source_mod
-from quantkit.engines.registry import engine_unavailable
+from quantkit import api, formats, integrity, outputs, plan as plan_mod, seal, source as source_mod
 from quantkit.engines.vllm import tune as tune_mod
 from quantkit.errors import GateFailedError, Interrupted, OutputExistsError, QuantkitError, UsageError
+from quantkit.formats import kinds
 from quantkit.formats.names import LLAMACPP, VLLM, KindName
 from quantkit.integrity import BUNDLE_FILES, LOGS, REPORT_JSON, SUMS
 from quantkit.locks import output_lock
@@ -170,14 +170,16 @@ def _run(recipe: Recipe, release: Path, *, force: bool, rep: Reporter, evaluate:
         rep.log(f"[green]✓[/] evaluation reused ({', '.join(r.name for r in regated)}): the recorded figures, "
                 "checked against this recipe's gates")
     if todo and evaluate and recipe.evaluation.enabled:
-        _evaluate(recipe, src, todo, rep)
+        steps = {r.name: plan_mod.evaluation_step(kinds.detect(r.path), r.path, recipe) for r in todo}
+        _evaluate(recipe, src, todo, steps, rep)
         for r in todo if tasks else []:
-            _score_tasks(recipe, src, tasks, r, rep)
+            _score_tasks(recipe, src, tasks, r, steps[r.name], rep)
     if todo and smoke and recipe.smoke.enabled:
         for r in todo:
-            _smoke(recipe, r, rep)
+            step = plan_mod.smoke_step(kinds.detect(r.path), r.path, recipe)
+            _smoke(recipe, r, step, rep)
             if recipe.smoke.tune_kernels:
-                _tune(recipe, r, rep)
+                _tune(recipe, r, step, rep)
     if regated:
         _rewrite_report(release, done, recipe)
     for r in done:
@@ -306,30 +308,30 @@ def _rewrite_report(release: Path, done: list[OutputResult], recipe: Recipe) -> 
     report_mod.write(report, release, Reporter(quiet=True))
 
 
-def _evaluate(recipe: Recipe, src: source_mod.SourceModel, done: list[OutputResult], rep: Reporter) -> None:
-    """All artifacts in one evaluation run: the baseline's logits are computed once and reused for each. An
-    artifact its engine refuses before loading (vLLM missing, a layout transformers cannot reload) is recorded as
-    skipped with why, and the others are still scored. An engine that fails on the way (a server that stalls or
-    dies) fails the evaluation of these artifacts, recorded as such; the run goes on to smoke and the bundle, and
-    exits 1 at the end."""
-    from quantkit.engines import logits as engines, registry
+def _evaluate(recipe: Recipe, src: source_mod.SourceModel, done: list[OutputResult], steps: dict[str, plan_mod.Step],
+              rep: Reporter) -> None:
+    """All artifacts in one evaluation run, each read where its kind says (``steps``, :func:`quantkit.plan.
+    evaluation_step`: a build-trt artifact's hf/ in vLLM): the baseline's logits are computed once and reused for
+    each. An artifact its engine refuses before loading (a layout transformers cannot reload, a ModelOpt export
+    vLLM has no method for) or whose engine cannot run here (vLLM missing, no GPU) is recorded as skipped with why,
+    and the others are still scored. An engine that fails on the way (a server that stalls or dies) fails the
+    evaluation of these artifacts, recorded as such; the run goes on to smoke and the bundle, and exits 1 at the
+    end."""
     from quantkit.evaluation.evaluate import EvalOptions
 
     options = EvalOptions.from_spec(recipe.evaluation, report_dir=Path(recipe.output), python=recipe.smoke.python)
     scored = []
     for r in done:
-        try:
-            engines.check_compatible(registry.evaluating_engine(r.path) if options.engine == "auto" else options.engine,
-                                     r.path)
-        except UsageError as e:
-            r.evaluation = {"status": "skipped", "summary": e.message + (f" ({e.hint})" if e.hint else "")}
-            rep.log(f"[yellow]-[/] evaluation of {r.name}: skipped ({e.message})")
+        step = steps[r.name]
+        if step.skipped:
+            r.evaluation = {"status": "skipped", "engine": step.engine, "summary": step.skipped}
+            rep.log(f"[yellow]-[/] evaluation of {r.name}: skipped ({step.skipped})")
             continue
         scored.append(r)
     if not scored:
         return
     try:
-        report = api.evaluate([r.path for r in scored], str(src.path), options, rep)
+        report = api.evaluate([steps[r.name].folder for r in scored], str(src.path), options, rep)
     except (UsageError, Interrupted):
         raise
     except QuantkitError as e:  # an engine failed (a server that stalled or died): smoke and the bundle still run
@@ -353,18 +355,17 @@ def _evaluate(recipe: Recipe, src: source_mod.SourceModel, done: list[OutputResu
 
 
 def _score_tasks(recipe: Recipe, src: source_mod.SourceModel, tasks: list[Task], r: OutputResult,
-                 rep: Reporter) -> None:
-    """The recipe's lm-eval tasks (built and checked before the run began) on one artifact (:mod:`quantkit.tasks`;
-    the baseline's scores come from the cache after the first artifact): its rows into its evaluation record, its
-    recovery gates into its gates, ``tasks.md`` into its folder. A task its engine cannot score is recorded as
-    skipped, with why, and so is each of its gates, as not checked (never as passed: the summary, report.json and
-    the model card say so): on a GGUF output (llama-server gives no prompt log-probabilities) the loglikelihood and
-    multiple-choice tasks, while its generation tasks are scored."""
+                 step: plan_mod.Step, rep: Reporter) -> None:
+    """The recipe's lm-eval tasks (built and checked before the run began) on one artifact, read where its
+    evaluation reads it (``step``; :mod:`quantkit.tasks`; the baseline's scores come from the cache after the first
+    artifact): its rows into its evaluation record, its recovery gates into its gates, ``tasks.md`` into its folder.
+    A task its engine cannot score (:func:`quantkit.plan.unscored_tasks`: every one where the evaluation is skipped,
+    a GGUF output's loglikelihood and multiple-choice ones) is recorded as skipped, with why, and so is each of its
+    gates, as not checked (never as passed: the summary, report.json and the model card say so)."""
     from quantkit.tasks.evaluate import TaskOptions
     from quantkit.tasks.runner import RunOptions
 
-    skipped = [t for t in tasks if r.manifest is not None and r.manifest.kind == KindName.GGUF and t.needs_logprobs]
-    why = "llama-server gives no prompt log-probabilities"
+    skipped, why = plan_mod.unscored_tasks(tasks, step) or ([], "")
     scored = [t for t in tasks if t not in skipped]
     if scored:
         specs: list[TaskSpec] = []
@@ -375,7 +376,7 @@ def _score_tasks(recipe: Recipe, src: source_mod.SourceModel, tasks: list[Task],
                               run=RunOptions(device=recipe.runtime.device, python=recipe.smoke.python,
                                              stall_timeout=recipe.evaluation.stall_timeout))
         try:
-            report = api.evaluate_tasks([r.path], str(src.path), options, rep)
+            report = api.evaluate_tasks([step.folder], str(src.path), options, rep)
         except UsageError as e:  # the engine cannot score it here (not installed, refuses the artifact)
             skipped, why = tasks, e.message
         else:
@@ -398,17 +399,17 @@ def _task_gate(row: dict[str, Any]) -> dict[str, Any]:
             "passed": row["passed"], "file": Path(row["label"]).name if row["label"].endswith(".gguf") else None}
 
 
-def _smoke(recipe: Recipe, r: OutputResult, rep: Reporter) -> None:
-    """Smoke-test one artifact where its engine can run; otherwise record the step as skipped, with why."""
-    from quantkit.engines import registry, serving
+def _smoke(recipe: Recipe, r: OutputResult, step: plan_mod.Step, rep: Reporter) -> None:
+    """Smoke-test one artifact, the folder its kind's engine serves (``step``, :func:`quantkit.plan.smoke_step`),
+    where that engine reads it and can run; otherwise record the step as skipped, with why."""
+    from quantkit.engines import serving
 
-    engine = registry.serving_engine(r.path)
-    why = engine_unavailable(engine, recipe.smoke.python)
-    if why:
-        r.smoke = {"status": "skipped", "engine": engine, "summary": why}
-        rep.log(f"[yellow]-[/] smoke {r.name}: skipped ({why})")
+    engine = step.engine
+    if step.skipped or engine is None:
+        r.smoke = {"status": "skipped", "engine": engine, "summary": step.skipped}
+        rep.log(f"[yellow]-[/] smoke {r.name}: skipped ({step.skipped})")
         return
-    res = api.smoke(r.path, reporter=rep, engine=engine, python=recipe.smoke.python, timeout=recipe.smoke.timeout,
+    res = api.smoke(step.folder, reporter=rep, engine=engine, python=recipe.smoke.python, timeout=recipe.smoke.timeout,
                     stall_timeout=recipe.smoke.stall_timeout,
                     tp=1 if serving.get(engine).no_tensor_parallel else recipe.smoke.tp,
                     log_dir=Path(recipe.output) / LOGS)
@@ -418,19 +419,16 @@ def _smoke(recipe: Recipe, r: OutputResult, rep: Reporter) -> None:
                "summary": f"{len(data['runs'])} server run(s) answered" if res.ok else "; ".join(map(str, errors))}
 
 
-def _tune(recipe: Recipe, r: OutputResult, rep: Reporter) -> None:
-    """``smoke.tune_kernels``: measure vLLM's kernels for an output vLLM serves (recorded in its manifest), or say
-    why not. A sweep that fails is a warning: the artifact's own smoke result decides whether it ships."""
-    from quantkit.engines import registry
-
-    engine = registry.serving_engine(r.path)
-    why = f"{engine} serves it (one kernel per type)" if engine != VLLM else \
-        engine_unavailable(engine, recipe.smoke.python)
+def _tune(recipe: Recipe, r: OutputResult, step: plan_mod.Step, rep: Reporter) -> None:
+    """``smoke.tune_kernels``: measure vLLM's kernels for an output vLLM serves (the folder it serves, ``step``;
+    recorded in its manifest), or say why not. A sweep that fails is a warning: the artifact's own smoke result
+    decides whether it ships."""
+    why = f"{step.engine} serves it (one kernel per type)" if step.engine != VLLM else step.skipped
     if why:
         rep.log(f"[yellow]-[/] kernel sweep {r.name}: skipped ({why})")
         return
     try:
-        api.tune(r.path, reporter=rep, python=recipe.smoke.python, log_dir=Path(recipe.output) / LOGS /
+        api.tune(step.folder, reporter=rep, python=recipe.smoke.python, log_dir=Path(recipe.output) / LOGS /
                  f"{r.name}.tune")
     except QuantkitError as e:
         rep.warn(f"kernel sweep of {r.name} failed: {e}")

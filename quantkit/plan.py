@@ -3,9 +3,11 @@
 For each output of a recipe: the producer's own checks (group sizes, ignore patterns, supported architecture,
 calibration length) and what it would choose from the source unasked (a group size other than the default),
 whether it would be built, reused or refused (``quantkit run``'s reuse rule, an existing output without
-``--force``), the calibration tokens it reads (or why none), the expected size on disk (the
-producer's estimate, the same one the free-space check uses), the expected peak memory, and how it would be
-evaluated and smoke-tested here, or why those steps would be skipped.
+``--force``), the calibration tokens it reads (or why none), the free disk space it needs while it is made
+(:func:`disk_need`, what the free-space check asks for: more than the artifact's size where the producer writes an
+intermediate beside it, as GGUF does), the expected peak memory, and how it would be evaluated and smoke-tested here (which engine,
+reading which folder: :class:`Step`, the same decision ``quantkit run`` acts on), or why those steps would be
+skipped, with the recipe's lm-eval tasks and the ones an output's engine cannot score.
 
 Peak memory is a rule of thumb per producer family, from the checkpoint's safetensors headers (see
 :func:`_memory`), meant to tell a 40 GiB job from a 400 GiB one before it starts, not to the gigabyte. It is a
@@ -21,14 +23,14 @@ import resource
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quantkit import calibration, formats, producers, source as source_mod
-from quantkit.engines.registry import engine_unavailable
-from quantkit.errors import HostMemoryError, OutputExistsError
+from quantkit.engines import registry
+from quantkit.errors import HostMemoryError, OutputExistsError, UsageError
 from quantkit.formats.kinds import Kind
-from quantkit.formats.names import KindName, Method
-from quantkit.formats.specs import MethodBase
+from quantkit.formats.names import EVALUATING, LLAMACPP, VLLM, KindName, Method
+from quantkit.formats.specs import MethodBase, TrtSpec
 from quantkit.producers.base import Producer
 from quantkit.producers import mixed
 from quantkit.producers.groups import Checked, input_widths, narrow_note
@@ -36,6 +38,9 @@ from quantkit.progress import fmt_bytes
 from quantkit.recipe import CalibrationSpec, Recipe
 from quantkit.reuse import reusable
 from quantkit.source import SourceModel, safetensors_header
+
+if TYPE_CHECKING:
+    from quantkit.tasks.resolve import Task
 
 _LAYER = re.compile(r"^(?:model\.)?(?:language_model\.)?layers\.(\d+)\.")
 
@@ -51,7 +56,7 @@ class PlannedOutput:
     action: str  # build | reuse | refuse
     why: str
     calibration: str
-    disk_bytes: int
+    disk_bytes: int  # the free space it needs while it is made (:func:`disk_need`), not the artifact's size
     host_bytes: int
     gpu_bytes: int
     evaluate: str
@@ -118,9 +123,10 @@ class Plan:
     source: dict[str, Any]
     outputs: list[PlannedOutput] = field(default_factory=list)
     refusals: list[str] = field(default_factory=list)  # what the build would refuse with, one line per output
+    notes: list[str] = field(default_factory=list)  # what holds for every output (the recipe's lm-eval tasks)
 
     def to_json(self) -> dict[str, Any]:
-        return {"source": self.source, "outputs": [asdict(o) for o in self.outputs]}
+        return {"source": self.source, "outputs": [asdict(o) for o in self.outputs], "notes": self.notes}
 
     def check(self) -> None:
         """Exit as the build would (2) where it would refuse an output (one that exists, without ``--force``), once
@@ -132,11 +138,13 @@ class Plan:
 
 
 def make(recipe: Recipe, *, force: bool = False, pipeline: bool = False, evaluate: bool = True,
-         smoke: bool = True, method: str | None = None) -> Plan:
-    """The plan of a recipe's outputs (``pipeline``: as ``quantkit run`` would, with reuse, eval and smoke)."""
+         smoke: bool = True, method: str | None = None, tasks: list[Task] | None = None) -> Plan:
+    """The plan of a recipe's outputs (``pipeline``: as ``quantkit run`` would, with reuse, eval and smoke;
+    ``tasks``: the recipe's lm-eval tasks, built and checked, which it scores on each output it evaluates)."""
     src = source_mod.resolve(recipe.model)
     out = Plan(source={"id": src.spec, "path": str(src.path), "architecture": src.architecture,
-                       "parameters": src.num_parameters, "size_bytes": src.size_bytes})
+                       "parameters": src.num_parameters, "size_bytes": src.size_bytes},
+               notes=[tasks_line(tasks)] if tasks else [])
     layer = _largest_layer(src)
     for spec, path in recipe.artifacts():
         if method is not None and spec.method != method:
@@ -168,35 +176,163 @@ def make(recipe: Recipe, *, force: bool = False, pipeline: bool = False, evaluat
         if row.llmcompressor and getattr(spec, "target_bits", None) is not None:  # the bits target's plan
             notes.append(mixed.describe(choice.apply(spec) if choice else spec,
                                         list(input_widths(src.config).values())))
+        unmade = None if action == "reuse" else spec  # what is not made yet is foreseen from its spec
+        evaluates = pipeline and evaluate and recipe.evaluation.enabled
+        scoring = evaluation_step(kind, path, recipe, unmade) if evaluates else None
+        if scoring is not None and (note := _tasks_note(tasks or [], scoring)):
+            notes.append(note)
         out.outputs.append(PlannedOutput(
             name=formats.folder(spec) if recipe.outputs else path.name, format=row.key, kind=kind.label,
             path=str(path), action=action, why=why, calibration=calib,
-            disk_bytes=prepared.producer.estimate_bytes(spec, src), host_bytes=host, gpu_bytes=gpu,
-            evaluate=_evaluate(kind, recipe, pipeline and evaluate),
-            smoke=_smoke(kind, recipe, pipeline and smoke),
+            disk_bytes=disk_need(prepared.producer, spec, src), host_bytes=host, gpu_bytes=gpu,
+            evaluate=_evaluate(scoring, path, recipe, pipeline and evaluate),
+            smoke=_smoke(kind, path, recipe, unmade, pipeline and smoke),
             notes=notes))
     return out
 
 
-def _evaluate(kind: Kind, recipe: Recipe, asked: bool) -> str:
+def disk_need(producer: Producer, spec: MethodBase, src: SourceModel) -> int:
+    """The free space an output needs while it is made, which the plan shows and the free-space check asks for: the
+    artifact (``estimate_bytes``) and what its producer writes beside it only while it works (``working_bytes``,
+    where it has one: GGUF's 16-bit intermediate)."""
+    working = getattr(producer, "working_bytes", None)
+    return producer.estimate_bytes(spec, src) + (working(spec, src) if working else 0)
+
+
+@dataclass(frozen=True)
+class Step:
+    """How ``quantkit run`` evaluates or smoke-tests one output, decided once for the run and its plan: the engine,
+    the folder it reads (the kind's: :meth:`quantkit.formats.kinds.Kind.folder`, a build-trt artifact's ``hf/``),
+    and why the step is skipped here (None: it runs)."""
+
+    engine: str | None
+    folder: Path
+    skipped: str | None = None
+
+
+def evaluation_step(kind: Kind, path: Path, recipe: Recipe, spec: MethodBase | None = None) -> Step:
+    """The evaluation of the output at ``path``: in the recipe's engine, else the one ``eval --engine auto`` picks
+    for the folder its kind's engines read (the kind's own while the output is not made). Skipped where that engine
+    cannot read the folder (:func:`_refusal`: never a ModelOpt export through transformers, which loads it silently
+    wrong), or where the engine picked for it is a GPU engine that cannot run here (vLLM not installed, no GPU: the
+    reason the smoke test gives). A GPU engine the recipe names and this machine lacks is the recipe's error,
+    refused before the baseline is scored. ``spec``: the output's while it is not made (a plan's output to build),
+    whose evaluation is foreseen from it and its kind rather than read from the folder."""
+    folder = kind.folder(path)
+    chosen = recipe.evaluation.engine
+    engine = chosen if chosen != "auto" else kind.evaluate if spec is not None else registry.evaluating_engine(folder)
+    if engine is None:
+        return Step(None, folder, f"a {kind.name} artifact cannot be evaluated")
+    why = _refusal(engine, folder, spec)
+    if why is None and chosen == "auto" and registry.get(engine).gpu:
+        why = registry.engine_unavailable(engine, recipe.smoke.python)
+    return Step(engine, folder, why)
+
+
+def smoke_step(kind: Kind, path: Path, recipe: Recipe, spec: MethodBase | None = None) -> Step:
+    """The smoke test of the output at ``path``: its kind's engine serving the folder that engine reads; skipped
+    where the engine cannot read it (:func:`_refusal`) or cannot run here (not installed, no GPU). ``spec``: as
+    :func:`evaluation_step`'s."""
+    folder = kind.folder(path)
+    if kind.serve is None:
+        return Step(None, folder, f"no engine serves a {kind.name} artifact")
+    return Step(kind.serve, folder,
+                _refusal(kind.serve, folder, spec) or registry.engine_unavailable(kind.serve, recipe.smoke.python))
+
+
+def _refusal(engine: str, folder: Path, spec: MethodBase | None) -> str | None:
+    """Why ``engine`` cannot read an output's folder at all, whatever is installed: the engine's own check of the
+    folder (:func:`quantkit.engines.logits.check_compatible`: a ModelOpt export of an algorithm vLLM has no method
+    for, a layout transformers cannot reload or would load wrong), or, for an output not made yet, foreseen from its
+    spec (:func:`_foreseen_refusal`). A serving-only engine (TensorRT-LLM) refuses nothing before it starts."""
+    if spec is not None:
+        return _foreseen_refusal(engine, spec)
+    if engine not in EVALUATING:
+        return None
+    from quantkit.engines import logits
+
+    try:
+        logits.check_compatible(engine, folder)
+    except UsageError as e:
+        return e.message
+    return None
+
+
+def _foreseen_refusal(engine: str, spec: MethodBase) -> str | None:
+    """What :func:`_refusal` will say of an output once it is made, from its spec: vLLM refuses a build-trt export
+    whose ModelOpt algorithm it has no method for (:func:`quantkit.engines.vllm.kernels.vllm_refusal`)."""
+    if engine != VLLM or not isinstance(spec, TrtSpec):
+        return None
+    from quantkit.engines.vllm import kernels
+    from quantkit.producers.trt import QUANT_ALGO
+
+    algo = QUANT_ALGO[spec.quantization]
+    if algo is None or algo in kernels.VLLM_MODELOPT_ALGOS:
+        return None
+    return (f"{spec.quantization} exports ModelOpt {algo}, a TensorRT-LLM format vLLM {kernels.VLLM_VERSION} does not "
+            "load; TensorRT-LLM serves it")
+
+
+def unscored_tasks(tasks: list[Task], step: Step) -> tuple[list[Task], str] | None:
+    """The lm-eval tasks an output's evaluation will not score, and why (None: it scores them all): every one where
+    the evaluation is skipped, and on llama.cpp (a GGUF output, served by llama-server, which gives no prompt
+    log-probabilities) the loglikelihood and multiple-choice ones, while its generation tasks are scored."""
+    unscored = tasks if step.skipped else [t for t in tasks if step.engine == LLAMACPP and t.needs_logprobs]
+    return (unscored, step.skipped or "llama-server gives no prompt log-probabilities") if unscored else None
+
+
+def _tasks_note(tasks: list[Task], step: Step) -> str | None:
+    """The plan's note on an output whose evaluation will leave some of the recipe's tasks unscored, and why."""
+    unscored = unscored_tasks(tasks, step)
+    if unscored is None:
+        return None
+    because = "its evaluation is skipped" if step.skipped else unscored[1]
+    return f"tasks not scored: {', '.join(t.name for t in unscored[0])} ({because})"
+
+
+def tasks_line(tasks: list[Task]) -> str:
+    """The plan's line under the table naming the recipe's lm-eval tasks, as each is scored."""
+    def one(t: Task) -> str:
+        said = [t.output_type] + [f"{k} {v}" for k, v in (("limit", t.spec.limit), ("few-shot", t.spec.num_fewshot))
+                                  if v is not None]
+        said += [f"min_recovery {m} {x:g}" for m, x in t.gates.items()]
+        return f"{t.name} ({', '.join(said)})"
+
+    return "lm-eval tasks, scored on each output evaluated: " + "; ".join(one(t) for t in tasks)
+
+
+def _evaluate(step: Step | None, path: Path, recipe: Recipe, asked: bool) -> str:
+    """The plan's evaluate column: the engine, the folder it reads where not the output's, and the protocol."""
     if not asked:
         return "not part of this command"
-    if not recipe.evaluation.enabled:
-        return "skipped (verify.enabled is false)"
-    if kind.evaluate is None:
-        return f"skipped (a {kind.name} artifact cannot be evaluated as it is)"
-    return f"{kind.evaluate}, {recipe.evaluation.dataset}, ctx {recipe.evaluation.ctx}"
+    if step is None:
+        return "skipped (evaluation.enabled is false)"
+    if step.skipped:
+        return _skipped(step, path)
+    ev = recipe.evaluation
+    return (f"{step.engine}{_reading(step, path)}, {ev.dataset}, ctx {ev.ctx}"
+            + (f", at most {ev.max_tokens:,} tokens" if ev.max_tokens else ""))
 
 
-def _smoke(kind: Kind, recipe: Recipe, asked: bool) -> str:
+def _smoke(kind: Kind, path: Path, recipe: Recipe, spec: MethodBase | None, asked: bool) -> str:
+    """The plan's smoke column: the server and the folder it serves where not the output's, or why it is skipped."""
     if not asked:
         return "not part of this command"
     if not recipe.smoke.enabled:
         return "skipped (smoke.enabled is false)"
-    if kind.serve is None:
-        return f"skipped (no engine serves a {kind.name} artifact as it is)"
-    why = engine_unavailable(kind.serve, recipe.smoke.python)
-    return f"skipped ({why})" if why else f"{kind.serve} server on 127.0.0.1"
+    step = smoke_step(kind, path, recipe, spec)
+    return _skipped(step, path) if step.skipped else f"{step.engine} server on 127.0.0.1{_reading(step, path)}"
+
+
+def _skipped(step: Step, path: Path) -> str:
+    """A skipped step as the plan says it, with the engine and folder it would have read where that is a folder
+    inside the output (``vllm on hf/: skipped (...)``)."""
+    return (f"{step.engine}{_reading(step, path)}: " if step.folder != path else "") + f"skipped ({step.skipped})"
+
+
+def _reading(step: Step, path: Path) -> str:
+    """`` on hf/``: the folder a step's engine reads, where it is one inside the output."""
+    return f" on {step.folder.relative_to(path).as_posix()}/" if step.folder != path else ""
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,10 @@ GROUPED = {"int4_awq": AWQ_GROUP, "w4a8_awq": AWQ_GROUP, "nvfp4": NVFP4_GROUP, "
 # Rough artifact size per source byte for one checkpoint (linear weights shrink, embeddings and norms do not).
 SIZE_RATIO = {"fp8": 0.55, "int8_sq": 0.55, "int4_awq": 0.35, "w4a8_awq": 0.35, "nvfp4": 0.33, "w4a16_nvfp4": 0.33,
               "none": 1.0}
+# The quant_algo each quantization's export records (hf_quant_config.json, trtllm-ckpt/config.json; ModelOpt 0.47):
+# what decides the engines that load it, said before it is made (``--dry-run``).
+QUANT_ALGO = {"fp8": "FP8", "int8_sq": "W8A8_SQ_PER_CHANNEL", "int4_awq": "W4A16_AWQ", "w4a8_awq": "W4A8_AWQ",
+              "nvfp4": "NVFP4", "w4a16_nvfp4": "W4A16_NVFP4", "none": None}
 # Calibration batches hold about this many tokens (fake-quantized forward passes are cheaper batched).
 BATCH_TOKENS = 4096
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
