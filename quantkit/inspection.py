@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,7 @@ from quantkit.errors import IntegrityError, QuantkitError
 from quantkit.formats import kinds
 from quantkit.formats.names import KindName
 from quantkit.manifest import Manifest, read_capped, read_manifest, size_bytes
-from quantkit.source import MAX_CONFIG_BYTES, safetensors_header, stored_weight_tensor
+from quantkit.source import MAX_CONFIG_BYTES, safetensors_header, shapes_before_packing, stored_weight_tensor
 
 
 def _config(path: Path) -> dict[str, Any]:
@@ -136,9 +135,6 @@ def _legacy(root: Path, q: dict[str, Any], method: str) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------------------------
 # The quantized layers as their files store them (safetensors headers, no tensor data but a weight_shape's 2 ints)
 
-_INT64 = 8
-
-
 def _quantized_layers(root: Path, legacy_bits: int | None = None) -> dict[str, tuple[int, int]]:
     """Each quantized module's weights and stored bytes, read from the safetensors headers: a compressed-tensors
     module (one with a ``weight_scale``) counts its ``weight*`` tensors (packed values, scales, zero points, global
@@ -154,9 +150,9 @@ def _quantized_layers(root: Path, legacy_bits: int | None = None) -> dict[str, t
                 module, _, tensor = name.rpartition(".")
                 if isinstance(entry, dict) and module:
                     modules.setdefault(module, {})[tensor] = entry
-            start = path.stat().st_size - data_len
+            shapes = shapes_before_packing({path: (header, data_len)})
             for module, tensors in modules.items():
-                found = _layer(path, start, tensors, legacy_bits)
+                found = _layer(tensors, shapes.get(module), legacy_bits)
                 if found:
                     out[module] = found
         except (QuantkitError, OSError, KeyError, TypeError, ValueError):
@@ -164,9 +160,10 @@ def _quantized_layers(root: Path, legacy_bits: int | None = None) -> dict[str, t
     return out
 
 
-def _layer(path: Path, start: int, tensors: dict[str, dict[str, Any]], legacy_bits: int | None
+def _layer(tensors: dict[str, dict[str, Any]], before_packing: int | None, legacy_bits: int | None
            ) -> tuple[int, int] | None:
-    """(weights, stored bytes) of one module's tensors, or None when it is not quantized."""
+    """(weights, stored bytes) of one module's tensors, or None when it is not quantized; ``before_packing`` is its
+    weight count from its ``weight_shape`` (:func:`quantkit.source.shapes_before_packing`), where it has one."""
     def nbytes(names: list[str]) -> int:
         return sum(tensors[n]["data_offsets"][1] - tensors[n]["data_offsets"][0] for n in names)
 
@@ -175,12 +172,8 @@ def _layer(path: Path, start: int, tensors: dict[str, dict[str, Any]], legacy_bi
 
     if "weight_scale" in tensors:
         stored = nbytes([n for n in tensors if stored_weight_tensor(n)])
-        if tensors.get("weight_shape", {}).get("dtype") == "I64":  # packed ints: the shape before packing
-            lo, hi = tensors["weight_shape"]["data_offsets"]
-            with open(path, "rb") as f:
-                f.seek(start + lo)
-                raw = f.read(min(hi - lo, 4 * _INT64))
-            return math.prod(struct.unpack(f"<{len(raw) // _INT64}q", raw[:len(raw) // _INT64 * _INT64])), stored
+        if before_packing is not None:  # packed ints
+            return before_packing, stored
         if "weight" in tensors:
             return numel("weight"), stored
         if "weight_packed" in tensors:  # FP4: two e2m1 values a byte

@@ -574,7 +574,7 @@ def _parameters(headers: dict[Path, tuple[dict[str, Any], int]], value_bits: int
     packed weight's ``weight_shape``, else its values unpacked at ``value_bits`` each), every other tensor as stored,
     and none of what quantization added (:func:`quantization_tensor`). Counting stored elements instead put an
     NVFP4 checkpoint of the reference model at 7,737,656 parameters for its 10,490,112."""
-    shapes = _shapes_before_packing(headers)
+    shapes = shapes_before_packing(headers)
     count = 0
     for header, _ in headers.values():
         for name, info in header.items():
@@ -590,9 +590,10 @@ def _parameters(headers: dict[Path, tuple[dict[str, Any], int]], value_bits: int
     return count
 
 
-def _shapes_before_packing(headers: dict[Path, tuple[dict[str, Any], int]]) -> dict[str, int]:
+def shapes_before_packing(headers: dict[Path, tuple[dict[str, Any], int]]) -> dict[str, int]:
     """Each packed module's weight count from its ``weight_shape`` tensor (the two integers compressed-tensors stores
-    beside an integer-packed weight), read from the file; one whose values are not positive is left out."""
+    beside an integer-packed weight), read from the file; one whose values are not positive is left out. The one
+    reader of it: the source's parameters and ``inspect``'s bits per weight count the same weights."""
     found: dict[str, int] = {}
     for f, (header, data_len) in headers.items():
         wanted = [(name, info) for name, info in header.items() if name.endswith(".weight_shape")
