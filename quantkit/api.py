@@ -25,7 +25,7 @@ from quantkit import artifact, calibration, integrity, outputs, plan as plan_mod
 from quantkit.errors import RecipeError
 from quantkit.formats.names import Method
 from quantkit.manifest import MANIFEST, Manifest, size_bytes
-from quantkit.producers.base import ProduceContext, Producer
+from quantkit.producers.base import ProduceContext
 from quantkit.progress import Reporter, fmt_bytes, fmt_num
 from quantkit.recipe import Recipe
 
@@ -118,7 +118,8 @@ def quantize_one(recipe: Recipe, spec: MethodBase, out: Path, *, force: bool = F
     for warning in prepared.warnings:
         rep.warn(warning)
     plan_mod.check_host_memory(recipe, spec, source)
-    with artifact.ArtifactWriter(out, force=force, expected_bytes=_disk_need(prepared.producer, spec, source)) as w:
+    need = plan_mod.disk_need(prepared.producer, spec, source)
+    with artifact.ArtifactWriter(out, force=force, expected_bytes=need) as w:
         ctx = ProduceContext(spec=spec, source=source, model=recipe.model, workdir=w.path,
                              calibration=recipe.calibration, runtime=recipe.runtime, reporter=rep,
                              checked=prepared.checked)
@@ -134,13 +135,6 @@ def quantize_one(recipe: Recipe, spec: MethodBase, out: Path, *, force: bool = F
             timings=dict(rep.timings), notes=produced.notes)
         written = w.commit(manifest)
     return ArtifactResult(path=out, manifest=written)
-
-
-def _disk_need(producer: Producer, spec: MethodBase, source: source_mod.SourceModel) -> int:
-    """What must be free to start: the artifact (``estimate_bytes``) and what a producer writes beside it only while
-    it works (``working_bytes``, where it has one: GGUF's unquantized intermediate)."""
-    working = getattr(producer, "working_bytes", None)
-    return producer.estimate_bytes(spec, source) + (working(spec, source) if working else 0)
 
 
 def quantize(recipe: Recipe, *, force: bool = False, reporter: Reporter | None = None) -> list[ArtifactResult]:
@@ -186,9 +180,9 @@ def plan(recipe: Recipe, *, force: bool = False, pipeline: bool = False, evaluat
     :mod:`quantkit.plan`). ``pipeline``: as ``quantkit run`` would (reuse, evaluation, smoke test); ``method``:
     only the outputs of that method (``build-trt``)."""
     outputs.check_recipe(recipe, force=force, pipeline=pipeline)
-    if pipeline and evaluate:
-        recipe_tasks(recipe)
-    return plan_mod.make(recipe, force=force, pipeline=pipeline, evaluate=evaluate, smoke=smoke, method=method)
+    tasks = recipe_tasks(recipe) if pipeline and evaluate else []
+    return plan_mod.make(recipe, force=force, pipeline=pipeline, evaluate=evaluate, smoke=smoke, method=method,
+                         tasks=tasks)
 
 
 # ----------------------------------------------------------------------------------------------------------------

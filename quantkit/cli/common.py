@@ -73,18 +73,20 @@ def print_plan(plan: Any, as_json: bool) -> None:
     c.print(f"[bold]plan[/] for {escape(s['id'])} ({s['architecture']}, {s['parameters']:,} parameters, "
             f"{fmt_bytes(s['size_bytes'])}); nothing was loaded or written")
     t = Table(title_justify="left")
-    for col in ("output", "format", "action", "calibration", "disk", "host RAM", "GPU", "evaluate", "smoke"):
+    for col in ("output", "format", "action", "calibration", "free disk", "host RAM", "GPU", "evaluate", "smoke"):
         t.add_column(col, overflow="fold")
     for o in plan.outputs:
         t.add_row(escape(o.path), o.format, f"{o.action}: {escape(o.why)}", escape(o.calibration),
                   fmt_bytes(o.disk_bytes), fmt_bytes(o.host_bytes), fmt_bytes(o.gpu_bytes) if o.gpu_bytes else "-",
                   escape(o.evaluate), escape(o.smoke))
     c.print(t)
+    for note in plan.notes:
+        c.print(escape(note))
     for o in plan.outputs:
         for note in o.notes:
             c.print(f"[yellow]note:[/] {escape(o.path)}: {escape(note)}")
-    c.print("[dim]disk: the producer's estimate (also used for the free-space check); memory: rules of thumb "
-            "(quantkit.plan)[/]")
+    c.print("[dim]free disk: what must be free while it is made (the free-space check's figure; a GGUF output's "
+            "includes its 16-bit intermediate), not the artifact's size; memory: rules of thumb (quantkit.plan)[/]")
 
 
 def emit_json(data: Any) -> None:

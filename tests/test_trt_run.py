@@ -1,0 +1,171 @@
+"""``quantkit run`` and its ``--dry-run`` on build-trt outputs, and what the plan says of each output's evaluation.
+
+A build-trt artifact's ``hf/`` (ModelOpt's unified checkpoint) is what vLLM evaluates and serves: the kinds table
+says so once (``Kind.reads``), and the run and its plan read that folder in vLLM. ModelOpt's TensorRT-LLM-only exports
+(INT4-AWQ, W4A8-AWQ, INT8-SQ) are skipped naming TensorRT-LLM; where vLLM cannot run (no vLLM, no GPU) the skip says
+that, in the engines registry's words. Never through transformers, which loads a ModelOpt export silently wrong.
+The builds are real (ModelOpt in .venv-trt, as tests/test_trt.py's); the plan's tests need no ModelOpt.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from quantkit import integrity
+from quantkit.engines import registry, smoke
+from quantkit.errors import QuantkitError, UsageError
+from quantkit.evaluation.evaluate import expand_targets
+from quantkit.formats import kinds
+from quantkit.formats.names import VLLM, KindName
+from quantkit.manifest import read_manifest
+from quantkit.producers.trt import QUANT_ALGO, pyenv
+
+from conftest import ROOT, TINY, quantkit
+
+pytestmark = pytest.mark.cli
+
+VLLM_SERVED = ("fp8", "nvfp4", "w4a16_nvfp4", "none")  # vLLM 0.26 loads these exports' hf/ (none: a plain copy)
+TRTLLM_ONLY = ("int8_sq", "int4_awq", "w4a8_awq")
+# Why vLLM cannot run here, as the registry says it for every kind (None on a machine where it runs).
+VLLM_WHY = registry.engine_unavailable(VLLM, None)
+
+
+def _modelopt() -> str:
+    try:
+        pyenv.probe(None)
+    except QuantkitError as e:
+        return e.message
+    return ""
+
+
+MODELOPT_MISSING = _modelopt()
+needs_modelopt = pytest.mark.skipif(bool(MODELOPT_MISSING), reason=f"no ModelOpt environment ({MODELOPT_MISSING}); "
+                                    "`make install` builds .venv-trt")
+
+
+def _recipe(work: Path, outputs: list[dict], evaluation: dict | None = None) -> Path:
+    path = work / "recipe.yaml"
+    path.write_text(yaml.safe_dump({
+        "model": {"source": str(TINY)}, "output": "release", "outputs": outputs,
+        "calibration": {"dataset": "mixed", "samples": 8, "seq_len": 128},
+        "evaluation": evaluation or {"dataset": "heldout", "max_tokens": 2048}}))
+    return path
+
+
+def _plan(work: Path, *flags: str) -> dict:
+    proc = quantkit("run", "recipe.yaml", "--dry-run", "--json", *flags, cwd=work)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {Path(o["path"]).name: o for o in json.loads(proc.stdout)["outputs"]}
+
+
+def test_the_kinds_table_says_which_folder_of_a_trt_artifact_the_engines_read(tmp_path: Path) -> None:
+    """One rule (the kind's row): vLLM evaluates and serves a build-trt artifact's hf/. ``eval`` and ``smoke``,
+    given the artifact itself, refuse it naming the folder to give them."""
+    art = tmp_path / "trt-fp8"
+    (art / "trtllm-ckpt").mkdir(parents=True)
+    kind = kinds.detect(art)
+    assert kind.name == KindName.TENSORRT_LLM and (kind.evaluate, kind.serve) == (VLLM, VLLM)
+    assert kind.folder(art) == art / "hf"
+    assert kinds.BY_NAME[KindName.COMPRESSED_TENSORS].folder(art) == art
+    with pytest.raises(UsageError) as e:
+        registry.evaluating_engine(art)
+    assert e.value.hint == f"evaluate its hf/ folder: quantkit eval {art / 'hf'}"
+    with pytest.raises(UsageError) as e:
+        registry.serving_engine(art)
+    assert e.value.hint == f"serve its hf/ folder: quantkit smoke {art / 'hf'} --engine vllm"
+
+
+def test_the_plan_evaluates_and_smokes_hf_in_vllm_or_names_tensorrt_llm(tmp_path: Path) -> None:
+    """Before anything is built, the plan of each build-trt quantization: vLLM reads hf/ where it loads the export
+    (here without vLLM: skipped, saying so); a TensorRT-LLM-only export is skipped naming its ModelOpt format and
+    TensorRT-LLM, whatever is installed. It used to skip them all with 'cannot be evaluated as it is'."""
+    _recipe(tmp_path, [{"method": "trt", "quantization": q} for q in QUANT_ALGO])
+    planned = _plan(tmp_path)
+    for q in VLLM_SERVED:
+        o = planned[f"trt-{q}"]
+        for step in (o["evaluate"], o["smoke"]):
+            assert step.startswith("vllm on hf/"), (q, step)
+            assert "TensorRT-LLM" not in step
+            if VLLM_WHY:
+                assert step == f"vllm on hf/: skipped ({VLLM_WHY})", (q, step)
+    for q in TRTLLM_ONLY:
+        o = planned[f"trt-{q}"]
+        why = f"{q} exports ModelOpt {QUANT_ALGO[q]}, a TensorRT-LLM format vLLM"
+        for step in (o["evaluate"], o["smoke"]):
+            assert step.startswith(f"vllm on hf/: skipped ({why}") and "TensorRT-LLM serves it" in step, (q, step)
+
+
+def test_the_plan_shows_the_tasks_the_max_tokens_and_what_a_gguf_output_skips(tmp_path: Path) -> None:
+    """The demo recipe's evaluation (two lm-eval tasks, max_tokens) on one llm-compressor and one GGUF output: the
+    plan names the tasks under the table, the GGUF output's note says which it will not score and why, and the
+    evaluate column says the token budget."""
+    demo = yaml.safe_load((ROOT / "recipes" / "demo.yaml").read_text())
+    _recipe(tmp_path, [{"method": "rtn"}, {"method": "gguf", "types": ["Q8_0"]}], demo["evaluation"])
+    proc = quantkit("run", "recipe.yaml", "--dry-run", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plan = json.loads(proc.stdout)
+    assert plan["notes"] == ["lm-eval tasks, scored on each output evaluated: quantkit_nextsentence (multiple_choice, "
+                             "limit 50); quantkit_lastword_gen (generate_until, limit 50)"]
+    outs = {Path(o["path"]).name: o for o in plan["outputs"]}
+    assert "tasks not scored: quantkit_nextsentence (llama-server gives no prompt log-probabilities)" in \
+        outs["gguf"]["notes"]
+    assert not any("tasks" in n for n in outs["rtn-w4g128"]["notes"])
+    for o in outs.values():
+        assert o["evaluate"].endswith("heldout, ctx 2048, at most 16,384 tokens"), o["evaluate"]
+    table = quantkit("run", "recipe.yaml", "--dry-run", cwd=tmp_path).stdout
+    assert plan["notes"][0] in " ".join(table.split())  # the line under the table, as the JSON says it
+
+
+def test_the_plan_says_its_disk_figure_is_the_free_space_needed(tmp_path: Path) -> None:
+    """The disk column is what must be free while an output is made (the free-space check's figure: a GGUF
+    output's counts its 16-bit intermediate), and the plan says so rather than calling it the size."""
+    _recipe(tmp_path, [{"method": "gguf", "types": ["Q8_0"]}])
+    table = " ".join(quantkit("run", "recipe.yaml", "--dry-run", "--no-eval", cwd=tmp_path).stdout.split())
+    assert "free disk" in table and "what must be free while it is made" in table, table
+    assert "not the artifact's size" in table
+
+
+@needs_modelopt
+@pytest.mark.slow
+def test_run_reads_a_trt_artifacts_hf_in_vllm_and_records_why_where_it_cannot(tmp_path: Path) -> None:
+    """``quantkit run`` of a trt-fp8 and a trt-int4_awq output (ModelOpt builds them for real): the evaluation, the
+    recipe's task and the smoke test of each read hf/ in vLLM, recorded in report.json and the artifact's manifest.
+    Here (no vLLM) fp8's say vLLM is missing; int4_awq's name its format and TensorRT-LLM, vLLM or not. The plan of
+    the same release says what the run recorded. Given hf/, ``eval`` records into the artifact (its manifest) and
+    ``smoke`` logs beside it, not inside it."""
+    _recipe(tmp_path, [{"method": "trt", "quantization": "fp8", "kv_cache": "fp8"},
+                       {"method": "trt", "quantization": "int4_awq"}],
+            {"dataset": "heldout", "max_tokens": 2048, "tasks": [{"task": "quantkit_lastword_gen", "limit": 4}]})
+    proc = quantkit("run", "recipe.yaml", "--json", cwd=tmp_path, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    outs = {o["name"]: o for o in json.loads(proc.stdout)["outputs"]}
+    fp8, int4 = outs["trt-fp8"], outs["trt-int4_awq"]
+    for o in (fp8, int4):
+        assert o["status"] == "built" and o["evaluation"]["engine"] == o["smoke"]["engine"] == VLLM
+        record = read_manifest(tmp_path / o["path"]).pipeline
+        assert record is not None and (record.evaluation, record.smoke) == (o["evaluation"], o["smoke"])
+    if VLLM_WHY:
+        for step in (fp8["evaluation"], fp8["smoke"]):
+            assert step["status"] == "skipped" and step["summary"] == VLLM_WHY
+        assert fp8["evaluation"]["tasks_skipped"]["why"] == VLLM_WHY
+    else:
+        assert fp8["evaluation"]["results"] and fp8["smoke"]["status"] == "passed"
+    for step in (int4["evaluation"], int4["smoke"]):
+        assert step["status"] == "skipped", step
+        assert "ModelOpt W4A16_AWQ export" in step["summary"] and "TensorRT-LLM serves it" in step["summary"]
+    planned = _plan(tmp_path)
+    assert planned["trt-int4_awq"]["action"] == "reuse"
+    assert planned["trt-int4_awq"]["evaluate"] == f"vllm on hf/: skipped ({int4['evaluation']['summary']})"
+    if VLLM_WHY:
+        assert planned["trt-fp8"]["smoke"] == f"vllm on hf/: skipped ({VLLM_WHY})"
+
+    art = tmp_path / fp8["path"]
+    (target,) = expand_targets([art / "hf"], VLLM)
+    assert target.manifest_dir is not None and target.manifest_dir.resolve() == art.resolve()
+    assert target.label == "trt-fp8/hf"
+    assert smoke.log_path(art / "hf", VLLM, art / "hf", None) == art.parent / "trt-fp8.smoke-vllm.log"
+    assert integrity.verify(art).ok
