@@ -27,7 +27,10 @@ ARCH_FAMILIES = tuple((yaml.safe_load(ARCHITECTURES.read_text()) or {}).get("fam
 VLM_FAMILIES = tuple(__import__("ast").literal_eval(next(
     line.split("=", 1)[1].strip() for line in (REPO / "tests" / "vlm_models.py").read_text().splitlines()
     if line.startswith("FAMILIES = "))))
-VERBS = tuple(f.verb for f in formats.FORMATS if f.verb)  # a produce step's quantkit VERB: the formats table's
+# A produce step's quantkit VERB: the formats table's, and run (quantkit run on the case's recipe, whose own
+# evaluation and smoke test must have run and passed).
+VERBS = (*(f.verb for f in formats.FORMATS if f.verb), "run")
+RECIPE_VERBS = ("build-trt", "run")  # the verbs that read a recipe (and need one)
 NEEDS = ("trt", "gpus2")  # the ModelOpt environment; two visible GPUs
 ENGINES = (VLLM, TRANSFORMERS)  # quantkit eval --engine, on the GPU
 NAME = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -236,10 +239,10 @@ class _Reader:
         """Rules across fields."""
         if not NAME.match(c.name):
             self.fail(where + ("name",), f"use letters, digits, '.', '_' and '-' only; got {c.name!r}")
-        if c.produce.verb == "build-trt" and c.produce.recipe is None:
-            self.fail(where + ("produce",), "build-trt needs a recipe (file or mapping)")
-        if c.produce.recipe is not None and c.produce.verb != "build-trt":
-            self.fail(where + ("produce", "recipe"), "only build-trt takes a recipe; give other verbs args")
+        if c.produce.verb in RECIPE_VERBS and c.produce.recipe is None:
+            self.fail(where + ("produce",), f"{c.produce.verb} needs a recipe (file or mapping)")
+        if c.produce.recipe is not None and c.produce.verb not in RECIPE_VERBS:
+            self.fail(where + ("produce", "recipe"), "only build-trt takes a recipe (and run); give other verbs args")
         if isinstance(c.produce.recipe, str) and not (REPO / c.produce.recipe).is_file():
             self.fail(where + ("produce", "recipe"), f"no recipe file {c.produce.recipe} in the repository")
         if c.model.startswith("shape:"):

@@ -28,8 +28,9 @@ The run is in the foreground; Ctrl-C (or SIGTERM) stops every child process grou
    ``scripts/arch_matrix.py pack DIR`` makes on a machine with PyPI, found at $QUANTKIT_ARCH_TOKENIZERS or
    build/arch-tokenizers), or ``vlm:FAMILY`` (tests/vlm_models.py); a case whose folder is one of the file's
    ``pending_models`` and still missing is skipped with the reason given there;
-2. the artifact: ``python -m quantkit VERB MODEL ART --force --json ...`` (or ``build-trt`` on a recipe copy whose
-   model and output are set, in ModelOpt's Python), in this Python with the repository first on PYTHONPATH; an
+2. the artifact: ``python -m quantkit VERB MODEL ART --force --json ...`` (or ``build-trt`` or ``run`` on a recipe copy
+   whose model and output are set, ModelOpt in its Python; a run's report must show its evaluation and smoke test
+   passed, vLLM in its Python), in this Python with the repository first on PYTHONPATH; an
    artifact already built by the same command is reused (``--rebuild`` redoes it), and cases with the same command
    share it;
 3. the load: quantkit/engines/vllm/_speed_worker.py in vLLM's Python: vLLM's quantization method, the linear and
@@ -228,20 +229,39 @@ class Paths:
 
 
 def recipe_text(c: Case, p: Paths) -> str:
-    """The build-trt recipe with its model and output set to this run's."""
+    """The build-trt or run recipe with its model and output set to this run's (a run's ModelOpt build, evaluation
+    and smoke test in this run's engine Pythons)."""
     r = c.produce.recipe
     data = yaml.safe_load((REPO / r).read_text()) if isinstance(r, str) else json.loads(json.dumps(r))
     data.setdefault("model", {})["source"] = str(p.model(c))
     data["output"] = str(p.artifact(c))
+    if c.produce.verb == "run":
+        data.setdefault("runtime", {})["python"] = str(p.wrapper(MODELOPT.name))
+        data.setdefault("smoke", {})["python"] = str(p.wrapper(VLLM))
     return yaml.safe_dump(data, sort_keys=False)
 
 
 def produce_argv(c: Case, p: Paths) -> list[str]:
     qk = [p.python, "-m", "quantkit"]
+    recipe = str(p.out / "recipes" / f"{c.artifact}.yaml")
     if c.produce.verb == "build-trt":
-        return qk + ["build-trt", str(p.out / "recipes" / f"{c.artifact}.yaml"), "--force", "--json",
-                     "--python", str(p.wrapper(MODELOPT.name)), *c.produce.args]
+        return qk + ["build-trt", recipe, "--force", "--json", "--python", str(p.wrapper(MODELOPT.name)),
+                     *c.produce.args]
+    if c.produce.verb == "run":
+        return qk + ["run", recipe, "--force", "--json", *c.produce.args]
     return qk + [c.produce.verb, str(p.model(c)), str(p.artifact(c)), "--force", "--json", *c.produce.args]
+
+
+def unverified(report: Path) -> str | None:
+    """What ``quantkit run --json``'s report leaves unverified (None: every output scored and served): a run whose
+    evaluation or smoke test was skipped exits 0 too, which alone proves nothing."""
+    for o in json.loads(report.read_text())["outputs"]:
+        ev, smoke = o.get("evaluation") or {}, o.get("smoke") or {}
+        if not ev.get("results"):
+            return f"{o['name']}: evaluation {ev.get('status')} ({ev.get('summary')})"
+        if smoke.get("status") != "passed":
+            return f"{o['name']}: smoke {smoke.get('status')} ({smoke.get('summary')})"
+    return None
 
 
 def shape_argv(c: Case, p: Paths) -> list[str]:
@@ -579,6 +599,8 @@ class Run:
         self.rebuilt.add(c.artifact)
         if rc != 0 or not (p.served(c) / "config.json").is_file():
             raise StepFailed(f"produce: quantkit {c.produce.verb} exited {rc}: {tail(log)}")
+        if c.produce.verb == "run" and (why := unverified(logs / "produce.json")):
+            raise StepFailed(f"produce: quantkit run exited 0 but did not verify the artifact: {why}")
         (p.arts / f"{c.artifact}.stamp.json").write_text(json.dumps(stamp(c, p), indent=2))
         return {**art, "status": "built", "seconds": round(time.monotonic() - t, 1), "log": str(log)}
 
