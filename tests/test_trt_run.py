@@ -64,7 +64,7 @@ def _plan(work: Path, *flags: str) -> dict:
 
 def test_the_kinds_table_says_which_folder_of_a_trt_artifact_the_engines_read(tmp_path: Path) -> None:
     """One rule (the kind's row): vLLM evaluates and serves a build-trt artifact's hf/. ``eval`` and ``smoke``,
-    given the artifact itself, refuse it naming the folder to give them."""
+    given the artifact itself, refuse it naming the folder to give them (eval said only 'not a checkpoint')."""
     art = tmp_path / "trt-fp8"
     (art / "trtllm-ckpt").mkdir(parents=True)
     kind = kinds.detect(art)
@@ -77,6 +77,9 @@ def test_the_kinds_table_says_which_folder_of_a_trt_artifact_the_engines_read(tm
     with pytest.raises(UsageError) as e:
         registry.serving_engine(art)
     assert e.value.hint == f"serve its hf/ folder: quantkit smoke {art / 'hf'} --engine vllm"
+    with pytest.raises(UsageError) as e:  # eval's own check of what it is given says the same
+        expand_targets([art], "auto")
+    assert e.value.hint == f"evaluate its hf/ folder: quantkit eval {art / 'hf'}"
 
 
 def test_the_plan_evaluates_and_smokes_hf_in_vllm_or_names_tensorrt_llm(tmp_path: Path) -> None:

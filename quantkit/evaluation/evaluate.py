@@ -33,6 +33,7 @@ from quantkit.checkpoint import gguf_files
 from quantkit.engines import logits as engines, numerics as numerics_mod, registry
 from quantkit.engines.logits import EngineOptions
 from quantkit.errors import IntegrityError, UsageError
+from quantkit.formats import kinds
 from quantkit.formats.names import LLAMACPP, SGLANG, TRANSFORMERS, VLLM, Method
 from quantkit.manifest import MANIFEST, Manifest, read_manifest, size_bytes
 from quantkit.progress import Reporter
@@ -152,6 +153,8 @@ def expand_targets(paths: list[Path], engine: str, numerics: str = numerics_mod.
         if path.is_dir() and not (path / "config.json").exists() and not gguf_files(path):
             subs = sorted(p.parent for p in path.glob(f"*/{MANIFEST}"))
             if not subs:
+                if kinds.find(path) is not None:  # a build-trt artifact: refused naming the folder to evaluate
+                    registry.evaluating_engine(path)
                 raise UsageError(f"{path} is not a checkpoint, a GGUF artifact or a release folder of artifacts",
                                  hint="give an artifact folder, a Hugging Face checkpoint or a .gguf file")
             out += expand_targets(subs, engine, numerics)
