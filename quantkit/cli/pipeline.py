@@ -28,7 +28,15 @@ def run_cmd(
     report.md, report.json, plot, a model card per artifact).
 
     Exit codes: 0 release ok, 1 a step failed, 2 recipe/usage error (or another run holds the release), 3 a
-    verification gate failed, 130 interrupted."""
+    verification gate failed, 130 interrupted.
+
+    [bold]Examples[/]
+
+      [bold]$[/] quantkit run recipes/demo.yaml --dry-run
+
+      [bold]$[/] quantkit run demo
+
+      [bold]$[/] quantkit run recipes/fp8-dynamic.yaml --no-smoke -o out/rel-fp8 --json > run.json"""
     r = api.load_recipe(recipe, {"output|--output": str(output) if output else None, "model.source|--model": model})
     if dry_run:
         planned = api.plan(r, force=force, pipeline=True, evaluate=not no_eval, smoke=not no_smoke)
@@ -74,7 +82,14 @@ def publish_cmd(
     private: bool = typer.Option(False, "--private", help="Create the repositories as private."),
     json: bool = JSON_OPT,
 ) -> None:
-    """Upload artifacts to the Hugging Face hub with huggingface_hub, after re-verifying every sha256."""
+    """Upload artifacts to the Hugging Face hub with huggingface_hub, after re-verifying every sha256 (and, for a
+    release, its SHA256SUMS and verdict: a release whose report.json says it failed is refused).
+
+    [bold]Examples[/]
+
+      [bold]$[/] quantkit publish out/demo --repo my-org/quantkit-tiny --private
+
+      [bold]$[/] quantkit publish out/awq --repo my-org/quantkit-tiny-awq"""
     done = api.publish(folder, repo, private=private)
     if json:
         emit_json(done)
