@@ -72,11 +72,10 @@ def load_recipe(path: str | Path | None, overrides: dict[str, Any] | None = None
     return recipe_mod.load(found, overrides, base, check_output_escape=check_output_escape)
 
 
-def show_recipe(name: str) -> tuple[Path, Recipe, str]:
-    """A recipe (path or shipped name), validated: its path, the object and its YAML with defaults filled in."""
+def show_recipe(name: str) -> tuple[Path, Recipe]:
+    """A recipe (path or shipped name), validated: its path and the object, every default filled in."""
     path = recipe_mod.find(name)
-    r = recipe_mod.load(path, check_output_escape=False)
-    return path, r, recipe_mod.dump(r)
+    return path, recipe_mod.load(path, check_output_escape=False)
 
 
 def shipped_recipes() -> list[dict[str, str]]:

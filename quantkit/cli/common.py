@@ -58,7 +58,7 @@ def reporter(as_json: bool) -> Reporter:
 
 
 DRY_RUN_OPT = typer.Option(False, "--dry-run", help="Check everything and print the plan (outputs, calibration, "
-                           "expected size and peak memory, what would be skipped and why) without loading weights.")
+                           "free disk needed and peak memory, what would be skipped and why) without loading weights.")
 
 
 def print_plan(plan: Any, as_json: bool) -> None:

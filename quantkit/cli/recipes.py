@@ -35,7 +35,7 @@ def recipes_cmd(
         emit_json(api.recipe_schema())
         return
     if name:
-        path, r, _ = api.show_recipe(name)
+        path, r = api.show_recipe(name)
         if json:
             emit_json(r.model_dump(mode="json"))
         else:

@@ -61,7 +61,9 @@ class Producer(Protocol):
         ``ctx.checked`` (:func:`quantkit.plan.prepare`)."""
 
     def estimate_bytes(self, spec: Any, source: SourceModel) -> int:
-        """Roughly how many bytes the artifact will take (for the free-space check)."""
+        """Roughly how many bytes the artifact will take. A producer that also writes files it removes before it
+        returns (GGUF's 16-bit intermediate) says how many with ``working_bytes(spec, source)``; the free-space
+        check and the plan ask for both (:func:`quantkit.plan.disk_need`)."""
 
     def produce(self, ctx: ProduceContext) -> Produced:
         """Write the artifact's files into ``ctx.workdir``."""
