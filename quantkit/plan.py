@@ -230,14 +230,20 @@ def evaluation_step(kind: Kind, path: Path, recipe: Recipe, spec: MethodBase | N
 
 
 def smoke_step(kind: Kind, path: Path, recipe: Recipe, spec: MethodBase | None = None) -> Step:
-    """The smoke test of the output at ``path``: its kind's engine serving the folder that engine reads; skipped
-    where the engine cannot read it (:func:`_refusal`) or cannot run here (not installed, no GPU). ``spec``: as
+    """The smoke test of the output at ``path``: the recipe's engine (``smoke.engine``), else its kind's, serving
+    the folder the kind's engines read; skipped where the engine cannot read it (:func:`_refusal`) or, picked
+    automatically, cannot run here (not installed, no GPU). An engine the recipe names runs whatever this machine
+    has, so that its absence fails the smoke test rather than passing as a skip. ``spec``: as
     :func:`evaluation_step`'s."""
     folder = kind.folder(path)
-    if kind.serve is None:
+    chosen = recipe.smoke.engine
+    engine = chosen if chosen != "auto" else kind.serve
+    if engine is None:
         return Step(None, folder, f"no engine serves a {kind.name} artifact")
-    return Step(kind.serve, folder,
-                _refusal(kind.serve, folder, spec) or registry.engine_unavailable(kind.serve, recipe.smoke.python))
+    why = _refusal(engine, folder, spec)
+    if why is None and chosen == "auto":
+        why = registry.engine_unavailable(engine, recipe.smoke.python)
+    return Step(engine, folder, why)
 
 
 def _refusal(engine: str, folder: Path, spec: MethodBase | None) -> str | None:

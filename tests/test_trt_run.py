@@ -102,6 +102,22 @@ def test_the_plan_evaluates_and_smokes_hf_in_vllm_or_names_tensorrt_llm(tmp_path
             assert step.startswith(f"vllm on hf/: skipped ({why}") and "TensorRT-LLM serves it" in step, (q, step)
 
 
+def test_the_recipes_smoke_engine_is_the_one_run_serves_with(tmp_path: Path) -> None:
+    """``smoke.engine`` in a recipe was accepted and ignored: run served every output in its kind's engine. Now the
+    named engine serves it, and an engine the recipe names is never skipped for its absence (the smoke test fails,
+    loudly, where it is missing), as an automatic pick is."""
+    outputs = [{"method": "fp8", "scheme": "dynamic"}]
+    for smoke_spec, expected in (({"engine": "sglang"}, "sglang"), ({}, "vllm")):
+        (tmp_path / "recipe.yaml").write_text(yaml.safe_dump({
+            "model": {"source": str(TINY)}, "output": "release", "outputs": outputs,
+            "evaluation": {"enabled": False}, "smoke": smoke_spec}))
+        step = _plan(tmp_path)["fp8-dynamic"]["smoke"]
+        if smoke_spec or not VLLM_WHY:
+            assert step.startswith(expected) and "skipped" not in step, step
+        else:  # vLLM picked, and missing here: the skip in the registry's words
+            assert step == f"skipped ({VLLM_WHY})", step
+
+
 def test_the_plan_shows_the_tasks_the_max_tokens_and_what_a_gguf_output_skips(tmp_path: Path) -> None:
     """The demo recipe's evaluation (two lm-eval tasks, max_tokens) on one llm-compressor and one GGUF output: the
     plan names the tasks under the table, the GGUF output's note says which it will not score and why, and the
