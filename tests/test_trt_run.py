@@ -188,3 +188,43 @@ def test_run_reads_a_trt_artifacts_hf_in_vllm_and_records_why_where_it_cannot(tm
     assert target.label == "trt-fp8/hf"
     assert smoke.log_path(art / "hf", VLLM, art / "hf", None) == art.parent / "trt-fp8.smoke-vllm.log"
     assert integrity.verify(art).ok
+
+
+@needs_modelopt
+@pytest.mark.slow
+def test_a_kernel_sweep_of_hf_is_recorded_in_the_trt_artifact_and_its_card(tmp_path: Path) -> None:
+    """``smoke.tune_kernels`` sweeps a build-trt output's hf/ (what vLLM serves), and the sweep's record (table,
+    choice, ``vllm serve`` command) goes into the artifact's own manifest, as eval's and smoke's of hf/ do: it was
+    recorded only in a folder holding a manifest itself, so hf/'s went nowhere and the card never showed it. The
+    sweep needs a GPU; its result here is one the product's own types make (vLLM's default measured on hf/), recorded
+    as ``tune`` records it. Its logs go beside the artifact, not into it."""
+    from quantkit.engines.vllm import kernel_sweep, kernels, tune
+    from quantkit.engines.vllm.kernels import LogFacts, Measurement
+
+    (tmp_path / "recipe.yaml").write_text(yaml.safe_dump({
+        "model": {"source": str(TINY)}, "output": "release", "outputs": [{"method": "trt", "quantization": "fp8"}],
+        "calibration": {"dataset": "mixed", "samples": 8, "seq_len": 128},
+        "evaluation": {"enabled": False}, "smoke": {"enabled": False}}))
+    quantkit("run", "recipe.yaml", cwd=tmp_path, timeout=1800, check=True)
+    art = tmp_path / "release" / "trt-fp8"
+    hf = art / "hf"
+    q = kernels.read_quantization(hf)
+    default = next(c for c in kernels.configurations(q) if c.kind == "default")
+    measured = Measurement(default, "ok", LogFacts("modelopt"), 0.05, {"1": 180.0, "16": 2400.0})
+    choice = kernels.choose([measured])
+    assert choice is not None
+    command = kernels.serve_command(str(hf), choice.configuration, ["--quantization", "modelopt"])
+    result = kernel_sweep.SweepResult(str(hf), q, [], [], kernel_sweep.Bench(engine_args={"quantization": "modelopt"}),
+                                      [measured], choice, command)
+
+    assert tune.save(hf, result) == art
+    serving = read_manifest(art).serving
+    assert serving is not None and serving.command == command.to_json() and serving.table == result.markdown()
+    assert integrity.verify(art).ok
+    assert tune.log_folder(hf) == tmp_path / "release" / "trt-fp8.tune-logs"
+
+    proc = quantkit("run", "recipe.yaml", "--json", cwd=tmp_path, check=True)  # reused: the card written again
+    assert [o["status"] for o in json.loads(proc.stdout)["outputs"]] == ["reused"]
+    card = (art / "README.md").read_text()
+    assert "## Serving in vLLM" in card and "vllm serve hf --quantization modelopt" in card, card
+    assert result.markdown().rstrip() in card

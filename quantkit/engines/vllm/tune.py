@@ -10,8 +10,9 @@ be no more than 5% slower than it at every other batch measured (on the same H20
 checkpoint at 322 tok/s at batch 1 and at half Machete's speed at batch 16).
 
 The table, the choice and the ``vllm serve`` command (flags and environment) go into the manifest's ``serving``
-section; the model card written by ``quantkit run`` shows them. Needs a CUDA GPU and vLLM (its own Python:
-``--python`` or ``QUANTKIT_VLLM_PYTHON``); written for vLLM 0.26.0 on Hopper.
+section (a build-trt artifact's own for its ``hf/``, as ``eval`` and ``smoke`` of it record there); the model card
+written by ``quantkit run`` shows them. Needs a CUDA GPU and vLLM (its own Python: ``--python`` or
+``QUANTKIT_VLLM_PYTHON``); written for vLLM 0.26.0 on Hopper.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from quantkit.engines.vllm import kernels
 from quantkit.errors import BackendError, UsageError
 from quantkit.formats import kinds
 from quantkit.formats.names import VLLM, KindName
-from quantkit.manifest import MANIFEST, now_iso
+from quantkit.manifest import now_iso
 from quantkit.progress import Reporter
 
 
@@ -49,8 +50,8 @@ class TuneOptions:
 
 
 def run(path: Path, opts: TuneOptions, reporter: Reporter | None = None) -> Any:
-    """Sweep ``path``'s kernels in vLLM and record the result in its manifest (when it is a quantkit artifact);
-    returns the :class:`~quantkit.engines.vllm.kernel_sweep.SweepResult`."""
+    """Sweep ``path``'s kernels in vLLM and record the result in the manifest of the artifact it is or belongs to
+    (:func:`save`); returns the :class:`~quantkit.engines.vllm.kernel_sweep.SweepResult`."""
     from quantkit.engines.vllm import kernel_sweep
 
     rep = reporter or Reporter(quiet=True)
@@ -71,8 +72,7 @@ def run(path: Path, opts: TuneOptions, reporter: Reporter | None = None) -> Any:
                                max_model_len=opts.max_model_len, gpu_memory_utilization=opts.gpu_memory_utilization,
                                engine_args={"quantization": "modelopt"} if kind.name == KindName.MODELOPT else {})
     runtime = kernel_sweep.Runtime(choice.python, {"VLLM_USE_FLASHINFER_SAMPLER": "0", **opts.env})
-    root = path if (path / MANIFEST).exists() else None
-    log_dir = opts.log_dir or path.parent / f"{path.name}.tune-logs"
+    log_dir = opts.log_dir or log_folder(path)
     deadline = time.monotonic() + opts.budget if opts.budget else None
     with rep.bar(f"Measuring vLLM's kernels for {path.name}", total=None) as bar:
         result = kernel_sweep.sweep(path, bench, runtime, log_dir, timeout=opts.timeout, deadline=deadline,
@@ -83,9 +83,26 @@ def run(path: Path, opts: TuneOptions, reporter: Reporter | None = None) -> Any:
         errors = "; ".join(f"{m.configuration.name}: {m.error}" for m in result.measurements)
         raise BackendError(f"vLLM ran none of the kernel configurations for {path}: {errors}",
                            hint=f"the logs are in {log_dir}")
+    save(path, result)
+    return result
+
+
+def log_folder(path: Path) -> Path:
+    """Where a sweep of ``path`` keeps its logs unless told: beside the artifact it is or belongs to (a build-trt
+    artifact's, for its hf/), never inside it, where they would be files its seal does not list."""
+    home = integrity.artifact_of(path) or path
+    return home.parent / f"{home.name}.tune-logs"
+
+
+def save(path: Path, result: Any) -> Path | None:
+    """Record a sweep of ``path`` (:func:`record`) in the manifest of the artifact it is or belongs to: a build-trt
+    artifact's own ``quantkit.json`` for its hf/, as ``eval`` and ``smoke`` of hf/ record there, so ``quantkit run``'s
+    model card shows it. Returns that artifact's folder, or None where ``path`` is in no quantkit artifact (nothing
+    recorded)."""
+    root = integrity.artifact_of(path)
     if root is not None:
         integrity.update_manifest(root, serving=record(result))
-    return result
+    return root
 
 
 def record(result: Any) -> dict[str, Any]:
