@@ -220,7 +220,8 @@ def evaluation_step(kind: Kind, path: Path, recipe: Recipe, spec: MethodBase | N
     whose evaluation is foreseen from it and its kind rather than read from the folder."""
     folder = kind.folder(path)
     chosen = recipe.evaluation.engine
-    engine = chosen if chosen != "auto" else kind.evaluate if spec is not None else registry.evaluating_engine(folder)
+    engine = chosen if chosen != "auto" else _foreseen_kind(kind, spec).evaluate if spec is not None else \
+        registry.evaluating_engine(folder)
     if engine is None:
         return Step(None, folder, f"a {kind.name} artifact cannot be evaluated")
     why = _refusal(engine, folder, spec)
@@ -244,6 +245,20 @@ def smoke_step(kind: Kind, path: Path, recipe: Recipe, spec: MethodBase | None =
     if why is None and chosen == "auto":
         why = registry.engine_unavailable(engine, recipe.smoke.python)
     return Step(engine, folder, why)
+
+
+def _foreseen_kind(kind: Kind, spec: MethodBase) -> Kind:
+    """The kind of the folder an output's engines will read, foreseen from its spec while it is not made: the kinds
+    row whose engine ``eval --engine auto`` then picks for that folder (:func:`quantkit.engines.registry.
+    evaluating_engine`, what the run asks of a made output), so that the plan names the engine the run uses. A
+    build-trt output's hf/ is a ModelOpt export or a plain checkpoint as its export leaves it
+    (:func:`quantkit.producers.trt.hf_kind`: ``none`` scores in transformers); any other output is of its own kind."""
+    if not isinstance(spec, TrtSpec):
+        return kind
+    from quantkit.formats import kinds
+    from quantkit.producers.trt import hf_kind
+
+    return kinds.BY_NAME[hf_kind(spec)]
 
 
 def _refusal(engine: str, folder: Path, spec: MethodBase | None) -> str | None:

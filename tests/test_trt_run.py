@@ -1,7 +1,8 @@
 """``quantkit run`` and its ``--dry-run`` on build-trt outputs, and what the plan says of each output's evaluation.
 
 A build-trt artifact's ``hf/`` (ModelOpt's unified checkpoint) is what vLLM evaluates and serves: the kinds table
-says so once (``Kind.reads``), and the run and its plan read that folder in vLLM. ModelOpt's TensorRT-LLM-only exports
+says so once (``Kind.reads``), and the run and its plan read that folder in vLLM; a ``none`` export's hf/, a plain
+checkpoint, is scored where ``eval --engine auto`` scores one, in transformers (the plan foresees its kind). ModelOpt's TensorRT-LLM-only exports
 (INT4-AWQ, W4A8-AWQ, INT8-SQ) are skipped naming TensorRT-LLM; where vLLM cannot run (no vLLM, no GPU) the skip says
 that, in the engines registry's words. Never through transformers, which loads a ModelOpt export silently wrong.
 The builds are real (ModelOpt in .venv-trt, as tests/test_trt.py's); the plan's tests need no ModelOpt.
@@ -20,7 +21,7 @@ from quantkit.engines import registry, smoke
 from quantkit.errors import QuantkitError, UsageError
 from quantkit.evaluation.evaluate import expand_targets
 from quantkit.formats import kinds
-from quantkit.formats.names import VLLM, KindName
+from quantkit.formats.names import TRANSFORMERS, VLLM, KindName
 from quantkit.manifest import read_manifest
 from quantkit.producers.trt import QUANT_ALGO, pyenv
 
@@ -28,8 +29,13 @@ from conftest import ROOT, TINY, quantkit
 
 pytestmark = pytest.mark.cli
 
-VLLM_SERVED = ("fp8", "nvfp4", "w4a16_nvfp4", "none")  # vLLM 0.26 loads these exports' hf/ (none: a plain copy)
+VLLM_SERVED = ("fp8", "nvfp4", "w4a16_nvfp4")  # vLLM 0.26 loads these exports' hf/ (none's too: NONE_EXPORTS)
 TRTLLM_ONLY = ("int8_sq", "int4_awq", "w4a8_awq")
+# quantization none: ModelOpt writes hf_quant_config.json only where it records a quantization, of the weights or of
+# the KV cache hf/ carries (FP8 only; an INT8 one stays in trtllm-ckpt/), so hf/ is a plain checkpoint unless an FP8
+# KV cache is asked for: (name, kv_cache, the engine eval --engine auto picks for hf/).
+NONE_EXPORTS = (("trt-none", "auto", TRANSFORMERS), ("none-kv-int8", "int8", TRANSFORMERS),
+                ("none-kv-fp8", "fp8", VLLM))
 # Why vLLM cannot run here, as the registry says it for every kind (None on a machine where it runs).
 VLLM_WHY = registry.engine_unavailable(VLLM, None)
 
@@ -100,6 +106,27 @@ def test_the_plan_evaluates_and_smokes_hf_in_vllm_or_names_tensorrt_llm(tmp_path
         why = f"{q} exports ModelOpt {QUANT_ALGO[q]}, a TensorRT-LLM format vLLM"
         for step in (o["evaluate"], o["smoke"]):
             assert step.startswith(f"vllm on hf/: skipped ({why}") and "TensorRT-LLM serves it" in step, (q, step)
+
+
+def _none_outputs() -> list[dict]:
+    return [{"method": "trt", "quantization": "none", **({"kv_cache": kv, "name": name} if kv != "auto" else {})}
+            for name, kv, _ in NONE_EXPORTS]
+
+
+def test_the_plan_evaluates_a_trt_none_export_in_the_engine_the_run_picks(tmp_path: Path) -> None:
+    """A build-trt ``none`` output's hf/ is a plain Hugging Face checkpoint (with an FP8 KV cache, a ModelOpt export),
+    which the run scores where ``eval --engine auto`` scores hf/: transformers. The plan said vLLM for every build-trt
+    output. Now it foresees hf/'s kind from the spec and names that kind's engine; the smoke test serves hf/ in vLLM
+    either way."""
+    _recipe(tmp_path, _none_outputs())
+    planned = _plan(tmp_path)
+    for name, _, engine in NONE_EXPORTS:
+        o = planned[name]
+        if engine == TRANSFORMERS:  # a CPU engine: never skipped for a missing GPU
+            assert o["evaluate"] == "transformers on hf/, heldout, ctx 2048, at most 2,048 tokens", (name, o)
+        else:
+            assert o["evaluate"].startswith("vllm on hf/"), (name, o["evaluate"])
+        assert o["smoke"].startswith("vllm on hf/"), (name, o["smoke"])
 
 
 def test_the_recipes_smoke_engine_is_the_one_run_serves_with(tmp_path: Path) -> None:
@@ -228,3 +255,23 @@ def test_a_kernel_sweep_of_hf_is_recorded_in_the_trt_artifact_and_its_card(tmp_p
     card = (art / "README.md").read_text()
     assert "## Serving in vLLM" in card and "vllm serve hf --quantization modelopt" in card, card
     assert result.markdown().rstrip() in card
+
+
+@needs_modelopt
+@pytest.mark.slow
+def test_a_trt_none_export_is_scored_in_the_engine_its_plan_named(tmp_path: Path) -> None:
+    """ModelOpt builds the none exports for real: the engine the plan named before anything was built (foreseen from
+    each spec) is the one the run scored hf/ in (found from the folder), transformers where hf/ is a plain
+    checkpoint, vLLM (skipped where it cannot run) where an FP8 KV cache makes it a ModelOpt export."""
+    _recipe(tmp_path, _none_outputs())
+    planned = _plan(tmp_path)
+    proc = quantkit("run", "recipe.yaml", "--json", "--no-smoke", cwd=tmp_path, timeout=1800)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    outs = {o["name"]: o for o in json.loads(proc.stdout)["outputs"]}
+    for name, _, engine in NONE_EXPORTS:
+        ev = outs[name]["evaluation"]
+        scored = ev["engine"] if ev.get("status") == "skipped" else ev["results"][0]["engine"]["engine"]
+        assert scored == engine, (name, ev)
+        assert planned[name]["evaluate"].startswith(f"{engine} on hf/"), (name, planned[name])
+        if engine == TRANSFORMERS:  # a CPU engine: scored here
+            assert ev.get("status") != "skipped" and ev["results"], (name, ev)

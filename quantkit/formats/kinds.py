@@ -45,7 +45,8 @@ def _is_trtllm_checkpoint(path: Path) -> bool:
 
 KINDS: tuple[Kind, ...] = (
     # quantkit build-trt's folder: hf/, ModelOpt's unified checkpoint, which vLLM evaluates and serves (a ModelOpt
-    # export of an algorithm vLLM has no method for, such as INT4-AWQ, it refuses itself: kernels.vllm_refusal), and
+    # export of an algorithm vLLM has no method for, such as INT4-AWQ, it refuses itself: kernels.vllm_refusal; a
+    # `none` export's hf/ is a plain checkpoint, scored where its own row says: producers.trt.hf_kind), and
     # trtllm-ckpt/ (+ engine/) beside it for TensorRT-LLM.
     Kind(KindName.TENSORRT_LLM, "quantkit TensorRT-LLM artifact (hf/, trtllm-ckpt/, engine/)", VLLM, VLLM,
          lambda p: p.is_dir() and (p / "trtllm-ckpt").is_dir(), reads="hf"),

@@ -4,8 +4,8 @@ Step 1 runs ModelOpt (``modelopt.torch.quantization``) in its own Python environ
 subprocess :mod:`.worker`, on calibration token ids built here by quantkit's own loader. It writes, inside the
 artifact folder::
 
-    hf/            the unified Hugging Face checkpoint (hf_quant_config.json + the tokenizer): TensorRT-LLM's LLM
-                   API, vLLM (quantization="modelopt") and SGLang load it
+    hf/            the unified Hugging Face checkpoint (hf_quant_config.json where it is quantized: :func:`hf_kind`,
+                   + the tokenizer): TensorRT-LLM's LLM API, vLLM (quantization="modelopt") and SGLang load it
     trtllm-ckpt/   the TensorRT-LLM checkpoint (config.json + rank{N}.safetensors, one per tp x pp rank), the
                    input of trtllm-build
     engine/        step 2's engine (rank{N}.engine + the tokenizer), only where TensorRT-LLM <= 1.2 is installed
@@ -30,6 +30,8 @@ from quantkit.architectures import TRT_DECODERS
 from quantkit.errors import BackendError, RecipeError, SourceModelError
 from quantkit.producers.base import ProduceContext, Produced
 from quantkit.producers.trt import engine, pyenv, runner
+from quantkit.producers.trt.worker import HF_KV_CACHES
+from quantkit.formats.names import KindName
 from quantkit.formats.specs import TrtSpec
 from quantkit.source import SourceModel
 
@@ -50,6 +52,16 @@ QUANT_ALGO = {"fp8": "FP8", "int8_sq": "W8A8_SQ_PER_CHANNEL", "int4_awq": "W4A16
 BATCH_TOKENS = 4096
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json", "added_tokens.json")
+
+
+def hf_kind(spec: TrtSpec) -> str:
+    """The kind (:mod:`quantkit.formats.kinds`) of the hf/ folder the export will leave, foreseen from the spec for
+    ``--dry-run``, which names the engine that kind's row gives: the run asks the same row of the folder it finds.
+    ModelOpt 0.47 writes hf_quant_config.json, which makes hf/ a ModelOpt export, only where it records a quantization:
+    of the weights (:data:`QUANT_ALGO`), or of the KV cache hf/ carries (the worker's ``HF_KV_CACHES``: FP8; an INT8
+    one stays in trtllm-ckpt/). Else (``none``) hf/ is a plain Hugging Face checkpoint in the model's dtype."""
+    quantized_kv = spec.kv_cache != "auto" and spec.kv_cache in HF_KV_CACHES
+    return KindName.MODELOPT if QUANT_ALGO[spec.quantization] is not None or quantized_kv else KindName.HF
 
 
 def _decoder(source: SourceModel) -> str:
