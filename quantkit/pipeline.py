@@ -525,13 +525,13 @@ def _public_recipe(recipe_yaml: str, src: source_mod.SourceModel) -> str:
 
 
 def imatrix_line(im: dict[str, Any]) -> str:
-    """The model card's sentence about a GGUF importance matrix: which file, made from what, applied by what."""
+    """The model card's sentence about a GGUF importance matrix: which file, made from what, applied to which types
+    by which llama-quantize (named as the card names every tool: :func:`_tool_line`)."""
     made = (f"computed by quantkit from the calibration tokens (sha256 `{im['calibration_tokens_sha256']}`)"
             if im.get("source") == "calibration" else f"given as `{Path(im.get('given', '')).name}`")
-    tool = im.get("applied_by") or {}
-    build = f" b{tool['build_number']} ({tool['commit']})" if tool.get("commit") else ""
+    tool = _tool_line({"tool": "llama-quantize", **(im.get("applied_by") or {})})
     return (f"Importance matrix: `{im['file']}` ({im['format']}, {im['entries']} entries, sha256 `{im['sha256']}`), "
-            f"{made}; applied by llama-quantize{build} to {', '.join(im.get('types') or [])}.")
+            f"{made}; applied to {', '.join(im.get('types') or [])} by {tool}.")
 
 
 def _library(fmt: str | None) -> str:

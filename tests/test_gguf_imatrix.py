@@ -246,6 +246,9 @@ def test_computed_imatrix_artifact(computed: api.ArtifactResult, have_tools: dic
     assert quantkit("verify", out).returncode == 0
     card = pipeline.imatrix_line(im)  # the model card's sentence
     assert im["sha256"] in card and m.calibration.tokens_sha256 in card and "b11312 (0c1e57098)" in card
+    # llama-quantize named as the card names every tool: its build and what it was built for
+    assert card.endswith("applied to Q4_K_M, IQ2_M by llama-quantize b11312 (0c1e57098), built for "
+                         "llama-cpp-python 0.3.36."), card
 
 
 def test_imatrix_changes_the_quantized_weights(computed: api.ArtifactResult, unquantized: dict[str, Path],
