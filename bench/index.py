@@ -147,7 +147,11 @@ def quantize_cost() -> list[str]:
                            "in parallel"),
             ("seal_speed_before", "Sealing alone on this CPU: the same, the sealer as it ran on the H200 (one file at "
                                   "a time)"),
-            ("seal_speed_disk", "Sealing alone on this CPU: one 1.5 GB file on this machine's disk")):
+            ("seal_speed_disk", "Sealing alone on this CPU: one 1.5 GB file on this machine's disk"),
+            ("seal_speed_hash_then_sync", "Sealing alone on this CPU: two 1 GB shards on this machine's disk, each "
+                                          "file hashed and then fsynced"),
+            ("seal_speed_hash_with_sync", "Sealing alone on this CPU: the same, each file's hash and fsync side by "
+                                          "side (seal.hash_and_sync)")):
         if (RESULTS / f"{name}.md").exists():
             lines += [f"### {heading}", "", _body(RESULTS / f"{name}.md"), ""]
     tiny = RESULTS / "quantize_cost_tiny.md"

@@ -100,3 +100,14 @@ def test_shards_are_hashed_side_by_side_and_a_torn_hash_is_redone(tmp_path: Path
     assert seal._seal_one(shards[1], (0, 0, 0)) is None  # hashed, but not the file it was asked about
     assert s.finish() == {p: sha(bytes([i]) * 200_000) for i, p in enumerate(shards)}
     assert s.early == 2
+
+
+def test_hash_and_sync_gives_the_files_sha256_and_says_an_unreadable_one(tmp_path: Path) -> None:
+    """The fsync runs beside the hash in a thread of its own: the digest must still be the file's, and a failure of
+    either side must reach the caller rather than die in the thread."""
+    data = os.urandom(3 * (1 << 22) + 5)  # more than one read chunk, not a multiple of it
+    f = tmp_path / "model-00001-of-00001.safetensors"
+    f.write_bytes(data)
+    assert seal.hash_and_sync(f) == hashlib.sha256(data).hexdigest()
+    with pytest.raises(FileNotFoundError):
+        seal.hash_and_sync(tmp_path / "gone.safetensors")
