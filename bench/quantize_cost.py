@@ -47,6 +47,7 @@ qwen3-30b-a3b-12l shapes have not been run here: see bench/results/README.md.
 from __future__ import annotations
 
 import argparse
+import copy
 import gzip
 import json
 import os
@@ -82,7 +83,9 @@ ROUTER_IGNORE = "re:.*mlp.gate$"  # llm-compressor 0.14's Qwen3-MoE examples kee
 
 def make_checkpoint(shape: str, path: Path) -> dict[str, Any]:
     """A random-weight bf16 checkpoint of ``shape``, built with the model class the shape names (reused when one
-    with the same config exists)."""
+    with the same config exists). transformers gets a copy of the config: it writes into the nested dicts it is given
+    (``rope_theta`` into ``rope_scaling``), and a stamp written from those would never match the next invocation's
+    fresh config, so every invocation rebuilt the source (and gave it new inodes, so that quantkit re-hashed it)."""
     cfg = {**SHAPES[shape].config(), "bos_token_id": 0, "eos_token_id": 1, "torch_dtype": "bfloat16"}
     stamp = path / "bench-config.json"
     if stamp.exists() and json.loads(stamp.read_text()) == cfg:
@@ -93,7 +96,7 @@ def make_checkpoint(shape: str, path: Path) -> dict[str, Any]:
     shutil.rmtree(path, ignore_errors=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"  # random init of 8B parameters is minutes on a CPU
     torch.manual_seed(0)
-    config = transformers.AutoConfig.for_model(**cfg)
+    config = transformers.AutoConfig.for_model(**copy.deepcopy(cfg))
     with torch.device(device):
         model = getattr(transformers, SHAPES[shape].architecture)(config).to(torch.bfloat16)
     model.save_pretrained(str(path), max_shard_size="5GB")

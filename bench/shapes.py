@@ -13,6 +13,7 @@ vocabulary 151,936, rope theta 1e6 without scaling, 40,960 positions), all 48 la
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,9 +52,11 @@ class Shape:
         return "num_experts" in self.fields
 
     def config(self) -> dict[str, Any]:
-        """config.json fields (without token ids): architecture, the family's fixed fields, the shape's."""
-        return {"architectures": [self.architecture], "model_type": self.model_type, **FAMILY[self.model_type],
-                **self.fields}
+        """config.json fields (without token ids): architecture, the family's fixed fields, the shape's. A deep copy:
+        transformers 5 writes into the nested dicts it is given (``rope_theta`` into ``rope_scaling``), and a caller
+        that hands these to it must not change the table, nor what the next caller gets to compare a stamp with."""
+        return copy.deepcopy({"architectures": [self.architecture], "model_type": self.model_type,
+                              **FAMILY[self.model_type], **self.fields})
 
 
 def _llama(mirrors: str = "", projected: bool = False, **fields: Any) -> Shape:

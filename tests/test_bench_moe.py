@@ -75,6 +75,29 @@ def test_moe_tiny_builds_and_loads_in_transformers(workdir: Path) -> None:
     assert (src / "bench-config.json").stat().st_mtime_ns == stamp
 
 
+@pytest.mark.parametrize("build", ["quantize_cost.make_checkpoint", "wide.build"])
+def test_a_source_built_by_one_invocation_is_reused_by_the_next(build: str, tmp_path: Path) -> None:
+    """The tiny shape (a Llama with rope scaling) built twice into one folder, each time in a process of its own as
+    each invocation of a benchmark is: the second finds the first's stamp equal to its fresh config and leaves the
+    weights alone (same inode, same mtime). transformers 5 writes ``rope_theta`` into the ``rope_scaling`` dict it
+    is given; when that dict was the shape table's or the stamp's own, every invocation rebuilt the source, and the
+    new inodes made quantkit re-hash it inside the timed run."""
+    module = build.split(".")[0]
+    code = f"import sys; from pathlib import Path; import {module}; {build}('tiny', Path(sys.argv[1]))"
+    src = tmp_path / "src"
+
+    def invocation() -> dict[str, tuple[int, int]]:
+        env = {**ENV, "PYTHONPATH": os.pathsep.join([str(BENCH), str(ROOT)])}
+        p = subprocess.run([sys.executable, "-c", code, str(src)], cwd=BENCH, env=env, capture_output=True, text=True,
+                           timeout=600)
+        assert p.returncode == 0, p.stderr[-2000:]
+        return {f.name: (f.stat().st_ino, f.stat().st_mtime_ns) for f in src.glob("*.safetensors")}
+
+    first = invocation()
+    assert first and invocation() == first
+    assert "rope_theta" not in json.loads((src / "bench-config.json").read_text())["rope_scaling"]
+
+
 # ------------------------------------------------------------------------------------------------------------------
 # quantize_cost.py end to end
 
