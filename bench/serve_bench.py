@@ -29,6 +29,11 @@ Writes ``bench/results/NAME/{results.json,results.md,results.png}`` (the plot: t
 against concurrency, one line per checkpoint and engine) after every checkpoint. The engine's Python is found as
 quantkit finds it (``--python``, its variable, its script on PATH: quantkit/envs.py); ``--engine-path DIR`` puts a
 ``pip install --target`` folder on the server's PYTHONPATH.
+
+Every checkpoint is checked before any server starts (a .gguf file for llama.cpp, a folder with config.json for the
+others): a bad path is refused in one line, naming it. A checkpoint whose server fails (will not start, stops
+answering, decodes fewer tokens than asked) gets a row that says why, and the rest run; an error quantkit did not
+foresee is recorded the same way, its traceback printed, and the script exits 1 at the end.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,7 +58,7 @@ import meta  # noqa: E402
 sys.path.insert(0, str(meta.ROOT))
 from quantkit.engines import client, registry, serving  # noqa: E402
 from quantkit.engines.serving import HOST, ServeOptions, ServerProcess  # noqa: E402
-from quantkit.errors import QuantkitError  # noqa: E402
+from quantkit.errors import BackendError, QuantkitError  # noqa: E402
 
 HELDOUT = meta.ROOT / "calibration" / "heldout.jsonl.gz"
 ENGINES = ("vllm", "sglang", "llama.cpp")
@@ -138,9 +144,8 @@ def one_request(url: str, model: str, prompt: list[int], gen: int, timeout: floa
         if any("text" in c for c in event.get("choices") or []):
             arrivals.append(at)
     tokens = usage if usage else len(arrivals)
-    if tokens != gen:
-        raise SystemExit(f"error: asked {gen} tokens, the server produced {tokens} (usage {usage}, "
-                         f"{len(arrivals)} chunks)")
+    if tokens != gen:  # a server that stops early: its row says so, and the other checkpoints still run
+        raise BackendError(f"asked {gen} tokens, the server produced {tokens} (usage {usage}, {len(arrivals)} chunks)")
     return Stream(sent, arrivals, tokens)
 
 
@@ -175,6 +180,29 @@ def deployment_args(engine: str, top: int, prompt_len: int, gen: int) -> tuple[l
         return ["--cuda-graph-backend-decode", "full", "--cuda-graph-max-bs-decode", str(max(top, 16)),
                 "--max-running-requests", str(max(top, 16))], ctx
     return ["--parallel", str(top), "--ctx-size", str(ctx * top)], ctx  # llama-server: one slot per request
+
+
+def unservable(paths: list[Path], engine: str) -> list[str]:
+    """Each of ``paths`` that ``engine`` cannot be started on, with why: llama.cpp serves a .gguf file, the others a
+    Hugging Face folder whose config.json :func:`label` reads. Asked of every checkpoint before any server starts, so
+    that a mistyped path is not found after minutes of other servers."""
+    bad = []
+    for path in dict.fromkeys(paths):
+        why = ""
+        if engine == "llama.cpp":
+            why = "not a .gguf file" if path.suffix != ".gguf" else "" if path.is_file() else "no such file"
+        elif not path.is_dir():
+            why = "no such folder"
+        else:
+            try:
+                json.loads((path / "config.json").read_text())
+            except OSError:
+                why = "no config.json in it"
+            except json.JSONDecodeError:
+                why = "its config.json is not JSON"
+        if why:
+            bad.append(f"{path} ({why})")
+    return bad
 
 
 def label(path: Path) -> str:
@@ -321,6 +349,9 @@ def main() -> None:
     bad = [e for e in args.engine if e not in ENGINES]
     if bad or len(args.engine) != 1 and args.python:
         ap.error(f"unknown engine {', '.join(bad)}" if bad else "--python names one engine's Python: one --engine")
+    for engine in args.engine:
+        if unusable := unservable([args.reference, *args.checkpoints], engine):
+            ap.error(f"{engine} cannot serve {'; '.join(unusable)}")
     from transformers import AutoTokenizer
 
     tok_dir = args.tokenizer or (args.reference if args.reference.is_dir() else None)
@@ -335,19 +366,25 @@ def main() -> None:
                             "prompt_len": args.prompt_len, "gen": args.gen, "rounds": args.rounds,
                             "concurrency": args.concurrency, "note": args.note, "load_average": os.getloadavg(),
                             "rows": []}
-    engines = args.engine
+    engines, unexpected = args.engine, []
     for engine in engines:
         args.python = registry.get(engine).find_python(args.python if len(engines) == 1 else None).python
         for path in [args.reference, *[c for c in args.checkpoints if c != args.reference]]:
             print(f"== {engine}: {path}", flush=True)
             try:
                 data["rows"].append(measure(engine, path, args, prompts))
-            except QuantkitError as e:  # a server that would not start: said in the table, the rest runs
+            except Exception as e:  # a server that would not start or answered wrongly: its row says so, the rest run
+                error = (str(e) if isinstance(e, QuantkitError) else f"{type(e).__name__}: {e}").partition("\n")[0]
                 data["rows"].append({"engine": engine, "checkpoint": label(path), "path": str(path), "levels": {},
-                                     "error": str(e).splitlines()[0]})
-                print(f"   {str(e).splitlines()[0]}", flush=True)
+                                     "error": error})
+                print(f"   {error}", flush=True)
+                if not isinstance(e, QuantkitError):  # not one quantkit foresaw: maybe this script's bug
+                    traceback.print_exc()
+                    unexpected.append(f"{engine} {path}")
             write(data, folder)
     print(markdown(data))
+    if unexpected:
+        sys.exit(f"error: an unexpected error (its traceback above) ended the run of {', '.join(unexpected)}")
 
 
 if __name__ == "__main__":

@@ -63,6 +63,35 @@ def test_deployment_flags_size_the_server_for_the_largest_level() -> None:
     assert sizes == [1, 2, 4, 8, 16, 32, 64] and "--no-enforce-eager" in extra
 
 
+@pytest.mark.cli
+@pytest.mark.parametrize("engine", ["llama.cpp", "vllm"])
+def test_every_checkpoint_the_engine_cannot_serve_is_refused_before_any_server_starts(engine: str,
+                                                                                       tmp_path: Path) -> None:
+    """A missing path, a folder without config.json or (for llama.cpp) a .gguf that is not there: all named in one
+    argparse error line (exit 2) before the tokenizer loads or any server starts, not found in its turn after minutes
+    of other servers. A good path beside them is not named."""
+    good = ROOT / "models" / "quantkit-tiny"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    gguf = tmp_path / "missing-Q4_K_M.gguf"
+    reference = tmp_path / "F16.gguf" if engine == "llama.cpp" else good
+    if engine == "llama.cpp":
+        reference.write_bytes(b"GGUF")  # there: the check asks for a file, the server would read it
+    checkpoints = [gguf, empty, tmp_path / "typo"]
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "serve_bench.py"), "--engine", engine,
+                           "--reference", str(reference), *map(str, checkpoints), "--tokenizer", str(good),
+                           "--results-dir", str(tmp_path / "res"), "--logs", str(tmp_path / "logs")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    (error,) = [ln for ln in proc.stderr.splitlines() if "error:" in ln]
+    named = error.split(f"error: {engine} cannot serve ", 1)[1].split("; ")
+    why = {"llama.cpp": ["no such file", "not a .gguf file", "not a .gguf file"],
+           "vllm": ["no such folder", "no config.json in it", "no such folder"]}[engine]
+    assert named == [f"{p} ({w})" for p, w in zip(checkpoints, why)]
+    assert str(reference) not in error and "Traceback" not in proc.stderr
+    assert not (tmp_path / "logs").exists() and not (tmp_path / "res").exists() and "==" not in proc.stdout
+
+
 @pytest.mark.e2e
 def test_a_real_llama_server_on_the_reference_model(tmp_path: Path) -> None:
     """The reference model as Q8_0 GGUF behind the real llama-server, one client, tiny lengths: every request decodes
