@@ -205,6 +205,13 @@ def unservable(paths: list[Path], engine: str) -> list[str]:
     return bad
 
 
+def model_name(path: Path) -> str:
+    """The model a run measures, for the default title: the reference's folder name or its GGUF file's stem (its
+    :func:`label` is a dtype, "bf16", which names no model)."""
+    path = Path(os.path.abspath(path))  # "." has a name once absolute; a link keeps the name it was given
+    return path.stem if path.suffix == ".gguf" else path.name
+
+
 def label(path: Path) -> str:
     """The row's name: a GGUF file's name, quantkit's method and scheme for its artifacts, the dtype otherwise."""
     if path.suffix == ".gguf":
@@ -342,7 +349,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4, help="requests each client sends per level")
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.85)
     ap.add_argument("--server-arg", action="append", default=[], help="one more server flag (repeat)")
-    ap.add_argument("--title", help="the table's title [default: the reference's name]")
+    ap.add_argument("--title", help="the table's title [default: the reference's folder name, or its .gguf's stem]")
     ap.add_argument("--note", default="", help="a sentence for the table (the machine, if it matters)")
     ap.add_argument("--logs", type=Path, default=Path(tempfile.gettempdir()) / "quantkit-serve-bench")
     args = ap.parse_args()
@@ -361,7 +368,7 @@ def main() -> None:
     prompts = prompt_windows(AutoTokenizer.from_pretrained(str(tok_dir)), args.prompt_len, per_server)
     args.logs.mkdir(parents=True, exist_ok=True)
     folder = args.results_dir / args.name
-    data: dict[str, Any] = {**meta.header(), "title": args.title or label(args.reference),
+    data: dict[str, Any] = {**meta.header(), "title": args.title or model_name(args.reference),
                             "reference": label(args.reference), "reference_path": str(args.reference),
                             "prompt_len": args.prompt_len, "gen": args.gen, "rounds": args.rounds,
                             "concurrency": args.concurrency, "note": args.note, "load_average": os.getloadavg(),

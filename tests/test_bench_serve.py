@@ -63,6 +63,16 @@ def test_deployment_flags_size_the_server_for_the_largest_level() -> None:
     assert sizes == [1, 2, 4, 8, 16, 32, 64] and "--no-enforce-eager" in extra
 
 
+def test_the_default_title_names_the_model_not_its_dtype(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bf16 reference folder's label is "bf16"; the title is its folder's name, a GGUF reference's the file's stem."""
+    model = ROOT / "models" / "quantkit-tiny"
+    assert serve_bench.label(model) == "bf16" and serve_bench.model_name(model) == "quantkit-tiny"
+    assert serve_bench.model_name(Path("out/SmolLM2-135M-Instruct-F16.gguf")) == "SmolLM2-135M-Instruct-F16"
+    (tmp_path / "Llama-3.1-8B").mkdir()
+    monkeypatch.chdir(tmp_path / "Llama-3.1-8B")
+    assert serve_bench.model_name(Path(".")) == "Llama-3.1-8B"
+
+
 @pytest.mark.cli
 @pytest.mark.parametrize("engine", ["llama.cpp", "vllm"])
 def test_every_checkpoint_the_engine_cannot_serve_is_refused_before_any_server_starts(engine: str,
