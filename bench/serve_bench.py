@@ -32,7 +32,8 @@ quantkit finds it (``--python``, its variable, its script on PATH: quantkit/envs
 
 Every checkpoint is checked before any server starts (a .gguf file for llama.cpp, a folder with config.json for the
 others): a bad path is refused in one line, naming it. A checkpoint whose server fails (will not start, stops
-answering, decodes fewer tokens than asked) gets a row that says why, and the rest run; an error quantkit did not
+answering, decodes fewer tokens than asked) gets a row that says it failed, its error's first line in a list under
+the table (the whole error, a server's log tail with it, in the JSON), and the rest run; an error quantkit did not
 foresee is recorded the same way, its traceback printed, and the script exits 1 at the end.
 """
 
@@ -260,6 +261,11 @@ def measure(engine: str, path: Path, args: argparse.Namespace, prompts: list[lis
 # Results
 
 
+def first_line(error: str) -> str:
+    """What a failed row's error says in one line (the rest is a log's tail or a hint)."""
+    return error.partition("\n")[0]
+
+
 def _cell(x: float | None, ratio: float | None, digits: int) -> str:
     if x is None:
         return "-"
@@ -267,7 +273,9 @@ def _cell(x: float | None, ratio: float | None, digits: int) -> str:
 
 
 def markdown(data: dict[str, Any]) -> str:
-    """One table per engine: a row per checkpoint and level, each figure with its ratio to the reference."""
+    """One table per engine: a row per checkpoint and level, each figure with its ratio to the reference. A failed
+    checkpoint's row says only that it failed; the first line of its error, whole, is listed under the table, where it
+    is not cut mid-word to fit a cell (the JSON has the rest)."""
     lines = [f"# Serving benchmark: {data['title']}", "", meta.md_header(data),
              f"Streamed `/v1/completions`, prompts of {data['prompt_len']} held-out token ids (no shared prefixes), "
              f"{data['gen']} output tokens per request (ignore_eos), greedy; C clients in a closed loop, "
@@ -283,7 +291,7 @@ def markdown(data: dict[str, Any]) -> str:
                   "ITL p50 ms | ITL p90 ms |", "|---|---|---|---|---|---|---|"]
         for r in rows:
             if r.get("error"):
-                lines.append(f"| {r['checkpoint']} | - | `{r['error'][:200]}` | | | | |")
+                lines.append(f"| {r['checkpoint']} | - | failed: see below | | | | |")
                 continue
             rat = ratios(r, ref) if ref is not None and r is not ref else {}
             for level, f in r["levels"].items():
@@ -294,6 +302,9 @@ def markdown(data: dict[str, Any]) -> str:
                              f"{_cell(f['ttft_ms_p90'], None, 1)} | {_cell(f['itl_ms_p50'], q.get('itl_ms_p50'), 2)} | "
                              f"{_cell(f['itl_ms_p90'], None, 2)} |")
         lines.append("")
+        if failed := [r for r in rows if r.get("error")]:
+            lines += ["Failed:", "", *[f"- {r['checkpoint']} (`{r['path']}`): {first_line(r['error'])}"
+                                       for r in failed], ""]
     return "\n".join(lines)
 
 
@@ -381,10 +392,10 @@ def main() -> None:
             try:
                 data["rows"].append(measure(engine, path, args, prompts))
             except Exception as e:  # a server that would not start or answered wrongly: its row says so, the rest run
-                error = (str(e) if isinstance(e, QuantkitError) else f"{type(e).__name__}: {e}").partition("\n")[0]
+                error = str(e) if isinstance(e, QuantkitError) else f"{type(e).__name__}: {e}"
                 data["rows"].append({"engine": engine, "checkpoint": label(path), "path": str(path), "levels": {},
-                                     "error": error})
-                print(f"   {error}", flush=True)
+                                     "error": error})  # whole: a server's error goes on with its log's last lines
+                print(f"   {first_line(error)}", flush=True)
                 if not isinstance(e, QuantkitError):  # not one quantkit foresaw: maybe this script's bug
                     traceback.print_exc()
                     unexpected.append(f"{engine} {path}")

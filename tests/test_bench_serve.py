@@ -63,6 +63,30 @@ def test_deployment_flags_size_the_server_for_the_largest_level() -> None:
     assert sizes == [1, 2, 4, 8, 16, 32, 64] and "--no-enforce-eager" in extra
 
 
+def test_a_failed_row_says_failed_and_its_whole_error_is_listed_under_the_table() -> None:
+    """The error is not cut to fit the cell (it was cut at 200 characters, mid-word): the cell says the row failed,
+    the list under the engine's table gives the whole first line of each failed checkpoint's error (the JSON keeps
+    the log tail after it)."""
+    level = {"output_tokens_per_s": 100.0, "ttft_ms_p50": 40.0, "ttft_ms_p90": 45.0, "itl_ms_p50": 10.0,
+             "itl_ms_p90": 12.0}
+    line = ("the vllm server exited with code 1 while answering /health at " + "/w/out-quantkit-nvfp4 " * 10
+            + "Last lines of /logs/vllm-out-quantkit-nvfp4.log:")
+    error = line + "\nTraceback (most recent call last):\ntorch.OutOfMemoryError: CUDA out of memory"
+    data = {"title": "Llama-3.1-8B", "command": "serve_bench.py", "date": "2026-12-05",
+            "machine": {"cpu": "x", "cores": 1}, "versions": {}, "prompt_len": 16, "gen": 4, "rounds": 2,
+            "reference": "bf16", "reference_path": "/w/src-8b", "load_average": [0.0, 0.0, 0.0],
+            "rows": [{"engine": "vllm", "checkpoint": "bf16", "path": "/w/src-8b", "levels": {"1": level}},
+                     {"engine": "vllm", "checkpoint": "nvfp4 NVFP4", "path": "/w/out-quantkit-nvfp4", "levels": {},
+                      "error": error}]}
+    md = serve_bench.markdown(data)
+    assert md.startswith("# Serving benchmark: Llama-3.1-8B\n")
+    assert "| nvfp4 NVFP4 | - | failed: see below | | | | |" in md
+    table_end = md.index("| nvfp4 NVFP4 |")
+    listed = [ln for ln in md[table_end:].splitlines() if ln.startswith("- ")]
+    assert listed == [f"- nvfp4 NVFP4 (`/w/out-quantkit-nvfp4`): {line}"]
+    assert md.count(line) == 1 and "OutOfMemoryError" not in md and "| bf16 | 1 | 100.0 |" in md
+
+
 def test_the_default_title_names_the_model_not_its_dtype(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A bf16 reference folder's label is "bf16"; the title is its folder's name, a GGUF reference's the file's stem."""
     model = ROOT / "models" / "quantkit-tiny"
