@@ -109,9 +109,12 @@ def quantize_cost() -> list[str]:
     if md.exists():
         lines += [_body(md), ""]
     for name, what in (("quantize_cost_8b_fp8_warm", "FP8 static, a warm-up and three runs per tool"),
-                       ("quantize_cost_8b_int8_medians", "INT8 SmoothQuant, two quantkit runs and one direct")):
+                       ("quantize_cost_8b_int8_medians", "INT8 SmoothQuant, two quantkit runs and one direct"),
+                       ("quantize_cost_8b_fp8_profiled", "FP8 static, one run per tool under py-spy"),
+                       ("fp8_profile", "where those two runs spent their time (bench/profile_phases.py)")):
         if (h100 := H100 / "8b" / f"{name}.md").exists():
-            lines += [f"### The 8B shape on one H100: {what} (issue 44; h100/8b/README.md)", "", _body(h100), ""]
+            lines += [f"### The 8B shape on one H100: {what} (issue 44; h100/8b/README.md)", "",
+                      re.sub(r"^## ", "#### ", _body(h100), flags=re.M), ""]
     medians = H200 / "8b" / "quantize_cost_8b_medians.md"
     if medians.exists():
         lines += ["### The 8B shape on one H200, medians of three runs per tool (issue 44; h200/8b/README.md)", "",
@@ -223,6 +226,21 @@ def wide() -> list[str]:
     return [body, ""] if body else ["**Not run yet** (h200/wide/README.md).", ""]
 
 
+def serve_bench() -> list[str]:
+    """Issue 44 item 4: throughput and latency at several concurrencies against bf16 (bench/serve_bench.py)."""
+    lines: list[str] = []
+    for md, heading in ((H100 / "8b" / "serve_bench_8b_vllm" / "results.md", "The 8B shape in vLLM on one H100"),
+                        (H100 / "8b" / "serve_bench_8b_sglang" / "results.md", "The 8B shape in SGLang on one H100"),
+                        (H200 / "serve_bench_smollm2_vllm" / "results.md", "SmolLM2-135M-Instruct in vLLM on one H200"),
+                        (RESULTS / "smollm2_llamacpp_cpu" / "results.md",
+                         "SmolLM2-135M-Instruct's GGUF files in llama-server on this CPU (the script end to end, "
+                         "not a speed)")):
+        if md.exists():
+            lines += [f"### {heading} ({md.parent.relative_to(RESULTS).as_posix()}/)", "",
+                      re.sub(r"^## ", "#### ", _body(md), flags=re.M), ""]
+    return lines or ["**Not run yet.**", ""]
+
+
 def h200_table(name: str, command: str) -> list[str]:
     md = H200 / f"{name}.md"
     if not md.exists():
@@ -256,7 +274,8 @@ def build() -> Path:
              "## 5. Mixture of experts: Qwen3-30B-A3B's width, 12 layers, random weights (H200)", "", *moe(),
              "", "## 6. GGUF importance matrices (CPU)", "", *gguf_imatrix(),
              "", "## 7. Two H200s: distributed calibration and tensor-parallel serving", "", *two_gpus(),
-             "", "## 8. Qwen2.5-32B's width on one H200 (h200/wide/README.md)", "", *wide()]
+             "", "## 8. Qwen2.5-32B's width on one H200 (h200/wide/README.md)", "", *wide(),
+             "", "## 9. Serving at several concurrencies against bf16 (bench/serve_bench.py)", "", *serve_bench()]
     out = RESULTS / "README.md"
     out.write_text("\n".join(lines).rstrip() + "\n")
     return out
