@@ -67,23 +67,29 @@ def hash_and_sync(path: Path) -> str:
     """sha256 of ``path``, the file on disk when it returns: the fsync runs in a thread of its own while the hash
     reads the file (from the page cache), so a file costs the longer of the two, not their sum. The last shard of a
     checkpoint is what an artifact waits for after the save; on an H100 host, 1 GB of it took 0.9-2.7 s to hash and
-    0.5-1.7 s to fsync one after the other (py-spy, bench/results/h100/8b/fp8_profile.md)."""
-    failed: list[OSError] = []
+    0.5-1.7 s to fsync one after the other (py-spy, bench/results/h100/8b/fp8_profile.md).
+
+    The thread is always joined before this returns or raises. The hash's own exception wins (an interrupt while it
+    reads is not turned into the fsync's OSError, which a caller such as :func:`_seal_one` would take for a file
+    that changed); after a hash that succeeded, any error of the fsync is raised here, never left in its thread, so
+    a digest returned always means the file is on disk."""
+    failed: list[BaseException] = []
 
     def sync() -> None:
         try:
             fsync_file(path)
-        except OSError as e:
+        except BaseException as e:  # anything, not only OSError: an error left in the thread would pass as synced
             failed.append(e)
 
     syncing = threading.Thread(target=sync, name="quantkit-fsync", daemon=True)
     syncing.start()
     try:
-        return sha256_file(path)
+        digest = sha256_file(path)
     finally:
         syncing.join()
-        if failed:
-            raise failed[0]
+    if failed:
+        raise failed[0]
+    return digest
 
 
 def _sync_file_range() -> Callable[[int], int] | None:

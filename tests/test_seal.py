@@ -111,3 +111,36 @@ def test_hash_and_sync_gives_the_files_sha256_and_says_an_unreadable_one(tmp_pat
     assert seal.hash_and_sync(f) == hashlib.sha256(data).hexdigest()
     with pytest.raises(FileNotFoundError):
         seal.hash_and_sync(tmp_path / "gone.safetensors")
+
+
+@pytest.mark.skipif(not Path("/dev/null").exists() or os.uname().sysname != "Linux",
+                    reason="Linux refuses fsync on a character device (EINVAL)")
+def test_a_failed_fsync_reaches_the_caller_though_the_hash_succeeded() -> None:
+    """/dev/null reads (an empty file's sha256) but cannot be fsynced: a digest returned would say the file is on
+    disk when it is not. The fsync's error, raised in its own thread, must be the caller's."""
+    with pytest.raises(OSError):
+        seal.hash_and_sync(Path("/dev/null"))
+
+
+class Interrupted(Exception):
+    """What SIGALRM raises in the main thread here: an interrupt while the hash reads (Ctrl-C's place)."""
+
+
+@pytest.mark.skipif(not Path("/dev/zero").exists() or os.uname().sysname != "Linux",
+                    reason="Linux refuses fsync on a character device (EINVAL)")
+def test_an_interrupt_during_the_hash_is_not_replaced_by_the_fsyncs_error() -> None:
+    """/dev/zero is hashed forever and cannot be fsynced: the interrupt that stops the hash is what reaches the
+    caller, not the fsync's OSError (which _seal_one would take for a file changed meanwhile and hash again)."""
+    import signal
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        with pytest.raises(Interrupted):
+            seal.hash_and_sync(Path("/dev/zero"))
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
