@@ -88,6 +88,19 @@ def test_the_kinds_table_says_which_folder_of_a_trt_artifact_the_engines_read(tm
     assert e.value.hint == f"evaluate its hf/ folder: quantkit eval {art / 'hf'}"
 
 
+def test_tune_given_a_trt_artifact_itself_names_its_hf_folder(tmp_path: Path) -> None:
+    """``quantkit tune OUT`` of a build-trt artifact is refused naming ``OUT/hf``, as ``eval`` and ``smoke`` refuse it:
+    vLLM serves hf/, whose sweep is recorded in OUT's manifest. The artifact's row says vLLM serves it, so tune let it
+    through, and the sweep died reading OUT/config.json (a ValueError and its traceback) before vLLM started."""
+    from quantkit.engines.vllm import tune
+
+    art = tmp_path / "trt-fp8"
+    (art / "trtllm-ckpt").mkdir(parents=True)
+    with pytest.raises(UsageError) as e:
+        tune.run(art, tune.TuneOptions(python=str(ROOT / "no-such-python")))
+    assert e.value.hint == f"measure its hf/ folder: quantkit tune {art / 'hf'}", (e.value.message, e.value.hint)
+
+
 def test_the_plan_evaluates_and_smokes_hf_in_vllm_or_names_tensorrt_llm(tmp_path: Path) -> None:
     """Before anything is built, the plan of each build-trt quantization: vLLM reads hf/ where it loads the export
     (here without vLLM: skipped, saying so); a TensorRT-LLM-only export is skipped naming its ModelOpt format and

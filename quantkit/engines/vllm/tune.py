@@ -57,6 +57,9 @@ def run(path: Path, opts: TuneOptions, reporter: Reporter | None = None) -> Any:
     rep = reporter or Reporter(quiet=True)
     path = Path(path)
     kind = kinds.detect(path)
+    if kind.reads:  # a build-trt artifact: vLLM serves its hf/, as eval and smoke are told (registry.serving_engine)
+        raise UsageError(f"{path} holds {kind.label}; vLLM serves its {kind.reads}/ folder, which is what to measure",
+                         hint=f"measure its {kind.reads}/ folder: quantkit tune {kind.folder(path)}")
     if kind.serve != VLLM and kind.name != KindName.MODELOPT:
         raise UsageError(f"quantkit tune measures vLLM's kernels; {path} holds {kind.label}, which vLLM does not "
                          "serve here",
