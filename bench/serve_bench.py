@@ -262,8 +262,13 @@ def measure(engine: str, path: Path, args: argparse.Namespace, prompts: list[lis
 
 
 def first_line(error: str) -> str:
-    """What a failed row's error says in one line (the rest is a log's tail or a hint)."""
-    return error.partition("\n")[0]
+    """What a failed row's error says in one line (the rest is a log's tail or a hint). A line that ends by
+    introducing what follows (a server's error: "... Last lines of LOG:", then the tail) says where that is, the
+    JSON, rather than end on a colon with nothing after it."""
+    line, _, rest = error.partition("\n")
+    if line.endswith(":"):
+        line = line[:-1] + (" (in results.json)" if rest.strip() else "")
+    return line
 
 
 def _cell(x: float | None, ratio: float | None, digits: int) -> str:

@@ -83,8 +83,12 @@ def test_a_failed_row_says_failed_and_its_whole_error_is_listed_under_the_table(
     assert "| nvfp4 NVFP4 | - | failed: see below | | | | |" in md
     table_end = md.index("| nvfp4 NVFP4 |")
     listed = [ln for ln in md[table_end:].splitlines() if ln.startswith("- ")]
-    assert listed == [f"- nvfp4 NVFP4 (`/w/out-quantkit-nvfp4`): {line}"]
-    assert md.count(line) == 1 and "OutOfMemoryError" not in md and "| bf16 | 1 | 100.0 |" in md
+    # the line introduces the log's tail, which only the JSON holds: it says so instead of ending on a colon
+    assert listed == [f"- nvfp4 NVFP4 (`/w/out-quantkit-nvfp4`): {line.removesuffix(':')} (in results.json)"]
+    assert md.count(line.removesuffix(":")) == 1 and "OutOfMemoryError" not in md and "| bf16 | 1 | 100.0 |" in md
+    # an error recorded without its tail (the JSON of a run before the tail was kept) does not point to one
+    data["rows"][1]["error"] = line
+    assert f"{line.removesuffix(':')}\n" in serve_bench.markdown(data)
 
 
 def test_the_default_title_names_the_model_not_its_dtype(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
