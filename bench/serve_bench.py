@@ -193,7 +193,7 @@ def unservable(paths: list[Path], engine: str) -> list[str]:
         if engine == "llama.cpp":
             why = "not a .gguf file" if path.suffix != ".gguf" else "" if path.is_file() else "no such file"
         elif not path.is_dir():
-            why = "no such folder"
+            why = "not a folder" if path.exists() else "no such folder"  # a .gguf given to vLLM is there
         else:
             try:
                 json.loads((path / "config.json").read_text())

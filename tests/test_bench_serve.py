@@ -105,7 +105,8 @@ def test_the_default_title_names_the_model_not_its_dtype(tmp_path: Path, monkeyp
 @pytest.mark.parametrize("engine", ["llama.cpp", "vllm"])
 def test_every_checkpoint_the_engine_cannot_serve_is_refused_before_any_server_starts(engine: str,
                                                                                        tmp_path: Path) -> None:
-    """A missing path, a folder without config.json or (for llama.cpp) a .gguf that is not there: all named in one
+    """A missing path, a folder without config.json, a file where vLLM needs a folder (it is there: not "no such
+    folder") or (for llama.cpp) a .gguf that is not there: all named in one
     argparse error line (exit 2) before the tokenizer loads or any server starts, not found in its turn after minutes
     of other servers. A good path beside them is not named."""
     good = ROOT / "models" / "quantkit-tiny"
@@ -115,7 +116,9 @@ def test_every_checkpoint_the_engine_cannot_serve_is_refused_before_any_server_s
     reference = tmp_path / "F16.gguf" if engine == "llama.cpp" else good
     if engine == "llama.cpp":
         reference.write_bytes(b"GGUF")  # there: the check asks for a file, the server would read it
-    checkpoints = [gguf, empty, tmp_path / "typo"]
+    weights = tmp_path / "model.safetensors"  # there, but neither a .gguf nor a folder
+    weights.write_bytes(b"")
+    checkpoints = [gguf, empty, tmp_path / "typo", weights]
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "serve_bench.py"), "--engine", engine,
                            "--reference", str(reference), *map(str, checkpoints), "--tokenizer", str(good),
                            "--results-dir", str(tmp_path / "res"), "--logs", str(tmp_path / "logs")],
@@ -123,8 +126,8 @@ def test_every_checkpoint_the_engine_cannot_serve_is_refused_before_any_server_s
     assert proc.returncode == 2, proc.stderr[-3000:]
     (error,) = [ln for ln in proc.stderr.splitlines() if "error:" in ln]
     named = error.split(f"error: {engine} cannot serve ", 1)[1].split("; ")
-    why = {"llama.cpp": ["no such file", "not a .gguf file", "not a .gguf file"],
-           "vllm": ["no such folder", "no config.json in it", "no such folder"]}[engine]
+    why = {"llama.cpp": ["no such file", "not a .gguf file", "not a .gguf file", "not a .gguf file"],
+           "vllm": ["no such folder", "no config.json in it", "no such folder", "not a folder"]}[engine]
     assert named == [f"{p} ({w})" for p, w in zip(checkpoints, why)]
     assert str(reference) not in error and "Traceback" not in proc.stderr
     assert not (tmp_path / "logs").exists() and not (tmp_path / "res").exists() and "==" not in proc.stdout
