@@ -111,7 +111,7 @@ def quantize_cost() -> list[str]:
     for name, what in (("quantize_cost_8b_fp8_warm", "FP8 static, a warm-up and three runs per tool"),
                        ("quantize_cost_8b_int8_medians", "INT8 SmoothQuant, two quantkit runs and one direct"),
                        ("quantize_cost_8b_fp8_profiled", "FP8 static, one run per tool under py-spy"),
-                       ("fp8_profile", "where those two runs spent their time (bench/profile_phases.py)")):
+                       ("fp8_profile", "where those two runs spent their time, read by bench/profile_phases.py")):
         if (h100 := H100 / "8b" / f"{name}.md").exists():
             lines += [f"### The 8B shape on one H100: {what} (issue 44; h100/8b/README.md)", "",
                       re.sub(r"^## ", "#### ", _body(h100), flags=re.M), ""]
