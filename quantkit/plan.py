@@ -29,7 +29,7 @@ from quantkit import calibration, formats, producers, source as source_mod
 from quantkit.engines import registry
 from quantkit.errors import HostMemoryError, OutputExistsError, UsageError
 from quantkit.formats.kinds import Kind
-from quantkit.formats.names import EVALUATING, LLAMACPP, VLLM, KindName, Method
+from quantkit.formats.names import EVALUATING, LLAMACPP, TRANSFORMERS, VLLM, KindName, Method
 from quantkit.formats.specs import MethodBase, TrtSpec
 from quantkit.producers.base import Producer
 from quantkit.producers import mixed
@@ -267,7 +267,7 @@ def _refusal(engine: str, folder: Path, spec: MethodBase | None) -> str | None:
     for, a layout transformers cannot reload or would load wrong), or, for an output not made yet, foreseen from its
     spec (:func:`_foreseen_refusal`). A serving-only engine (TensorRT-LLM) refuses nothing before it starts."""
     if spec is not None:
-        return _foreseen_refusal(engine, spec)
+        return _foreseen_refusal(engine, folder, spec)
     if engine not in EVALUATING:
         return None
     from quantkit.engines import logits
@@ -279,10 +279,24 @@ def _refusal(engine: str, folder: Path, spec: MethodBase | None) -> str | None:
     return None
 
 
-def _foreseen_refusal(engine: str, spec: MethodBase) -> str | None:
+def _foreseen_refusal(engine: str, folder: Path, spec: MethodBase) -> str | None:
     """What :func:`_refusal` will say of an output once it is made, from its spec: vLLM refuses a build-trt export
-    whose ModelOpt algorithm it has no method for (:func:`quantkit.engines.vllm.kernels.vllm_refusal`)."""
-    if engine != VLLM or not isinstance(spec, TrtSpec):
+    whose ModelOpt algorithm it has no method for (:func:`quantkit.engines.vllm.kernels.vllm_refusal`), and
+    transformers (named by the recipe) the ModelOpt export hf/ will be (:func:`quantkit.producers.trt.hf_kind`), in
+    the words of its own check of the folder, which the run asks of the folder it finds."""
+    if not isinstance(spec, TrtSpec):
+        return None
+    if engine == TRANSFORMERS:
+        from quantkit.engines.transformers import logits
+        from quantkit.formats import kinds
+        from quantkit.producers.trt import hf_kind
+
+        try:
+            logits.refuse(folder, kinds.BY_NAME[hf_kind(spec)])
+        except UsageError as e:
+            return e.message
+        return None
+    if engine != VLLM:
         return None
     from quantkit.engines.vllm import kernels
     from quantkit.producers.trt import QUANT_ALGO

@@ -142,6 +142,26 @@ def test_the_plan_evaluates_a_trt_none_export_in_the_engine_the_run_picks(tmp_pa
         assert o["smoke"].startswith("vllm on hf/"), (name, o["smoke"])
 
 
+def test_the_plan_foresees_transformers_refusing_a_modelopt_hf_as_the_run_does(tmp_path: Path) -> None:
+    """A recipe that names ``evaluation.engine: transformers``: the run asks transformers' own check of hf/, which
+    refuses a ModelOpt export (it would load the quantized weights as plain ones) and records the evaluation as
+    skipped; the plan said "transformers on hf/" for every build-trt output. It now foresees hf/'s kind and asks the
+    same check, in the same words: skipped for fp8 and for none with an FP8 KV cache, scored for a plain none."""
+    from quantkit.engines.transformers import logits as hf_logits
+
+    outputs = [{"method": "trt", "quantization": "fp8"}, *_none_outputs()]
+    _recipe(tmp_path, outputs, {"dataset": "heldout", "max_tokens": 2048, "engine": TRANSFORMERS})
+    planned = _plan(tmp_path)
+    for name in ("trt-fp8", "none-kv-fp8"):
+        hf = Path(planned[name]["path"]) / "hf"  # as the plan and the run name it (the recipe's output, relative)
+        with pytest.raises(UsageError) as e:  # the run's words for the folder it will find
+            hf_logits.refuse(hf, kinds.BY_NAME[KindName.MODELOPT])
+        assert planned[name]["evaluate"] == f"transformers on hf/: skipped ({e.value.message})", planned[name]
+    for name in ("trt-none", "none-kv-int8"):
+        o = planned[name]
+        assert o["evaluate"] == "transformers on hf/, heldout, ctx 2048, at most 2,048 tokens", o
+
+
 def test_the_recipes_smoke_engine_is_the_one_run_serves_with(tmp_path: Path) -> None:
     """``smoke.engine`` in a recipe was accepted and ignored: run served every output in its kind's engine. Now the
     named engine serves it, and an engine the recipe names is never skipped for its absence (the smoke test fails,
