@@ -71,10 +71,10 @@ def hash_and_sync(path: Path) -> str:
     GB; py-spy, bench/results/h100/8b/fp8_profile.md).
 
     The thread is joined before this returns or raises (an interrupt during that wait leaves it to end with its
-    fsync: a daemon, it holds nothing and cannot keep the process alive). The hash's own exception wins (an interrupt while it
-    reads is not turned into the fsync's OSError, which a caller such as :func:`_seal_one` would take for a file
-    that changed); after a hash that succeeded, any error of the fsync is raised here, never left in its thread, so
-    a digest returned always means the file is on disk."""
+    fsync: a daemon, it holds nothing and cannot keep the process alive). The hash's own exception wins (an
+    interrupt while it reads is not turned into the fsync's OSError, which a caller such as :func:`_seal_one` would
+    take for a file that changed); after a hash that succeeded, any error of the fsync is raised here, never left in
+    its thread, so a digest returned always means the file is on disk."""
     failed: list[BaseException] = []
 
     def sync() -> None:

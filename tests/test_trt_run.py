@@ -2,9 +2,10 @@
 
 A build-trt artifact's ``hf/`` (ModelOpt's unified checkpoint) is what vLLM evaluates and serves: the kinds table
 says so once (``Kind.reads``), and the run and its plan read that folder in vLLM; a ``none`` export's hf/, a plain
-checkpoint, is scored where ``eval --engine auto`` scores one, in transformers (the plan foresees its kind). ModelOpt's TensorRT-LLM-only exports
-(INT4-AWQ, W4A8-AWQ, INT8-SQ) are skipped naming TensorRT-LLM; where vLLM cannot run (no vLLM, no GPU) the skip says
-that, in the engines registry's words. Never through transformers, which loads a ModelOpt export silently wrong.
+checkpoint, is scored where ``eval --engine auto`` scores one, in transformers (the plan foresees its kind).
+ModelOpt's TensorRT-LLM-only exports (INT4-AWQ, W4A8-AWQ, INT8-SQ) are skipped naming TensorRT-LLM; where vLLM cannot
+run (no vLLM, no GPU) the skip says that, in the engines registry's words. Never through transformers, which loads a
+ModelOpt export silently wrong.
 The builds are real (ModelOpt in .venv-trt, as tests/test_trt.py's); the plan's tests need no ModelOpt.
 """
 
