@@ -60,6 +60,7 @@ sys.path.insert(0, str(meta.ROOT))
 from quantkit.engines import client, registry, serving  # noqa: E402
 from quantkit.engines.serving import HOST, ServeOptions, ServerProcess  # noqa: E402
 from quantkit.errors import BackendError, QuantkitError  # noqa: E402
+from quantkit.recipe import DEFAULT_STALL_TIMEOUT  # noqa: E402
 
 HELDOUT = meta.ROOT / "calibration" / "heldout.jsonl.gz"
 ENGINES = ("vllm", "sglang", "llama.cpp")
@@ -240,7 +241,7 @@ def measure(engine: str, path: Path, args: argparse.Namespace, prompts: list[lis
     argv = lambda port: server.command(path, args.python, HOST, port, opts) + extra + args.server_arg  # noqa: E731
     t0 = time.perf_counter()
     with ServerProcess(engine, argv, log_path=log, env=env, health_path=server.health_path,
-                       timeout=args.timeout) as srv:
+                       timeout=args.timeout, stall_timeout=args.stall_timeout) as srv:
         row["healthy_after_s"] = round(time.perf_counter() - t0, 1)
         row["command"] = srv.argv
         model = client.get_json(srv.url + "/v1/models")["data"][0]["id"]
@@ -368,6 +369,11 @@ def main() -> None:
     ap.add_argument("--title", help="the table's title [default: the reference's folder name, or its .gguf's stem]")
     ap.add_argument("--note", default="", help="a sentence for the table (the machine, if it matters)")
     ap.add_argument("--logs", type=Path, default=Path(tempfile.gettempdir()) / "quantkit-serve-bench")
+    ap.add_argument("--stall-timeout", type=float, default=DEFAULT_STALL_TIMEOUT,
+                    help="seconds a starting server may go without progress (no log line, no new process, no change "
+                         "of its GPU memory) before it is stopped, as smoke's --stall-timeout; 0: never. A first "
+                         "start that compiles kernels can be silent for minutes (SGLang's W4A16, "
+                         f"bench/results/h200/sglang/) [default: {DEFAULT_STALL_TIMEOUT:g}]")
     args = ap.parse_args()
     bad = [e for e in args.engine if e not in ENGINES]
     if bad or len(args.engine) != 1 and args.python:
