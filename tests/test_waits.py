@@ -33,6 +33,13 @@ SILENT = textwrap.dedent("""\
     time.sleep(600)
     """)
 
+# Prints a line, then works the CPU without a word: a server compiling in its own process, or spinning.
+BUSY = textwrap.dedent("""\
+    print("Capturing batches (bs=64 avail_mem=11.57 GB):   0%|", flush=True)
+    while True:
+        pass
+    """)
+
 # Prints a line a second and answers /health (200) only after READY_S seconds: slow, never stalled.
 SLOW = textwrap.dedent("""\
     import http.server, sys, threading, time
@@ -157,3 +164,20 @@ def test_an_eval_worker_whose_load_stalls_is_stopped_and_named(tmp_path: Path) -
     assert "Traceback" not in proc.stderr
     core = int(error[0].split("engine core ")[1].split()[0].rstrip(".,;"))
     assert gone(core)
+
+
+@pytest.mark.parametrize("busy", [False, True], ids=["idle", "busy"])
+def test_a_stopped_server_is_said_busy_or_idle_on_the_cpu(tmp_path: Path, busy: bool) -> None:
+    """The stall line says how many CPU-seconds the server's processes used since their last progress: a server
+    silent on the CPU's work (compiling, spinning) is told from one asleep on something, which the H100's stopped
+    SGLang W4A16 start could not be."""
+    script = _script(tmp_path, "stuck.py", BUSY if busy else SILENT)
+    srv = ServerProcess("stuck", lambda port: [sys.executable, str(script)], log_path=tmp_path / "stuck.log",
+                        timeout=120, stall_timeout=3.0)
+    with pytest.raises(watch.ProcessStalled) as stalled:
+        with srv:
+            pass
+    first = str(stalled.value).splitlines()[0]
+    used = float(first.split("its processes used ", 1)[1].split(" CPU-seconds meanwhile", 1)[0])
+    assert (used > 0.8) if busy else (used < 0.4), first
+    assert gone(srv.proc.pid if srv.proc else 0)

@@ -17,6 +17,12 @@ while the overall timeout (600 s for smoke, 900 s for SGLang's evaluation) was s
 180 s is generous against the longest silence seen in a healthy start: vLLM 0.26.0 stays silent 28 s twice while
 starting the 135M model (bench/results/h200/modelopt_fp8_vllm_serve.log), and a long weight load shows as GPU
 memory taken; it is the recipe's ``smoke.stall_timeout`` and ``--stall-timeout`` on ``smoke``, 0 turns it off.
+
+The line that stops a child also says how many CPU-seconds its processes used since their last progress: not a sign
+of progress (a hung server may spin as well as sleep), but what tells a silent server busy compiling or looping from
+one waiting on something. On an H100 an SGLang W4A16 server went silent capturing CUDA graphs and was stopped at
+180 s, while an earlier H200 run had seen a first W4A16 start silent for minutes (bench/results/h100/8b/README.md):
+the figure says which it was next time.
 """
 
 from __future__ import annotations
@@ -132,6 +138,24 @@ def process_tree(root: int) -> frozenset[int]:
     return frozenset(members)
 
 
+def cpu_seconds(pids: frozenset[int]) -> float | None:
+    """The CPU time (user + system, with that of their exited and reaped children) the processes have used, from
+    /proc; None without /proc. Not a sign of progress (a hung server may spin as well as sleep), but said when one is
+    stopped: a silent server busy on the CPU is compiling or looping, an idle one is waiting on something."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return None
+    ticks = 0
+    for pid in pids:
+        try:
+            stat = (proc / str(pid) / "stat").read_text()
+        except OSError:
+            continue  # gone since the tree was read: its time is in its parent's once reaped
+        fields = stat[stat.rfind(")") + 2:].split()
+        ticks += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime (stat's fields 14-17)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 class GpuMemory:
     """The GPU memory (MiB) a set of processes holds, from ``nvidia-smi``; None where there is no NVIDIA driver
     or it does not answer (then it is not asked again: a hung driver must not slow every poll)."""
@@ -172,6 +196,8 @@ class Activity:
         self._size = self._log_size()
         self._tree: frozenset[int] = frozenset()
         self._memory: int | None = None
+        self._cpu_at_progress: float | None = None  # the tree's CPU-seconds at the first probe after progress
+        self._cpu_since = now  # when that was
 
     def _log_size(self) -> int:
         try:
@@ -191,15 +217,20 @@ class Activity:
             memory = self.gpu.of(tree)
             moved = moved or tree != self._tree or memory != self._memory
             self._tree, self._memory = tree, memory
+            if moved or self.last > self._cpu_since or self._cpu_at_progress is None:
+                self._cpu_at_progress, self._cpu_since = cpu_seconds(tree), now  # the count restarts here
         if moved:
             self.last = now
         return now - self.last
 
     def signals(self) -> str:
-        """What "no progress" meant here, for the error."""
-        if self.gpu.tool:
-            return "no new log output, no new process, no change of its GPU memory"
-        return "no new log output, no new process; GPU memory not watched: no nvidia-smi"
+        """What "no progress" meant here, and how busy the processes were meanwhile, for the error."""
+        said = ("no new log output, no new process, no change of its GPU memory" if self.gpu.tool else
+                "no new log output, no new process; GPU memory not watched: no nvidia-smi")
+        now = cpu_seconds(process_tree(self.pid))
+        if now is None or self._cpu_at_progress is None:
+            return said
+        return f"{said}; its processes used {max(0.0, now - self._cpu_at_progress):.1f} CPU-seconds meanwhile"
 
 
 def wait_until(ready: Callable[[], bool], *, who: str, waits_for: str, proc: subprocess.Popen[Any],
