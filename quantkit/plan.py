@@ -253,8 +253,11 @@ def _foreseen_kind(kind: Kind, spec: MethodBase) -> Kind:
     evaluating_engine`, what the run asks of a made output), so that the plan names the engine the run uses. A
     build-trt output's hf/ is a ModelOpt export or a plain checkpoint as its export leaves it
     (:func:`quantkit.producers.trt.hf_kind`: ``none`` scores in transformers); any other output is of its own kind."""
-    if not isinstance(spec, TrtSpec):
-        return kind
+    return _trt_hf_kind(spec) if isinstance(spec, TrtSpec) else kind
+
+
+def _trt_hf_kind(spec: TrtSpec) -> Kind:
+    """The kinds row of the hf/ folder a build-trt output will leave (:func:`quantkit.producers.trt.hf_kind`)."""
     from quantkit.formats import kinds
     from quantkit.producers.trt import hf_kind
 
@@ -288,11 +291,9 @@ def _foreseen_refusal(engine: str, folder: Path, spec: MethodBase) -> str | None
         return None
     if engine == TRANSFORMERS:
         from quantkit.engines.transformers import logits
-        from quantkit.formats import kinds
-        from quantkit.producers.trt import hf_kind
 
         try:
-            logits.refuse(folder, kinds.BY_NAME[hf_kind(spec)])
+            logits.refuse(folder, _trt_hf_kind(spec))
         except UsageError as e:
             return e.message
         return None
@@ -302,7 +303,7 @@ def _foreseen_refusal(engine: str, folder: Path, spec: MethodBase) -> str | None
     from quantkit.producers.trt import QUANT_ALGO
 
     algo = QUANT_ALGO[spec.quantization]
-    if algo is None or algo in kernels.VLLM_MODELOPT_ALGOS:
+    if kernels.vllm_loads_modelopt(algo):
         return None
     return (f"{spec.quantization} exports ModelOpt {algo}, a TensorRT-LLM format vLLM {kernels.VLLM_VERSION} does not "
             "load; TensorRT-LLM serves it")

@@ -125,6 +125,12 @@ def _modelopt_algo(artifact: Path) -> str | None:
     return (json.loads(hf_quant.read_text()).get("quantization") or {}).get("quant_algo")
 
 
+def vllm_loads_modelopt(algo: str | None) -> bool:
+    """Whether vLLM has a method for a ModelOpt export of ``algo`` (None: not a quantized export): the one rule, asked
+    of a folder's hf_quant_config.json (:func:`vllm_refusal`) and of a build-trt output before it is made (the plan)."""
+    return algo is None or str(algo).upper() in VLLM_MODELOPT_ALGOS
+
+
 def vllm_refusal(artifact: Path) -> str | None:
     """Why vLLM cannot load ``artifact`` at all (None when it can): a ModelOpt export whose quant_algo vLLM has no
     method for. Checked before vLLM starts, so eval, smoke and tune say so instead of a server dying mid-load."""
@@ -132,7 +138,7 @@ def vllm_refusal(artifact: Path) -> str | None:
         algo = _modelopt_algo(artifact)
     except (OSError, json.JSONDecodeError, AttributeError):
         return None  # vLLM reports an unreadable file itself
-    if algo is None or str(algo).upper() in VLLM_MODELOPT_ALGOS:
+    if vllm_loads_modelopt(algo):
         return None
     return (f"{artifact} is a ModelOpt {algo} export, which vLLM {VLLM_VERSION} does not load (it serves ModelOpt "
             f"{', '.join(VLLM_MODELOPT_ALGOS)}); TensorRT-LLM serves it")
