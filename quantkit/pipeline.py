@@ -169,14 +169,15 @@ def _run(recipe: Recipe, release: Path, *, force: bool, rep: Reporter, evaluate:
     if regated:  # the same numbers under other limits: the last report's verdicts are this run's
         rep.log(f"[green]✓[/] evaluation reused ({', '.join(r.name for r in regated)}): the recorded figures, "
                 "checked against this recipe's gates")
+    found = {r.name: kinds.detect(r.path) for r in todo}  # each output's kind, read once for both steps
     if todo and evaluate and recipe.evaluation.enabled:
-        steps = {r.name: plan_mod.evaluation_step(kinds.detect(r.path), r.path, recipe) for r in todo}
+        steps = {r.name: plan_mod.evaluation_step(found[r.name], r.path, recipe) for r in todo}
         _evaluate(recipe, src, todo, steps, rep)
         for r in todo if tasks else []:
             _score_tasks(recipe, src, tasks, r, steps[r.name], rep)
     if todo and smoke and recipe.smoke.enabled:
         for r in todo:
-            step = plan_mod.smoke_step(kinds.detect(r.path), r.path, recipe)
+            step = plan_mod.smoke_step(found[r.name], r.path, recipe)
             _smoke(recipe, r, step, rep)
             if recipe.smoke.tune_kernels:
                 _tune(recipe, r, step, rep)

@@ -28,11 +28,11 @@ from typing import Any
 from quantkit import ignore as ignore_mod
 from quantkit.architectures import TRT_DECODERS
 from quantkit.errors import BackendError, RecipeError, SourceModelError
+from quantkit.formats.names import KindName
+from quantkit.formats.specs import TrtSpec
 from quantkit.producers.base import ProduceContext, Produced
 from quantkit.producers.trt import engine, pyenv, runner
 from quantkit.producers.trt.worker import HF_KV_CACHES
-from quantkit.formats.names import KindName
-from quantkit.formats.specs import TrtSpec
 from quantkit.source import SourceModel
 
 HF_DIR, CKPT_DIR, ENGINE_DIR = "hf", "trtllm-ckpt", "engine"
