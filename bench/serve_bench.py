@@ -60,7 +60,7 @@ sys.path.insert(0, str(meta.ROOT))
 from quantkit.engines import client, registry, serving  # noqa: E402
 from quantkit.engines.serving import HOST, ServeOptions, ServerProcess  # noqa: E402
 from quantkit.errors import BackendError, QuantkitError  # noqa: E402
-from quantkit.recipe import DEFAULT_STALL_TIMEOUT  # noqa: E402
+from quantkit.recipe import DEFAULT_STALL_TIMEOUT, NO_PROGRESS  # noqa: E402
 
 HELDOUT = meta.ROOT / "calibration" / "heldout.jsonl.gz"
 ENGINES = ("vllm", "sglang", "llama.cpp")
@@ -370,8 +370,8 @@ def main() -> None:
     ap.add_argument("--note", default="", help="a sentence for the table (the machine, if it matters)")
     ap.add_argument("--logs", type=Path, default=Path(tempfile.gettempdir()) / "quantkit-serve-bench")
     ap.add_argument("--stall-timeout", type=float, default=DEFAULT_STALL_TIMEOUT,
-                    help="seconds a starting server may go without progress (no log line, no new process, no change "
-                         "of its GPU memory) before it is stopped, as smoke's --stall-timeout; 0: never. A first "
+                    help=f"seconds a starting server may go without progress ({NO_PROGRESS}) before it is stopped, "
+                         "as smoke's --stall-timeout; 0: never. A first "
                          "start that compiles kernels can be silent for minutes (SGLang's W4A16, "
                          f"bench/results/h200/sglang/) [default: {DEFAULT_STALL_TIMEOUT:g}]")
     args = ap.parse_args()

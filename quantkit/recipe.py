@@ -121,6 +121,8 @@ class TaskSpec(Strict):
 # quantkit.engines.watch applies to every wait on a child. The longest silence measured in a healthy start is 28 s
 # (vLLM 0.26.0 on the 135M model); a large checkpoint's load logs progress as it goes.
 DEFAULT_STALL_TIMEOUT = 180.0
+# What "no progress" means there, said wherever the stall timeout is (quantkit.engines.watch watches each signal).
+NO_PROGRESS = "no log output, no new process, no compiler running, no change of its GPU memory"
 
 
 class EvaluationSpec(Strict):
@@ -149,8 +151,7 @@ class SmokeSpec(Strict):
     engine: Literal[("auto", *SERVING)] = "auto"  # type: ignore[valid-type]
     timeout: float = Field(600.0, gt=0, le=7 * 86400)
     stall_timeout: float = Field(DEFAULT_STALL_TIMEOUT, ge=0, le=7 * 86400, description="seconds a starting server "
-                                 "may make no progress (no log output, no new process, no change of its GPU "
-                                 "memory) before it is stopped; 0: only the timeout")
+                                 f"may make no progress ({NO_PROGRESS}) before it is stopped; 0: only the timeout")
     python: str | None = Field(None, max_length=PATH_LENGTH, description="the engine's own Python (vLLM/TensorRT-LLM "
                                "environments)")
     tp: int = Field(1, ge=1, le=1024, description="tensor-parallel size: GPUs each smoke server spans (vLLM, "

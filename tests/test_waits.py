@@ -18,6 +18,7 @@ import pytest
 from rich.console import Console
 
 from conftest import TINY, gone, quantkit
+from quantkit import progress
 from quantkit.engines import watch
 from quantkit.engines.serving import ServerProcess
 from quantkit.engines.vllm import kernel_sweep
@@ -59,6 +60,29 @@ SLOW = textwrap.dedent("""\
     for i in range(600):
         print(f"compiling kernel {i}", flush=True)
         time.sleep(1.0)
+    """)
+
+# Says one line, then runs the program argv[2] (a kernel compiler, or not) without a word and answers /health (200)
+# once it has ended: an SGLang W4A16 server compiling its Marlin GEMM inside its first forward pass.
+BUILDS = textwrap.dedent("""\
+    import http.server, subprocess, sys, threading, time
+    port, program = int(sys.argv[1]), sys.argv[2]
+    done = threading.Event()
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if done.is_set() else 503)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", port), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    print("Capturing batches (bs=64 avail_mem=11.57 GB):   0%|", flush=True)
+    subprocess.run([program], check=True)
+    done.set()
+    time.sleep(600)
     """)
 
 
@@ -181,3 +205,34 @@ def test_a_stopped_server_is_said_busy_or_idle_on_the_cpu(tmp_path: Path, busy: 
     used = float(first.split("its processes used ", 1)[1].split(" CPU-seconds meanwhile", 1)[0])
     assert (used > 0.8) if busy else (used < 0.4), first
     assert gone(srv.proc.pid if srv.proc else 0)
+
+
+@pytest.mark.parametrize("program", ["cicc", "uploader"])
+def test_a_silent_server_running_a_compiler_is_waited_for(tmp_path: Path, program: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that runs a kernel compiler for 8 s without a word (one process, no log line, no GPU memory) is making
+    progress: a 2 s stall timeout does not stop it, and the wait says what runs. The same silence with any other
+    program is stopped, as before. (Here the process tree is read every 0.5 s, not every 5 s, so that a 2 s stall
+    timeout sees it, and the plain wait line is said every second, not every 15.)"""
+    monkeypatch.setattr(watch, "PROBE_S", 0.5)
+    monkeypatch.setattr(progress, "SAY_EVERY_S", 1.0)
+    child = tmp_path / program  # /proc names a script's process after the file
+    child.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(8)\n")
+    child.chmod(0o755)
+    script = _script(tmp_path, "builds.py", BUILDS)
+    out = io.StringIO()
+    rep = Reporter(Console(file=out, stderr=True, width=300))
+    srv = ServerProcess("builder", lambda port: [sys.executable, str(script), str(port), str(child)],
+                        log_path=tmp_path / "builds.log", timeout=60, stall_timeout=2.0, reporter=rep)
+    if program != "cicc":
+        with pytest.raises(watch.ProcessStalled) as stalled:
+            srv.__enter__()
+        assert "no compiler running" in str(stalled.value).splitlines()[0]
+        assert not srv.running()
+        return
+    with srv:
+        assert srv.healthy_after is not None and srv.healthy_after >= 8
+        pid = srv.proc.pid if srv.proc else 0
+    assert gone(pid)
+    assert f"waiting for the builder server on :{srv.port} to answer /health: " in out.getvalue()
+    assert "s, compiling (cicc), last log: Capturing batches (bs=64" in out.getvalue()

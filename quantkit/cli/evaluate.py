@@ -17,6 +17,7 @@ from quantkit import api
 from quantkit.cli.common import JSON_OPT, RECIPE_OPT, command, emit_json, reporter
 from quantkit.errors import UsageError
 from quantkit.formats.names import EVALUATING
+from quantkit.recipe import NO_PROGRESS
 
 PANEL_PROTOCOL = "Protocol"
 PANEL_GATES = "Gates"
@@ -87,9 +88,9 @@ def eval_cmd(
                                          "\\[default: $QUANTKIT_VLLM_PYTHON / $QUANTKIT_SGLANG_PYTHON, else this "
                                          "one].", rich_help_panel=PANEL_ENGINE),
     stall_timeout: Optional[float] = typer.Option(None, "--stall-timeout", min=0, help="Stop an engine whose load "
-                                                  "makes no progress (no log output, no new process, no change of "
-                                                  "its GPU memory) for S seconds, naming it with its log's tail; 0: "
-                                                  "never \\[default: the recipe's evaluation.stall_timeout, else 180].",
+                                                  f"makes no progress ({NO_PROGRESS}) for S seconds, naming it with "
+                                                  "its log's tail; 0: never \\[default: the recipe's "
+                                                  "evaluation.stall_timeout, else 180].",
                                                   rich_help_panel=PANEL_ENGINE),
     numerics: Optional[str] = typer.Option(None, "--numerics", help="An FP4 W4A4 artifact's activations: auto "
                                            "(what the engine does: transformers emulates FP4 activations, vLLM on a "

@@ -8,9 +8,9 @@ for SIGTERM if quantkit itself dies without unwinding (SIGKILL, OOM), so even th
 
 Its stdout and stderr go to a log file. The wait for health is never silent and never blind
 (:func:`quantkit.engines.watch.wait_until`): it shows what it waits for, for how long, and the log's last line, and
-a server that makes no progress (no log output, no new process, no GPU memory taken) for ``stall_timeout`` seconds
-is stopped and named in one line. When it dies before it is healthy, stalls, or never becomes healthy, the error
-shows the log's last lines and the log stays where it was written.
+a server that makes no progress (:data:`quantkit.recipe.NO_PROGRESS`) for ``stall_timeout`` seconds is stopped and
+named in one line. When it dies before it is healthy, stalls, or never becomes healthy, the error shows the log's
+last lines and the log stays where it was written.
 
 Tested with llama-cpp-python 0.3.36 (``llama_cpp.server``) on CPU and written for vLLM 0.26.0 (``vllm serve``).
 """

@@ -6,8 +6,14 @@ seconds is given up on with one line that names it, what was awaited, for how lo
 its log's tail (:class:`ProcessStalled`); the caller stops it. Progress is any of:
 
 * its log grew (a line, or a progress bar's redraw);
-* the set of processes in its tree changed (an engine compiling kernels starts compilers: SGLang's JIT Marlin
-  build runs inside its silent warm-up request);
+* the set of processes in its tree changed;
+* a compiler runs in its tree (:data:`COMPILERS`: nvcc and the programs it drives, ninja, the host compilers and
+  linkers). An engine that builds kernels on first use runs one compiler process for minutes with nothing in its log:
+  SGLang 0.5.17 compiles its Marlin GEMM for W4A16 (``sglang.kernels.ops.quantization.gptq_marlin`` through
+  tvm-ffi's ``load_jit``, cached in ``~/.cache/tvm-ffi``) inside its first forward pass, which with CUDA graphs on is
+  the capture of the largest batch: most likely what an H100 start stopped at 180 s, silent at "Capturing batches
+  (bs=64 ...) 0/12", was doing (bench/results/h100/8b/README.md). The overall timeout still bounds a compiler
+  that never ends;
 * the GPU memory its processes hold changed, read from ``nvidia-smi --query-compute-apps`` where it exists (a large
   model's weights load silently into GPU memory). Where none of the listed processes is the child's (a container's
   own process ids), the memory of every listed process is watched instead.
@@ -19,10 +25,8 @@ starting the 135M model (bench/results/h200/modelopt_fp8_vllm_serve.log), and a 
 memory taken; it is the recipe's ``smoke.stall_timeout`` and ``--stall-timeout`` on ``smoke``, 0 turns it off.
 
 The line that stops a child also says how many CPU-seconds its processes used since their last progress: not a sign
-of progress (a hung server may spin as well as sleep), but what tells a silent server busy compiling or looping from
-one waiting on something. On an H100 an SGLang W4A16 server went silent capturing CUDA graphs and was stopped at
-180 s, while an earlier H200 run had seen a first W4A16 start silent for minutes (bench/results/h100/8b/README.md):
-the figure says which it was next time.
+of progress (a hung server may spin as well as sleep), but what tells a silent server busy in its own process
+(compiling in-process, or looping) from one waiting on something.
 """
 
 from __future__ import annotations
@@ -37,12 +41,19 @@ from typing import Any
 
 from quantkit.errors import BackendError, exit_text
 from quantkit.progress import Reporter
-from quantkit.recipe import DEFAULT_STALL_TIMEOUT
+from quantkit.recipe import DEFAULT_STALL_TIMEOUT, NO_PROGRESS
 TAIL_LINES = 30
 HEADER = "# quantkit"  # the line quantkit writes first into a child's log (its command): not the child's own word
 POLL_S = 0.5
 PROBE_S = 5.0  # how often the process tree and GPU memory are read (each read scans /proc or runs nvidia-smi)
 NVIDIA_SMI_TIMEOUT_S = 10.0
+# Programs whose running counts as progress, by the name /proc gives a process (its first 15 characters): CUDA's
+# compiler driver and the stages it runs, the build tools engines' JIT loaders call, host compilers and linkers.
+COMPILERS = frozenset({
+    "nvcc", "cicc", "ptxas", "cudafe++", "fatbinary", "nvlink", "ninja", "make", "cmake",
+    "cc", "c++", "gcc", "g++", "cc1", "cc1plus", "clang", "clang++", "as", "ld", "ld.bfd", "ld.gold", "ld.lld",
+    "collect2", "hipcc", "amdclang++",
+})
 
 
 class ProcessDied(BackendError):
@@ -54,7 +65,8 @@ class WaitTimedOut(BackendError):
 
 
 class ProcessStalled(WaitTimedOut):
-    """The child made no progress (no log output, no new process, no change of GPU memory) for ``stall_timeout``."""
+    """The child made no progress (no log output, no new process, no compiler running, no change of GPU memory) for
+    ``stall_timeout``."""
 
 
 def log_tail(path: Path, lines: int = TAIL_LINES) -> str:
@@ -156,6 +168,20 @@ def cpu_seconds(pids: frozenset[int]) -> float | None:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def compilers(pids: frozenset[int]) -> list[str]:
+    """The names of the :data:`COMPILERS` running among ``pids`` (sorted, each once; empty without /proc): an
+    engine building kernels, which is progress however long one compiler runs without a word."""
+    names: set[str] = set()
+    for pid in pids:
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+        if name in COMPILERS:
+            names.add(name)
+    return sorted(names)
+
+
 class GpuMemory:
     """The GPU memory (MiB) a set of processes holds, from ``nvidia-smi``; None where there is no NVIDIA driver
     or it does not answer (then it is not asked again: a hung driver must not slow every poll)."""
@@ -196,6 +222,7 @@ class Activity:
         self._size = self._log_size()
         self._tree: frozenset[int] = frozenset()
         self._memory: int | None = None
+        self.compiling: list[str] = []  # the compilers running at the last probe (said in the wait line)
         self._cpu_at_progress: float | None = None  # the tree's CPU-seconds at the first probe after progress
         self._cpu_since = now  # when that was
 
@@ -215,7 +242,8 @@ class Activity:
             self._probed = now
             tree = process_tree(self.pid)
             memory = self.gpu.of(tree)
-            moved = moved or tree != self._tree or memory != self._memory
+            self.compiling = compilers(tree)
+            moved = moved or tree != self._tree or memory != self._memory or bool(self.compiling)
             self._tree, self._memory = tree, memory
             if moved or self.last > self._cpu_since or self._cpu_at_progress is None:
                 self._cpu_at_progress, self._cpu_since = cpu_seconds(tree), now  # the count restarts here
@@ -225,8 +253,8 @@ class Activity:
 
     def signals(self) -> str:
         """What "no progress" meant here, and how busy the processes were meanwhile, for the error."""
-        said = ("no new log output, no new process, no change of its GPU memory" if self.gpu.tool else
-                "no new log output, no new process; GPU memory not watched: no nvidia-smi")
+        said = (NO_PROGRESS if self.gpu.tool else
+                NO_PROGRESS.replace(", no change of its GPU memory", "; GPU memory not watched: no nvidia-smi"))
         now = cpu_seconds(process_tree(self.pid))
         if now is None or self._cpu_at_progress is None:
             return said
@@ -268,5 +296,7 @@ def wait_until(ready: Callable[[], bool], *, who: str, waits_for: str, proc: sub
                             f"{line}", log_path),
                     hint=f"a slower start that is still healthy needs a longer --stall-timeout (recipe: "
                          f"smoke.stall_timeout); the whole log is {log_path}")
-            say(f"waiting for {who} to {waits_for}: {elapsed:.0f} s, last log: {last_line(log_path) or '(none yet)'}")
+            building = f"compiling ({', '.join(activity.compiling)}), " if activity.compiling else ""
+            say(f"waiting for {who} to {waits_for}: {elapsed:.0f} s, {building}"
+                f"last log: {last_line(log_path) or '(none yet)'}")
             time.sleep(poll_s)
