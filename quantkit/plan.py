@@ -224,7 +224,7 @@ def evaluation_step(kind: Kind, path: Path, recipe: Recipe, spec: MethodBase | N
         registry.evaluating_engine(folder)
     if engine is None:
         return Step(None, folder, f"a {kind.name} artifact cannot be evaluated")
-    why = _refusal(engine, folder, spec)
+    why = _refusal(engine, folder, spec, kind)
     if why is None and chosen == "auto" and registry.get(engine).gpu:
         why = registry.engine_unavailable(engine, recipe.smoke.python)
     return Step(engine, folder, why)
@@ -241,7 +241,7 @@ def smoke_step(kind: Kind, path: Path, recipe: Recipe, spec: MethodBase | None =
     engine = chosen if chosen != "auto" else kind.serve
     if engine is None:
         return Step(None, folder, f"no engine serves a {kind.name} artifact")
-    why = _refusal(engine, folder, spec)
+    why = _refusal(engine, folder, spec, kind)
     if why is None and chosen == "auto":
         why = registry.engine_unavailable(engine, recipe.smoke.python)
     return Step(engine, folder, why)
@@ -264,17 +264,20 @@ def _trt_hf_kind(spec: TrtSpec) -> Kind:
     return kinds.BY_NAME[hf_kind(spec)]
 
 
-def _refusal(engine: str, folder: Path, spec: MethodBase | None) -> str | None:
+def _refusal(engine: str, folder: Path, spec: MethodBase | None, kind: Kind) -> str | None:
     """Why ``engine`` cannot read an output's folder at all, whatever is installed: the engine's own check of the
-    folder (:func:`quantkit.engines.logits.check_compatible`: a ModelOpt export of an algorithm vLLM has no method
-    for, a layout transformers cannot reload or would load wrong), or, for an output not made yet, foreseen from its
-    spec (:func:`_foreseen_refusal`). A serving-only engine (TensorRT-LLM) refuses nothing before it starts."""
-    if spec is not None:
-        return _foreseen_refusal(engine, folder, spec)
+    folder (:func:`quantkit.engines.logits.check_compatible`: GGUF outside llama.cpp and the reverse, a ModelOpt
+    export of an algorithm vLLM has no method for, a layout transformers cannot reload or would load wrong), or, for
+    an output not made yet, foreseen from its kind and spec: the same kind rule
+    (:func:`quantkit.engines.logits.kind_refusal`) on the kind its folder will be, then :func:`_foreseen_refusal`.
+    A serving-only engine (TensorRT-LLM) refuses nothing before it starts."""
     if engine not in EVALUATING:
         return None
     from quantkit.engines import logits
 
+    if spec is not None:
+        refused = logits.kind_refusal(engine, _foreseen_kind(kind, spec).name, folder)
+        return refused.message if refused else _foreseen_refusal(engine, folder, spec)
     try:
         logits.check_compatible(engine, folder)
     except UsageError as e:

@@ -174,17 +174,27 @@ def is_gguf(path: Path) -> bool:
     return path.is_file() and path.suffix == ".gguf"
 
 
+def kind_refusal(engine: str, kind: str, path: Path) -> UsageError | None:
+    """Why ``engine`` cannot read ``path`` of kind ``kind`` at all, from the kind alone: GGUF is llama.cpp's, and
+    llama.cpp reads nothing else. :func:`check_compatible` asks it of the folder it finds, and a run's plan of an
+    output not made yet, whose kind its format gives (:func:`quantkit.plan.evaluation_step`), so the two agree."""
+    if engine == LLAMACPP and kind != KindName.GGUF:
+        return UsageError(f"llama.cpp reads GGUF files; {path} holds none",
+                          hint="use --engine transformers (or auto) for Hugging Face checkpoints")
+    if engine != LLAMACPP and kind == KindName.GGUF:
+        return UsageError(f"{path} is GGUF, which quantkit evaluates and serves with llama.cpp",
+                          hint="use --engine llama.cpp (or auto)")
+    return None
+
+
 def check_compatible(kind: str, path: Path) -> None:
-    """Refuse an engine that cannot read the path at all, before anything loads: the GGUF split here, what only
-    one engine cannot read in that engine's ``refuse(path, kind)``."""
+    """Refuse an engine that cannot read the path at all, before anything loads: the GGUF split here
+    (:func:`kind_refusal`), what only one engine cannot read in that engine's ``refuse(path, kind)``."""
     if kind not in EVALUATING:
         raise UsageError(f"unknown engine {kind!r}; choose one of auto, {', '.join(EVALUATING)}")
     found = kinds.detect(path)
-    if kind == LLAMACPP and found.name != KindName.GGUF:
-        raise UsageError(f"llama.cpp reads GGUF files; {path} holds none",
-                         hint="use --engine transformers (or auto) for Hugging Face checkpoints")
-    if kind in (TRANSFORMERS, VLLM) and found.name == KindName.GGUF:
-        raise UsageError(f"{path} is GGUF; evaluate it with --engine llama.cpp (or auto)")
+    if refused := kind_refusal(kind, found.name, path):
+        raise refused
     _module(kind).refuse(path, found)
 
 
