@@ -29,7 +29,7 @@ import numpy as np
 from quantkit.engines import registry
 from quantkit.errors import UsageError
 from quantkit.formats import kinds
-from quantkit.formats.names import EVALUATING, LLAMACPP, TRANSFORMERS, VLLM, KindName
+from quantkit.formats.names import EVALUATING, LLAMACPP, KindName
 from quantkit.recipe import DEFAULT_STALL_TIMEOUT
 
 if TYPE_CHECKING:
