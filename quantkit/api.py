@@ -27,7 +27,7 @@ from quantkit.formats.names import Method
 from quantkit.manifest import MANIFEST, Manifest, size_bytes
 from quantkit.producers.base import ProduceContext
 from quantkit.progress import Reporter, fmt_bytes, fmt_num
-from quantkit.recipe import Recipe
+from quantkit.recipe import NO_PROGRESS, Recipe
 
 if TYPE_CHECKING:  # the modules behind the lazy imports below, for their result types
     from quantkit.engines.doctor import Report
@@ -40,7 +40,7 @@ if TYPE_CHECKING:  # the modules behind the lazy imports below, for their result
     from quantkit.tasks.resolve import Task
     from quantkit.tasks.results import TaskReport
 
-__all__ = ["MANIFEST", "ArtifactResult", "Manifest", "build_trt", "calibration_sets", "doctor", "evaluate",
+__all__ = ["MANIFEST", "NO_PROGRESS", "ArtifactResult", "Manifest", "build_trt", "calibration_sets", "doctor", "evaluate",
            "evaluate_tasks", "eval_options", "task_options", "fmt_bytes", "fmt_num", "inspect", "load_recipe", "plan",
            "preview_calibration", "publish", "quantize", "quantize_one", "recipe_schema", "recipe_tasks", "show_recipe",
            "shipped_recipes", "size_bytes", "smoke", "trt_recipe", "tune", "verify", "verify_all"]

@@ -17,7 +17,6 @@ from quantkit import api
 from quantkit.cli.common import JSON_OPT, RECIPE_OPT, command, emit_json, reporter
 from quantkit.errors import UsageError
 from quantkit.formats.names import EVALUATING
-from quantkit.recipe import NO_PROGRESS
 
 PANEL_PROTOCOL = "Protocol"
 PANEL_GATES = "Gates"
@@ -88,7 +87,7 @@ def eval_cmd(
                                          "\\[default: $QUANTKIT_VLLM_PYTHON / $QUANTKIT_SGLANG_PYTHON, else this "
                                          "one].", rich_help_panel=PANEL_ENGINE),
     stall_timeout: Optional[float] = typer.Option(None, "--stall-timeout", min=0, help="Stop an engine whose load "
-                                                  f"makes no progress ({NO_PROGRESS}) for S seconds, naming it with "
+                                                  f"makes no progress ({api.NO_PROGRESS}) for S seconds, naming it with "
                                                   "its log's tail; 0: never \\[default: the recipe's "
                                                   "evaluation.stall_timeout, else 180].",
                                                   rich_help_panel=PANEL_ENGINE),
