@@ -332,7 +332,7 @@ def _group_alive(pgid: int) -> bool:
     read from /proc where it exists.
     """
     if Path("/proc").is_dir():
-        return any(group == pgid for _, _, group in watch.live_processes())
+        return any(p.pgid == pgid for p in (watch.live_processes() or {}).values())
     try:
         os.killpg(pgid, 0)
         return True

@@ -35,7 +35,8 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -102,21 +103,35 @@ def failure(what: str, log_path: Path) -> str:
     return f"{what}. Last lines of {log_path}:\n{tail}"
 
 
-def live_processes() -> Iterator[tuple[int, int, int]]:
-    """(pid, parent pid, process group) of every process /proc lists that is not a zombie (none without /proc)."""
+@dataclass(frozen=True)
+class Proc:
+    """One live process as its /proc/PID/stat gives it."""
+
+    ppid: int
+    pgid: int
+    name: str  # the program's name (its first 15 characters)
+    ticks: int  # CPU time used: user + system, with that of its exited and reaped children
+
+
+def live_processes() -> dict[int, Proc] | None:
+    """Every process /proc lists that is not a zombie, by pid, read in one pass (each file once); None without
+    /proc. The tree, its compilers and its CPU time are all read from one such pass."""
     proc = Path("/proc")
     if not proc.is_dir():
-        return
+        return None
+    out: dict[int, Proc] = {}
     for p in proc.iterdir():
         if not p.name.isdigit():
             continue
         try:
-            stat = (p / "stat").read_text()
+            stat = p.joinpath("stat").read_text()
         except OSError:
             continue
         fields = stat[stat.rfind(")") + 2:].split()
-        if len(fields) >= 3 and fields[0] != "Z":
-            yield int(p.name), int(fields[1]), int(fields[2])
+        if len(fields) >= 15 and fields[0] != "Z":  # utime, stime, cutime, cstime: stat's fields 14-17
+            out[int(p.name)] = Proc(int(fields[1]), int(fields[2]), stat[stat.find("(") + 1:stat.rfind(")")],
+                                    sum(int(f) for f in fields[11:15]))
+    return out
 
 
 def signal_group(pgid: int, sig: int) -> None:
@@ -128,58 +143,37 @@ def signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def process_tree(root: int) -> frozenset[int]:
-    """The processes of ``root``'s tree: its process group (a server's own session) and every descendant of
-    ``root`` (one that started a session of its own included), read from /proc; ``{root}`` without /proc."""
-    proc = Path("/proc")
-    if not proc.is_dir():
+def process_tree(root: int, procs: dict[int, Proc] | None) -> frozenset[int]:
+    """The processes of ``root``'s tree in ``procs`` (:func:`live_processes`): its process group (a server's own
+    session) and every descendant of ``root`` (one that started a session of its own included); ``{root}`` without
+    /proc."""
+    if procs is None:
         return frozenset({root})
-    parent: dict[int, int] = {}
-    members = {root}
-    for pid, ppid, pgid in live_processes():
-        parent[pid] = ppid
-        if pgid == root:
-            members.add(pid)
-    for pid in parent:
+    members = {root} | {pid for pid, p in procs.items() if p.pgid == root}
+    for pid in procs:
         chain, seen = pid, 0
         while chain > 1 and seen < 64:  # walk up to the root (or init); 64 levels bound a /proc read mid-fork
             if chain == root:
                 members.add(pid)
                 break
-            chain, seen = parent.get(chain, 0), seen + 1
+            chain, seen = (procs[chain].ppid if chain in procs else 0), seen + 1
     return frozenset(members)
 
 
-def cpu_seconds(pids: frozenset[int]) -> float | None:
+def cpu_seconds(pids: frozenset[int], procs: dict[int, Proc] | None) -> float | None:
     """The CPU time (user + system, with that of their exited and reaped children) the processes have used, from
-    /proc; None without /proc. Not a sign of progress (a hung server may spin as well as sleep), but said when one is
-    stopped: a silent server busy on the CPU is compiling or looping, an idle one is waiting on something."""
-    proc = Path("/proc")
-    if not proc.is_dir():
+    ``procs``; None without /proc. Not a sign of progress (a hung server may spin as well as sleep), but said when one
+    is stopped: a silent server busy on the CPU is compiling or looping, an idle one is waiting on something. A
+    process gone since is not counted: its time is in its parent's once reaped."""
+    if procs is None:
         return None
-    ticks = 0
-    for pid in pids:
-        try:
-            stat = (proc / str(pid) / "stat").read_text()
-        except OSError:
-            continue  # gone since the tree was read: its time is in its parent's once reaped
-        fields = stat[stat.rfind(")") + 2:].split()
-        ticks += sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime (stat's fields 14-17)
-    return ticks / os.sysconf("SC_CLK_TCK")
+    return sum(procs[pid].ticks for pid in pids if pid in procs) / os.sysconf("SC_CLK_TCK")
 
 
-def compilers(pids: frozenset[int]) -> list[str]:
+def compilers(pids: frozenset[int], procs: dict[int, Proc] | None) -> list[str]:
     """The names of the :data:`COMPILERS` running among ``pids`` (sorted, each once; empty without /proc): an
     engine building kernels, which is progress however long one compiler runs without a word."""
-    names: set[str] = set()
-    for pid in pids:
-        try:
-            name = Path(f"/proc/{pid}/comm").read_text().strip()
-        except OSError:
-            continue
-        if name in COMPILERS:
-            names.add(name)
-    return sorted(names)
+    return sorted({procs[pid].name for pid in pids if pid in procs and procs[pid].name in COMPILERS}) if procs else []
 
 
 class GpuMemory:
@@ -240,13 +234,14 @@ class Activity:
         self._size = size
         if now - self._probed >= PROBE_S:
             self._probed = now
-            tree = process_tree(self.pid)
+            procs = live_processes()  # one pass over /proc for the tree, its compilers and its CPU time
+            tree = process_tree(self.pid, procs)
             memory = self.gpu.of(tree)
-            self.compiling = compilers(tree)
+            self.compiling = compilers(tree, procs)
             moved = moved or tree != self._tree or memory != self._memory or bool(self.compiling)
             self._tree, self._memory = tree, memory
             if moved or self.last > self._cpu_since or self._cpu_at_progress is None:
-                self._cpu_at_progress, self._cpu_since = cpu_seconds(tree), now  # the count restarts here
+                self._cpu_at_progress, self._cpu_since = cpu_seconds(tree, procs), now  # the count restarts here
         if moved:
             self.last = now
         return now - self.last
@@ -255,7 +250,8 @@ class Activity:
         """What "no progress" meant here, and how busy the processes were meanwhile, for the error."""
         said = (NO_PROGRESS if self.gpu.tool else
                 NO_PROGRESS.replace(", no change of its GPU memory", "; GPU memory not watched: no nvidia-smi"))
-        now = cpu_seconds(process_tree(self.pid))
+        procs = live_processes()
+        now = cpu_seconds(process_tree(self.pid, procs), procs)
         if now is None or self._cpu_at_progress is None:
             return said
         return f"{said}; its processes used {max(0.0, now - self._cpu_at_progress):.1f} CPU-seconds meanwhile"
