@@ -40,10 +40,11 @@ if TYPE_CHECKING:  # the modules behind the lazy imports below, for their result
     from quantkit.tasks.resolve import Task
     from quantkit.tasks.results import TaskReport
 
-__all__ = ["MANIFEST", "NO_PROGRESS", "ArtifactResult", "Manifest", "build_trt", "calibration_sets", "doctor", "evaluate",
-           "evaluate_tasks", "eval_options", "task_options", "fmt_bytes", "fmt_num", "inspect", "load_recipe", "plan",
-           "preview_calibration", "publish", "quantize", "quantize_one", "recipe_schema", "recipe_tasks", "show_recipe",
-           "shipped_recipes", "size_bytes", "smoke", "trt_recipe", "tune", "verify", "verify_all"]
+__all__ = ["MANIFEST", "NO_PROGRESS", "ArtifactResult", "Manifest", "build_trt", "calibration_sets", "doctor",
+           "evaluate", "evaluate_tasks", "eval_options", "task_options", "fmt_bytes", "fmt_num", "inspect",
+           "load_recipe", "plan", "preview_calibration", "publish", "quantize", "quantize_one", "recipe_schema",
+           "recipe_tasks", "show_recipe", "shipped_recipes", "size_bytes", "smoke", "trt_recipe", "tune", "verify",
+           "verify_all"]
 
 
 @dataclass

@@ -253,11 +253,8 @@ def _foreseen_kind(kind: Kind, spec: MethodBase) -> Kind:
     evaluating_engine`, what the run asks of a made output), so that the plan names the engine the run uses. A
     build-trt output's hf/ is a ModelOpt export or a plain checkpoint as its export leaves it
     (:func:`quantkit.producers.trt.hf_kind`: ``none`` scores in transformers); any other output is of its own kind."""
-    return _trt_hf_kind(spec) if isinstance(spec, TrtSpec) else kind
-
-
-def _trt_hf_kind(spec: TrtSpec) -> Kind:
-    """The kinds row of the hf/ folder a build-trt output will leave (:func:`quantkit.producers.trt.hf_kind`)."""
+    if not isinstance(spec, TrtSpec):
+        return kind
     from quantkit.formats import kinds
     from quantkit.producers.trt import hf_kind
 
@@ -276,8 +273,9 @@ def _refusal(engine: str, folder: Path, spec: MethodBase | None, kind: Kind) -> 
     from quantkit.engines import logits
 
     if spec is not None:
-        refused = logits.kind_refusal(engine, _foreseen_kind(kind, spec).name, folder)
-        return refused.message if refused else _foreseen_refusal(engine, folder, spec)
+        foreseen = _foreseen_kind(kind, spec)
+        refused = logits.kind_refusal(engine, foreseen.name, folder)
+        return refused.message if refused else _foreseen_refusal(engine, folder, spec, foreseen)
     try:
         logits.check_compatible(engine, folder)
     except UsageError as e:
@@ -285,18 +283,19 @@ def _refusal(engine: str, folder: Path, spec: MethodBase | None, kind: Kind) -> 
     return None
 
 
-def _foreseen_refusal(engine: str, folder: Path, spec: MethodBase) -> str | None:
-    """What :func:`_refusal` will say of an output once it is made, from its spec: vLLM refuses a build-trt export
-    whose ModelOpt algorithm it has no method for (:func:`quantkit.engines.vllm.kernels.vllm_refusal`), and
-    transformers (named by the recipe) the ModelOpt export hf/ will be (:func:`quantkit.producers.trt.hf_kind`), in
-    the words of its own check of the folder, which the run asks of the folder it finds."""
+def _foreseen_refusal(engine: str, folder: Path, spec: MethodBase, foreseen: Kind) -> str | None:
+    """What :func:`_refusal` will say of an output once it is made, from its spec and the kind of the folder it will
+    leave (``foreseen``, :func:`_foreseen_kind`): vLLM refuses a build-trt export whose ModelOpt algorithm it has no
+    method for (:func:`quantkit.engines.vllm.kernels.vllm_refusal`), and transformers (named by the recipe) the
+    ModelOpt export hf/ will be, in the words of its own check of the folder, which the run asks of the folder it
+    finds."""
     if not isinstance(spec, TrtSpec):
         return None
     if engine == TRANSFORMERS:
         from quantkit.engines.transformers import logits
 
         try:
-            logits.refuse(folder, _trt_hf_kind(spec))
+            logits.refuse(folder, foreseen)
         except UsageError as e:
             return e.message
         return None

@@ -87,8 +87,8 @@ def eval_cmd(
                                          "\\[default: $QUANTKIT_VLLM_PYTHON / $QUANTKIT_SGLANG_PYTHON, else this "
                                          "one].", rich_help_panel=PANEL_ENGINE),
     stall_timeout: Optional[float] = typer.Option(None, "--stall-timeout", min=0, help="Stop an engine whose load "
-                                                  f"makes no progress ({api.NO_PROGRESS}) for S seconds, naming it with "
-                                                  "its log's tail; 0: never \\[default: the recipe's "
+                                                  f"makes no progress ({api.NO_PROGRESS}) for S seconds, naming "
+                                                  "it with its log's tail; 0: never \\[default: the recipe's "
                                                   "evaluation.stall_timeout, else 180].",
                                                   rich_help_panel=PANEL_ENGINE),
     numerics: Optional[str] = typer.Option(None, "--numerics", help="An FP4 W4A4 artifact's activations: auto "
