@@ -108,7 +108,9 @@ def quantize_cost() -> list[str]:
     sealed, h200 = H200 / "8b" / "quantize_cost_8b_sealed.md", H200 / "8b" / "quantize_cost_8b.md"
     if md.exists():
         lines += [_body(md), ""]
-    for name, what in (("quantize_cost_8b_fp8_warm", "FP8 static, a warm-up and three runs per tool"),
+    for name, what in (("quantize_cost_8b_fp8_hash_and_sync", "FP8 static, three runs per tool, the last shard "
+                        "hashed and fsynced side by side (the third sitting)"),
+                       ("quantize_cost_8b_fp8_warm", "FP8 static, a warm-up and three runs per tool"),
                        ("quantize_cost_8b_int8_medians", "INT8 SmoothQuant, two quantkit runs and one direct"),
                        ("quantize_cost_8b_fp8_profiled", "FP8 static, one run per tool under py-spy"),
                        ("fp8_profile", "where those two runs spent their time, read by bench/profile_phases.py")):
@@ -231,6 +233,10 @@ def serve_bench() -> list[str]:
     lines: list[str] = []
     for md, heading in ((H100 / "8b" / "serve_bench_8b_vllm" / "results.md", "The 8B shape in vLLM on one H100"),
                         (H100 / "8b" / "serve_bench_8b_sglang" / "results.md", "The 8B shape in SGLang on one H100"),
+                        (H100 / "8b" / "serve_bench_8b_sglang_w4a16" / "results.md",
+                         "The 8B shape's GPTQ W4A16 in SGLang on one H100 (the third sitting)"),
+                        (H100 / "8b" / "serve_bench_8b_vllm_nvfp4" / "results.md",
+                         "The 8B shape's NVFP4 in vLLM on one H100 (the third sitting)"),
                         (H200 / "serve_bench_smollm2_vllm" / "results.md", "SmolLM2-135M-Instruct in vLLM on one H200"),
                         (RESULTS / "smollm2_llamacpp_cpu" / "results.md",
                          "SmolLM2-135M-Instruct's GGUF files in llama-server on this CPU (the script end to end, "
