@@ -372,8 +372,8 @@ def main() -> None:
     ap.add_argument("--stall-timeout", type=float, default=DEFAULT_STALL_TIMEOUT,
                     help=f"seconds a starting server may go without progress ({NO_PROGRESS}) before it is stopped, "
                          "as smoke's --stall-timeout; 0: never. A first "
-                         "start that compiles kernels can be silent for minutes (SGLang's W4A16, "
-                         f"bench/results/h200/sglang/) [default: {DEFAULT_STALL_TIMEOUT:g}]")
+                         "start that compiles kernels can be silent for minutes (SGLang's W4A16: 243 s on an H100, "
+                         f"bench/results/h100/8b/) [default: {DEFAULT_STALL_TIMEOUT:g}]")
     args = ap.parse_args()
     bad = [e for e in args.engine if e not in ENGINES]
     if bad or len(args.engine) != 1 and args.python:

@@ -11,9 +11,9 @@ its log's tail (:class:`ProcessStalled`); the caller stops it. Progress is any o
   linkers). An engine that builds kernels on first use runs one compiler process for minutes with nothing in its log:
   SGLang 0.5.17 compiles its Marlin GEMM for W4A16 (``sglang.kernels.ops.quantization.gptq_marlin`` through
   tvm-ffi's ``load_jit``, cached in ``~/.cache/tvm-ffi``) inside its first forward pass, which with CUDA graphs on is
-  the capture of the largest batch: most likely what an H100 start stopped at 180 s, silent at "Capturing batches
-  (bs=64 ...) 0/12", was doing (bench/results/h100/8b/README.md). The overall timeout still bounds a compiler
-  that never ends;
+  the capture of the largest batch. An H100 start was stopped at 180 s there, silent at "Capturing batches (bs=64
+  ...) 0/12"; with this rule a later H100 start on a fresh kernel cache captured for 243 s and was healthy after
+  292 s (bench/results/h100/8b/README.md). The overall timeout still bounds a compiler that never ends;
 * the GPU memory its processes hold changed, read from ``nvidia-smi --query-compute-apps`` where it exists (a large
   model's weights load silently into GPU memory). Where none of the listed processes is the child's (a container's
   own process ids), the memory of every listed process is watched instead.
