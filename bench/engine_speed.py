@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from quantkit.checkpoint import read_config  # noqa: E402
 from quantkit.engines import client, registry, serving  # noqa: E402
 from quantkit.engines.serving import HOST, ServeOptions, ServerProcess  # noqa: E402
+from quantkit.progress import Reporter  # noqa: E402
 
 # What turns each engine's smoke defaults (graphs off) into a deployment's (graphs on, for batches up to 16).
 GRAPHS_ON = {
@@ -120,7 +121,7 @@ def main() -> None:
     vocab = int((cfg.get("text_config") or cfg)["vocab_size"])
     t0 = time.perf_counter()
     with ServerProcess(args.engine, argv, log_path=log, health_path=server.health_path,
-                       timeout=args.timeout) as srv:
+                       timeout=args.timeout, reporter=Reporter()) as srv:  # the wait's lines on stderr
         healthy = time.perf_counter() - t0
         model = client.get_json(srv.url + "/v1/models")["data"][0]["id"]
         figures = measure(srv.url, model, args, vocab)

@@ -147,6 +147,8 @@ def test_a_real_llama_server_on_the_reference_model(tmp_path: Path) -> None:
                            "--name", "sb", "--logs", str(tmp_path / "logs")],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # the wait on the server is shown, as the CLI shows it (the Python API's own waits are quiet)
+    assert "waiting for the llama.cpp server on :" in proc.stderr and "llama.cpp server ready on" in proc.stderr
     data = json.loads((tmp_path / "sb" / "results.json").read_text())
     (row,) = data["rows"]
     level = row["levels"]["1"]
