@@ -58,6 +58,7 @@ from quantkit.engines.logits import EngineOptions, Window, open_engine  # noqa: 
 from quantkit.evaluation import llama_perplexity, protocol  # noqa: E402
 from quantkit.evaluation.evaluate import EvalOptions, evaluate  # noqa: E402
 from quantkit.evaluation.metrics import Accumulator, BaselineStore, score_windows  # noqa: E402
+from quantkit.progress import Reporter, use  # noqa: E402
 
 MODEL = ROOT / "models" / "real" / "SmolLM2-135M-Instruct"
 OPENMP_ENV = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")  # recorded: both change how llama.cpp's and torch's threads wait
@@ -373,6 +374,7 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "quantkit-eval-speed")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "eval_speed_cpu")
     args = ap.parse_args()
+    use(Reporter())  # an engine's server start shows its wait on stderr, as under the CLI (the API waits quietly)
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     args.workdir.mkdir(parents=True, exist_ok=True)
     h = meta.header()
