@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import subprocess
 import sys
 import textwrap
 import time
@@ -236,3 +237,67 @@ def test_a_silent_server_running_a_compiler_is_waited_for(tmp_path: Path, progra
     assert gone(pid)
     assert f"waiting for the builder server on :{srv.port} to answer /health: " in out.getvalue()
     assert "s, compiling (cicc), last log: Capturing batches (bs=64" in out.getvalue()
+
+
+# Takes the lock file argv[2] as tvm-ffi's FileLock does (a non-blocking flock tried every 0.1 s), says nothing while
+# it waits, and answers /health once it has it: the second of two SGLang servers started at once, waiting while the
+# first builds the kernel they share.
+LOCKED = textwrap.dedent("""\
+    import fcntl, http.server, os, sys, threading, time
+    port, lock = int(sys.argv[1]), sys.argv[2]
+    done = threading.Event()
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if done.is_set() else 503)
+            self.end_headers()
+        def log_message(self, *args):
+            pass
+    server = http.server.HTTPServer(("127.0.0.1", port), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    print("Capturing batches (bs=64 avail_mem=11.57 GB):   0%|", flush=True)
+    while True:
+        fd = os.open(lock, os.O_WRONLY | os.O_CREAT)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            os.close(fd)
+            time.sleep(0.1)
+    done.set()
+    time.sleep(600)
+    """)
+
+
+@pytest.mark.parametrize("program", ["cicc", "uploader"])
+def test_a_server_waiting_on_another_process_build_is_waited_for(tmp_path: Path, program: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that waits silently for a lock another process of the same user holds while it runs a kernel compiler
+    (8 s) is making progress: a 2 s stall timeout does not stop it, and the wait says another process compiles. The
+    same lock held by a program that is no compiler is a server waiting on something else: stopped, as before."""
+    monkeypatch.setattr(watch, "PROBE_S", 0.5)
+    monkeypatch.setattr(progress, "SAY_EVERY_S", 1.0)
+    lock = tmp_path / "lock"
+    holder_script = tmp_path / program
+    holder_script.write_text(f"#!{sys.executable}\nimport fcntl, os, sys, time\nfd = os.open(sys.argv[1], os.O_WRONLY "
+                             "| os.O_CREAT)\nfcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(8)\n")
+    holder_script.chmod(0o755)
+    holder = subprocess.Popen([str(holder_script), str(lock)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        script = _script(tmp_path, "locked.py", LOCKED)
+        out = io.StringIO()
+        rep = Reporter(Console(file=out, stderr=True, width=300))
+        srv = ServerProcess("second", lambda port: [sys.executable, str(script), str(port), str(lock)],
+                            log_path=tmp_path / "locked.log", timeout=60, stall_timeout=2.0, reporter=rep)
+        if program != "cicc":
+            with pytest.raises(watch.ProcessStalled) as stalled:
+                srv.__enter__()
+            assert "no compiler running" in str(stalled.value).splitlines()[0]
+            assert not srv.running()
+            return
+        with srv:
+            assert srv.healthy_after is not None and srv.healthy_after >= 7
+        assert "s, another process of this user compiling (cicc), last log: Capturing batches" in out.getvalue()
+    finally:
+        holder.kill()
+        holder.wait()

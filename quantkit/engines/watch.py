@@ -13,7 +13,11 @@ its log's tail (:class:`ProcessStalled`); the caller stops it. Progress is any o
   tvm-ffi's ``load_jit``, cached in ``~/.cache/tvm-ffi``) inside its first forward pass, which with CUDA graphs on is
   the capture of the largest batch. An H100 start was stopped at 180 s there, silent at "Capturing batches (bs=64
   ...) 0/12"; with this rule a later H100 start on a fresh kernel cache captured for 243 s and was healthy after
-  292 s (bench/results/h100/8b/README.md). The overall timeout still bounds a compiler that never ends;
+  292 s (bench/results/h100/8b/README.md). A compiler of the same user outside the tree counts too: two servers
+  starting at once build the same kernel under one file lock in that user's cache (tvm-ffi's ``FileLock``, polled
+  every 0.1 s), and the one that waits for the lock runs no compiler of its own while the other compiles. The wait
+  line says which (``compiling (cicc)``, or ``another process of this user compiling (cicc)``). The overall
+  timeout still bounds a compiler that never ends;
 * the GPU memory its processes hold changed, read from ``nvidia-smi --query-compute-apps`` where it exists (a large
   model's weights load silently into GPU memory). Where none of the listed processes is the child's (a container's
   own process ids), the memory of every listed process is watched instead.
@@ -111,6 +115,7 @@ class Proc:
     pgid: int
     name: str  # the program's name (its first 15 characters)
     ticks: int  # CPU time used: user + system, with that of its exited and reaped children
+    uid: int  # its owner (the /proc entry's): whose caches and locks it can share
 
 
 def live_processes() -> dict[int, Proc] | None:
@@ -124,13 +129,13 @@ def live_processes() -> dict[int, Proc] | None:
         if not p.name.isdigit():
             continue
         try:
-            stat = p.joinpath("stat").read_text()
+            stat, uid = p.joinpath("stat").read_text(), p.stat().st_uid
         except OSError:
             continue
         fields = stat[stat.rfind(")") + 2:].split()
         if len(fields) >= 15 and fields[0] != "Z":  # utime, stime, cutime, cstime: stat's fields 14-17
             out[int(p.name)] = Proc(int(fields[1]), int(fields[2]), stat[stat.find("(") + 1:stat.rfind(")")],
-                                    sum(int(f) for f in fields[11:15]))
+                                    sum(int(f) for f in fields[11:15]), uid)
     return out
 
 
@@ -176,6 +181,12 @@ def compilers(pids: frozenset[int], procs: dict[int, Proc] | None) -> list[str]:
     return sorted({procs[pid].name for pid in pids if pid in procs and procs[pid].name in COMPILERS}) if procs else []
 
 
+def compilers_beside(tree: frozenset[int], uid: int, procs: dict[int, Proc] | None) -> list[str]:
+    """The :data:`COMPILERS` that ``uid``'s processes outside ``tree`` run: a build the tree may be waiting on
+    through a lock in that user's kernel cache (another server's, started at the same time)."""
+    return compilers(frozenset(pid for pid, p in procs.items() if p.uid == uid) - tree, procs) if procs else []
+
+
 class GpuMemory:
     """The GPU memory (MiB) a set of processes holds, from ``nvidia-smi``; None where there is no NVIDIA driver
     or it does not answer (then it is not asked again: a hung driver must not slow every poll)."""
@@ -216,7 +227,8 @@ class Activity:
         self._size = self._log_size()
         self._tree: frozenset[int] = frozenset()
         self._memory: int | None = None
-        self.compiling: list[str] = []  # the compilers running at the last probe (said in the wait line)
+        self.compiling: list[str] = []  # the compilers running in its tree at the last probe (said in the wait line)
+        self.compiling_beside: list[str] = []  # else those of the same user's other processes
         self._cpu_at_progress: float | None = None  # the tree's CPU-seconds at the first probe after progress
         self._cpu_since = now  # when that was
 
@@ -238,7 +250,9 @@ class Activity:
             tree = process_tree(self.pid, procs)
             memory = self.gpu.of(tree)
             self.compiling = compilers(tree, procs)
-            moved = moved or tree != self._tree or memory != self._memory or bool(self.compiling)
+            self.compiling_beside = [] if self.compiling else compilers_beside(tree, os.getuid(), procs)
+            moved = (moved or tree != self._tree or memory != self._memory or bool(self.compiling)
+                     or bool(self.compiling_beside))
             self._tree, self._memory = tree, memory
             if moved or self.last > self._cpu_since or self._cpu_at_progress is None:
                 self._cpu_at_progress, self._cpu_since = cpu_seconds(tree, procs), now  # the count restarts here
@@ -292,7 +306,9 @@ def wait_until(ready: Callable[[], bool], *, who: str, waits_for: str, proc: sub
                             f"{line}", log_path),
                     hint=f"a slower start that is still healthy needs a longer --stall-timeout (recipe: "
                          f"smoke.stall_timeout); the whole log is {log_path}")
-            building = f"compiling ({', '.join(activity.compiling)}), " if activity.compiling else ""
+            building = (f"compiling ({', '.join(activity.compiling)}), " if activity.compiling else
+                        f"another process of this user compiling ({', '.join(activity.compiling_beside)}), "
+                        if activity.compiling_beside else "")
             say(f"waiting for {who} to {waits_for}: {elapsed:.0f} s, {building}"
                 f"last log: {last_line(log_path) or '(none yet)'}")
             time.sleep(poll_s)
