@@ -63,11 +63,11 @@ SLOW = textwrap.dedent("""\
         time.sleep(1.0)
     """)
 
-# Says one line, then runs the program argv[2] (a kernel compiler, or not) without a word and answers /health (200)
-# once it has ended: an SGLang W4A16 server compiling its Marlin GEMM inside its first forward pass.
-BUILDS = textwrap.dedent("""\
-    import http.server, subprocess, sys, threading, time
-    port, program = int(sys.argv[1]), sys.argv[2]
+# The start of BUILDS and LOCKED: /health answers 503 until ``done`` is set, then 200; the log says the one line
+# SGLang's W4A16 start went silent after. argv[1] is the port, argv[2] what the script is given.
+SILENT_UNTIL_DONE = textwrap.dedent("""\
+    import fcntl, http.server, os, subprocess, sys, threading, time
+    port, given = int(sys.argv[1]), sys.argv[2]
     done = threading.Event()
 
     class Health(http.server.BaseHTTPRequestHandler):
@@ -81,7 +81,12 @@ BUILDS = textwrap.dedent("""\
     server = http.server.HTTPServer(("127.0.0.1", port), Health)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     print("Capturing batches (bs=64 avail_mem=11.57 GB):   0%|", flush=True)
-    subprocess.run([program], check=True)
+    """)
+
+# Says one line, then runs the program argv[2] (a kernel compiler, or not) without a word and answers /health (200)
+# once it has ended: an SGLang W4A16 server compiling its Marlin GEMM inside its first forward pass.
+BUILDS = SILENT_UNTIL_DONE + textwrap.dedent("""\
+    subprocess.run([given], check=True)
     done.set()
     time.sleep(600)
     """)
@@ -208,55 +213,56 @@ def test_a_stopped_server_is_said_busy_or_idle_on_the_cpu(tmp_path: Path, busy: 
     assert gone(srv.proc.pid if srv.proc else 0)
 
 
-@pytest.mark.parametrize("program", ["cicc", "uploader"])
-def test_a_silent_server_running_a_compiler_is_waited_for(tmp_path: Path, program: str,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """A server that runs a kernel compiler for 8 s without a word (one process, no log line, no GPU memory) is making
-    progress: a 2 s stall timeout does not stop it, and the wait says what runs. The same silence with any other
-    program is stopped, as before. (Here the process tree is read every 0.5 s, not every 5 s, so that a 2 s stall
-    timeout sees it, and the plain wait line is said every second, not every 15.)"""
+@pytest.fixture
+def quick_probes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The process tree read every 0.5 s, not every 5 s, so that a 2 s stall timeout sees it, and the plain wait line
+    said every second, not every 15."""
     monkeypatch.setattr(watch, "PROBE_S", 0.5)
     monkeypatch.setattr(progress, "SAY_EVERY_S", 1.0)
-    child = tmp_path / program  # /proc names a script's process after the file
-    child.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(8)\n")
-    child.chmod(0o755)
-    script = _script(tmp_path, "builds.py", BUILDS)
+
+
+def _silent_start(tmp_path: Path, text: str, given: Path, *, waited: bool, healthy_after: float) -> str:
+    """Start the script ``text`` (SILENT_UNTIL_DONE's kind) given ``given`` under a 2 s stall timeout. ``waited``:
+    it must be waited for until healthy (at least ``healthy_after`` s), its wait's lines returned; else it must be
+    stopped as making no progress, with no compiler running."""
+    script = _script(tmp_path, "server.py", text)
     out = io.StringIO()
-    rep = Reporter(Console(file=out, stderr=True, width=300))
-    srv = ServerProcess("builder", lambda port: [sys.executable, str(script), str(port), str(child)],
-                        log_path=tmp_path / "builds.log", timeout=60, stall_timeout=2.0, reporter=rep)
-    if program != "cicc":
+    srv = ServerProcess("silent", lambda port: [sys.executable, str(script), str(port), str(given)],
+                        log_path=tmp_path / "server.log", timeout=60, stall_timeout=2.0,
+                        reporter=Reporter(Console(file=out, stderr=True, width=300)))
+    if not waited:
         with pytest.raises(watch.ProcessStalled) as stalled:
             srv.__enter__()
         assert "no compiler running" in str(stalled.value).splitlines()[0]
         assert not srv.running()
-        return
+        return out.getvalue()
     with srv:
-        assert srv.healthy_after is not None and srv.healthy_after >= 8
+        assert srv.healthy_after is not None and srv.healthy_after >= healthy_after
         pid = srv.proc.pid if srv.proc else 0
     assert gone(pid)
-    assert f"waiting for the builder server on :{srv.port} to answer /health: " in out.getvalue()
-    assert "s, compiling (cicc), last log: Capturing batches (bs=64" in out.getvalue()
+    assert f"waiting for the silent server on :{srv.port} to answer /health: " in out.getvalue()
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("program", ["cicc", "uploader"])
+def test_a_silent_server_running_a_compiler_is_waited_for(tmp_path: Path, program: str, quick_probes: None) -> None:
+    """A server that runs a kernel compiler for 8 s without a word (one process, no log line, no GPU memory) is making
+    progress: a 2 s stall timeout does not stop it, and the wait says what runs. The same silence with any other
+    program is stopped, as before."""
+    child = tmp_path / program  # /proc names a script's process after the file
+    child.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(8)\n")
+    child.chmod(0o755)
+    said = _silent_start(tmp_path, BUILDS, child, waited=program == "cicc", healthy_after=8)
+    if program == "cicc":
+        assert "s, compiling (cicc), last log: Capturing batches (bs=64" in said
 
 
 # Takes the lock file argv[2] as tvm-ffi's FileLock does (a non-blocking flock tried every 0.1 s), says nothing while
 # it waits, and answers /health once it has it: the second of two SGLang servers started at once, waiting while the
 # first builds the kernel they share.
-LOCKED = textwrap.dedent("""\
-    import fcntl, http.server, os, sys, threading, time
-    port, lock = int(sys.argv[1]), sys.argv[2]
-    done = threading.Event()
-    class Health(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            self.send_response(200 if done.is_set() else 503)
-            self.end_headers()
-        def log_message(self, *args):
-            pass
-    server = http.server.HTTPServer(("127.0.0.1", port), Health)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    print("Capturing batches (bs=64 avail_mem=11.57 GB):   0%|", flush=True)
+LOCKED = SILENT_UNTIL_DONE + textwrap.dedent("""\
     while True:
-        fd = os.open(lock, os.O_WRONLY | os.O_CREAT)
+        fd = os.open(given, os.O_WRONLY | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             break
@@ -270,34 +276,38 @@ LOCKED = textwrap.dedent("""\
 
 @pytest.mark.parametrize("program", ["cicc", "uploader"])
 def test_a_server_waiting_on_another_process_build_is_waited_for(tmp_path: Path, program: str,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+                                                                 quick_probes: None) -> None:
     """A server that waits silently for a lock another process of the same user holds while it runs a kernel compiler
     (8 s) is making progress: a 2 s stall timeout does not stop it, and the wait says another process compiles. The
     same lock held by a program that is no compiler is a server waiting on something else: stopped, as before."""
-    monkeypatch.setattr(watch, "PROBE_S", 0.5)
-    monkeypatch.setattr(progress, "SAY_EVERY_S", 1.0)
     lock = tmp_path / "lock"
     holder_script = tmp_path / program
-    holder_script.write_text(f"#!{sys.executable}\nimport fcntl, os, sys, time\nfd = os.open(sys.argv[1], os.O_WRONLY "
-                             "| os.O_CREAT)\nfcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(8)\n")
+    holder_script.write_text(f"#!{sys.executable}\n" + textwrap.dedent("""\
+        import fcntl, os, sys, time
+        fcntl.flock(os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT), fcntl.LOCK_EX)
+        print("held", flush=True)
+        time.sleep(8)
+        """))
     holder_script.chmod(0o755)
     holder = subprocess.Popen([str(holder_script), str(lock)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
-        script = _script(tmp_path, "locked.py", LOCKED)
-        out = io.StringIO()
-        rep = Reporter(Console(file=out, stderr=True, width=300))
-        srv = ServerProcess("second", lambda port: [sys.executable, str(script), str(port), str(lock)],
-                            log_path=tmp_path / "locked.log", timeout=60, stall_timeout=2.0, reporter=rep)
-        if program != "cicc":
-            with pytest.raises(watch.ProcessStalled) as stalled:
-                srv.__enter__()
-            assert "no compiler running" in str(stalled.value).splitlines()[0]
-            assert not srv.running()
-            return
-        with srv:
-            assert srv.healthy_after is not None and srv.healthy_after >= 7
-        assert "s, another process of this user compiling (cicc), last log: Capturing batches" in out.getvalue()
+        said = _silent_start(tmp_path, LOCKED, lock, waited=program == "cicc", healthy_after=7)
+        if program == "cicc":
+            assert "s, another process of this user compiling (cicc), last log: Capturing batches" in said
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_build_driver_beside_a_server_is_no_build_of_its_own() -> None:
+    """Outside the server's tree only the same user's compilers count: not a build driver (``make test`` runs as long
+    as the tests it started, this suite's own waits among them), nor another user's compiler."""
+    procs = {1: watch.Proc(0, 1, "systemd", 0, 0), 10: watch.Proc(1, 10, "server", 0, 1000),
+             20: watch.Proc(1, 20, "make", 0, 1000), 21: watch.Proc(20, 20, "python3", 0, 1000),
+             30: watch.Proc(1, 30, "cicc", 0, 1001)}
+    tree = watch.process_tree(10, procs)
+    assert watch.compilers_beside(tree, 1000, procs) == []
+    assert watch.compilers_beside(tree, 1001, procs) == ["cicc"]
+    procs[31] = watch.Proc(20, 20, "cc1plus", 0, 1000)
+    assert watch.compilers_beside(tree, 1000, procs) == ["cc1plus"]

@@ -59,6 +59,9 @@ COMPILERS = frozenset({
     "cc", "c++", "gcc", "g++", "cc1", "cc1plus", "clang", "clang++", "as", "ld", "ld.bfd", "ld.gold", "ld.lld",
     "collect2", "hipcc", "amdclang++",
 })
+# Build drivers: in a server's tree they are its build, but beside it they say nothing of one (``make test`` runs
+# for as long as the tests it started), so outside the tree only the compilers they drive count.
+BUILD_DRIVERS = frozenset({"ninja", "make", "cmake"})
 
 
 class ProcessDied(BackendError):
@@ -184,7 +187,10 @@ def compilers(pids: frozenset[int], procs: dict[int, Proc] | None) -> list[str]:
 def compilers_beside(tree: frozenset[int], uid: int, procs: dict[int, Proc] | None) -> list[str]:
     """The :data:`COMPILERS` that ``uid``'s processes outside ``tree`` run: a build the tree may be waiting on
     through a lock in that user's kernel cache (another server's, started at the same time)."""
-    return compilers(frozenset(pid for pid, p in procs.items() if p.uid == uid) - tree, procs) if procs else []
+    if not procs:
+        return []
+    mine = frozenset(pid for pid, p in procs.items() if p.uid == uid and p.name not in BUILD_DRIVERS)
+    return compilers(mine - tree, procs)
 
 
 class GpuMemory:
