@@ -13,11 +13,11 @@ its log's tail (:class:`ProcessStalled`); the caller stops it. Progress is any o
   tvm-ffi's ``load_jit``, cached in ``~/.cache/tvm-ffi``) inside its first forward pass, which with CUDA graphs on is
   the capture of the largest batch. An H100 start was stopped at 180 s there, silent at "Capturing batches (bs=64
   ...) 0/12"; with this rule a later H100 start on a fresh kernel cache captured for 243 s and was healthy after
-  292 s (bench/results/h100/8b/README.md). A compiler of the same user outside the tree counts too: two servers
-  starting at once build the same kernel under one file lock in that user's cache (tvm-ffi's ``FileLock``, polled
-  every 0.1 s), and the one that waits for the lock runs no compiler of its own while the other compiles. The wait
-  line says which (``compiling (cicc)``, or ``another process of this user compiling (cicc)``). The overall
-  timeout still bounds a compiler that never ends;
+  292 s (bench/results/h100/8b/README.md). A compiler of the same user outside the tree counts too (there, not a
+  build driver: :data:`BUILD_DRIVERS`): two servers starting at once build the same kernel under one file lock in
+  that user's cache (tvm-ffi's ``FileLock``, polled every 0.1 s), and the one that waits for the lock runs no
+  compiler of its own while the other compiles. The wait line says which (``compiling (cicc)``, or ``another
+  process of this user compiling (cicc)``). The overall timeout still bounds a compiler that never ends;
 * the GPU memory its processes hold changed, read from ``nvidia-smi --query-compute-apps`` where it exists (a large
   model's weights load silently into GPU memory). Where none of the listed processes is the child's (a container's
   own process ids), the memory of every listed process is watched instead.
