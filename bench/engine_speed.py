@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from quantkit.checkpoint import read_config  # noqa: E402
 from quantkit.engines import client, registry, serving  # noqa: E402
 from quantkit.engines.serving import HOST, ServeOptions, ServerProcess  # noqa: E402
-from quantkit.progress import Reporter  # noqa: E402
+from quantkit.progress import Reporter, use  # noqa: E402
 
 # What turns each engine's smoke defaults (graphs off) into a deployment's (graphs on, for batches up to 16).
 GRAPHS_ON = {
@@ -109,6 +109,7 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds to health, and per request")
     ap.add_argument("--log", type=Path, default=None, help="the server's log (default: a temporary file)")
     args = ap.parse_args()
+    use(Reporter())  # the server's start shows its wait on stderr, as under the CLI (the API waits quietly)
     args.python = registry.get(args.engine).find_python(args.python).python
 
     server = serving.get(args.engine)
@@ -121,7 +122,7 @@ def main() -> None:
     vocab = int((cfg.get("text_config") or cfg)["vocab_size"])
     t0 = time.perf_counter()
     with ServerProcess(args.engine, argv, log_path=log, health_path=server.health_path,
-                       timeout=args.timeout, reporter=Reporter()) as srv:  # the wait's lines on stderr
+                       timeout=args.timeout) as srv:
         healthy = time.perf_counter() - t0
         model = client.get_json(srv.url + "/v1/models")["data"][0]["id"]
         figures = measure(srv.url, model, args, vocab)

@@ -60,7 +60,7 @@ sys.path.insert(0, str(meta.ROOT))
 from quantkit.engines import client, registry, serving  # noqa: E402
 from quantkit.engines.serving import HOST, ServeOptions, ServerProcess  # noqa: E402
 from quantkit.errors import BackendError, QuantkitError  # noqa: E402
-from quantkit.progress import Reporter  # noqa: E402
+from quantkit.progress import Reporter, use  # noqa: E402
 from quantkit.recipe import DEFAULT_STALL_TIMEOUT, NO_PROGRESS  # noqa: E402
 
 HELDOUT = meta.ROOT / "calibration" / "heldout.jsonl.gz"
@@ -241,10 +241,8 @@ def measure(engine: str, path: Path, args: argparse.Namespace, prompts: list[lis
                            "levels": {}}
     argv = lambda port: server.command(path, args.python, HOST, port, opts) + extra + args.server_arg  # noqa: E731
     t0 = time.perf_counter()
-    # The Python API waits quietly; a benchmark's log says what each start waits on, as the CLI does: a first
-    # start can build kernels for minutes (its wait line says "compiling (cicc)", on stderr every 15 s).
     with ServerProcess(engine, argv, log_path=log, env=env, health_path=server.health_path,
-                       timeout=args.timeout, stall_timeout=args.stall_timeout, reporter=Reporter()) as srv:
+                       timeout=args.timeout, stall_timeout=args.stall_timeout) as srv:
         row["healthy_after_s"] = round(time.perf_counter() - t0, 1)
         row["command"] = srv.argv
         model = client.get_json(srv.url + "/v1/models")["data"][0]["id"]
@@ -378,6 +376,9 @@ def main() -> None:
                          "start that compiles kernels can be silent for minutes (SGLang's W4A16: 243 s on an H100, "
                          f"bench/results/h100/8b/) [default: {DEFAULT_STALL_TIMEOUT:g}]")
     args = ap.parse_args()
+    # The Python API waits quietly; the benchmark's log says what each server start waits on, as the CLI does: a
+    # first start can build kernels for minutes (its wait line says "compiling (cicc)", on stderr every 15 s).
+    use(Reporter())
     bad = [e for e in args.engine if e not in ENGINES]
     if bad or len(args.engine) != 1 and args.python:
         ap.error(f"unknown engine {', '.join(bad)}" if bad else "--python names one engine's Python: one --engine")
