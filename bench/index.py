@@ -110,6 +110,8 @@ def quantize_cost() -> list[str]:
         lines += [_body(md), ""]
     for name, what in (("quantize_cost_8b_fp8_hash_and_sync", "FP8 static, three runs per tool, the last shard "
                         "hashed and fsynced side by side (the third sitting)"),
+                       ("quantize_cost_8b_int8-sq_3x3", "INT8 SmoothQuant, three runs per tool (the fourth "
+                        "sitting)"),
                        ("quantize_cost_8b_fp8_warm", "FP8 static, a warm-up and three runs per tool"),
                        ("quantize_cost_8b_int8_medians", "INT8 SmoothQuant, two quantkit runs and one direct"),
                        ("quantize_cost_8b_fp8_profiled", "FP8 static, one run per tool under py-spy"),
