@@ -6,7 +6,7 @@ two lines and exits with its code, with no traceback unless ``--debug`` is given
 Exit codes (documented in docs/usage.md and ``quantkit --help``):
 
 * 0 - success
-* 1 - failure (a backend failed, a file is corrupt, an engine would not load the artifact, a backend or tool
+* 1 - failure (a backend failed, a file is corrupt, an engine would not load the artifact, a backend, engine or tool
   it needs is not installed)
 * 2 - usage or recipe error (bad flags or recipe, missing input, existing output without ``--force``, an output
   that would overwrite the source, an input or a folder quantkit did not write)
@@ -98,6 +98,12 @@ class MissingBackendError(QuantkitError):
             f"{purpose} needs the Python package '{module}', which is not installed",
             hint=f"pip install 'quantkit[{extra}]'",
         )
+
+
+class MissingEngineError(QuantkitError):
+    """An engine (vLLM, SGLang) is not installed in the Python it would run in: says how to point at the environment
+    where it is. Exit 1 with the other missing backends and tools: the command and its input are right, the machine
+    lacks what runs them."""
 
 
 class MissingToolError(QuantkitError):

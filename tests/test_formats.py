@@ -163,13 +163,14 @@ def test_evaluation_result_types_import_neither_side() -> None:
 
 @pytest.mark.cli
 def test_tune_refuses_clearly_without_vllm_or_for_gguf(cli, tmp_path: Path) -> None:
-    """The kernel sweep needs vLLM (on a GPU): without it, one line and exit 2, before anything starts."""
+    """The kernel sweep needs vLLM (on a GPU): without it, one line and exit 1 (docs/usage.md: a backend it needs is
+    not installed), before anything starts."""
     ct = tmp_path / "ct"
     ct.mkdir()
     (ct / "config.json").write_text(json.dumps({"quantization_config": {"quant_method": "compressed-tensors"}}))
     proc = cli("tune", ct, env={"QUANTKIT_VLLM_PYTHON": ""})
     if importlib.util.find_spec("vllm") is None:
-        assert proc.returncode == 2 and "needs vLLM" in proc.stderr and "--python" in proc.stderr
+        assert proc.returncode == 1 and "needs vLLM" in proc.stderr and "--python" in proc.stderr
     gguf = tmp_path / "g"
     gguf.mkdir()
     (gguf / "m-Q8_0.gguf").write_bytes(b"")

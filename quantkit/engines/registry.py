@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from quantkit import envs
-from quantkit.errors import UsageError
+from quantkit.errors import MissingEngineError, UsageError
 from quantkit.formats import kinds, names
 from quantkit.formats.names import LLAMACPP, SGLANG, TRANSFORMERS, TRTLLM, VLLM
 
@@ -67,7 +67,7 @@ class Engine:
             return choice.python
         if envs.importable_here(self.module):
             return choice.python
-        raise UsageError(f"the {label} engine needs {label}, which is not installed in this environment",
+        raise MissingEngineError(f"the {label} engine needs {label}, which is not installed in this environment",
                          hint=f"pass --python /path/to/{self.name}-env/bin/python (or set {self.env_var}) to use the "
                               f"Python of an environment where {label} is installed")
 

@@ -25,7 +25,7 @@ from typing import Any
 from quantkit import envs, integrity
 from quantkit.engines import registry
 from quantkit.engines.vllm import kernels
-from quantkit.errors import BackendError, UsageError
+from quantkit.errors import BackendError, MissingEngineError, UsageError
 from quantkit.formats import kinds
 from quantkit.formats.names import VLLM, KindName
 from quantkit.manifest import now_iso
@@ -69,7 +69,7 @@ def run(path: Path, opts: TuneOptions, reporter: Reporter | None = None) -> Any:
     row = registry.get(VLLM)
     choice = row.find_python(opts.python)
     if choice.fallback and not envs.importable_here(row.module):
-        raise UsageError("quantkit tune needs vLLM, which is not installed in this environment",
+        raise MissingEngineError("quantkit tune needs vLLM, which is not installed in this environment",
                          hint="pass --python /path/to/vllm-env/bin/python (or set QUANTKIT_VLLM_PYTHON)")
     bench = kernel_sweep.Bench(batches=tuple(opts.batches), prompt_len=opts.prompt_len, gen=opts.gen,
                                max_model_len=opts.max_model_len, gpu_memory_utilization=opts.gpu_memory_utilization,
