@@ -502,24 +502,41 @@ def validate(data: Any, *, where: str = "recipe", lines: dict[tuple, int] | None
     def origin(loc: tuple) -> str:
         return _origin(loc, lines or {}, flags or {})
 
+    # Refused before the schema sees them, which would echo them back whole; the schema still checks every other
+    # field (these set aside as None), so that one run lists all of a recipe's problems.
     huge = _out_of_bounds(data)
-    if huge:  # refused before the schema sees them, which would echo them back whole
-        problems += [f"{origin(loc)}: {why}" for loc, why in huge]
+    problems += [f"{origin(loc)}: {why}" for loc, why in huge]
+    set_aside = {loc for loc, _ in huge}
+    try:
+        recipe = Recipe.model_validate(_with_none_at(data, set_aside), strict=True)
+    except ValidationError as e:
+        for err in e.errors():
+            loc = tuple(p for p in err["loc"] if p not in METHODS)  # drop the discriminator's tag from the path
+            if loc in set_aside or err["type"].startswith("union_tag") and any(a[:len(loc)] == loc for a in set_aside):
+                continue  # said already: the value set aside (a method's among them, which picks the spec)
+            got = err.get("input")
+            quiet = ("missing", "extra_forbidden", NAMES_ITS_INPUT)
+            got_s = "" if err["type"] in quiet or isinstance(got, dict) else f"; got {_short(got)}"
+            problems.append(f"{origin(loc)}: {_describe(err)}{got_s}")
     else:
-        try:
-            recipe = Recipe.model_validate(data, strict=True)
-        except ValidationError as e:
-            for err in e.errors():
-                loc = tuple(p for p in err["loc"] if p not in METHODS)  # drop the discriminator's tag from the path
-                got = err.get("input")
-                quiet = ("missing", "extra_forbidden", NAMES_ITS_INPUT)
-                got_s = "" if err["type"] in quiet or isinstance(got, dict) else f"; got {_short(got)}"
-                problems.append(f"{origin(loc)}: {_describe(err)}{got_s}")
-        else:
-            problems += [f"{origin(loc)}: {why}" for loc, why in recipe._folder_problems()]
-            if not problems:
-                return recipe
+        problems += [f"{origin(loc)}: {why}" for loc, why in recipe._folder_problems()]
+        if not problems:
+            return recipe
     raise _refusal(where, problems, hint)
+
+
+def _with_none_at(data: Any, locs: set[tuple]) -> Any:
+    """``data`` with the value at each of ``locs`` (paths of keys and list indices) replaced by None; copied along
+    those paths only, so the caller's mapping is left as it was."""
+    if not locs:
+        return data
+    if () in locs:
+        return None
+    if isinstance(data, dict):
+        return {k: _with_none_at(v, {loc[1:] for loc in locs if loc[0] == k}) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_with_none_at(v, {loc[1:] for loc in locs if loc[0] == i}) for i, v in enumerate(data)]
+    return data
 
 
 def _refusal(where: str, problems: list[str], hint: str | None) -> RecipeError:

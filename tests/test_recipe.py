@@ -238,6 +238,21 @@ def test_an_integer_serves_as_a_float_and_an_exponent_is_a_number(tmp_path: Path
     assert "not a finite number" in error_of(tmp_path, NUMBERS.replace("max_kld: 0.1", "max_kld: 1e999"))
 
 
+def test_a_value_out_of_bounds_hides_none_of_the_other_problems(tmp_path: Path) -> None:
+    """A non-finite number (or an overlong string) is refused before the schema looks, and the schema still checks
+    the rest: one run lists every problem (docs/recipes.md), and the value set aside adds no second line."""
+    text = NUMBERS.replace("max_kld: 0.1", "max_kld: .inf").replace("bits: 4", "bits: 5").replace("ctx: 512",
+                                                                                                "ctx: 512\n  bogus: 1")
+    err = error_of(tmp_path, text)
+    assert "evaluation.gates.max_kld (line 7): inf is not a finite number" in err
+    assert "quantize.bits (line 3): expected 4 or 8; got 5" in err and "evaluation.bogus (line 6): unknown key" in err
+    assert len(err.splitlines()) == 4, err  # the head line and the three problems
+    one = error_of(tmp_path, NUMBERS.replace("method: rtn", "method: .nan"))
+    assert one.splitlines()[0].endswith("quantize.method (line 3): nan is not a finite number") and "tag" not in one
+    again = recipe.load(write(tmp_path, NUMBERS), check_output_escape=False)  # the mapping the check copied is intact
+    assert again.evaluation.gates.max_kld == 0.1
+
+
 def test_every_flag_reaches_its_field_as_typer_parses_it() -> None:
     """Flags come through the overrides as Typer typed them (int, float, str, bool, list of str): each is of the
     type its field takes, so strict validation refuses none of them for its type."""
