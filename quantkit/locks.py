@@ -24,9 +24,11 @@ def output_lock(final: Path, wait: bool = False) -> Iterator[None]:
 
     The lock is an ``flock`` on ``.NAME.lock``: the kernel releases it if the holder dies, so a crash never
     leaves a stale lock behind. A folder it cannot be made in is refused here too (exit 2), for callers that did
-    not check first (:func:`quantkit.outputs.check_writable`).
+    not check first (:func:`quantkit.outputs.check_writable`). The folders above ``final`` that it makes are removed
+    on the way out when nothing was written into them: a run refused once it held the lock leaves nothing behind.
     """
     lock_path = final.parent / f".{final.name}.lock"
+    made = [d for d in (final.parent, *final.parent.parents) if not d.exists()]  # deepest first
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -60,6 +62,11 @@ def output_lock(final: Path, wait: bool = False) -> Iterator[None]:
             except OSError:
                 pass
         os.close(fd)
+        for d in made:  # a run that wrote nothing leaves none of the folders it made: rmdir takes only empty ones
+            try:
+                d.rmdir()
+            except OSError:
+                break
 
 
 def _open_lock(final: Path, lock_path: Path) -> int:

@@ -545,6 +545,21 @@ def test_the_lock_refuses_an_output_it_cannot_be_made_beside(tmp_path: Path) -> 
     assert (tmp_path / "afile").read_text() == "mine"
 
 
+@pytest.mark.cli
+def test_a_refused_run_leaves_none_of_the_folders_it_made(cli, tmp_path: Path) -> None:
+    """The lock makes the output's missing parents; a run refused after it (here the device, checked once the lock
+    is held) left them behind empty. A run that writes its artifact keeps them."""
+    proc = cli("rtn", "models/quantkit-tiny", tmp_path / "p" / "q" / "r", "--device", "cuda:99")
+    assert proc.returncode == 2 and not (tmp_path / "p").exists(), proc.stderr
+    (tmp_path / "p").mkdir()  # a folder that was there before stays
+    with output_lock(tmp_path / "p" / "q" / "r"):
+        pass
+    assert [d.name for d in tmp_path.iterdir()] == ["p"] and not any((tmp_path / "p").iterdir())
+    with output_lock(tmp_path / "x" / "y" / "art"):
+        (tmp_path / "x" / "y" / "art").mkdir()
+    assert (tmp_path / "x" / "y" / "art").is_dir()
+
+
 def test_a_waiter_never_shares_the_lock_with_a_newcomer(tmp_path: Path) -> None:
     """The holder removes its lock file on the way out. A run that waited on that file must not then hold a lock on
     a file no one else can find while a newcomer locks a fresh one at the path: two writers of one artifact."""
