@@ -11,7 +11,8 @@ Two rules, one module, used by every verb that writes (the producers, ``run`` an
   folder (:func:`quantkit.artifact.check_replaceable`); a report, a ``SHA256SUMS`` or a plot is rewritten only
   when the file at that name is one quantkit wrote (:func:`check_file`). Anything else is refused: the user
   removes it, or chooses another output. An artifact holding files its manifest does not list (the user's notes,
-  data) is the user's too, in part: refused, naming them.
+  data) is the user's too, in part: refused, naming them. A report breaks no seal it is not sealed anew in:
+  never into another artifact or a release, nor a folder inside one (:func:`check_outside_seals`).
 
 Every refusal is exit 2: an :class:`~quantkit.errors.UnsafeOutputError` naming both paths, an
 :class:`~quantkit.errors.OutputExistsError`, or a :class:`~quantkit.errors.UsageError` for an output that cannot
@@ -29,7 +30,7 @@ from typing import Any
 
 from quantkit import artifact
 from quantkit.errors import DiskSpaceError, OutputExistsError, UnsafeOutputError, UsageError
-from quantkit.integrity import BUNDLE_FILES, LOGS, wrote
+from quantkit.integrity import BUNDLE_FILES, LOGS, SUMS, wrote
 from quantkit.manifest import MANIFEST
 
 REMOVE_HINT = "remove it yourself, or choose another output"
@@ -85,6 +86,34 @@ def check_files(folder: Path, names: Iterable[str], source: Path | None = None,
     for target in targets.values():
         check_file(target)
     check_writable(folder, what, into=True)
+
+
+def check_outside_seals(folder: Path, names: Iterable[str], evaluated: Iterable[Path],
+                        what: str = "report folder") -> None:
+    """Before writing files ``names`` into ``folder`` (an evaluation's report): refuse a folder whose seal they would
+    break, which ``verify`` would then report as changed or not listed: an artifact (a folder holding its
+    manifest) or a folder inside one, a release (a folder holding :data:`~quantkit.integrity.SUMS`) or a folder
+    inside one. Two such folders take them, as they seal them anew: an evaluated artifact itself (``evaluated``:
+    each evaluated artifact's folder, or the evaluated path where it has none), whose manifest the evaluation
+    updates; a release holding every evaluated path, whose bundle ``quantkit run`` writes and seals again."""
+    out = real(folder)
+    mine = [real(p) for p in evaluated]
+    files = ", ".join(names)
+    hint = "choose another --report-dir: an evaluated artifact, or a folder outside other artifacts and releases"
+    for home in (out, *out.parents):
+        if (home / MANIFEST).is_file():
+            if home == out and out in mine:
+                return
+            where = "is another quantkit artifact" if home == out else f"lies inside the quantkit artifact {home}"
+            raise UnsafeOutputError(f"{what} {folder} {where}: writing {files} there would break its seal "
+                                    f"({MANIFEST})", hint=hint)
+        if (home / SUMS).is_file():
+            if home == out and all(_within(p, out) for p in mine):
+                return
+            where = ("is a release that does not hold every evaluated artifact" if home == out
+                     else f"lies inside the release {home}")
+            raise UnsafeOutputError(f"{what} {folder} {where}: writing {files} there would break its seal ({SUMS})",
+                                    hint=hint)
 
 
 def check_file(path: Path) -> None:

@@ -131,6 +131,45 @@ def test_eval_writes_no_report_into_the_baseline_nor_over_a_users_file(work: Pat
     assert tree(work) == before
 
 
+def _sealed_release(folder: Path) -> None:
+    """A release folder as ``quantkit run`` leaves it: an artifact inside, a folder of the user's, its SHA256SUMS."""
+    fake_artifact(folder / "a")
+    (folder / "notes").mkdir()
+    sums = "".join(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.relative_to(folder).as_posix()}\n"
+                   for p in integrity.release_files(folder))
+    (folder / integrity.SUMS).write_text(sums)
+
+
+@pytest.mark.parametrize("report_dir, said", [
+    ("other", "report folder other is another quantkit artifact"),
+    ("other/sub", "report folder other/sub lies inside the quantkit artifact"),
+    ("rel", "report folder rel is a release that does not hold every evaluated artifact"),
+    ("rel/notes", "report folder rel/notes lies inside the release")])
+def test_eval_writes_no_report_into_another_artifact_nor_a_release(work: Path, report_dir: str, said: str) -> None:
+    """``eval --report-dir`` into another artifact or a release (or a folder inside one) wrote report.md and the
+    plot there, and ``verify`` then found them not listed in its seal: refused before any scoring, exit 2."""
+    fake_artifact(work / "other")
+    _sealed_release(work / "rel")
+    before = tree(work)
+    proc = quantkit("eval", "parent/src", "--baseline", "parent/src", "--dataset", "heldout", "--max-tokens", "16",
+                    "--report-dir", report_dir, cwd=work)
+    assert proc.returncode == 2 and said in proc.stderr and "would break its seal" in proc.stderr, proc.stderr
+    assert "--report-dir" in proc.stderr and "protocol:" not in proc.stderr and "Traceback" not in proc.stderr
+    assert tree(work) == before
+    assert all(r.ok for r in integrity.verify_tree(work / "rel")) and integrity.verify(work / "other").ok
+
+
+def test_eval_tasks_writes_no_report_into_another_artifact(work: Path) -> None:
+    """``eval --tasks``'s tasks.md follows the same rule as eval's report: never into another artifact's seal."""
+    pytest.importorskip("lm_eval")
+    fake_artifact(work / "other")
+    before = tree(work)
+    proc = quantkit("eval", "parent/src", "--baseline", "parent/src", "--tasks", "quantkit_lastword", "--limit", "2",
+                    "--report-dir", "other", cwd=work)
+    assert proc.returncode == 2 and "other is another quantkit artifact: writing tasks.md" in proc.stderr, proc.stderr
+    assert tree(work) == before
+
+
 BILLION_LAUGHS = "".join(f"{a}: &{a} [{', '.join([f'*{b}'] * 9)}]\n" for b, a in zip("abcdefgh", "bcdefghi"))
 BILLION_LAUGHS = 'a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]\n' + BILLION_LAUGHS
 

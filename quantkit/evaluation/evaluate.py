@@ -333,10 +333,11 @@ def evaluate(paths: list[Path], baseline: str | None, options: EvalOptions | Non
     _preflight({t.engine for t in targets}, options)
     src = resolve_baseline(baseline, targets)
     vocabulary.check(targets, src)  # every engine's artifact, before the baseline is scored
-    if options.write:  # before any scoring: the report goes neither into the baseline nor over the user's files
+    if options.write:  # before any scoring: not into the baseline, over the user's files, nor another's seal
         text = Path(os.path.expanduser(options.dataset))
-        outputs.check_files(_report_dir(options, targets), (report_mod.REPORT, report_mod.PLOT), src.path,
-                            [("evaluation file", text)] if text.exists() else [])
+        folder, names = _report_dir(options, targets), (report_mod.REPORT, report_mod.PLOT)
+        outputs.check_files(folder, names, src.path, [("evaluation file", text)] if text.exists() else [])
+        outputs.check_outside_seals(folder, names, [t.manifest_dir or t.path for t in targets])
     for t in targets:
         t.gates = gates_mod.resolve(options.gate_flags, options.recipe_gates,
                                     t.manifest.recipe_gates if t.manifest else None)

@@ -157,6 +157,7 @@ def evaluate(paths: list[Path], baseline: str | None, options: TaskOptions,
     out_dir = _report_dir(options, targets)
     if options.write:
         outputs.check_files(out_dir, (report_mod.TASKS_REPORT,), src.path, [])
+        outputs.check_outside_seals(out_dir, (report_mod.TASKS_REPORT,), [t.manifest_dir or t.path for t in targets])
     rep.log("tasks: " + "; ".join(f"{t.name} ({t.output_type}: {', '.join(t.metrics)})" for t in tasks))
     baselines = {e: _baseline(src, e, tasks, options, rep) for e in sorted({baseline_engine(t.engine)
                                                                              for t in targets})}
