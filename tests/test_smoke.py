@@ -147,6 +147,25 @@ def test_timeout_stops_the_whole_process_group(gguf_artifact: Path, tmp_path: Pa
                 and str(gguf_artifact) in " ".join(p.info["cmdline"] or [])]
 
 
+def test_a_fixed_port_serves_every_file_in_turn(gguf_artifact: Path, tmp_path: Path) -> None:
+    """Two .gguf files on one --port: the second server starts while the first's connections wait in TIME_WAIT,
+    which the port check called "already in use" (exit 2) most times."""
+    from quantkit.engines.serving import free_port
+
+    two = tmp_path / "two"
+    two.mkdir()
+    gguf = next(gguf_artifact.glob("*.gguf"))
+    for name in ("a.gguf", "b.gguf"):
+        shutil.copy(gguf, two / name)
+    port = free_port()
+    proc = quantkit("smoke", two, "--port", port, "--log-dir", tmp_path, "--json", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = json.loads(proc.stdout)["runs"]
+    assert [(r["file"], r["status"], r["port"]) for r in runs] == [("a.gguf", "passed", port),
+                                                                   ("b.gguf", "passed", port)]
+    assert all(gone(r["pid"]) for r in runs)
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_signal_while_waiting_stops_the_server(gguf_artifact: Path, tmp_path: Path, sig: signal.Signals) -> None:
     # A shell that starts jobs in the background ignores SIGINT in them; a terminal's Ctrl-C does not.

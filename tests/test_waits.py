@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -23,7 +24,7 @@ from quantkit import progress
 from quantkit.engines import watch
 from quantkit.engines.serving import ServerProcess
 from quantkit.engines.vllm import kernel_sweep
-from quantkit.errors import EXIT_FAILURE
+from quantkit.errors import EXIT_FAILURE, UsageError
 from quantkit.progress import Reporter
 
 pytestmark = pytest.mark.cli
@@ -138,6 +139,43 @@ def test_a_slow_server_that_keeps_talking_is_waited_for(tmp_path: Path) -> None:
     said = out.getvalue()
     assert f"waiting for the slowpoke server on :{srv.port} to answer /health: 0 s, last log: " in said
     assert "slowpoke server ready" in said
+
+
+def _port_in_time_wait() -> int:
+    """A loopback port whose listener is gone and whose last connection waits in TIME_WAIT: what a fixed --port is
+    when smoke starts the next .gguf file's server. The listener sets SO_REUSEADDR as the servers do (a TIME_WAIT
+    socket lets a new one bind only when both set it); the server's side closes first, so the wait is on its port."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = int(listener.getsockname()[1])
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            accepted, _ = listener.accept()
+            accepted.close()
+            assert client.recv(1) == b""  # the server's FIN has arrived: its side is past FIN_WAIT_1
+    return port
+
+
+def test_a_fixed_port_in_time_wait_is_free_and_one_with_a_listener_is_not(tmp_path: Path) -> None:
+    """``smoke --port P`` on a GGUF artifact of several files refused the second with "port P is already in use":
+    the check bound without SO_REUSEADDR, which a port in TIME_WAIT refuses while the servers, which set it, bind
+    it. The check now answers what the server meets: a server starts there; a port with a listener stays in use."""
+    port = _port_in_time_wait()
+    with socket.socket() as plain, pytest.raises(OSError):
+        plain.bind(("127.0.0.1", port))  # the state the old check called "in use"
+    script = _script(tmp_path, "slow.py", SLOW)
+    srv = ServerProcess("slowpoke", lambda p: [sys.executable, str(script), str(p), "0"],
+                        log_path=tmp_path / "slow.log", port=port, timeout=60)
+    with srv:
+        assert srv.port == port and srv.healthy_after is not None
+        pid = srv.proc.pid if srv.proc else 0
+        busy = ServerProcess("second", lambda p: [sys.executable, str(script), str(p), "0"],
+                             log_path=tmp_path / "second.log", port=port, timeout=60)
+        with pytest.raises(UsageError, match=f"port {port} on 127.0.0.1 is already in use"):
+            busy.__enter__()
+        assert busy.proc is None  # refused before anything started
+    assert gone(pid)
 
 
 def test_an_overall_timeout_still_bounds_a_talking_server(tmp_path: Path) -> None:

@@ -162,7 +162,13 @@ def _engine_environ() -> dict[str, str]:
 
 
 def _port_free(host: str, port: int) -> bool:
+    """Whether a server could bind ``port`` on ``host`` now, binding as the servers do: with SO_REUSEADDR (set by
+    llama-server b11312's cpp-httplib, seen with strace; by vLLM's own listening socket; by uvicorn's asyncio or
+    uvloop listener, which SGLang and llama_cpp.server serve with). A port whose last connections wait in
+    TIME_WAIT, as a fixed --port's does when the next .gguf file's server starts just after the previous one
+    stopped, is free to them; one with a listener is not. Bound without it, the check refused the second file."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
