@@ -25,6 +25,12 @@ pytestmark = pytest.mark.e2e
 # health, and the server's process group holds two processes (sh and sleep) that must both be stopped.
 SLOW_SERVER = "sh -c 'sleep 120; exec {python} -m llama_cpp.server --model {model} --host {host} --port {port}'"
 
+# Numbers no smoke run could mean: the flag, its value, and what the usage error says of it.
+BAD_NUMBERS = [
+    ("--port", "99999", "--port: Input should be less than or equal to 65535 (got 99999)"),
+    ("--port", "-1", "--port: Input should be greater than or equal to 0 (got -1)"),
+]
+
 
 @pytest.fixture(scope="session")
 def gguf_artifact(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -164,6 +170,28 @@ def test_a_fixed_port_serves_every_file_in_turn(gguf_artifact: Path, tmp_path: P
     assert [(r["file"], r["status"], r["port"]) for r in runs] == [("a.gguf", "passed", port),
                                                                    ("b.gguf", "passed", port)]
     assert all(gone(r["pid"]) for r in runs)
+
+
+@pytest.mark.cli
+@pytest.mark.parametrize("flag, value, says", BAD_NUMBERS, ids=[f"{f}={v}" for f, v, _ in BAD_NUMBERS])
+def test_numbers_no_run_could_mean_are_refused_before_any_server(tmp_path: Path, flag: str, value: str,
+                                                                   says: str) -> None:
+    """A port out of range ended in a traceback, exit 1 and nothing on stdout under --json. It is a usage error
+    (exit 2) in one line, one JSON document under --json, and no server starts (the server command would leave a
+    file)."""
+    art = tmp_path / "art"
+    art.mkdir()
+    (art / "m.gguf").write_bytes(b"")
+    started = tmp_path / "started"
+    args = ("smoke", art, flag, value, "--skip-doctor", "--server-cmd", f"sh -c 'touch {started}'",
+            "--log-dir", tmp_path / "logs")
+    proc = quantkit(*args, "--json", timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert json.loads(proc.stdout) == {"ok": False, "error": f"invalid smoke option: {says}", "hint": None,
+                                       "exit_code": 2}
+    human = quantkit(*args, timeout=120)
+    assert human.returncode == 2 and human.stderr.strip() == f"error: invalid smoke option: {says}"
+    assert not started.exists() and not (tmp_path / "logs").exists()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])

@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, Field, ValidationError
+
 from quantkit import images, integrity
 from quantkit.checkpoint import Fp4, read_config
 from quantkit.engines import client, doctor, image_question, numerics, parallel, registry, serving
@@ -88,10 +90,26 @@ class SmokeOptions:
     log_dir: Path | None = None
     check_versions: bool = True
 
+    def check(self) -> None:
+        """Refuse a number no run could mean (exit 2), before anything starts: a --port past 65535 ended in a
+        traceback."""
+        try:
+            _Numbers.model_validate({name: getattr(self, name) for name in _Numbers.model_fields})
+        except ValidationError as e:
+            raise UsageError("invalid smoke option: " + "; ".join(
+                f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']} (got {err.get('input')!r})"
+                for err in e.errors())) from None
+
     def serve_options(self) -> ServeOptions:
         return ServeOptions(python=self.python, server_cmd=self.server_cmd, env=dict(self.env),
                             extra_args=list(self.extra_args), max_model_len=self.max_model_len,
                             gpu_memory_utilization=self.gpu_memory_utilization, tp=self.tp)
+
+
+class _Numbers(BaseModel):
+    """The bounds of :class:`SmokeOptions`' numbers."""
+
+    port: int = Field(ge=0, le=65535)  # 0: a free one is picked
 
 
 @dataclass
@@ -174,6 +192,7 @@ def run(path: Path, opts: SmokeOptions, reporter: Reporter | None = None) -> Smo
     Raises :class:`UsageError` for bad input and :class:`Interrupted` on Ctrl-C/SIGTERM (after the server is
     stopped). With ``require_match``, a run whose greedy tokens differ from the baseline is marked failed.
     """
+    opts.check()
     rep = reporter or Reporter(quiet=True)
     path = Path(path)
     if not path.exists():
