@@ -186,6 +186,21 @@ def test_stride_and_max_tokens_change_the_tokens_scored():
     assert flat.protocol.windows_sha256 != strided.protocol.windows_sha256
 
 
+def test_a_text_of_fewer_tokens_than_the_least_max_tokens_is_refused_before_scoring(tmp_path):
+    """A two-word file was scored (2 tokens), gated and its verdict recorded; a text that gives fewer tokens than
+    ``--max-tokens`` may keep is now a usage error, said before any model is scored and with nothing written."""
+    from quantkit.evaluation.protocol import MIN_TOKENS
+
+    (tmp_path / "short.txt").write_text("short text")
+    proc = quantkit("eval", TINY, "--baseline", TINY, "--dataset", tmp_path / "short.txt", "--ctx", "128",
+                    "--report-dir", tmp_path / "r")
+    assert proc.returncode == 2, proc.stderr
+    assert f"gives 2 tokens with the baseline's tokenizer; an evaluation scores at least {MIN_TOKENS}" in proc.stderr
+    assert "loading" not in proc.stderr and "Traceback" not in proc.stderr and not (tmp_path / "r").exists()
+    bad = quantkit("eval", TINY, "--baseline", TINY, "--max-tokens", str(MIN_TOKENS - 1))
+    assert bad.returncode == 2 and f"greater than or equal to {MIN_TOKENS}" in bad.stderr, bad.stderr
+
+
 def test_topk_baseline_store_bounds_the_exact_kld(broken_model):
     # The store a 128k-vocabulary model gets when its full distributions do not fit, forced here on 8k.
     from quantkit import api

@@ -33,11 +33,16 @@ from typing import Any
 
 from quantkit.engines.logits import Window
 from quantkit.errors import CalibrationError, UsageError
+from quantkit.recipe import EvaluationSpec
 
 HUB_PROBE_TIMEOUT = 3.0
 AUTO_HUB = "wikitext2"
 AUTO_LOCAL = "heldout"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "merges.txt", "tokenizer_config.json")
+# The fewest tokens an evaluation scores: the least ``--max-tokens`` (the recipe's bound, read from it so that it is
+# declared once). A shorter text (a file of two words) gave figures of no meaning, gated and recorded as a verdict.
+MIN_TOKENS: int = next(m.ge for m in EvaluationSpec.model_fields["max_tokens"].metadata
+                       if getattr(m, "ge", None) is not None)
 
 
 @dataclass
@@ -191,8 +196,8 @@ def _read_text(dataset: str, field_name: str, notes: list[str]) -> tuple[str, An
 def build(baseline: Path, *, dataset: str = "auto", field_name: str = "text", ctx: int = 2048,
           stride: int | None = None, max_tokens: int | None = None) -> Protocol:
     """Read the text, tokenize it with the baseline's tokenizer and cut it into windows."""
-    if max_tokens is not None and max_tokens < 1:
-        raise UsageError(f"--max-tokens must be positive, got {max_tokens}")
+    if max_tokens is not None and max_tokens < MIN_TOKENS:
+        raise UsageError(f"--max-tokens must be at least {MIN_TOKENS}, got {max_tokens}")
     cfg_path = baseline / "config.json"
     if cfg_path.is_file():
         cfg = json.loads(cfg_path.read_text())
@@ -205,12 +210,14 @@ def build(baseline: Path, *, dataset: str = "auto", field_name: str = "text", ct
     tok = load_tokenizer(baseline)
     stream = list(tok(text, add_special_tokens=False, verbose=False)["input_ids"])
     total = len(stream)
+    if total < MIN_TOKENS:  # refused before any model is scored (--max-tokens keeps at least as many)
+        raise CalibrationError(f"evaluation text {docs.source!r} gives {total} token{'s' * (total != 1)} with the "
+                               f"baseline's tokenizer; an evaluation scores at least {MIN_TOKENS}",
+                               hint="give a longer text (--dataset)")
     if max_tokens is not None:
         stream = stream[:max_tokens]
     bos = tok.bos_token_id
     windows = make_windows(stream, bos, ctx, stride)
-    if not windows:
-        raise CalibrationError(f"evaluation text {docs.source!r} is too short to score any token")
     if bos is None:
         notes.append("the tokenizer has no BOS token: windows start with text and their first token is not scored")
     return Protocol(dataset=dataset, source=docs.source, kind=docs.kind, source_sha256=docs.file_sha256,
