@@ -29,6 +29,12 @@ SLOW_SERVER = "sh -c 'sleep 120; exec {python} -m llama_cpp.server --model {mode
 BAD_NUMBERS = [
     ("--port", "99999", "--port: Input should be less than or equal to 65535 (got 99999)"),
     ("--port", "-1", "--port: Input should be greater than or equal to 0 (got -1)"),
+    ("--timeout", "-1", "--timeout: Input should be greater than 0 (got -1.0)"),
+    ("--timeout", "0", "--timeout: Input should be greater than 0 (got 0.0)"),
+    ("--max-tokens", "-5", "--max-tokens: Input should be greater than or equal to 1 (got -5)"),
+    ("--max-tokens", "0", "--max-tokens: Input should be greater than or equal to 1 (got 0)"),
+    ("--speed-tokens", "-1", "--speed-tokens: Input should be greater than or equal to 1 (got -1)"),
+    ("--match-tokens", "-1", "--match-tokens: Input should be greater than or equal to 1 (got -1)"),
 ]
 
 
@@ -176,9 +182,10 @@ def test_a_fixed_port_serves_every_file_in_turn(gguf_artifact: Path, tmp_path: P
 @pytest.mark.parametrize("flag, value, says", BAD_NUMBERS, ids=[f"{f}={v}" for f, v, _ in BAD_NUMBERS])
 def test_numbers_no_run_could_mean_are_refused_before_any_server(tmp_path: Path, flag: str, value: str,
                                                                    says: str) -> None:
-    """A port out of range ended in a traceback, exit 1 and nothing on stdout under --json. It is a usage error
-    (exit 2) in one line, one JSON document under --json, and no server starts (the server command would leave a
-    file)."""
+    """A port out of range ended in a traceback; a timeout of -1 s started a server and blamed the artifact; a
+    --max-tokens of -5 failed on the server's HTTP 400, 0 passed with one token; --speed-tokens and --match-tokens
+    of -1 passed. Each is a usage error (exit 2) in one line, one JSON document under --json, and no server starts
+    (the server command would leave a file)."""
     art = tmp_path / "art"
     art.mkdir()
     (art / "m.gguf").write_bytes(b"")

@@ -56,6 +56,7 @@ from quantkit.formats.names import VLLM
 from quantkit.locks import output_lock
 from quantkit.manifest import MANIFEST, SmokeInfo, now_iso, read_manifest
 from quantkit.progress import Reporter
+from quantkit.recipe import SmokeSpec
 
 DEFAULT_PROMPT = "The capital of France is"
 SEED = 0
@@ -92,7 +93,9 @@ class SmokeOptions:
 
     def check(self) -> None:
         """Refuse a number no run could mean (exit 2), before anything starts: a --port past 65535 ended in a
-        traceback."""
+        traceback, a timeout of -1 s started a server and then blamed the artifact for not answering, a
+        --max-tokens of -5 failed on the server's HTTP 400, and a --speed-tokens or --match-tokens of -1 passed
+        without measuring or comparing what it says."""
         try:
             _Numbers.model_validate({name: getattr(self, name) for name in _Numbers.model_fields})
         except ValidationError as e:
@@ -107,9 +110,16 @@ class SmokeOptions:
 
 
 class _Numbers(BaseModel):
-    """The bounds of :class:`SmokeOptions`' numbers."""
+    """The bounds of :class:`SmokeOptions`' numbers; those the recipe also sets are the recipe's own
+    (:class:`quantkit.recipe.SmokeSpec`), so a flag and a recipe field are refused alike."""
 
+    timeout: float = SmokeSpec.model_fields["timeout"]
+    stall_timeout: float = SmokeSpec.model_fields["stall_timeout"]
+    tp: int = SmokeSpec.model_fields["tp"]
     port: int = Field(ge=0, le=65535)  # 0: a free one is picked
+    max_tokens: int = Field(ge=1)
+    speed_tokens: int = Field(ge=1)
+    match_tokens: int = Field(ge=1)
 
 
 @dataclass
