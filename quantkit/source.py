@@ -461,8 +461,16 @@ def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False) -> Any:
     """The source's tokenizer through transformers' AutoTokenizer. :func:`vet` checked its files; one that still does
     not load (a JSON file that parses but is not a tokenizer's, a corrupt SentencePiece model, a library it needs) is
     one line naming the folder and the file (exit 2), whatever transformers raised."""
+    import logging
+
     from transformers import AutoTokenizer
 
+    # AutoTokenizer reads config.json as a bare config to find the tokenizer's class; for a model type this
+    # transformers does not know, that read warns of "a model of type `foo`" instantiating one of type "", a line
+    # about nothing the tokenizer uses, printed before the model's own load says what is wrong in one line.
+    config_log = logging.getLogger("transformers.configuration_utils")
+    level = config_log.level
+    config_log.setLevel(logging.ERROR)
     try:
         return AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
     except QuantkitError:
@@ -471,6 +479,8 @@ def load_tokenizer(path: str | Path, *, trust_remote_code: bool = False) -> Any:
         said = " ".join(str(e).split())[:400]  # whole: transformers' first line may only say it listed the ways
         raise SourceModelError(f"cannot load the tokenizer of {path} ({tokenizer_file(Path(path))}): "
                                f"{type(e).__name__}: {said}", hint=TOKENIZER_HINT) from None
+    finally:
+        config_log.setLevel(level)
 
 
 # Bytes per element of each safetensors dtype: the one table (the benches' bit counts read it too).

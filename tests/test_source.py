@@ -147,6 +147,17 @@ def test_architectures_as_a_string_is_refused_saying_it(copy: Path) -> None:
         source.vet(copy)
 
 
+@pytest.mark.cli
+def test_a_model_type_transformers_does_not_know_is_one_error_line(cli, copy: Path, tmp_path: Path) -> None:
+    """The tokenizer's read of config.json warned of "a model of type `foo`" before the model's load refused it."""
+    _set_config(copy, model_type="foo", architectures=["FooForCausalLM"])
+    proc = cli("rtn", copy, tmp_path / "out")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert said[0].startswith("error: transformers cannot load") and "model type `foo`" in said[0], said
+    assert len(said) == 2 and said[1].startswith("  hint:"), said
+
+
 def test_the_pickle_hint_holds_for_gguf_which_has_no_allow_pickle(copy: Path) -> None:
     (copy / "model.safetensors").rename(copy / "pytorch_model.bin")
     with pytest.raises(SourceModelError) as e:
