@@ -120,7 +120,8 @@ def eval_cmd(
     recipe: Optional[str] = RECIPE_OPT,
     report_dir: Optional[Path] = typer.Option(None, "--report-dir", help="Where report.md and the plot go "
                                               "\\[default: the artifact folder, or the common parent of several; "
-                                              "./quantkit-eval for foreign checkpoints]."),
+                                              "./quantkit-eval for foreign checkpoints]; never into another "
+                                              "artifact or release, whose seal they would break."),
     json: bool = JSON_OPT,
 ) -> None:
     """Perplexity, KL divergence and top-1 agreement of each artifact against its baseline, on the same tokens
