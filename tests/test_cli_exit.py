@@ -39,6 +39,21 @@ def test_output_flushed_and_exit_code_kept() -> None:
     assert usage.returncode == 2 and "give MODEL and OUTPUT" in usage.stderr
 
 
+def test_version_under_json_is_one_document() -> None:
+    """``quantkit --json --version`` printed a line of text (--version was read before --json): it is one JSON
+    document, in either order, with the backends' versions a manifest would record. With neither a command nor
+    --version, the usage error stays."""
+    for argv in (["--json", "--version"], ["--version", "--json"]):
+        r = subprocess.run([sys.executable, "-m", "quantkit", *argv], cwd=ROOT, capture_output=True, text=True,
+                           timeout=120)
+        doc = _one_document(r.stdout)
+        assert r.returncode == 0 and doc["quantkit"] == quantkit.__version__, argv
+        assert doc["versions"]["quantkit"] == quantkit.__version__ and "torch" in doc["versions"], argv
+    r = subprocess.run([sys.executable, "-m", "quantkit", "--json"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "Missing command" in r.stderr and not r.stdout
+
+
 def test_atexit_handlers_still_run() -> None:
     r = _run("import atexit; atexit.register(print, 'handler ran'); " + _main(["--version"]))
     assert r.returncode == 0 and r.stdout.splitlines()[-1] == "handler ran"

@@ -12,7 +12,8 @@ import typer
 
 from quantkit import __version__
 from quantkit.cli import artifacts, evaluate, pipeline, quantize, recipes, smoke, trt
-from quantkit.cli.common import JSON_OPT, STATE
+from quantkit.cli.common import JSON_OPT, STATE, emit_json
+from quantkit.versions import installed
 
 HELP = """\
 Turn Hugging Face checkpoints into verified quantized artifacts.
@@ -28,22 +29,34 @@ app = typer.Typer(name="quantkit", help=HELP, no_args_is_help=True, rich_markup_
                   context_settings={"help_option_names": ["-h", "--help"]}, pretty_exceptions_enable=False)
 
 
-def _version(value: bool) -> None:
-    if value:
+def _print_version(as_json: bool) -> None:
+    """``quantkit --version``: a line, or under ``--json`` one document with the backends' versions as a manifest
+    records them, so a pipeline can log what it runs with before it runs."""
+    if as_json:
+        emit_json({"quantkit": __version__, "versions": installed()})
+    else:
         typer.echo(f"quantkit {__version__}")
-        raise typer.Exit()
 
 
-@app.callback()
+@app.callback(invoke_without_command=True)
 def _root(
+    ctx: typer.Context,
     debug: bool = typer.Option(False, "--debug", help="Show full tracebacks for errors."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only print errors and the final result."),
     json: bool = JSON_OPT,
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+    version: bool = typer.Option(False, "--version", help="Print the version (with --json: every backend's too)."),
 ) -> None:
+    # --version is read here rather than by an eager callback, which runs before --json is parsed: `quantkit
+    # --json --version` then printed a line of text where a pipeline expected JSON. Invoked without a command so
+    # that `quantkit --version` alone gets here; with neither, Click's own usage error (exit 2) is kept.
     STATE.debug = debug
     STATE.quiet = quiet
     STATE.json = json
+    if version:
+        _print_version(json)
+        raise typer.Exit()
+    if ctx.invoked_subcommand is None:
+        ctx.fail("Missing command.")
     if not debug:
         # Backends draw their own tqdm bars per layer; quantkit's Rich bars and step timings replace them.
         os.environ.setdefault("TQDM_DISABLE", "1")
