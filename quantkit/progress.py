@@ -55,6 +55,19 @@ def silence_library_bars() -> None:
     _silenced = True
 
 
+class _Progress(Progress):
+    """Rich's Progress, less the empty line it prints when it stops on a console that is not interactive (a log, a CI
+    capture, stderr under ``--json``): a run's output started with one, and had one before every step's line. A
+    bar that is not transient still gets its line ended: its last state is printed without a newline."""
+
+    def stop(self) -> None:
+        if self.disable:
+            return
+        self.live.stop()
+        if not self.live.transient and not self.console.is_interactive and not self.console.is_jupyter:
+            self.console.print()
+
+
 class _Task:
     """A handle on one progress bar: ``advance(n)`` and ``update(description=..)``."""
 
@@ -93,7 +106,7 @@ class Reporter:
             with self.timed(key):
                 yield
             return
-        with self.timed(key), Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+        with self.timed(key), _Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                                        console=self.console, transient=True) as p:
             p.add_task(description, total=None)
             yield
@@ -110,7 +123,7 @@ class Reporter:
             return
         cols = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                 TextColumn("layers"), TimeElapsedColumn(), TextColumn("left"), TimeRemainingColumn()]
-        with self.timed(key), Progress(*cols, console=self.console, transient=True) as p:
+        with self.timed(key), _Progress(*cols, console=self.console, transient=True) as p:
             tid = p.add_task(description, total=None)
 
             def on_layer(index: int, total: int, stage: str) -> None:
@@ -138,7 +151,7 @@ class Reporter:
                 TaskProgressColumn(), TimeElapsedColumn(), TimeRemainingColumn()]
         if unit:
             cols.insert(-2, TextColumn("{task.fields[rate]}"))
-        with Progress(*cols, console=self.console, transient=False) as p:
+        with _Progress(*cols, console=self.console, transient=False) as p:
             tid = p.add_task(description, total=total, rate="")
             yield _Task(p, tid)
 
@@ -152,7 +165,7 @@ class Reporter:
             yield lambda status: None
             return
         if self.console.is_terminal:
-            with Progress(SpinnerColumn(), TextColumn("{task.description}"), console=self.console,
+            with _Progress(SpinnerColumn(), TextColumn("{task.description}"), console=self.console,
                           transient=True) as p:
                 tid = p.add_task(escape(description), total=None)
                 yield lambda status: p.update(tid, description=escape(status))
