@@ -201,6 +201,31 @@ def test_a_text_of_fewer_tokens_than_the_least_max_tokens_is_refused_before_scor
     assert bad.returncode == 2 and f"greater than or equal to {MIN_TOKENS}" in bad.stderr, bad.stderr
 
 
+def test_a_tokenizer_without_bos_is_held_to_the_least_tokens_scored(tmp_path):
+    """Without BOS each window's first token has no context and is not scored, so ``--max-tokens 16`` scored 15,
+    below the least an evaluation scores: the minimum is held on the tokens scored, with BOS or without."""
+    from quantkit.errors import CalibrationError
+    from quantkit.evaluation import protocol
+
+    text = tmp_path / "text.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog near the river bank. " * 8)
+    with_bos = protocol.build(Path(TINY), dataset=str(text), ctx=128, max_tokens=protocol.MIN_TOKENS)
+    assert with_bos.tokens_scored == protocol.MIN_TOKENS
+    no_bos = tmp_path / "no-bos"
+    no_bos.mkdir()
+    for name in ("config.json", "tokenizer.json"):
+        shutil.copy(Path(TINY) / name, no_bos / name)
+    config = json.loads((Path(TINY) / "tokenizer_config.json").read_text())
+    del config["bos_token"], config["chat_template"]
+    config["add_bos_token"] = False
+    (no_bos / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(CalibrationError, match=f"cut to --max-tokens {protocol.MIN_TOKENS} leaves "
+                                               f"{protocol.MIN_TOKENS - 1} tokens to score"):
+        protocol.build(no_bos, dataset=str(text), ctx=128, max_tokens=protocol.MIN_TOKENS)
+    assert protocol.build(no_bos, dataset=str(text), ctx=128,
+                          max_tokens=protocol.MIN_TOKENS + 1).tokens_scored == protocol.MIN_TOKENS
+
+
 def test_topk_baseline_store_bounds_the_exact_kld(broken_model):
     # The store a 128k-vocabulary model gets when its full distributions do not fit, forced here on 8k.
     from quantkit import api

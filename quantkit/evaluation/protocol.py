@@ -218,6 +218,13 @@ def build(baseline: Path, *, dataset: str = "auto", field_name: str = "text", ct
         stream = stream[:max_tokens]
     bos = tok.bos_token_id
     windows = make_windows(stream, bos, ctx, stride)
+    scored = sum(w.n_scored for w in windows)
+    if scored < MIN_TOKENS:  # a tokenizer without BOS scores one token fewer per window than the text gives
+        cut = f" cut to --max-tokens {max_tokens}" if max_tokens is not None and max_tokens < total else ""
+        raise CalibrationError(f"evaluation text {docs.source!r}{cut} leaves {scored} tokens to score (the "
+                               f"tokenizer has no BOS: each window's first token has no context and is not scored); "
+                               f"an evaluation scores at least {MIN_TOKENS}",
+                               hint="raise --max-tokens" if cut else "give a longer text (--dataset)")
     if bos is None:
         notes.append("the tokenizer has no BOS token: windows start with text and their first token is not scored")
     return Protocol(dataset=dataset, source=docs.source, kind=docs.kind, source_sha256=docs.file_sha256,
