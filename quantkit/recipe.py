@@ -582,7 +582,7 @@ def load(path: str | Path | None, overrides: dict[str, Any] | None = None,
             raise RecipeError(f"{where}: the recipe is empty")
         if not isinstance(loaded, dict):
             raise RecipeError(f"{where}: a recipe must be a YAML mapping (key: value), not {type(loaded).__name__}")
-        data = _merge(data, loaded)
+        data = _merge(data, _shipped_source(loaded, p))
         output_flag = any(k.partition("|")[0] == "output" and v is not None for k, v in (overrides or {}).items())
         if check_output_escape and "output" in loaded and not output_flag:
             escapes = _outside_cwd(str(loaded["output"]), lines.get(("output",)))
@@ -600,6 +600,22 @@ def load(path: str | Path | None, overrides: dict[str, Any] | None = None,
     recipe._path = Path(path) if path is not None else None
     recipe._where, recipe._lines, recipe._flags = where, lines, flags
     return recipe
+
+
+def _shipped_source(loaded: dict, path: Path) -> dict:
+    """A shipped recipe names the checkout's reference model as ``models/quantkit-tiny``, a path from the checkout:
+    run by name from another folder, that path read as a hub id (``org/name``) and failed as a download. Where the
+    working folder has no such path, a shipped recipe's source is read from the checkout; its output stays under
+    the working folder, as every recipe's does, and a user's own recipe keeps its paths as written."""
+    home = shipped_dir().resolve()
+    model = loaded.get("model")
+    if path.resolve().parent != home or not isinstance(model, dict) or not isinstance(model.get("source"), str):
+        return loaded
+    source = model["source"]
+    anchored = home.parent / source
+    if Path(os.path.expanduser(source)).exists() or Path(source).is_absolute() or not anchored.exists():
+        return loaded
+    return {**loaded, "model": {**model, "source": str(anchored)}}
 
 
 # Top-level keys renamed since a release: old name -> new name. A recipe that uses the old one is read as the new

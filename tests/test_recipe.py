@@ -304,6 +304,22 @@ def test_every_shipped_recipe_validates() -> None:
 
 
 @pytest.mark.cli
+def test_a_shipped_recipe_finds_its_model_from_any_folder(tmp_path: Path, cli) -> None:
+    """``quantkit run awq`` from a folder other than the checkout read the shipped recipe's ``models/quantkit-tiny``
+    as a hub id and failed as a download: a shipped recipe's source is read from the checkout, its output stays
+    under the working folder, and a user's own recipe keeps its paths as written."""
+    import json
+
+    proc = cli("run", "awq", "--dry-run", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)
+    assert Path(plan["source"]["path"]) == recipe.shipped_dir().parent.resolve() / "models" / "quantkit-tiny"
+    assert [(tmp_path / o["path"]).resolve() for o in plan["outputs"]] == [tmp_path.resolve() / "out" / "awq"]
+    own = write(tmp_path, GOOD)
+    assert recipe.load(own, check_output_escape=False).model.source == "models/quantkit-tiny"
+
+
+@pytest.mark.cli
 def test_cli_refuses_bad_recipe_before_loading_a_model(tmp_path: Path, cli) -> None:
     p = write(tmp_path, GOOD.replace("source: models/quantkit-tiny", "source: /does/not/exist")
               .replace("bits: 4", "bits: 5"))
