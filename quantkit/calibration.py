@@ -124,10 +124,12 @@ def _read(path: Path) -> bytes:
 
 def _text(path: Path, raw: bytes) -> str:
     """A file's text: gunzipped when its name ends in ``.gz``, then decoded as UTF-8 and nothing else, with line
-    ends read as Python's text mode reads them.
+    ends read as Python's text mode reads them, and a leading UTF-8 byte order mark left out.
 
     No encoding is guessed: Latin-1 or cp1252 read as another encoding gives other characters, so other calibration
-    tokens, with nothing to show for it. A file that is not UTF-8 is refused, naming the first byte that is not."""
+    tokens, with nothing to show for it. A file that is not UTF-8 is refused, naming the first byte that is not.
+    The byte order mark (Windows Notepad and Excel's "UTF-8" write one) says the file is UTF-8 and is no character
+    of it: kept, it was a token of a .txt's first document, and a .jsonl or .json was not valid JSON."""
     data = raw
     if path.name.lower().endswith(".gz"):
         try:
@@ -143,7 +145,7 @@ def _text(path: Path, raw: bytes) -> str:
             f"{path} is not UTF-8 text: byte 0x{data[e.start]:02x} at offset {e.start}{where} (line {line})",
             hint="convert it to UTF-8 (Latin-1 text: iconv -f latin1 -t utf-8 FILE > NEW); quantkit does not guess "
                  "encodings, a wrong guess changes the calibration tokens") from None
-    return text.replace("\r\n", "\n").replace("\r", "\n")
+    return text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
 
 
 def _jsonl_items(text: str, path: Path, field: str) -> list[Any]:

@@ -353,3 +353,18 @@ def test_a_hub_dataset_fails_fast_and_quietly_when_the_hub_does_not_answer(cli, 
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert time.monotonic() - start < 20 and "Retrying" not in proc.stderr and "Traceback" not in proc.stderr
     assert "the hub does not answer (ConnectError" in proc.stderr
+
+
+@pytest.mark.parametrize("kind", ["txt", "jsonl", "json"])
+def test_a_utf8_byte_order_mark_is_not_text(tmp_path: Path, tok, kind: str) -> None:
+    """A file saved with a UTF-8 byte order mark (Windows Notepad, Excel's "UTF-8" export) reads as the same
+    documents and tokens as without it: the mark went into a .txt's first document as a token of its own (and into
+    every evaluation of that text), and a .jsonl or .json was refused with json's "decode using utf-8-sig"."""
+    body = {"txt": "\n\n".join(TEXTS), "jsonl": "".join(json.dumps({"text": t}) + "\n" for t in TEXTS),
+            "json": json.dumps([{"text": t} for t in TEXTS])}[kind].encode()
+    (tmp_path / f"plain.{kind}").write_bytes(body)
+    (tmp_path / f"bom.{kind}").write_bytes(b"\xef\xbb\xbf" + body)
+    plain, bom = (calibration.build(spec(str(tmp_path / f"{n}.{kind}")), tok) for n in ("plain", "bom"))
+    assert bom.documents.items == plain.documents.items and bom.tokens_sha256 == plain.tokens_sha256
+    texts = {n: calibration.eval_text(str(tmp_path / f"{n}.{kind}"))[0] for n in ("plain", "bom")}
+    assert texts["bom"] == texts["plain"]
