@@ -44,7 +44,21 @@ _PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def _artifact_files(root: Path) -> list[Path]:
-    return [p for p in root.rglob("*") if p.is_file() and is_artifact_file(p)]
+    """What an artifact folder holds that its manifest must list (:func:`_entries`), the manifest and locks aside."""
+    return [p for p in _entries(root) if is_artifact_file(p)]
+
+
+def _entries(root: Path) -> list[Path]:
+    """Every entry under ``root`` that is not a folder of it: files (a link to one included) and what a seal cannot
+    vouch for but verify must name, a link to a folder (named, not entered: it may lead anywhere), a dangling link,
+    a link loop, a FIFO, a socket or a device. Regular files alone (``is_file``) let any of those be added to a
+    sealed folder unseen. Nothing is opened, so a FIFO never blocks."""
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):  # links to folders are in dirnames, and not followed
+        here = Path(dirpath)
+        out += [here / name for name in filenames]
+        out += [here / name for name in dirnames if (here / name).is_symlink()]
+    return sorted(out)
 
 
 def wrote(path: Path) -> bool:
@@ -129,7 +143,7 @@ def resealed_files(root: Path, manifest: Manifest, known: dict[str, str] | None 
     known = {rel: d for rel, d in (known or {}).items() if not _written_after_seal(PurePosixPath(rel))}
     check = _against(root, manifest.files, known)
     fresh = sorted(rel for rel in [*check.changed, *check.extra]
-                   if not TEMPORARY.fullmatch(PurePosixPath(rel).name)
+                   if not TEMPORARY.fullmatch(PurePosixPath(rel).name) and (root / rel).is_file()  # not a FIFO
                    and _left_by_quantkit(root, PurePosixPath(rel)))
     changed = [rel for rel in check.changed if rel not in fresh]
     extra = [rel for rel in check.extra if rel not in fresh]
@@ -199,7 +213,8 @@ def _compare(root: Path, expected: dict[str, str], sizes: dict[str, int], on_dis
     res.changed.sort()
     res.matched = {rel: d for rel, d in digests.items() if d == expected[rel]}
     res.checked = len(expected) - len(res.missing)
-    res.extra = sorted(on_disk - expected.keys())
+    homes = {parent.as_posix() for rel in expected for parent in PurePosixPath(rel).parents}
+    res.extra = sorted(on_disk - expected.keys() - homes)  # a link to a folder of listed files is their way there
     return res
 
 
@@ -281,7 +296,13 @@ def release_artifacts(folder: Path) -> list[Path]:
 def release_files(release: Path) -> list[Path]:
     """The files a release's :data:`SUMS` lists: every file under it but that list and hidden files (locks,
     temporary files)."""
-    return sorted(p for p in release.rglob("*") if p.is_file() and p.name != SUMS and not p.name.startswith("."))
+    return [p for p in _release_entries(release) if p.is_file()]
+
+
+def _release_entries(release: Path) -> list[Path]:
+    """What a release folder holds that its :data:`SUMS` must list (:func:`_entries`): all but that list and hidden
+    files (locks, temporary files)."""
+    return [p for p in _entries(release) if p.name != SUMS and not p.name.startswith(".")]
 
 
 def _read_sums(path: Path) -> dict[str, str]:
@@ -307,7 +328,7 @@ def verify_release(release: Path, known: dict[str, str] | None = None) -> Verify
     release = Path(release)
     if not (release / SUMS).is_file():
         return VerifyResult(root=release, seal=SUMS, sealed=False)
-    on_disk = {p.relative_to(release).as_posix() for p in release_files(release)}
+    on_disk = {p.relative_to(release).as_posix() for p in _release_entries(release)}
     return _compare(release, _read_sums(release / SUMS), {}, on_disk, SUMS, known)
 
 

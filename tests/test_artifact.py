@@ -594,3 +594,26 @@ def test_verify_of_a_path_that_is_not_there_says_so(tmp_path: Path) -> None:
 
     with pytest.raises(UsageError, match="does not exist"):  # it said the path had no quantkit.json
         integrity.verify_tree(tmp_path / "nowhere")
+
+
+def test_verify_names_links_and_special_files_added_to_an_artifact_or_a_release(tmp_path: Path) -> None:
+    """Only regular files were looked for on disk: a link to a folder outside (its files reachable through the
+    artifact), a dangling link, a link loop or a FIFO added to an artifact or a release passed verify. Each is now
+    not listed (exit 1), named once (a linked folder is not entered), and a FIFO is never read."""
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "extra.safetensors").write_bytes(b"not sealed")
+    out = tmp_path / "art"
+    for name, add in (("linked", lambda p: p.symlink_to(tmp_path / "elsewhere")),
+                      ("dangling", lambda p: p.symlink_to(tmp_path / "nowhere")),
+                      ("loop", lambda p: p.symlink_to(p.name)),
+                      ("fifo", os.mkfifo)):
+        make(out)
+        add(out / "sub" / name)
+        res = integrity.verify_tree(out)[0]
+        assert not res.ok and res.extra == [f"sub/{name}"] and res.changed == res.missing == [], name
+        assert integrity.verify_tree(out / "sub")[0].extra == [f"sub/{name}"], name  # the folder alone, as a file
+        shutil.rmtree(out)
+    rel = _release(tmp_path / "rel")
+    (rel / "linked").symlink_to(tmp_path / "elsewhere")
+    os.mkfifo(rel / "fifo")
+    assert integrity.verify_tree(rel)[-1].extra == ["fifo", "linked"]
