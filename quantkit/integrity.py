@@ -294,15 +294,17 @@ def release_artifacts(folder: Path) -> list[Path]:
 
 
 def release_files(release: Path) -> list[Path]:
-    """The files a release's :data:`SUMS` lists: every file under it but that list and hidden files (locks,
-    temporary files)."""
+    """The files a release's :data:`SUMS` lists: every file under it but that list and what quantkit leaves there
+    unsealed (:func:`_release_entries`)."""
     return [p for p in _release_entries(release) if p.is_file()]
 
 
 def _release_entries(release: Path) -> list[Path]:
-    """What a release folder holds that its :data:`SUMS` must list (:func:`_entries`): all but that list and hidden
-    files (locks, temporary files)."""
-    return [p for p in _entries(release) if p.name != SUMS and not p.name.startswith(".")]
+    """What a release folder holds that its :data:`SUMS` must list (:func:`_entries`): all but that list, a killed
+    run's lock files (``.NAME.lock``, :func:`quantkit.locks.output_lock`) and temporary files (:data:`TEMPORARY`).
+    Other hidden files are listed: leaving every dot-file out let a ``.env`` added to a sealed release pass."""
+    return [p for p in _entries(release) if p.name != SUMS and not TEMPORARY.fullmatch(p.name)
+            and not (p.name.startswith(".") and p.name.endswith(".lock"))]
 
 
 def _read_sums(path: Path) -> dict[str, str]:

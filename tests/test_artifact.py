@@ -617,3 +617,22 @@ def test_verify_names_links_and_special_files_added_to_an_artifact_or_a_release(
     (rel / "linked").symlink_to(tmp_path / "elsewhere")
     os.mkfifo(rel / "fifo")
     assert integrity.verify_tree(rel)[-1].extra == ["fifo", "linked"]
+
+
+def test_verify_names_a_hidden_file_added_to_a_release(tmp_path: Path) -> None:
+    """A release's SHA256SUMS left out every hidden file, to leave out locks and temporary files: a `.env` or any
+    dot-file added to a release (at its top, in logs/) passed verify, though an artifact's check names one. Only
+    quantkit's own leftovers (a killed run's `.NAME.lock`, write_text_atomic's temporary) are left out now; a
+    hidden file that was there when the release was sealed is listed, and verify passes it."""
+    rel = tmp_path / "rel"
+    make(rel / "rtn")
+    (rel / "logs").mkdir()
+    (rel / ".keep").write_text("the user's, before the run")
+    _seal_release(rel, {})
+    assert ".keep" in (rel / integrity.SUMS).read_text() and integrity.verify_tree(rel)[-1].ok
+    (rel / ".rtn.lock").write_text("123")  # output_lock's, left by a killed run
+    (rel / ".report.md.tmp-123").write_text("half")
+    assert integrity.verify_tree(rel)[-1].ok
+    (rel / ".env").write_text("TOKEN=x")
+    (rel / "logs" / ".hidden.log").write_text("x")
+    assert integrity.verify_tree(rel)[-1].extra == [".env", "logs/.hidden.log"]
