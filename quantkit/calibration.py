@@ -65,6 +65,17 @@ HUB_ALIASES: dict[str, tuple[str, str | None, str, str]] = {
 }
 
 
+PLAIN_TEXT = (".txt", ".md", ".rst", ".txt.gz")  # file names read as plain text: one document per block, no fields
+# the flags and the recipe field that choose a record's text field, as a hint names them
+FIELD_FLAGS = "--calib-field, calib show's --field, or the recipe's calibration.field"
+
+
+class FieldError(CalibrationError):
+    """A record or column without the text field asked for, or a text field given where there is none to choose:
+    its hint names the flags that choose one (:data:`FIELD_FLAGS`), which :func:`eval_text` replaces, since
+    ``quantkit eval`` has none."""
+
+
 def shipped_dir() -> Path:
     here = Path(__file__).resolve().parent
     for cand in (here.parent / "calibration", here / "calibration"):
@@ -87,7 +98,9 @@ class Documents:
 def load_documents(source: str, field: str = "text") -> Documents:
     """Read the documents of a calibration/evaluation source (no tokenization). A file that cannot be read as what
     its name says, or a record that is neither text nor a conversation, is a :class:`CalibrationError` naming the
-    file and the line or record."""
+    file and the line or record. A text ``field`` other than ``text`` for a source with no fields to choose from is
+    refused (:func:`check_field`)."""
+    check_field(source, field)
     if source in SHIPPED:
         items: list[Any] = []
         h = hashlib.sha256()
@@ -105,6 +118,26 @@ def load_documents(source: str, field: str = "text") -> Documents:
     raise CalibrationError(
         f"text source {source!r} (calibration or evaluation) is neither a shipped set ({', '.join(SHIPPED)}), an existing file, "
         "nor a hub dataset name", hint="`quantkit calib list` shows the shipped sets")
+
+
+def check_field(source: str, field: str) -> None:
+    """Refuse a text field given for a source that has none to choose from: a shipped set (read by its ``text``),
+    a plain-text file, or a hub alias (which names its own column). It was ignored: the run calibrated on what it
+    would have without the field, and the manifest recorded the field as if it had chosen something."""
+    if field == "text":
+        return
+    path = Path(source).expanduser()
+    if source in SHIPPED:
+        what = f"the shipped set {source!r}, whose records are read by their 'text' field"
+    elif path.is_file() and path.name.lower().endswith(PLAIN_TEXT):
+        what = f"{path}, a plain-text file (one document per blank-line-separated block)"
+    elif is_hub(source) and source in HUB_ALIASES and field != HUB_ALIASES[source][3]:
+        what = f"the hub dataset {source!r}, which is read by its {HUB_ALIASES[source][3]!r} column"
+    else:
+        return
+    raise FieldError(f"text field {field!r} given for {what}: there is no field to choose",
+                     hint=f"leave the field at its default (text): {FIELD_FLAGS} choose a field of .jsonl, .json "
+                          "and .parquet files and of org/name hub datasets")
 
 
 def is_hub(source: str) -> bool:
@@ -170,8 +203,8 @@ def _pick(row: Any, field: str, where: str) -> Any:
         return _document(row[field], field, where)
     if "messages" in row:
         return _document(row["messages"], "messages", where)
-    raise CalibrationError(f"{where}: no {field!r} field (fields: {', '.join(sorted(row))})",
-                           hint="choose the text field with --calib-field / calibration.field")
+    raise FieldError(f"{where}: no {field!r} field (fields: {', '.join(sorted(row))})",
+                     hint=f"choose the text field with {FIELD_FLAGS}")
 
 
 def _document(value: Any, field: str, where: str) -> Any:
@@ -188,10 +221,9 @@ def _document(value: Any, field: str, where: str) -> Any:
         return value
     shown = json.dumps(value, default=str)
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
-    raise CalibrationError(f"{where}: {field!r} is {shown} ({type(value).__name__}), neither text nor a list of chat "
-                           "messages (objects with a string 'role' and 'content')",
-                           hint="each record's text field must be a string; choose another field with "
-                                "--calib-field / calibration.field")
+    raise FieldError(f"{where}: {field!r} is {shown} ({type(value).__name__}), neither text nor a list of chat "
+                     "messages (objects with a string 'role' and 'content')",
+                     hint=f"each record's text field must be a string; choose another field with {FIELD_FLAGS}")
 
 
 def _load_file(path: Path, field: str) -> Documents:
@@ -214,7 +246,7 @@ def _load_file(path: Path, field: str) -> Documents:
         items = [_pick(r, field, f"{path}: record {n}") for n, r in enumerate(rows, 1)]
     elif name.endswith(".parquet"):
         items = _parquet_items(path, field)
-    elif name.endswith((".txt", ".md", ".rst", ".txt.gz")):
+    elif name.endswith(PLAIN_TEXT):
         text = _text(path, raw)
         items = [b.strip() for b in text.split("\n\n") if b.strip()]
     else:
@@ -237,7 +269,8 @@ def _parquet_items(path: Path, field: str) -> list[Any]:
         raise CalibrationError(f"{path} is not a readable parquet file: {str(e).splitlines()[0][:200]}") from None
     col = field if field in table.column_names else ("messages" if "messages" in table.column_names else None)
     if col is None:
-        raise CalibrationError(f"{path}: no {field!r} column (columns: {', '.join(table.column_names)})")
+        raise FieldError(f"{path}: no {field!r} column (columns: {', '.join(table.column_names)})",
+                         hint=f"choose the text column with {FIELD_FLAGS}")
     return [_document(v, col, f"{path}: row {n}") for n, v in enumerate(table.column(col).to_pylist(), 1)]
 
 
@@ -266,7 +299,8 @@ def _load_hub(source: str, field: str) -> Documents:
             hint="the hub may be unreachable (offline?); use a shipped set (prose, code, mixed) or a local file") from None
     col = field if field in ds.column_names else ("messages" if "messages" in ds.column_names else None)
     if col is None:
-        raise CalibrationError(f"hub dataset {source!r} has no {field!r} column ({', '.join(ds.column_names)})")
+        raise FieldError(f"hub dataset {source!r} has no {field!r} column ({', '.join(ds.column_names)})",
+                         hint=f"choose the text column with {FIELD_FLAGS}")
     # Empty rows are kept: evaluation joins every row with blank lines, as the GPTQ/AWQ papers do for WikiText-2
     # (calibration drops them in build()).
     items = [_document(x, col, f"hub dataset {source!r}: row {n}") for n, x in enumerate(ds[col], 1)]
@@ -400,6 +434,7 @@ def check(spec: CalibrationSpec, source: SourceModel, *, trust_remote_code: bool
 
     check_fits(spec, source.config, source.spec)
     check_images(spec, source.config, source.spec)
+    check_field(spec.dataset, spec.field)
     if is_hub(spec.dataset):
         return "a hub dataset: read when the run starts, not checked offline"
     docs = _usable(load_documents(spec.dataset, spec.field))
@@ -586,8 +621,15 @@ def _flatten_chat(messages: list[dict]) -> str:
 
 
 def eval_text(source: str, field: str = "text") -> tuple[str, Documents]:
-    """One evaluation text: documents joined by blank lines (the WikiText-2 convention), and their source."""
-    docs = load_documents(source, field)
+    """One evaluation text: documents joined by blank lines (the WikiText-2 convention), and their source. A record
+    without the text field says what eval reads: it has no flag to choose another (the calibration hint named
+    --calib-field)."""
+    try:
+        docs = load_documents(source, field)
+    except FieldError as e:
+        raise FieldError(e.message, hint=f"quantkit eval reads each record's {field!r} field (or 'messages'); "
+                                         f"write the text there, e.g. jq -c '{{{field}: .FIELD}}' IN.jsonl > OUT.jsonl"
+                         ) from None
     if not docs.items:
         raise CalibrationError(f"evaluation source {source!r} is empty")
     texts = [d if isinstance(d, str) else _flatten_chat(d) for d in docs.items]

@@ -368,3 +368,38 @@ def test_a_utf8_byte_order_mark_is_not_text(tmp_path: Path, tok, kind: str) -> N
     assert bom.documents.items == plain.documents.items and bom.tokens_sha256 == plain.tokens_sha256
     texts = {n: calibration.eval_text(str(tmp_path / f"{n}.{kind}"))[0] for n in ("plain", "bom")}
     assert texts["bom"] == texts["plain"]
+
+
+@pytest.mark.parametrize("where", ["plain.txt", "prose", "wikitext2"])
+def test_a_text_field_where_there_are_no_fields_is_refused_not_ignored(tmp_path: Path, where: str) -> None:
+    """A text field (--calib-field body) given with a plain-text file, a shipped set or a hub alias (which names its
+    own column) was silently ignored: the run calibrated on the whole text, and the manifest recorded the field as
+    if it had chosen something. It is refused, by the check (--dry-run, before any model or hub dataset loads) and
+    by the build alike."""
+    (tmp_path / "plain.txt").write_text("\n\n".join(TEXTS))
+    name = str(tmp_path / where) if where.endswith(".txt") else where
+    with pytest.raises(CalibrationError, match="text field 'body'") as e:
+        calibration.load_documents(name, "body")
+    assert "leave the field at its default" in e.value.hint
+
+
+@pytest.mark.usefixtures("own_cache")
+def test_the_check_refuses_a_text_field_a_hub_alias_does_not_read(source) -> None:
+    with pytest.raises(CalibrationError, match="text field 'body'"):
+        calibration.check(spec("wikitext2", field="body"), source)
+    assert "not checked offline" in calibration.check(spec("ultrachat", field="messages"), source)
+
+
+@pytest.mark.cli
+def test_a_missing_text_field_names_the_flag_of_the_command_that_read_it(cli, tiny: Path, tmp_path: Path) -> None:
+    """A record without the text field said "choose the text field with --calib-field / calibration.field" to every
+    command: `calib show` has --field, and `eval` has no such flag (it reads 'text', or 'messages')."""
+    body = tmp_path / "body.jsonl"
+    body.write_text("".join(json.dumps({"body": t}) + "\n" for t in TEXTS))
+    show = cli("calib", "show", body)
+    assert show.returncode == 2 and "Traceback" not in show.stderr, show.stderr
+    assert "calib show's --field" in show.stderr and f"error: {body}:1: no 'text' field" in show.stderr
+    ev = cli("eval", tiny, "--baseline", tiny, "--dataset", body, "--max-tokens", "64", "--report-dir", tmp_path / "r")
+    assert ev.returncode == 2 and "Traceback" not in ev.stderr, ev.stderr
+    assert f"error: {body}:1: no 'text' field" in ev.stderr and "--calib-field" not in ev.stderr, ev.stderr
+    assert "eval reads each record's 'text' field" in ev.stderr, ev.stderr
