@@ -403,3 +403,18 @@ def test_a_missing_text_field_names_the_flag_of_the_command_that_read_it(cli, ti
     assert ev.returncode == 2 and "Traceback" not in ev.stderr, ev.stderr
     assert f"error: {body}:1: no 'text' field" in ev.stderr and "--calib-field" not in ev.stderr, ev.stderr
     assert "eval reads each record's 'text' field" in ev.stderr, ev.stderr
+
+
+@pytest.mark.cli
+def test_calib_list_and_show_print_names_with_brackets_as_they_are(cli, tmp_path: Path) -> None:
+    """`calib list` and `calib show` printed names through Rich markup, which takes "[...]" for a tag: the list's
+    hub row said org/name[:config] (no "[@split]", as if no split could be named), `calib show 'calib[v2].txt'`
+    named calib.txt, and a file under a folder named "[" ("[/]x.txt") was a MarkupError traceback."""
+    listed = cli("calib", "list", env={"COLUMNS": "200"}, check=True)
+    assert "org/name[:config][@split]" in listed.stdout, listed.stdout
+    (tmp_path / "[").mkdir()
+    for name in ("calib[v2].txt", "[/]x.txt"):
+        (tmp_path / name).write_text("\n\n".join(TEXTS))
+        proc = cli("calib", "show", name, "--show", "0", cwd=tmp_path)
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+        assert proc.stdout.startswith(f"{name} (file): 12 documents"), proc.stdout

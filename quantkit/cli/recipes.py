@@ -6,6 +6,7 @@ from typing import Any, Optional
 
 import typer
 import yaml
+from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
 
@@ -84,7 +85,8 @@ def calib_list(json: bool = JSON_OPT) -> None:
         t.add_column(col)
     for r in rows:
         t.add_row(r["name"], str(r["documents"]), f"{r['characters']:,}")
-    t.add_row("hub", "-", "wikitext2, pile-val, c4, ultrachat, org/name[:config][@split] (needs the hub)")
+    # escaped: Rich markup takes "[@split]" for a tag and prints nothing of it
+    t.add_row("hub", "-", escape("wikitext2, pile-val, c4, ultrachat, org/name[:config][@split] (needs the hub)"))
     console(False).print(t)
 
 
@@ -117,7 +119,7 @@ def calib_show(
         emit_json(info)
         return
     c = console(False)
-    c.print(f"[bold]{source}[/] ({info['kind']}): {info['documents']} documents"
+    c.print(f"[bold]{escape(source)}[/] ({info['kind']}): {info['documents']} documents"  # a name may hold "[...]"
             + (" (chat)" if info["chat"] else "")
             + (f", sha256 {info['source_sha256'][:16]}…" if info["source_sha256"] else ""))
     for i, p in enumerate(info["preview"]):
