@@ -263,6 +263,7 @@ def _describe(path: Path, check: integrity.VerifyResult | None) -> dict[str, Any
     ``quantization.mixed.measured_bits``), what ``--target-bits``, the manifest and docs/formats.md mean; and
     ``bits_per_parameter``, every weight file's bytes over the source's parameters (embeddings, norms and an
     unquantized lm_head included), the figure ``eval`` puts in its table."""
+    integrity.refuse_special_files(path)  # what follows reads its configs, headers and manifest: none may block
     kind = kinds.detect(path)
     info: dict[str, Any] = {"path": str(path), "kind": kind.name, "size_bytes": size_bytes(path)}
     if kind.name == KindName.GGUF:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -220,7 +221,24 @@ def _compare(root: Path, expected: dict[str, str], sizes: dict[str, int], on_dis
 
 def verify(root: Path) -> VerifyResult:
     """Re-hash every file against the manifest (the artifact's seal)."""
+    refuse_special_files(Path(root), [MANIFEST])
     return _against(root, read_manifest(root).files)
+
+
+def refuse_special_files(folder: Path, names: list[str] | None = None) -> None:
+    """Refuse a FIFO, a socket or a device (a link to one included) among the entries of ``folder`` (``names``: those
+    alone) that quantkit would open: reading a FIFO no one writes blocks for ever, so ``verify`` and ``inspect`` hung
+    on one at ``quantkit.json``, ``config.json`` or a weight file. An :class:`IntegrityError` (exit 1) naming it."""
+    entries = [folder / n for n in names] if names is not None else sorted(folder.iterdir()) if folder.is_dir() else []
+    for p in entries:
+        try:
+            mode = p.stat().st_mode  # follows a link: what opening it would reach
+        except OSError:
+            continue  # not there, or a dangling link: whoever reads it says so, without waiting
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            what = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+            raise IntegrityError(f"{p} is {what}, not a file: reading it would wait for ever",
+                                 hint="remove it; re-create the artifact, or copy it again, if it was one")
 
 
 def _against(root: Path, files: dict[str, FileInfo], known: dict[str, str] | None = None) -> VerifyResult:

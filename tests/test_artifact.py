@@ -636,3 +636,23 @@ def test_verify_names_a_hidden_file_added_to_a_release(tmp_path: Path) -> None:
     (rel / ".env").write_text("TOKEN=x")
     (rel / "logs" / ".hidden.log").write_text("x")
     assert integrity.verify_tree(rel)[-1].extra == [".env", "logs/.hidden.log"]
+
+
+@pytest.mark.cli
+def test_a_fifo_where_a_file_is_read_is_one_error_not_a_hang(tmp_path: Path, cli) -> None:
+    """A FIFO at quantkit.json hung verify and inspect, and one at config.json or a weight file hung inspect: each
+    was opened and read, and a FIFO without a writer blocks for ever. Each is now one line naming it, exit 1."""
+    for name, verbs in ((MANIFEST, ("verify", "inspect")), ("config.json", ("inspect",)),
+                        ("model.safetensors", ("inspect",))):
+        out = tmp_path / "art"
+        make(out)
+        (out / name).unlink()
+        os.mkfifo(out / name)
+        for verb in verbs:
+            for json_flag in ((), ("--json",)):
+                proc = cli(verb, out, *json_flag, timeout=30)
+                assert proc.returncode == 1 and "Traceback" not in proc.stderr, (verb, name, proc.stderr)
+                assert f"error: {out / name} is a FIFO, not a file" in proc.stderr, (verb, name, proc.stderr)
+                if json_flag:
+                    assert json.loads(proc.stdout)["exit_code"] == 1
+        shutil.rmtree(out)
