@@ -252,8 +252,10 @@ def _load_file(path: Path, field: str) -> Documents:
     else:
         raise CalibrationError(f"unsupported calibration file type: {path.name}",
                                hint="use .txt, .jsonl, .jsonl.gz, .json or .parquet")
-    chat = bool(items) and all(isinstance(i, list) for i in items)
+    # a null or empty record is no document, and no say in the file's kind: counted, one "messages": null made a file
+    # of conversations plain text, each packed as "user: ..." lines instead of going through the chat template
     items = [i for i in items if i]
+    chat = bool(items) and all(isinstance(i, list) for i in items)
     return Documents(str(path), "file", items, chat=chat, file_sha256=digest)
 
 
@@ -507,12 +509,29 @@ def _tokenize(spec: CalibrationSpec, tokenizer: Any, docs: Documents) -> Calibra
     order = list(range(len(docs.items)))
     rng.shuffle(order)
     chat = uses_chat_template(spec, tokenizer, docs)
+    _refuse_packed_conversations(docs, chat)
     if chat:
         samples = _chat_samples(spec, tokenizer, docs, order)
     else:
         samples = _packed_samples(spec, tokenizer, docs, order)
     return CalibrationSet(spec=spec, documents=docs, samples=samples, tokens_sha256=tokens_sha256(samples),
                           chat=chat)
+
+
+def _refuse_packed_conversations(docs: Documents, chat: bool) -> None:
+    """Refuse texts and conversations in one source when the samples are packed (the chat template off): a
+    conversation has no rendering but the template's, and was packed as "user: ..." lines no model is served. With
+    the template on, both kinds go through it (a text as the assistant's reply), and evaluation reads such a source
+    as text (:func:`eval_text`)."""
+    chats = sum(isinstance(i, list) for i in docs.items)
+    if chat or not chats:
+        return
+    texts = len(docs.items) - chats
+    raise CalibrationError(
+        f"calibration source {docs.source!r} holds {chats} conversation{'s' * (chats != 1)} and {texts} plain "
+        f"text{'s' * (texts != 1)}, and the chat template is off: conversations go only through the chat template",
+        hint="keep one kind per file (the texts in a file of their own), or render both with --chat-template "
+             "(a text as the assistant's reply)")
 
 
 def has_chat_template(tokenizer: Any) -> bool:

@@ -20,7 +20,8 @@ from typing import Any
 
 from quantkit import cache
 
-LAYOUT = 2  # bump when calibration.build makes other tokens from the same inputs (2: a UTF-8 BOM is left out)
+LAYOUT = 3  # bump when calibration.build makes other tokens from the same inputs (2: no UTF-8 BOM; 3: a null
+# record does not make a file of conversations plain text)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                    "vocab.json", "vocab.txt", "merges.txt", "tokenizer.model", "spiece.model", "chat_template.jinja",
                    "chat_template.json")

@@ -418,3 +418,37 @@ def test_calib_list_and_show_print_names_with_brackets_as_they_are(cli, tmp_path
         proc = cli("calib", "show", name, "--show", "0", cwd=tmp_path)
         assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
         assert proc.stdout.startswith(f"{name} (file): 12 documents"), proc.stdout
+
+
+def _conversation(i: int) -> dict:
+    return {"messages": [{"role": "user", "content": f"Question {i}: " + "why is the sky blue? " * 20},
+                         {"role": "assistant", "content": "Rayleigh scattering. " * 20}]}
+
+
+def test_a_null_conversation_leaves_the_others_chat(tmp_path: Path, tok) -> None:
+    """A null record counts as an empty document (docs/calibration.md), but one ``"messages": null`` in a file of
+    conversations made the file plain text: every conversation was packed as "user: ..." lines, never through the
+    chat template, with nothing said. It is left out, and the rest are the conversations they were."""
+    rows = "".join(json.dumps(_conversation(i)) + "\n" for i in range(8))
+    (tmp_path / "chat.jsonl").write_text(rows)
+    (tmp_path / "null.jsonl").write_text(rows + json.dumps({"messages": None}) + "\n")
+    chat, null = (calibration.build(spec(str(tmp_path / n)), tok) for n in ("chat.jsonl", "null.jsonl"))
+    assert null.documents.chat and null.chat and null.samples == chat.samples
+
+
+@pytest.mark.usefixtures("own_cache")
+def test_texts_and_conversations_in_one_file_are_not_packed(tmp_path: Path, tok, source) -> None:
+    """A file of conversations with a plain-text record among them was calibrated as packed plain text (the chat
+    template off, as for the base model quantkit-tiny), its conversations as "user: ..." lines no model is served.
+    Packed, such a mix is refused, by the check and the build alike; through the template both kinds render."""
+    p = tmp_path / "mixed.jsonl"
+    p.write_text("".join(json.dumps(_conversation(i)) + "\n" for i in range(8)) + json.dumps({"text": TEXTS[0]}) + "\n")
+    with pytest.raises(CalibrationError) as built:
+        calibration.build(spec(str(p)), tok)
+    assert "8 conversations and 1 plain text" in built.value.message and "--chat-template" in built.value.hint
+    with pytest.raises(CalibrationError) as checked:
+        calibration.check(spec(str(p)), source)
+    assert str(checked.value) == str(built.value)
+    templated = calibration.build(spec(str(p), chat_template=True), tok)
+    assert templated.chat and all(tok.decode(s).startswith("<|begin_of_text|><|im_start|>") for s in templated.samples)
+    assert calibration.eval_text(str(p))[0].startswith("user: Question 0")  # evaluation reads both, as text
