@@ -66,6 +66,8 @@ HUB_ALIASES: dict[str, tuple[str, str | None, str, str]] = {
 
 
 PLAIN_TEXT = (".txt", ".md", ".rst", ".txt.gz")  # file names read as plain text: one document per block, no fields
+# names that are a local file, there or not (never a hub id org/name): the suffixes read, and data files' others
+FILE_SUFFIXES = PLAIN_TEXT + (".jsonl", ".jsonl.gz", ".ndjson", ".json", ".parquet", ".gz", ".csv", ".tsv")
 # the flags and the recipe field that choose a record's text field, as a hint names them
 FIELD_FLAGS = "--calib-field, calib show's --field, or the recipe's calibration.field"
 
@@ -115,6 +117,9 @@ def load_documents(source: str, field: str = "text") -> Documents:
         return _load_file(path, field)
     if is_hub(source):
         return _load_hub(source, field)
+    if source.lower().endswith(FILE_SUFFIXES):
+        raise CalibrationError(f"no such file: {source} (looked for at {path.absolute()})",
+                               hint="check the path; `quantkit calib list` shows the shipped sets")
     raise CalibrationError(
         f"text source {source!r} (calibration or evaluation) is neither a shipped set ({', '.join(SHIPPED)}), an existing file, "
         "nor a hub dataset name", hint="`quantkit calib list` shows the shipped sets")
@@ -142,8 +147,10 @@ def check_field(source: str, field: str) -> None:
 
 def is_hub(source: str) -> bool:
     """Whether :func:`load_documents` reads ``source`` from the Hugging Face hub: an alias, or ``org/name`` that is
-    neither a shipped set nor an existing path."""
-    if source in SHIPPED or Path(source).expanduser().exists():
+    neither a shipped set nor an existing path. A name with a data file's suffix is a path, there or not: a
+    mistyped ``data/calib.jsonl`` was a hub id, passed by --dry-run and refused by the run as a hub that does not
+    answer."""
+    if source in SHIPPED or Path(source).expanduser().exists() or source.lower().endswith(FILE_SUFFIXES):
         return False
     return source in HUB_ALIASES or ("/" in source and not source.startswith((".", "/", "~")))
 

@@ -452,3 +452,19 @@ def test_texts_and_conversations_in_one_file_are_not_packed(tmp_path: Path, tok,
     templated = calibration.build(spec(str(p), chat_template=True), tok)
     assert templated.chat and all(tok.decode(s).startswith("<|begin_of_text|><|im_start|>") for s in templated.samples)
     assert calibration.eval_text(str(p))[0].startswith("user: Question 0")  # evaluation reads both, as text
+
+
+@pytest.mark.usefixtures("own_cache")
+@pytest.mark.parametrize("name", ["data/calib.jsonl", "sub/heldout.txt", "out/rows.parquet", "runs/a.csv"])
+def test_a_missing_file_in_a_folder_is_not_taken_for_a_hub_dataset(tmp_path: Path, source, name: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mistyped path with a folder in it ("data/calib.jsonl") read as a hub id org/name: --dry-run passed it ("read
+    when the run starts"), and the run, eval and calib show failed with "cannot load hub dataset ... the hub may be
+    unreachable", about a file that was never there. A name with a data file's suffix is a local file: missing, it
+    is one line saying so, before anything loads."""
+    monkeypatch.chdir(tmp_path)
+    assert not calibration.is_hub(name)
+    with pytest.raises(CalibrationError, match=f"no such file: {name}") as e:
+        calibration.check(spec(name), source)
+    assert str(tmp_path / name) in e.value.message and "hub" not in e.value.message
+    assert calibration.is_hub("allenai/c4") and calibration.is_hub("org/name:config@train")
