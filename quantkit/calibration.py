@@ -236,7 +236,10 @@ def _document(value: Any, field: str, where: str) -> Any:
 def _load_file(path: Path, field: str) -> Documents:
     name = path.name.lower()
     if path.is_dir():
-        raise CalibrationError(f"text source {path} is a folder; give a .txt, .jsonl(.gz) or .parquet file")
+        raise CalibrationError(f"text source {path} is a folder; give a .txt, .jsonl(.gz), .json or .parquet file")
+    if not path.is_file():  # read more than once (check, build, sha256): a FIFO was waited on for ever, then empty
+        raise CalibrationError(f"text source {path} is not a regular file (a FIFO, socket or device)",
+                               hint="write the text to a file and give that")
     raw = _read(path)
     digest = hashlib.sha256(raw).hexdigest()
     if name.endswith((".jsonl", ".jsonl.gz", ".ndjson")):

@@ -468,3 +468,20 @@ def test_a_missing_file_in_a_folder_is_not_taken_for_a_hub_dataset(tmp_path: Pat
         calibration.check(spec(name), source)
     assert str(tmp_path / name) in e.value.message and "hub" not in e.value.message
     assert calibration.is_hub("allenai/c4") and calibration.is_hub("org/name:config@train")
+
+
+@pytest.mark.cli
+def test_a_fifo_as_a_text_source_is_refused_not_waited_on(cli, tmp_path: Path) -> None:
+    """A FIFO named like a data file (calib.txt) was read, and calib show, eval and the quantize verbs waited for a
+    writer for ever. A source is read more than once (the check, the build, its sha256), so a pipe could never
+    serve; anything but a regular file is one line naming it, exit 2."""
+    import os
+    import subprocess
+
+    os.mkfifo(tmp_path / "calib.txt")
+    try:
+        proc = cli("calib", "show", tmp_path / "calib.txt", timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("calib show waited on the FIFO")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.stderr.startswith(f"error: text source {tmp_path / 'calib.txt'} is not a regular file"), proc.stderr
