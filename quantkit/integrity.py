@@ -203,10 +203,11 @@ def _compare(root: Path, expected: dict[str, str], sizes: dict[str, int], on_dis
         if where != inside and inside not in where.parents:
             raise IntegrityError(f"{root / seal_name} lists {rel}, which a symbolic link leads outside {root} "
                                  f"(to {where}): not a seal of this folder's files")
-    res.missing = sorted(rel for rel in expected if not (root / rel).is_file())
-    res.changed = [rel for rel in expected if rel not in res.missing and rel in sizes
+    missing = {rel for rel in expected if not (root / rel).is_file()}  # a set: looked up once a listed file
+    res.missing = sorted(missing)
+    res.changed = [rel for rel in expected if rel not in missing and rel in sizes
                    and (root / rel).stat().st_size != sizes[rel]]
-    digests = {rel: known[rel] for rel in expected if rel in known and rel not in res.missing}
+    digests = {rel: known[rel] for rel in expected if rel in known and rel not in missing}
     skip = {*res.missing, *res.changed, *digests}
     to_hash = [root / rel for rel in expected if rel not in skip]
     digests.update((p.relative_to(root).as_posix(), d) for p, d in seal.hash_many(to_hash))
