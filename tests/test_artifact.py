@@ -657,17 +657,3 @@ def test_a_fifo_where_a_file_is_read_is_one_error_not_a_hang(tmp_path: Path, cli
                     assert json.loads(proc.stdout)["exit_code"] == 1
         shutil.rmtree(out)
 
-
-def test_verify_of_a_copy_missing_many_files_takes_seconds(tmp_path: Path) -> None:
-    """Each listed file was looked for in the list of missing ones, a list: a manifest of 100,000 files that a copy
-    lost (an incomplete rsync of a large artifact, or a manifest padded under its 64 MiB cap) took minutes, growing
-    as the square of their number. It is one pass now."""
-    out = tmp_path / "art"
-    make(out)
-    data = json.loads((out / MANIFEST).read_text())
-    data["files"].update({f"shards/{i}.bin": {"sha256": "0" * 64, "size": 1} for i in range(100_000)})
-    (out / MANIFEST).write_text(json.dumps(data))
-    start = time.monotonic()
-    res = integrity.verify_tree(out)[0]
-    assert len(res.missing) == 100_000 and res.changed == [] and res.checked == 3
-    assert time.monotonic() - start < 30  # 8 s on a busy 2-core machine; the list took 58 s there
