@@ -226,6 +226,20 @@ def test_a_tokenizer_without_bos_is_held_to_the_least_tokens_scored(tmp_path):
                           max_tokens=protocol.MIN_TOKENS + 1).tokens_scored == protocol.MIN_TOKENS
 
 
+def test_max_tokens_beyond_the_text_is_said(tmp_path):
+    """``--max-tokens 4096`` on a text of fewer tokens scored what there was, and only the count showed it: the
+    protocol says so in a note, which the console and the report print."""
+    from quantkit.evaluation import protocol
+
+    text = tmp_path / "text.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog near the river bank. " * 8)
+    proto = protocol.build(Path(TINY), dataset=str(text), ctx=128, max_tokens=4096)
+    assert proto.tokens_scored < 4096
+    assert f"--max-tokens 4,096 asks for more than the text gives: its {proto.tokens_scored:,} tokens are all " \
+           "scored" in proto.notes
+    assert not protocol.build(Path(TINY), dataset=str(text), ctx=128, max_tokens=protocol.MIN_TOKENS).notes
+
+
 def test_topk_baseline_store_bounds_the_exact_kld(broken_model):
     # The store a 128k-vocabulary model gets when its full distributions do not fit, forced here on 8k.
     from quantkit import api

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
+from rich.markup import escape
 
 from quantkit import integrity, outputs, source as source_mod
 from quantkit.checkpoint import gguf_files
@@ -344,8 +345,10 @@ def evaluate(paths: list[Path], baseline: str | None, options: EvalOptions | Non
     with rep.step("protocol", "tokenizing the evaluation text with the baseline's tokenizer"):
         proto = protocol_mod.build(src.path, dataset=options.dataset, field_name=options.text_field, ctx=options.ctx,
                                    stride=options.stride, max_tokens=options.max_tokens)
-    rep.log(f"protocol: {proto.source} ({proto.kind}), {len(proto.windows)} windows of ctx {proto.ctx}"
+    rep.log(f"protocol: {escape(proto.source)} ({proto.kind}), {len(proto.windows)} window{"s" * (len(proto.windows) != 1)} of ctx {proto.ctx}"
             f"{f', stride {proto.stride}' if proto.stride else ''}, {proto.tokens_scored:,} tokens scored")
+    for note in proto.notes:  # the report has them too; a console reader should not have to open it to learn them
+        rep.log(f"[yellow]note:[/] {escape(note)}")
     with tempfile.TemporaryDirectory(prefix="quantkit-eval-") as tmp:
         store = BaselineStore(Path(tmp), proto.tokens_scored, options.kld_topk,
                               shared_gpu=any(t.engine in (VLLM, SGLANG) for t in targets))

@@ -216,6 +216,9 @@ def build(baseline: Path, *, dataset: str = "auto", field_name: str = "text", ct
                                hint="give a longer text (--dataset)")
     if max_tokens is not None:
         stream = stream[:max_tokens]
+        if max_tokens > total:  # said, not left for the reader to spot in the count of tokens scored
+            notes.append(f"--max-tokens {max_tokens:,} asks for more than the text gives: its {total:,} tokens are "
+                         "all scored")
     bos = tok.bos_token_id
     windows = make_windows(stream, bos, ctx, stride)
     scored = sum(w.n_scored for w in windows)
