@@ -70,12 +70,13 @@ PLAIN_TEXT = (".txt", ".md", ".rst", ".txt.gz")  # file names read as plain text
 FILE_SUFFIXES = PLAIN_TEXT + (".jsonl", ".jsonl.gz", ".ndjson", ".json", ".parquet", ".gz", ".csv", ".tsv")
 # the flags and the recipe field that choose a record's text field, as a hint names them
 FIELD_FLAGS = "--calib-field, calib show's --field, or the recipe's calibration.field"
+EVAL_FIELD_FLAGS = "eval's --field, or the recipe's evaluation.field"  # the same, for an evaluation text
 
 
 class FieldError(CalibrationError):
     """A record or column without the text field asked for, or a text field given where there is none to choose:
-    its hint names the flags that choose one (:data:`FIELD_FLAGS`), which :func:`eval_text` replaces, since
-    ``quantkit eval`` has none."""
+    its hint names the flags that choose one (:data:`FIELD_FLAGS`), which :func:`eval_text` replaces with eval's
+    (:data:`EVAL_FIELD_FLAGS`)."""
 
 
 def shipped_dir() -> Path:
@@ -650,15 +651,12 @@ def _flatten_chat(messages: list[dict]) -> str:
 
 
 def eval_text(source: str, field: str = "text") -> tuple[str, Documents]:
-    """One evaluation text: documents joined by blank lines (the WikiText-2 convention), and their source. A record
-    without the text field says what eval reads: it has no flag to choose another (the calibration hint named
-    --calib-field)."""
+    """One evaluation text: documents joined by blank lines (the WikiText-2 convention), and their source. A field
+    error's hint names eval's own way to choose the field (calibration's named --calib-field)."""
     try:
         docs = load_documents(source, field)
     except FieldError as e:
-        raise FieldError(e.message, hint=f"quantkit eval reads each record's {field!r} field (or 'messages'); "
-                                         f"write the text there, e.g. jq -c '{{{field}: .FIELD}}' IN.jsonl > OUT.jsonl"
-                         ) from None
+        raise FieldError(e.message, hint=(e.hint or "").replace(FIELD_FLAGS, EVAL_FIELD_FLAGS)) from None
     if not docs.items:
         raise CalibrationError(f"evaluation source {source!r} is empty")
     texts = [d if isinstance(d, str) else _flatten_chat(d) for d in docs.items]

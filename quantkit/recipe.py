@@ -132,6 +132,8 @@ class EvaluationSpec(Strict):
     enabled: bool = True
     dataset: str = Field("auto", max_length=PATH_LENGTH, description="auto = WikiText-2 test when the hub is "
                          "reachable, else heldout")
+    field: str = Field("text", max_length=256, description="JSON/parquet field holding the text (a .jsonl, .json or "
+                       ".parquet file, an org/name hub dataset)")
     ctx: int = Field(2048, ge=16, le=1 << 20)
     stride: int | None = Field(None, ge=1, le=1 << 20)
     max_tokens: int | None = Field(None, ge=16, le=10**12, description="score at most this many tokens")

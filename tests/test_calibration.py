@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -393,7 +394,7 @@ def test_the_check_refuses_a_text_field_a_hub_alias_does_not_read(source) -> Non
 @pytest.mark.cli
 def test_a_missing_text_field_names_the_flag_of_the_command_that_read_it(cli, tiny: Path, tmp_path: Path) -> None:
     """A record without the text field said "choose the text field with --calib-field / calibration.field" to every
-    command: `calib show` has --field, and `eval` has no such flag (it reads 'text', or 'messages')."""
+    command: `calib show` has --field, and `eval` had no way to choose one; it has --field (evaluation.field)."""
     body = tmp_path / "body.jsonl"
     body.write_text("".join(json.dumps({"body": t}) + "\n" for t in TEXTS))
     show = cli("calib", "show", body)
@@ -402,7 +403,11 @@ def test_a_missing_text_field_names_the_flag_of_the_command_that_read_it(cli, ti
     ev = cli("eval", tiny, "--baseline", tiny, "--dataset", body, "--max-tokens", "64", "--report-dir", tmp_path / "r")
     assert ev.returncode == 2 and "Traceback" not in ev.stderr, ev.stderr
     assert f"error: {body}:1: no 'text' field" in ev.stderr and "--calib-field" not in ev.stderr, ev.stderr
-    assert "eval reads each record's 'text' field" in ev.stderr, ev.stderr
+    assert "eval's --field, or the recipe's evaluation.field" in ev.stderr, ev.stderr
+    ev = cli("eval", tiny, "--baseline", tiny, "--dataset", body, "--field", "body", "--max-tokens", "64",
+             "--report-dir", tmp_path / "r", "--json")
+    assert ev.returncode == 0, ev.stderr
+    assert json.loads(ev.stdout)["protocol"]["text_sha256"] == hashlib.sha256("\n\n".join(TEXTS).encode()).hexdigest()
 
 
 @pytest.mark.cli

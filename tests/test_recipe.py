@@ -320,6 +320,25 @@ def test_a_shipped_recipe_finds_its_model_from_any_folder(tmp_path: Path, cli) -
 
 
 @pytest.mark.cli
+def test_an_evaluation_field_with_nothing_to_choose_is_refused_before_anything_is_made(tmp_path: Path, cli) -> None:
+    """``evaluation.field`` (eval's --field) chooses a record's text field; given for a text without fields (here
+    the shipped heldout set, or auto), ``run`` and its dry run refuse it before the first output is made, not once
+    it is built and evaluated."""
+    from conftest import TINY
+
+    p = write(tmp_path, f"model:\n  source: {TINY}\noutput: out\nquantize:\n  method: rtn\n"
+                        "evaluation:\n  dataset: heldout\n  field: body\n")
+    for extra in (["--dry-run"], []):
+        proc = cli("run", p, *extra, cwd=tmp_path)
+        assert proc.returncode == 2 and "text field 'body' given for the shipped set 'heldout'" in proc.stderr, \
+            proc.stderr
+        assert "eval's --field, or the recipe's evaluation.field" in proc.stderr and "Traceback" not in proc.stderr
+        assert not (tmp_path / "out").exists()
+    proc = cli("eval", TINY, "--baseline", TINY, "--field", "body", "--report-dir", tmp_path / "r")
+    assert proc.returncode == 2 and "text field 'body' given for the evaluation text auto" in proc.stderr, proc.stderr
+
+
+@pytest.mark.cli
 def test_cli_refuses_bad_recipe_before_loading_a_model(tmp_path: Path, cli) -> None:
     p = write(tmp_path, GOOD.replace("source: models/quantkit-tiny", "source: /does/not/exist")
               .replace("bits: 4", "bits: 5"))

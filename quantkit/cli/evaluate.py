@@ -70,6 +70,9 @@ def eval_cmd(
                                           "org/name\\[:config]\\[@split]), or auto = WikiText-2 test when the hub "
                                           "is reachable, else heldout \\[default: auto].",
                                           rich_help_panel=PANEL_PROTOCOL),
+    field: Optional[str] = typer.Option(None, "--field", help="The field of each record holding the text, in a "
+                                        ".jsonl/.json/.parquet file or an org/name hub dataset \\[default: text, "
+                                        "else messages].", rich_help_panel=PANEL_PROTOCOL),
     ctx: Optional[int] = typer.Option(None, "--ctx", help="Tokens per window, BOS included \\[default: 2048].",
                                       rich_help_panel=PANEL_PROTOCOL),
     stride: Optional[int] = typer.Option(None, "--stride", help="Slide windows by N tokens and score only the new "
@@ -138,7 +141,8 @@ def eval_cmd(
 
       [bold]$[/] quantkit eval out/gguf --tasks quantkit_lastword_gen --limit 20"""
     if tasks is not None:
-        _refuse_unused({"--dataset": dataset, "--ctx": ctx, "--stride": stride, "--max-tokens": max_tokens,
+        _refuse_unused({"--dataset": dataset, "--field": field, "--ctx": ctx, "--stride": stride,
+                        "--max-tokens": max_tokens,
                         "--numerics": numerics, "--max-ppl-ratio": max_ppl_ratio, "--max-kld": max_kld,
                         "--min-top1": min_top1},
                        "--tasks (flags of the perplexity evaluation, which --tasks replaces)",
@@ -149,8 +153,8 @@ def eval_cmd(
     _refuse_unused({"--limit": limit, "--num-fewshot": num_fewshot, "--min-recovery": min_recovery},
                    "an eval without --tasks (flags of task scoring)", "add --tasks T1,T2")
     options, recipe_model = api.eval_options(
-        recipe, flags={"dataset": dataset, "ctx": ctx, "stride": stride, "max_tokens": max_tokens, "engine": engine,
-                       "stall_timeout": stall_timeout},
+        recipe, flags={"dataset": dataset, "field": field, "ctx": ctx, "stride": stride, "max_tokens": max_tokens,
+                       "engine": engine, "stall_timeout": stall_timeout},
         gate_flags={"max_ppl_ratio": max_ppl_ratio, "max_kld": max_kld, "min_top1": min_top1},
         device=device, python=python, report_dir=report_dir, numerics=numerics)
     rep = reporter(json)

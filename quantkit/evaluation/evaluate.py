@@ -71,8 +71,9 @@ class EvalOptions:
     @classmethod
     def from_spec(cls, spec: EvaluationSpec, **overrides: Any) -> "EvalOptions":
         """Options from a recipe's ``evaluation`` block, with explicit (non-None) overrides on top."""
-        base = {"dataset": spec.dataset, "ctx": spec.ctx, "stride": spec.stride, "max_tokens": spec.max_tokens,
-                "engine": spec.engine, "recipe_gates": spec.gates, "stall_timeout": spec.stall_timeout}
+        base = {"dataset": spec.dataset, "text_field": spec.field, "ctx": spec.ctx, "stride": spec.stride,
+                "max_tokens": spec.max_tokens, "engine": spec.engine, "recipe_gates": spec.gates,
+                "stall_timeout": spec.stall_timeout}
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)
 
@@ -80,7 +81,7 @@ class EvalOptions:
 def options_from(recipe_path: str | None, flags: dict[str, Any], gate_flags: dict[str, float | None],
                  **engine: Any) -> tuple[EvalOptions, str | None]:
     """``quantkit eval``'s options: the ``evaluation`` block of a recipe (if given), its fields overridden by flags
-    (``flags``: dataset, ctx, stride, max_tokens, engine), the gate flags, and engine settings (device, python,
+    (``flags``: dataset, field, ctx, stride, max_tokens, engine), the gate flags, and engine settings (device, python,
     report_dir). Returns them with the recipe's source model, which is the baseline only for artifacts that do
     not record their own. Without a recipe the artifacts' own recipes (then the schema defaults) decide gates."""
     from quantkit import recipe as recipe_mod
@@ -345,7 +346,8 @@ def evaluate(paths: list[Path], baseline: str | None, options: EvalOptions | Non
     with rep.step("protocol", "tokenizing the evaluation text with the baseline's tokenizer"):
         proto = protocol_mod.build(src.path, dataset=options.dataset, field_name=options.text_field, ctx=options.ctx,
                                    stride=options.stride, max_tokens=options.max_tokens)
-    rep.log(f"protocol: {escape(proto.source)} ({proto.kind}), {len(proto.windows)} window{"s" * (len(proto.windows) != 1)} of ctx {proto.ctx}"
+    windows = f"{len(proto.windows)} window{'s' * (len(proto.windows) != 1)}"
+    rep.log(f"protocol: {escape(proto.source)} ({proto.kind}), {windows} of ctx {proto.ctx}"
             f"{f', stride {proto.stride}' if proto.stride else ''}, {proto.tokens_scored:,} tokens scored")
     for note in proto.notes:  # the report has them too; a console reader should not have to open it to learn them
         rep.log(f"[yellow]note:[/] {escape(note)}")
