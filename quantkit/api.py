@@ -66,6 +66,11 @@ class ArtifactResult:
 # Recipes
 
 
+def installed_versions() -> dict[str, str]:
+    """The installed versions of quantkit and its backends, as an artifact's manifest records them."""
+    return versions.installed()
+
+
 def load_recipe(path: str | Path | None, overrides: dict[str, Any] | None = None, base: dict[str, Any] | None = None,
                 *, check_output_escape: bool = True) -> Recipe:
     """A recipe file or shipped recipe name (or none: ``base`` + flags), with flag overrides, validated."""

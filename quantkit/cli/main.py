@@ -10,10 +10,9 @@ from typing import NoReturn
 
 import typer
 
-from quantkit import __version__
+from quantkit import __version__, api
 from quantkit.cli import artifacts, evaluate, pipeline, quantize, recipes, smoke, trt
 from quantkit.cli.common import JSON_OPT, STATE, emit_json
-from quantkit.versions import installed
 
 HELP = """\
 Turn Hugging Face checkpoints into verified quantized artifacts.
@@ -33,7 +32,7 @@ def _print_version(as_json: bool) -> None:
     """``quantkit --version``: a line, or under ``--json`` one document with the backends' versions as a manifest
     records them, so a pipeline can log what it runs with before it runs."""
     if as_json:
-        emit_json({"quantkit": __version__, "versions": installed()})
+        emit_json({"quantkit": __version__, "versions": api.installed_versions()})
     else:
         typer.echo(f"quantkit {__version__}")
 
