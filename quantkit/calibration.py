@@ -146,6 +146,21 @@ def check_field(source: str, field: str) -> None:
                           "and .parquet files and of org/name hub datasets")
 
 
+def check_eval_field(source: str, field: str) -> None:
+    """:func:`check_field` for an evaluation text, the hint naming eval's flags; ``auto`` (evaluation's WikiText-2
+    when the hub is reachable, else heldout, each read its own way) has no field to choose either. ``quantkit run``
+    and its dry run check it before the first output is made, not once it is built."""
+    if source == "auto" and field != "text":
+        raise FieldError(f"text field {field!r} given for the evaluation text auto (WikiText-2 when the hub is "
+                         "reachable, else heldout): there is no field to choose",
+                         hint="give the file or org/name hub dataset whose field it is with --dataset (recipe: "
+                              "evaluation.dataset)")
+    try:
+        check_field(source, field)
+    except FieldError as e:
+        raise FieldError(e.message, hint=(e.hint or "").replace(FIELD_FLAGS, EVAL_FIELD_FLAGS)) from None
+
+
 def is_hub(source: str) -> bool:
     """Whether :func:`load_documents` reads ``source`` from the Hugging Face hub: an alias, or ``org/name`` that is
     neither a shipped set nor an existing path. A name with a data file's suffix is a path, there or not: a

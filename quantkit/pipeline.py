@@ -19,9 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quantkit import api, formats, integrity, outputs, plan as plan_mod, seal, source as source_mod
+from quantkit import api, calibration, formats, integrity, outputs, plan as plan_mod, seal, source as source_mod
 from quantkit.engines.vllm import tune as tune_mod
-from quantkit.evaluation import protocol as protocol_mod
 from quantkit.errors import GateFailedError, Interrupted, OutputExistsError, QuantkitError, UsageError
 from quantkit.formats import kinds
 from quantkit.formats.names import LLAMACPP, VLLM, KindName
@@ -134,7 +133,7 @@ def _run(recipe: Recipe, release: Path, *, force: bool, rep: Reporter, evaluate:
     outputs.check_recipe(recipe, force=force, pipeline=True, source=src.path)  # a hub id's cached folder too
     tasks = api.recipe_tasks(recipe) if evaluate else []
     if evaluate and recipe.evaluation.enabled:
-        protocol_mod.check_field(recipe.evaluation.dataset, recipe.evaluation.field)
+        calibration.check_eval_field(recipe.evaluation.dataset, recipe.evaluation.field)
     results: list[OutputResult] = []
     reuse: list[tuple[MethodBase, OutputResult, str | None]] = []  # (spec, result, why it is reused, or None)
     for spec, out in recipe.artifacts():  # every refusal before the first change to the release

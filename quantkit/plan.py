@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 
 from quantkit import calibration, formats, producers, source as source_mod
 from quantkit.engines import registry
-from quantkit.evaluation import protocol as protocol_mod
 from quantkit.errors import HostMemoryError, OutputExistsError, UsageError
 from quantkit.formats.kinds import Kind
 from quantkit.formats.names import EVALUATING, LLAMACPP, TRANSFORMERS, VLLM, KindName, Method
@@ -143,7 +142,7 @@ def make(recipe: Recipe, *, force: bool = False, pipeline: bool = False, evaluat
     """The plan of a recipe's outputs (``pipeline``: as ``quantkit run`` would, with reuse, eval and smoke;
     ``tasks``: the recipe's lm-eval tasks, built and checked, which it scores on each output it evaluates)."""
     if pipeline and evaluate and recipe.evaluation.enabled:
-        protocol_mod.check_field(recipe.evaluation.dataset, recipe.evaluation.field)
+        calibration.check_eval_field(recipe.evaluation.dataset, recipe.evaluation.field)
     src = source_mod.resolve(recipe.model)
     out = Plan(source={"id": src.spec, "path": str(src.path), "architecture": src.architecture,
                        "parameters": src.num_parameters, "size_bytes": src.size_bytes},

@@ -193,28 +193,12 @@ def _read_text(dataset: str, field_name: str, notes: list[str]) -> tuple[str, An
     return eval_text(AUTO_LOCAL, "text")
 
 
-def check_field(dataset: str, field_name: str) -> None:
-    """Refuse, before anything loads, a text field given where the evaluation text has none to choose: ``auto``
-    (WikiText-2 or heldout, each read its own way), a shipped set, a plain-text file or a hub alias
-    (:func:`quantkit.calibration.check_field`), the hint naming eval's flags. ``quantkit run`` and its dry run check
-    it before the first output is made, not once it is built."""
-    from quantkit.calibration import EVAL_FIELD_FLAGS, FIELD_FLAGS, FieldError, check_field as check
-
-    if dataset == "auto" and field_name != "text":
-        raise FieldError(f"text field {field_name!r} given for the evaluation text auto (WikiText-2 when the hub is "
-                         f"reachable, else {AUTO_LOCAL}): there is no field to choose",
-                         hint="give the file or org/name hub dataset whose field it is with --dataset (recipe: "
-                              "evaluation.dataset)")
-    try:
-        check(dataset, field_name)
-    except FieldError as e:
-        raise FieldError(e.message, hint=(e.hint or "").replace(FIELD_FLAGS, EVAL_FIELD_FLAGS)) from None
-
-
 def build(baseline: Path, *, dataset: str = "auto", field_name: str = "text", ctx: int = 2048,
           stride: int | None = None, max_tokens: int | None = None) -> Protocol:
     """Read the text, tokenize it with the baseline's tokenizer and cut it into windows."""
-    check_field(dataset, field_name)
+    from quantkit.calibration import check_eval_field
+
+    check_eval_field(dataset, field_name)
     if max_tokens is not None and max_tokens < MIN_TOKENS:
         raise UsageError(f"--max-tokens must be at least {MIN_TOKENS}, got {max_tokens}")
     cfg_path = baseline / "config.json"
