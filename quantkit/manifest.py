@@ -43,8 +43,10 @@ TEMPORARY = re.compile(r"\..+\.tmp-[0-9]+")  # write_text_atomic's, left only by
 
 
 def is_artifact_file(p: Path) -> bool:
-    """Whether a file is one of the artifact's (what the manifest lists): all but the manifest and lock files."""
-    return p.name != MANIFEST and not p.name.endswith(".lock")
+    """Whether a file is one of the artifact's (what the manifest lists): all but the manifest and quantkit's lock
+    files (``.NAME.lock``, :func:`quantkit.locks.output_lock`). Any name ending in ``.lock`` was left out, so a
+    ``payload.lock`` added to a sealed artifact passed verify."""
+    return p.name != MANIFEST and not (p.name.startswith(".") and p.name.endswith(".lock"))
 
 
 def now_iso() -> str:

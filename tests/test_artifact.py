@@ -657,3 +657,13 @@ def test_a_fifo_where_a_file_is_read_is_one_error_not_a_hang(tmp_path: Path, cli
                     assert json.loads(proc.stdout)["exit_code"] == 1
         shutil.rmtree(out)
 
+
+def test_verify_names_a_file_added_whatever_its_name(tmp_path: Path) -> None:
+    """Every name ending in ``.lock`` was taken for one of quantkit's locks and left out, so a ``payload.lock`` added
+    to a sealed artifact passed verify; quantkit's own locks are ``.NAME.lock`` and the only names left out."""
+    out = tmp_path / "art"
+    make(out)
+    (out / "sub" / "payload.lock").write_bytes(b"not sealed")
+    (out / ".art.lock").write_bytes(b"")  # a name of quantkit's lock files: not the artifact's
+    res = integrity.verify_tree(out)[0]
+    assert not res.ok and res.extra == ["sub/payload.lock"], res.extra
