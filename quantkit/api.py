@@ -221,7 +221,8 @@ def preview_calibration(source: str, *, model: str | None = None, samples: int =
                                     for err in e.errors())) from None
     docs = calibration.load_documents(source, field)
     info: dict[str, Any] = {"source": source, "kind": docs.kind, "documents": len(docs.items), "chat": docs.chat,
-                            "source_sha256": docs.file_sha256, "preview": [str(d)[:300] for d in docs.items[:show]]}
+                            "source_sha256": docs.file_sha256,
+                            "preview": [calibration.document_text(d)[:300] for d in docs.items[:show]]}
     if model:
         from transformers import AutoTokenizer
 

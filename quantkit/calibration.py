@@ -616,7 +616,7 @@ def _packed_samples(spec: CalibrationSpec, tokenizer: Any, docs: Documents, orde
     stream: list[int] = []
     for i in order:
         item = docs.items[i]
-        text = item if isinstance(item, str) else _flatten_chat(item)
+        text = document_text(item)
         # verbose=False: a document longer than the model's context is cut into samples; transformers' warning
         # that it is too long for the model would be about something that never reaches the model
         ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
@@ -661,8 +661,12 @@ def _chat_samples(spec: CalibrationSpec, tokenizer: Any, docs: Documents, order:
                            f"{spec.samples} asked for", hint=f"ask for at most {len(samples)} samples")
 
 
-def _flatten_chat(messages: list[dict]) -> str:
-    return "\n".join(f"{m.get('role', '')}: {m.get('content', '')}" for m in messages)
+def document_text(document: str | list[dict]) -> str:
+    """A document as plain text: a text itself, a conversation its messages as ``role: content`` lines (how packed
+    samples, evaluation and ``calib show``'s preview read one)."""
+    if isinstance(document, str):
+        return document
+    return "\n".join(f"{m.get('role', '')}: {m.get('content', '')}" for m in document)
 
 
 def eval_text(source: str, field: str = "text") -> tuple[str, Documents]:
@@ -674,5 +678,5 @@ def eval_text(source: str, field: str = "text") -> tuple[str, Documents]:
         raise FieldError(e.message, hint=(e.hint or "").replace(FIELD_FLAGS, EVAL_FIELD_FLAGS)) from None
     if not docs.items:
         raise CalibrationError(f"evaluation source {source!r} is empty")
-    texts = [d if isinstance(d, str) else _flatten_chat(d) for d in docs.items]
+    texts = [document_text(d) for d in docs.items]
     return "\n\n".join(texts), docs

@@ -133,6 +133,17 @@ def test_calib_show_cli(cli, tiny: Path) -> None:
 
 
 @pytest.mark.cli
+def test_calib_show_previews_a_conversation_as_its_messages(cli, tmp_path: Path) -> None:
+    """A conversation was previewed as a Python repr (``[{'role': 'user', ...``); it is its messages, a line each,
+    as packed samples and evaluation read it."""
+    chats = tmp_path / "chats.jsonl"
+    chats.write_text(json.dumps({"messages": [{"role": "user", "content": "Name a colour."},
+                                              {"role": "assistant", "content": "Blue."}]}) + "\n")
+    info = json.loads(cli("calib", "show", chats, "--json", check=True).stdout)
+    assert info["chat"] and info["preview"] == ["user: Name a colour.\nassistant: Blue."]
+
+
+@pytest.mark.cli
 def test_calib_show_refuses_values_out_of_bounds_in_one_line(cli, tiny: Path) -> None:
     """--samples 0 printed pydantic's ValidationError traceback (exit 1), and --show -1 was taken (previewing all
     documents but the last): each is now one line naming the flag, exit 2."""

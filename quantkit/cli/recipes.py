@@ -119,7 +119,8 @@ def calib_show(
         emit_json(info)
         return
     c = console(False)
-    c.print(f"[bold]{escape(source)}[/] ({info['kind']}): {info['documents']} documents"  # a name may hold "[...]"
+    n = info["documents"]
+    c.print(f"[bold]{escape(source)}[/] ({info['kind']}): {n} document{'s' * (n != 1)}"  # a name may hold "[...]"
             + (" (chat)" if info["chat"] else "")
             + (f", sha256 {info['source_sha256'][:16]}…" if info["source_sha256"] else ""))
     for i, p in enumerate(info["preview"]):
