@@ -133,8 +133,11 @@ class CalibrationInfo(Section):
 
 
 class FileInfo(Section):
-    sha256: str
-    size: int
+    """One file's seal. The digest's form is checked on reading: one in capitals, or not hex, compared unequal to
+    every file's and read as "changed", where the manifest itself is what is wrong."""
+
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(ge=0)
 
 
 class EnvironmentInfo(Section):

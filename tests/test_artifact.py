@@ -667,3 +667,16 @@ def test_verify_names_a_file_added_whatever_its_name(tmp_path: Path) -> None:
     (out / ".art.lock").write_bytes(b"")  # a name of quantkit's lock files: not the artifact's
     res = integrity.verify_tree(out)[0]
     assert not res.ok and res.extra == ["sub/payload.lock"], res.extra
+
+
+def test_a_manifest_digest_of_the_wrong_form_is_named_not_read_as_a_changed_file(tmp_path: Path) -> None:
+    """A sha256 written in capitals (or not hex) in quantkit.json compared unequal to the file's and verify said the
+    file had changed; the manifest is what is wrong, and verify says so."""
+    out = tmp_path / "art"
+    make(out)
+    data = json.loads((out / MANIFEST).read_text())
+    name, info = next(iter(data["files"].items()))
+    info["sha256"] = info["sha256"].upper()
+    (out / MANIFEST).write_text(json.dumps(data))
+    with pytest.raises(IntegrityError, match=f"is not a quantkit manifest: files.{re.escape(name)}.sha256"):
+        integrity.verify_tree(out)
