@@ -155,8 +155,16 @@ def check_eval_field(source: str, field: str) -> None:
                          "reachable, else heldout): there is no field to choose",
                          hint="give the file or org/name hub dataset whose field it is with --dataset (recipe: "
                               "evaluation.dataset)")
-    try:
+    with _eval_flags():
         check_field(source, field)
+
+
+@contextmanager
+def _eval_flags() -> Iterator[None]:
+    """A :class:`FieldError` raised inside, its hint naming eval's flags (:data:`EVAL_FIELD_FLAGS`) in place of
+    calibration's."""
+    try:
+        yield
     except FieldError as e:
         raise FieldError(e.message, hint=(e.hint or "").replace(FIELD_FLAGS, EVAL_FIELD_FLAGS)) from None
 
@@ -672,10 +680,8 @@ def document_text(document: str | list[dict]) -> str:
 def eval_text(source: str, field: str = "text") -> tuple[str, Documents]:
     """One evaluation text: documents joined by blank lines (the WikiText-2 convention), and their source. A field
     error's hint names eval's own way to choose the field (calibration's named --calib-field)."""
-    try:
+    with _eval_flags():
         docs = load_documents(source, field)
-    except FieldError as e:
-        raise FieldError(e.message, hint=(e.hint or "").replace(FIELD_FLAGS, EVAL_FIELD_FLAGS)) from None
     if not docs.items:
         raise CalibrationError(f"evaluation source {source!r} is empty")
     texts = [document_text(d) for d in docs.items]
