@@ -110,6 +110,7 @@ def quantize_cost() -> list[str]:
         lines += [_body(md), ""]
     for name, what in (("quantize_cost_8b_fp8_hash_and_sync", "FP8 static, three runs per tool, the last shard "
                         "hashed and fsynced side by side (the third sitting)"),
+                       ("quantize_cost_8b_awq_3x3", "AWQ W4A16, three runs per tool (the fifth sitting)"),
                        ("quantize_cost_8b_int8-sq_3x3", "INT8 SmoothQuant, three runs per tool (the fourth "
                         "sitting)"),
                        ("quantize_cost_8b_fp8_warm", "FP8 static, a warm-up and three runs per tool"),
