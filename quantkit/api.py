@@ -129,6 +129,8 @@ def quantize_one(recipe: Recipe, spec: MethodBase, out: Path, *, force: bool = F
                              calibration=recipe.calibration, runtime=recipe.runtime, reporter=rep,
                              checked=prepared.checked)
         produced = prepared.producer.produce(ctx)
+        if produced.calibration and (said := calibration.repeat_warning(produced.calibration.documents)):
+            rep.warn(said)  # the documents the samples were made from, a hub dataset's too (the dry run: its plan)
         rep.timings["total"] = round(time.perf_counter() - t0, 3)
         manifest = Manifest(
             kind=prepared.row.kind, method=spec.method, params=spec.model_dump(mode="json"),
@@ -208,8 +210,9 @@ def preview_calibration(source: str, *, model: str | None = None, samples: int =
                         show: int = 3) -> dict[str, Any]:
     """A calibration source's documents, and with ``model`` the exact token samples and their sha256, built as the
     quantize verbs build them (``chat_template`` None: the recipe's default, as theirs), so the sha256 is the one
-    an artifact's manifest will record. Each value is checked against the recipe schema first (the keywords are
-    ``calib show``'s flags): a refusal names the flag, exit 2."""
+    an artifact's manifest will record; ``repeated``: how many documents repeat an earlier one. Each value is
+    checked against the recipe schema first (the keywords are ``calib show``'s flags): a refusal names the flag,
+    exit 2."""
     if show < 0:
         raise RecipeError(f"--show {show}: the number of documents to preview is 0 or more")
     asked = {} if chat_template is None else {"chat_template": chat_template}
@@ -221,7 +224,7 @@ def preview_calibration(source: str, *, model: str | None = None, samples: int =
                                     for err in e.errors())) from None
     docs = calibration.load_documents(source, field)
     info: dict[str, Any] = {"source": source, "kind": docs.kind, "documents": len(docs.items), "chat": docs.chat,
-                            "source_sha256": docs.file_sha256,
+                            "repeated": calibration.repeated(docs), "source_sha256": docs.file_sha256,
                             "preview": [calibration.document_text(d)[:300] for d in docs.items[:show]]}
     if model:
         from transformers import AutoTokenizer

@@ -4,8 +4,9 @@ Sources, in the order they are tried:
 
 * a shipped set in ``calibration/`` by name: ``prose`` (Python docs), ``code`` (Python stdlib), ``mixed`` (both),
   ``heldout`` (the reference model's held-out evaluation split);
-* a local file: ``.txt`` (one document per blank-line-separated block), ``.jsonl`` / ``.jsonl.gz`` / ``.json``
-  (a ``text`` field or the one named by ``field``; ``messages`` for chat data), ``.parquet``;
+* a local file (the kinds :mod:`quantkit.formats.names` declares): ``.txt`` (one document per blank-line-separated
+  block), ``.jsonl`` and ``.json`` (a record per line, or a JSON array of the same records; each gzip-compressed too:
+  a ``text`` field or the one named by ``field``; ``messages`` for chat data), ``.parquet``;
 * a Hugging Face dataset, by alias (``wikitext2``, ``pile-val``, ``c4``, ``ultrachat``) or ``org/name[:config][@split]``,
   loaded with ``datasets`` when the hub is reachable. Offline, a hub name fails with one clear message.
 
@@ -43,6 +44,8 @@ from typing import TYPE_CHECKING, Any
 
 from quantkit.architectures import vision_language
 from quantkit.errors import CalibrationError, MissingBackendError, UsageError
+from quantkit.formats.names import (FIELD_FILES_SHOWN, JSON_FILES, JSON_LINES_FILES, PARQUET_FILES, PLAIN_TEXT_FILES,
+                                    TEXT_FILES_SHOWN)
 from quantkit.manifest import CalibrationInfo
 from quantkit.recipe import CalibrationSpec
 
@@ -65,9 +68,8 @@ HUB_ALIASES: dict[str, tuple[str, str | None, str, str]] = {
 }
 
 
-PLAIN_TEXT = (".txt", ".md", ".rst", ".txt.gz")  # file names read as plain text: one document per block, no fields
 # names that are a local file, there or not (never a hub id org/name): the suffixes read, and data files' others
-FILE_SUFFIXES = PLAIN_TEXT + (".jsonl", ".jsonl.gz", ".ndjson", ".json", ".parquet", ".gz", ".csv", ".tsv")
+FILE_SUFFIXES = PLAIN_TEXT_FILES + JSON_LINES_FILES + JSON_FILES + PARQUET_FILES + (".gz", ".csv", ".tsv")
 # the flags and the recipe field that choose a record's text field, as a hint names them
 FIELD_FLAGS = "--calib-field, calib show's --field, or the recipe's calibration.field"
 EVAL_FIELD_FLAGS = "eval's --field, or the recipe's evaluation.field"  # the same, for an evaluation text
@@ -135,15 +137,15 @@ def check_field(source: str, field: str) -> None:
     path = Path(source).expanduser()
     if source in SHIPPED:
         what = f"the shipped set {source!r}, whose records are read by their 'text' field"
-    elif path.is_file() and path.name.lower().endswith(PLAIN_TEXT):
+    elif path.is_file() and path.name.lower().endswith(PLAIN_TEXT_FILES):
         what = f"{path}, a plain-text file (one document per blank-line-separated block)"
     elif is_hub(source) and source in HUB_ALIASES and field != HUB_ALIASES[source][3]:
         what = f"the hub dataset {source!r}, which is read by its {HUB_ALIASES[source][3]!r} column"
     else:
         return
     raise FieldError(f"text field {field!r} given for {what}: there is no field to choose",
-                     hint=f"leave the field at its default (text): {FIELD_FLAGS} choose a field of .jsonl, .json "
-                          "and .parquet files and of org/name hub datasets")
+                     hint=f"leave the field at its default (text): {FIELD_FLAGS} choose a field of "
+                          f"{FIELD_FILES_SHOWN} files and of org/name hub datasets")
 
 
 def check_eval_field(source: str, field: str) -> None:
@@ -213,6 +215,7 @@ def _text(path: Path, raw: bytes) -> str:
 
 
 def _jsonl_items(text: str, path: Path, field: str) -> list[Any]:
+    """The documents of JSON Lines: a record per line, each named by its line (``file:3``)."""
     items = []
     for n, line in enumerate(text.split("\n"), 1):
         if not line.strip():
@@ -223,6 +226,38 @@ def _jsonl_items(text: str, path: Path, field: str) -> list[Any]:
             raise CalibrationError(f"{path}:{n} is not valid JSON: {e.msg}") from None
         items.append(_pick(row, field, f"{path}:{n}"))
     return items
+
+
+def _json_items(text: str, path: Path, field: str) -> list[Any]:
+    """The documents of a JSON file: an array of the records a .jsonl holds (what ``datasets`` writes with
+    ``to_json(lines=False)``), each named by its index (``record 3``), or an object with a ``data`` or ``rows`` array
+    of them. A file of one JSON value per line (``datasets``' ``to_json`` default, whatever the name) is read as the
+    JSON Lines it is. Anything else at the top level is refused, saying what it is: a single record read as a set
+    of its fields was no calibration set.
+
+    The file is parsed whole, as a .jsonl is read whole: its records are the documents, held in memory either way."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        if e.msg == "Extra data" and not text.lstrip().startswith("["):  # a record, then more: JSON Lines
+            return _jsonl_items(text, path, field)
+        raise CalibrationError(f"{path}:{e.lineno} is not valid JSON: {e.msg}") from None
+    rows = data.get("data", data.get("rows")) if isinstance(data, dict) else data
+    if not isinstance(rows, list):
+        raise CalibrationError(f"{path}: the top level is {_json_kind(data)}; expected a JSON array of records "
+                               "([{\"text\": ...}, ...]), or an object with a 'data' or 'rows' array of them",
+                               hint="a file of one record per line is JSON Lines: name it .jsonl")
+    return [_pick(r, field, f"{path}: record {n}") for n, r in enumerate(rows, 1)]
+
+
+def _json_kind(value: Any) -> str:
+    """What a JSON value is, in a few words for a message: an object by its first keys, which show whether it is one
+    record (``keys: text``) rather than a set of them."""
+    if isinstance(value, dict):
+        keys = ", ".join(sorted(value)[:5]) + (", ..." if len(value) > 5 else "")
+        return f"an object (keys: {keys})" if value else "an empty object"
+    names = {str: "a string", bool: "a boolean", int: "a number", float: "a number", type(None): "null"}
+    return names.get(type(value), type(value).__name__)
 
 
 def _pick(row: Any, field: str, where: str) -> Any:
@@ -260,32 +295,24 @@ def _document(value: Any, field: str, where: str) -> Any:
 def _load_file(path: Path, field: str) -> Documents:
     name = path.name.lower()
     if path.is_dir():
-        raise CalibrationError(f"text source {path} is a folder; give a .txt, .jsonl(.gz), .json or .parquet file")
+        raise CalibrationError(f"text source {path} is a folder; give a {TEXT_FILES_SHOWN} file")
     if not path.is_file():  # read more than once (check, build, sha256): a FIFO was waited on for ever, then empty
         raise CalibrationError(f"text source {path} is not a regular file (a FIFO, socket or device)",
                                hint="write the text to a file and give that")
     raw = _read(path)
     digest = hashlib.sha256(raw).hexdigest()
-    if name.endswith((".jsonl", ".jsonl.gz", ".ndjson")):
+    if name.endswith(JSON_LINES_FILES):
         items = _jsonl_items(_text(path, raw), path, field)
-    elif name.endswith(".json"):
-        try:
-            data = json.loads(_text(path, raw))
-        except json.JSONDecodeError as e:
-            raise CalibrationError(f"{path}:{e.lineno} is not valid JSON: {e.msg}") from None
-        rows = data.get("data", data.get("rows")) if isinstance(data, dict) else data
-        if not isinstance(rows, list):
-            raise CalibrationError(f"{path}: expected a JSON list of records, or an object with a 'data' or 'rows' "
-                                   "list of them")
-        items = [_pick(r, field, f"{path}: record {n}") for n, r in enumerate(rows, 1)]
-    elif name.endswith(".parquet"):
+    elif name.endswith(JSON_FILES):
+        items = _json_items(_text(path, raw), path, field)
+    elif name.endswith(PARQUET_FILES):
         items = _parquet_items(path, field)
-    elif name.endswith(PLAIN_TEXT):
+    elif name.endswith(PLAIN_TEXT_FILES):
         text = _text(path, raw)
         items = [b.strip() for b in text.split("\n\n") if b.strip()]
     else:
         raise CalibrationError(f"unsupported calibration file type: {path.name}",
-                               hint="use .txt, .jsonl, .jsonl.gz, .json or .parquet")
+                               hint=f"use a {TEXT_FILES_SHOWN} file")
     # a null or empty record is no document, and no say in the file's kind: counted, one "messages": null made a file
     # of conversations plain text, each packed as "user: ..." lines instead of going through the chat template
     items = [i for i in items if i]
@@ -464,7 +491,7 @@ def check(spec: CalibrationSpec, source: SourceModel, *, trust_remote_code: bool
     are now: the tokenizer is not loaded (transformers' import is most of a dry run's time).
 
     The one check of both the build and ``--dry-run`` (:func:`quantkit.plan.prepare`). Returns what it checked, in
-    a few words for the plan."""
+    a few words for the plan: how many documents repeat an earlier one among them (:func:`repeated`)."""
     from quantkit import token_cache
     from quantkit.source import load_tokenizer
 
@@ -476,13 +503,16 @@ def check(spec: CalibrationSpec, source: SourceModel, *, trust_remote_code: bool
     docs = _usable(load_documents(spec.dataset, spec.field))
     name = _cache_name(spec, docs, source.path)
     made = _checked.get(name) if name else None  # checked already in this process (another output of the recipe)
+    n = repeated(docs)
+    checked = f"{len(docs.items):,} documents checked" + (f" ({n:,} of {len(docs.items):,} repeat an earlier one)"
+                                                          if n else "")
     if made is None and name and token_cache.read(name, tokens_sha256) is not None:  # no tokenizer to load
-        return f"{len(docs.items):,} documents checked, their tokens made by an earlier run"
+        return f"{checked}, their tokens made by an earlier run"
     if made is None:
         made = _tokenize(spec, load_tokenizer(source.path, trust_remote_code=trust_remote_code), docs)
         if name:
             _checked[name] = made
-    return f"{len(docs.items):,} documents checked, {made.num_tokens:,} tokens"
+    return f"{checked}, {made.num_tokens:,} tokens"
 
 
 _checked: dict[str, CalibrationSet] = {}  # samples check() made, by token cache name, for this process's build()
@@ -527,6 +557,33 @@ def _cache_name(spec: CalibrationSpec, docs: Documents, tokenizer_folder: Path) 
 
     return token_cache.key(spec.model_dump(mode="json", exclude={"min_expert_tokens"}), docs.file_sha256,
                            tokenizer_folder)
+
+
+def repeated(docs: Documents) -> int:
+    """How many documents repeat an earlier one exactly, as the loader read them (a .txt block stripped, line ends
+    LF, a conversation by its messages); empty documents are none. Concatenated exports or a set saved twice weigh
+    each repeated text more in the samples. They are used as they are: the data is the user's, and the file's sha256
+    and the token cache are of it as it is; ``calib show``, ``--dry-run`` and the run say it
+    (:func:`repeat_warning`)."""
+    seen: set[bytes] = set()
+    count = 0
+    for item in docs.items:
+        if not item:
+            continue
+        text = item if isinstance(item, str) else json.dumps(item, sort_keys=True, ensure_ascii=False)
+        digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).digest()  # JSON may hold a lone surrogate
+        count += digest in seen
+        seen.add(digest)
+    return count
+
+
+def repeat_warning(docs: Documents) -> str | None:
+    """The run's one line about repeated documents (:func:`repeated`), or None where none repeats."""
+    n = repeated(docs)
+    if not n:
+        return None
+    return (f"calibration source {docs.source!r}: {n:,} of {sum(1 for i in docs.items if i):,} documents repeat an "
+            "earlier one; they are used as they are, so each weighs more")
 
 
 def _usable(docs: Documents) -> Documents:

@@ -24,7 +24,7 @@ from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_valid
 
 from quantkit import formats, seal
 from quantkit.errors import RecipeError
-from quantkit.formats.names import EVALUATING, SERVING
+from quantkit.formats.names import EVALUATING, FIELD_FILES_SHOWN, SERVING, TEXT_FILES_SHOWN
 from quantkit.formats.specs import NAMES_ITS_INPUT, MethodBase, Strict
 from quantkit.outputs import RELEASE_NAMES
 
@@ -67,7 +67,8 @@ class ModelSpec(Strict):
 class CalibrationSpec(Strict):
     """Where calibration text comes from and how much of it to use."""
 
-    dataset: str = Field("mixed", description="shipped set (prose, code, mixed, heldout), a file, or a hub name")
+    dataset: str = Field("mixed", description=f"shipped set (prose, code, mixed, heldout), a {TEXT_FILES_SHOWN} "
+                         "file, or a hub name")
     samples: int = Field(128, ge=1, le=65536)
     seq_len: int = Field(512, ge=16, le=131072)
     seed: int = Field(0, ge=0, lt=2**64, description="order in which documents are drawn; in a recipe it follows "
@@ -132,8 +133,8 @@ class EvaluationSpec(Strict):
     enabled: bool = True
     dataset: str = Field("auto", max_length=PATH_LENGTH, description="auto = WikiText-2 test when the hub is "
                          "reachable, else heldout")
-    field: str = Field("text", max_length=256, description="JSON/parquet field holding the text (a .jsonl, .json or "
-                       ".parquet file, an org/name hub dataset)")
+    field: str = Field("text", max_length=256, description=f"JSON/parquet field holding the text (a "
+                       f"{FIELD_FILES_SHOWN} file, an org/name hub dataset)")
     ctx: int = Field(2048, ge=16, le=1 << 20)
     stride: int | None = Field(None, ge=1, le=1 << 20)
     max_tokens: int | None = Field(None, ge=16, le=10**12, description="score at most this many tokens")

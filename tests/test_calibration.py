@@ -166,7 +166,7 @@ BAD_FILES = {  # file name -> (bytes, or a function writing it; the words of the
     "nonstr.jsonl": (b'{"text": "fine"}\n{"text": 123}\n', "nonstr.jsonl:2: 'text' is 123 (int), neither text nor"),
     "nomessage.jsonl": (b'{"messages": [{"role": "user"}]}\n', "nomessage.jsonl:1: 'messages' is"),
     "records.json": (b'[{"text": "fine"}, {"text": {"a": 1}}]', "records.json: record 2: 'text' is {\"a\": 1} (dict)"),
-    "scalar.json": (b"42", "scalar.json: expected a JSON list of records"),
+    "scalar.json": (b"42", "scalar.json: the top level is a number; expected a JSON array of records"),
     "ints.parquet": (lambda p: _parquet(p, [1, 2]), "ints.parquet: row 1: 'text' is 1 (int)"),
     "bad.parquet": (b"not a parquet file\n", "bad.parquet is not a readable parquet file"),
     "latin1.txt": ("caf\xe9 cr\xe8me\n\nbr\xfbl\xe9e\n".encode("latin-1"),

@@ -16,7 +16,7 @@ from rich.table import Table
 from quantkit import api
 from quantkit.cli.common import JSON_OPT, RECIPE_OPT, command, emit_json, reporter
 from quantkit.errors import UsageError
-from quantkit.formats.names import EVALUATING
+from quantkit.formats.names import EVALUATING, FIELD_FILES_SHOWN, TEXT_FILES_SHOWN
 
 PANEL_PROTOCOL = "Protocol"
 PANEL_GATES = "Gates"
@@ -66,12 +66,12 @@ def eval_cmd(
                                            "with (folder or hub id) \\[default: the source recorded in their "
                                            "quantkit.json]."),
     dataset: Optional[str] = typer.Option(None, "--dataset", help="Evaluation text: heldout, prose, code, mixed, a "
-                                          ".txt/.jsonl(.gz)/.json/.parquet file, a hub dataset (wikitext2, "
+                                          f"{TEXT_FILES_SHOWN} file, a hub dataset (wikitext2, "
                                           "org/name\\[:config]\\[@split]), or auto = WikiText-2 test when the hub "
                                           "is reachable, else heldout \\[default: auto].",
                                           rich_help_panel=PANEL_PROTOCOL),
     field: Optional[str] = typer.Option(None, "--field", help="The field of each record holding the text, in a "
-                                        ".jsonl/.json/.parquet file or an org/name hub dataset \\[default: text, "
+                                        f"{FIELD_FILES_SHOWN} file or an org/name hub dataset \\[default: text, "
                                         "else messages].", rich_help_panel=PANEL_PROTOCOL),
     ctx: Optional[int] = typer.Option(None, "--ctx", help="Tokens per window, BOS included \\[default: 2048].",
                                       rich_help_panel=PANEL_PROTOCOL),

@@ -123,6 +123,9 @@ def calib_show(
     c.print(f"[bold]{escape(source)}[/] ({info['kind']}): {n} document{'s' * (n != 1)}"  # a name may hold "[...]"
             + (" (chat)" if info["chat"] else "")
             + (f", sha256 {info['source_sha256'][:16]}…" if info["source_sha256"] else ""))
+    if info["repeated"]:
+        c.print(f"[yellow]{info['repeated']:,} of {n:,} documents repeat an earlier one[/] (used as they are, so "
+                "each weighs more)")
     for i, p in enumerate(info["preview"]):
         c.rule(f"document {i}")
         c.print(p, markup=False)

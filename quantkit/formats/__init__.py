@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from quantkit.formats import kinds
-from quantkit.formats.names import KindName, Method
+from quantkit.formats.names import TEXT_FILES_SHOWN, KindName, Method
 from quantkit.formats.specs import (DEFAULT_GROUP_SIZE, FP4_HIGH_HELP, FP4_OBSERVER_HELP, FP4_SCHEME_HELP,
                                    FP4_TARGET_BITS_HELP, AutoRoundSpec, AwqSpec, Fp4Spec, Fp8Spec, GgufSpec, GptqSpec,
                                    Int8Spec, Mxfp4Spec, Nvfp4Spec, RtnSpec, TrtSpec, W4a8Spec)
@@ -56,7 +56,7 @@ def _f(name: str, decl: str, type_: Any, field_: str, help_: str, panel: str | N
 # Shared flag groups; a format lists the ones it uses.
 CALIBRATION = (
     _f("calib", "--calib", str, "calibration.dataset", "Calibration data: prose, code, mixed, heldout (the "
-       "evaluation text), a .txt/.jsonl(.gz)/.json/.parquet file, or a hub dataset (wikitext2, pile-val, c4, "
+       f"evaluation text), a {TEXT_FILES_SHOWN} file, or a hub dataset (wikitext2, pile-val, c4, "
        "ultrachat, org/name\\[:config]\\[@split]) \\[default: mixed].", "Calibration"),
     _f("samples", "--samples", int, "calibration.samples", "Number of calibration samples \\[default: 128].",
        "Calibration"),
