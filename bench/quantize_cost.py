@@ -5,21 +5,16 @@ used directly, on the same token ids.
     python bench/quantize_cost.py --shape qwen3-30b-a3b-12l --samples 32 --seq-len 2048 --keep quantkit  # MoE
     python bench/quantize_cost.py --shape qwen3-30b-a3b-12l --samples 32 --estimate   # its cost, from FLOPs
     python bench/quantize_cost.py --shape moe-tiny --samples 4 --seq-len 64 --results-dir /tmp/qc   # a logic check
-    python bench/quantize_cost.py --shape 32b --samples 32 --seq-len 2048 --source-dir /dev/shm/qc32 \
-        --workdir /tmp/qc32 --methods gptq,fp8-static --tools llm-compressor,quantkit --estimate  # the full 32B, first
 
 A checkpoint of ``--shape`` (bench/shapes.py: 8b = Llama-3.1-8B's config, qwen3-30b-a3b-12l = Qwen3-30B-A3B's
 width with 12 of its 48 layers, tiny = the reference model's, moe-tiny = a small Qwen3-MoE) is built once with
 random bf16 weights, with the model class its shape names (initialised on the GPU when there is one), and the
 reference model's tokenizer. Random weights are fine for timing: the work AWQ, GPTQ, FP8 and SmoothQuant do depends
-on shapes, not values. It is built in bf16 (a 32B model is 65.5 GB so, which one H100 holds; float32 would be twice
-that) as ``SOURCE_DIR/src-SHAPE``: ``--source-dir`` (default ``--workdir``) may be a tmpfs such as /dev/shm, so that
-a source the disk cannot hold beside the outputs (the full 32B's 65.5 GB, the 30B-A3B's 61.1 GB, on a 64 GiB disk)
-lives in memory while the outputs, logs, calibration file and tokens stay in ``--workdir``. ``--prepare`` builds it
-(and the tokens) and stops, so that this untimed step can share the GPU with other work. Calibration is
-``--samples`` x ``--seq-len`` tokens (default 512 x 2048) of the shipped calibration text, repeated until long
-enough. quantkit tokenizes it itself; the direct run gets exactly the same token ids (built once with
-quantkit.calibration and checked against the sha256 quantkit records), as a user would pass a tokenized dataset.
+on shapes, not values. ``--prepare`` builds it (and the tokens) and stops, so that this untimed step can share the
+GPU with other work. Calibration is ``--samples`` x ``--seq-len`` tokens (default 512 x 2048) of the shipped
+calibration text, repeated until long enough. quantkit tokenizes it itself; the direct run gets exactly the same
+token ids (built once with quantkit.calibration and checked against the sha256 quantkit records), as a user would
+pass a tokenized dataset.
 
 For each method (``--methods``: AWQ W4A16 g128, GPTQ W4A16 g128, FP8 static, INT8 SmoothQuant + GPTQ W8A8; an MoE
 shape defaults to GPTQ and FP8 static) two processes run one after the other: ``quantkit METHOD SRC OUT --samples N
@@ -36,37 +31,6 @@ calibrated on every token. Each process is timed end to end
 before it started). Results are written after every run to bench/results/quantize_cost[_SHAPE].{json,md}, so a
 run cut short keeps what it measured.
 
-**The fit check.** Before anything is built, every planned run is held against this machine in one line
-(``fit``): the source's bytes (its parameters x 2, before it exists) against the free space where it is written (on
-a tmpfs that is memory, which then comes off what the runs have); each output's size against the free disk in
-``--workdir`` (with ``--keep``, beside every output kept before it; beside the source where they share a disk); the
-run's host memory against MemAvailable (/proc/meminfo, less a tmpfs source still to be built: MemAvailable already
-leaves out one that exists); its GPU memory against the emptiest GPU's free memory (``torch.cuda.mem_get_info``, in a
-child process; without a GPU the line says so); building the source, which holds it in bf16 on the GPU (the host
-without one). What a run needs is quantkit's own plan (``quantkit.api.plan``, the memory model ``--dry-run`` prints,
-quantkit/plan.py) of the method on a header-only checkpoint of the shape (bench/header_only.py), with the run's
-calibration size and ``--device``: the artifact's size, the host floor (the whole model on the host, the calibration
-activations, an MoE layer's experts while they are linearized) and the GPU peak (one layer at a time). The direct
-script loads as quantkit does (``from_pretrained`` to the host without ``device_map``; llm-compressor's sequential
-pipeline takes one layer at a time to the GPU) and writes the same format, so the same figures stand for it. Every
-figure but the machine's is an estimate, and the line says "about" and where it comes from. The lines are printed
-first (``--estimate`` and ``--prepare`` too); when none fits the script exits before building anything. Each run is
-checked again just before it starts, with the machine as it is then; one that does not fit is not started: its row
-reads ``skipped`` (rc None) and the markdown lists its line. The JSON keeps the first lines (``plan``) and each
-run's own (``fit``).
-
-For the full 32B on the lent one-GPU machine (64 GiB disk, 125 GiB memory, a 128 GiB /dev/shm), by the plan at
-32 x 2048 tokens (estimates, not results): the 65.5 GB source fits /dev/shm (137.4 GB), and building it in bf16 fits
-the GPU of an H200 (139 GiB) or an H100 (78 GiB); the outputs, 20.3 GB GPTQ and 37.4 GB FP8 static, fit the 68.7 GB
-disk one at a time; the GPU peaks, 18.3 GB GPTQ and 7.4 GB FP8 static, fit either card. The host decides: each
-run's floor is 66.9 GB (the whole model on the host), and the source in /dev/shm leaves MemAvailable less 65.5 GB.
-The runs start only if MemAvailable is at least 132.4 GB (123.3 GiB) before the build: with all of the 125 GiB
-available they fit by 1.8 GB, with 122 GiB every one is skipped on host memory, on either card (the floor is
-conservative for FP8 static, whose process used half of it at 8 layers). Qwen3-30B-A3B (``--shape qwen3-30b-a3b``)
-fits on both cards with 7 to 10 GB of host memory to spare (MemAvailable 122 to 125 GiB): source 61.1 GB, host
-floor 62.8 GB, outputs 17.7 / 34.1 GB, GPU 21.6 / 5.1 GB (GPTQ / FP8 static). bench/wide.py's split of the source
-(its first shards in /dev/shm, the rest on the disk) leaves the 32B more memory.
-
 ``--repeat N`` runs each method and tool N times, alternating which goes first, and reports the median;
 ``--warmup`` runs each tool once more first and does not count it.
 ``--estimate`` prints what each run should cost on one H200, from its FLOPs (bench/cost_model.py), and runs
@@ -76,8 +40,7 @@ millisecond, and GPTQ's float32 Hessians cost as much as the forward passes). Th
 times (``direct-timings``) as quantkit's manifest gives its own; the markdown lists both for each median run.
 
 Tested with llm-compressor 0.14.0.1, compressed-tensors 0.19.0, transformers 5.17.0, torch 2.13.0 (CPU; the tiny
-shape, bench/results/quantize_cost_tiny.md, moe-tiny in tests/test_bench_moe.py, the fit check and a source in
-/dev/shm in tests/test_bench_fit.py). The 8b and
+shape, bench/results/quantize_cost_tiny.md, and moe-tiny in tests/test_bench_moe.py). The 8b and
 qwen3-30b-a3b-12l shapes have not been run here: see bench/results/README.md.
 """
 
@@ -85,17 +48,14 @@ from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
 import gzip
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
 from typing import Any
@@ -121,28 +81,14 @@ ROUTER_IGNORE = "re:.*mlp.gate$"  # llm-compressor 0.14's Qwen3-MoE examples kee
 # Inputs: the checkpoint and the calibration tokens
 
 
-def source_config(shape: str) -> dict[str, Any]:
-    """config.json of ``shape``'s source as make_checkpoint writes it, and its stamp."""
-    return {**SHAPES[shape].config(), "bos_token_id": 0, "eos_token_id": 1, "torch_dtype": "bfloat16"}
-
-
-def built(shape: str, path: Path) -> bool:
-    """Whether a source of ``shape`` is at ``path`` already: its stamp holds the same config."""
-    stamp = path / "bench-config.json"
-    return stamp.exists() and json.loads(stamp.read_text()) == source_config(shape)
-
-
 def make_checkpoint(shape: str, path: Path) -> dict[str, Any]:
     """A random-weight bf16 checkpoint of ``shape``, built with the model class the shape names (reused when one
     with the same config exists). transformers gets a copy of the config: it writes into the nested dicts it is given
     (``rope_theta`` into ``rope_scaling``), and a stamp written from those would never match the next invocation's
-    fresh config, so every invocation rebuilt the source (and gave it new inodes, so that quantkit re-hashed it).
-
-    The model is initialised in bf16, not in float32 and then cast: a 32B model is 65.5 GB so, which one H100 holds,
-    where float32 would need twice that. The GPU's cache is emptied afterwards: this process lives through every
-    timed run, and memory its allocator kept would be missing from theirs."""
-    cfg = source_config(shape)
-    if built(shape, path):
+    fresh config, so every invocation rebuilt the source (and gave it new inodes, so that quantkit re-hashed it)."""
+    cfg = {**SHAPES[shape].config(), "bos_token_id": 0, "eos_token_id": 1, "torch_dtype": "bfloat16"}
+    stamp = path / "bench-config.json"
+    if stamp.exists() and json.loads(stamp.read_text()) == cfg:
         return cfg
     import torch
     import transformers
@@ -151,19 +97,12 @@ def make_checkpoint(shape: str, path: Path) -> dict[str, Any]:
     device = "cuda" if torch.cuda.is_available() else "cpu"  # random init of 8B parameters is minutes on a CPU
     torch.manual_seed(0)
     config = transformers.AutoConfig.for_model(**copy.deepcopy(cfg))
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device(device):
-            model = getattr(transformers, SHAPES[shape].architecture)(config)
-    finally:
-        torch.set_default_dtype(default)
+    with torch.device(device):
+        model = getattr(transformers, SHAPES[shape].architecture)(config).to(torch.bfloat16)
     model.save_pretrained(str(path), max_shard_size="5GB")
     transformers.AutoTokenizer.from_pretrained(TINY).save_pretrained(str(path))  # ids 0..8191 valid in every shape
     del model
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    (path / "bench-config.json").write_text(json.dumps(cfg))
+    stamp.write_text(json.dumps(cfg))
     return cfg
 
 
@@ -195,190 +134,6 @@ def calibration_tokens(calib: Path, samples: int, seq_len: int, tokenizer: Any) 
 
     cs = calibration.build(CalibrationSpec(dataset=str(calib), samples=samples, seq_len=seq_len), tokenizer)
     return cs.samples, cs.tokens_sha256
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Will it fit: each run against this machine, before anything starts
-
-
-@dataclass(frozen=True)
-class Need:
-    """What one run needs, from quantkit's own plan of that output (``quantkit.api.plan``, the ``--dry-run`` memory
-    model) on a header-only checkpoint of the shape: its artifact's size, the host floor (the whole model on the
-    host, the calibration activations between layers, an MoE layer's experts while they are linearized) and the GPU
-    peak (one layer at a time). The direct script loads as quantkit does (``from_pretrained`` to the host, no
-    ``device_map``; llm-compressor's sequential pipeline moves one layer at a time to the GPU) and writes the same
-    format, so quantkit's figures stand for both tools: an estimate, not a measurement of either."""
-
-    method: str
-    tool: str  # a --tools entry: quantkit, llm-compressor, either with @N
-    output_bytes: int
-    host_bytes: int
-    gpu_bytes: int  # 0 where the plan runs on the CPU
-
-
-@dataclass(frozen=True)
-class Room:
-    """What this machine offers the runs, read before they start."""
-
-    source_free: int  # free bytes of the filesystem the source is written to
-    source_tmpfs: bool  # that filesystem is a tmpfs: what the source takes there is memory
-    shared: bool  # the source and --workdir are on one filesystem
-    disk_free: int  # free bytes of --workdir's filesystem
-    mem_available: int  # /proc/meminfo's MemAvailable (excludes tmpfs files that exist already)
-    gpu_free: int | None  # free bytes of the emptiest GPU (torch.cuda.mem_get_info); None: no GPU
-    gpus: int = 0
-
-
-def gb(n: float) -> str:
-    """Bytes in GB (MB below a tenth of one: the tiny shapes' figures)."""
-    return f"{n / 1e9:.1f} GB" if abs(n) >= 1e8 else f"{n / 1e6:.1f} MB"
-
-
-def fit(need: Need, source_bytes: int, exists: bool, kept: int, room: Room) -> tuple[bool, str]:
-    """Whether one run fits ``room``, and the one line that says why or why not (``skipped: ...`` when not).
-
-    ``source_bytes``: the bf16 source (parameters x 2 bytes); ``exists``: it is there already, so it takes nothing
-    more (MemAvailable and the free space already count it); ``kept``: bytes of the outputs kept by the runs before
-    this one that will still be on the disk (``--keep``). A source still to be built on a tmpfs is memory the runs no
-    longer have: it comes off MemAvailable, as it comes off the workdir's free space where they share a disk. The
-    build itself holds the model in bf16 on the GPU (on the host without one)."""
-    where = "tmpfs, memory the runs lose" if room.source_tmpfs else "disk"
-    host_room = room.mem_available - (source_bytes if room.source_tmpfs and not exists else 0)
-    disk_room = room.disk_free - kept - (source_bytes if room.shared and not exists else 0)
-    said, lacks = [], []
-    if exists:
-        said.append(f"source built ({gb(source_bytes)}, "
-                    f"{'in tmpfs, already off MemAvailable' if room.source_tmpfs else 'on disk'})")
-    else:
-        said.append(f"source about {gb(source_bytes)} (parameters x 2 bytes) into {where}, "
-                    f"{gb(room.source_free)} free")
-        if source_bytes > room.source_free:
-            lacks.append(f"source: about {gb(source_bytes)} (parameters x 2 bytes) exceeds the "
-                         f"{gb(room.source_free)} free where it is written ({where})")
-        build_room = room.gpu_free if room.gpu_free is not None else host_room
-        if source_bytes > build_room:
-            lacks.append(f"building the source holds about {gb(source_bytes)} in bf16 on the "
-                         f"{'GPU' if room.gpu_free is not None else 'host'}, {gb(build_room)} free there")
-    kept_said = f" beside {gb(kept)} of kept outputs" if kept else ""
-    said.append(f"output about {gb(need.output_bytes)} (quantkit's plan) of {gb(disk_room)} free disk{kept_said}")
-    if need.output_bytes > disk_room:
-        lacks.append(f"disk: its output of about {gb(need.output_bytes)} exceeds the {gb(disk_room)} free in the "
-                     f"workdir{kept_said}")
-    less = " less the source" if room.source_tmpfs and not exists else ""
-    said.append(f"host about {gb(need.host_bytes)} (quantkit's plan floor) of {gb(host_room)} MemAvailable{less}")
-    if need.host_bytes > host_room:
-        lacks.append(f"host memory: about {gb(need.host_bytes)} (quantkit's plan floor: the whole model on the host) "
-                     f"exceeds {gb(host_room)} MemAvailable{less}")
-    gpus = parse_tool(need.tool)[1]
-    if gpus > max(room.gpus, 1):
-        lacks.append(f"GPUs: {gpus} asked, {room.gpus} here")
-    if room.gpu_free is None:
-        said.append("no GPU here (the run works on the CPU)")
-    else:
-        said.append(f"GPU about {gb(need.gpu_bytes)} (quantkit's plan) of {gb(room.gpu_free)} free")
-        if need.gpu_bytes > room.gpu_free:
-            lacks.append(f"GPU memory: about {gb(need.gpu_bytes)} (quantkit's plan) exceeds the {gb(room.gpu_free)} "
-                         "free on one GPU")
-    head = f"{need.method} / {tool_label(*parse_tool(need.tool))}: "
-    if lacks:
-        return False, head + "skipped: " + "; ".join(lacks) + " (estimates)"
-    return True, head + "fits, by estimate: " + "; ".join(said)
-
-
-def filesystem(path: Path) -> tuple[str, int, int]:
-    """The type (from /proc/mounts), free bytes and device number of the filesystem ``path`` is on, or will be
-    written to: its nearest existing folder's."""
-    p = path.resolve()
-    while not p.exists():
-        p = p.parent
-    kind, depth = "", -1
-    for line in Path("/proc/mounts").read_text().splitlines():
-        fields = line.split()
-        mount = Path(fields[1].replace("\\040", " "))
-        if (mount == p or mount in p.parents) and len(mount.parts) > depth:
-            kind, depth = fields[2], len(mount.parts)
-    return kind, shutil.disk_usage(p).free, p.stat().st_dev
-
-
-def mem_available() -> int:
-    """/proc/meminfo's MemAvailable in bytes: what the kernel can give a new process without swapping (page cache
-    it can drop included; tmpfs files, which it cannot drop, not)."""
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    raise SystemExit("no MemAvailable in /proc/meminfo: the fit check needs Linux")
-
-
-def gpu_room() -> tuple[int | None, int]:
-    """The free bytes of the emptiest GPU and the number of GPUs, from ``torch.cuda.mem_get_info`` in a child
-    process (this one, which lives through every run, then holds no CUDA context of its own); (None, 0) without a
-    GPU (no NVIDIA driver, or torch sees none)."""
-    if not Path("/dev/nvidiactl").exists():
-        return None, 0
-    code = ("import json, torch; print(json.dumps([torch.cuda.mem_get_info(i)[0] "
-            "for i in range(torch.cuda.device_count())]))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    free = json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 and out.stdout.strip() else []
-    return (min(free), len(free)) if free else (None, 0)
-
-
-def room(source: Path, workdir: Path, gpu: tuple[int | None, int]) -> Room:
-    """This machine as the runs will find it: where the source goes, the workdir's disk, memory, the GPUs."""
-    kind, source_free, source_dev = filesystem(source)
-    _, disk_free, disk_dev = filesystem(workdir)
-    return Room(source_free, kind == "tmpfs", source_dev == disk_dev, disk_free, mem_available(), *gpu)
-
-
-def recipe_output(method: str) -> dict[str, Any]:
-    """A recipe's output entry for one of METHODS (its verb, its flags as fields), as its CLI call makes it."""
-    verb, flags = METHODS[method]
-    return {"method": verb, **{flags[k][2:].replace("-", "_"): flags[k + 1] for k in range(0, len(flags), 2)}}
-
-
-def planned(args: argparse.Namespace) -> tuple[int, list[Need]]:
-    """The source's bytes (its parameters x 2) and what each run needs, in the order they run, from quantkit's own
-    plan (``quantkit.api.plan``, what ``--dry-run`` prints) of each method with the run's calibration size,
-    ``--device`` and GPU count, on a header-only checkpoint of the shape (bench/header_only.py: real headers,
-    sparse data), so a 32B shape is planned in seconds, before its source exists, with no disk."""
-    import header_only
-    from transformers import AutoTokenizer
-
-    from quantkit import api
-    from quantkit.recipe import Recipe
-
-    plans: dict[int, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory(prefix="qcost-plan-") as tmp:
-        hdr = header_only.write(args.shape, Path(tmp) / args.shape)
-        calib = make_calibration(Path(tmp) / "calib.jsonl.gz", args.samples, args.seq_len,
-                                 AutoTokenizer.from_pretrained(TINY))
-        for gpus in sorted({parse_tool(t)[1] for t in args.tools}):
-            plan = api.plan(Recipe.model_validate({
-                "model": {"source": str(hdr)}, "output": str(Path(tmp) / "out"),
-                "outputs": [recipe_output(m) for m in args.methods],
-                "calibration": {"dataset": str(calib), "samples": args.samples, "seq_len": args.seq_len},
-                "runtime": {"device": args.device, "num_gpus": gpus}}))
-            plans[gpus] = dict(zip(args.methods, plan.outputs))
-            parameters = plan.source["parameters"]
-    needs = [Need(m, t, p.disk_bytes, p.host_bytes, p.gpu_bytes)
-             for m in args.methods for t in args.tools for p in [plans[parse_tool(t)[1]][m]]]
-    return 2 * parameters, needs
-
-
-def fit_all(args: argparse.Namespace, source_bytes: int, needs: list[Need], here: Room) -> list[tuple[bool, str]]:
-    """Each run's fit, in order, the source not built yet unless it is: the outputs ``--keep`` keeps add up."""
-    exists, kept, out = built(args.shape, source_path(args)), 0, []
-    for need in needs:
-        ok, line = fit(need, source_bytes, exists, kept, here)
-        out.append((ok, line))
-        if ok and args.keep in ("all", parse_tool(need.tool)[0]):
-            kept += need.output_bytes
-    return out
-
-
-def source_path(args: argparse.Namespace) -> Path:
-    """Where the source checkpoint lives: ``--source-dir`` (by default ``--workdir``) / src-SHAPE."""
-    return (args.source_dir or args.workdir) / f"src-{args.shape}"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -677,9 +432,6 @@ def markdown(data: dict[str, Any]) -> str:
         order = sorted(runs, key=lambda lab: (split_label(lab)[1], split_label(lab)[0] != "quantkit"))
         for label in order:
             r = runs[label]
-            if r["rc"] is None:
-                lines.append(f"| {method} | {label} | skipped | - | - | - | - | | |")
-                continue
             name, gpus = split_label(label)
             over = speedup = ""
             d = runs.get(tool_label("llm-compressor", gpus))
@@ -721,10 +473,6 @@ def markdown(data: dict[str, Any]) -> str:
               for t, r in runs.items() if r["rc"]]
     if failed:
         lines.append("Failed runs (the last line of each log): " + "; ".join(failed) + ".")
-    skipped = [r["skipped"] for runs in data["runs"].values() for r in runs.values() if r["rc"] is None]
-    if skipped:
-        lines += ["", "Not started, by the memory plan against this machine (each run's fit is in the JSON):", "",
-                  *(f"- {line}" for line in skipped)]
     lines.append("")
     return "\n".join(lines)
 
@@ -735,7 +483,7 @@ def run_one(args: argparse.Namespace, spec: str, method: str, verb: str, flags: 
     tokens."""
     tool, gpus = parse_tool(spec)
     suffix = "" if gpus == 1 else f"-x{gpus}"
-    out = out_dir(args, spec, method)
+    out = args.workdir / f"out-{tool}-{method}{suffix}"
     shutil.rmtree(out, ignore_errors=True)
     if tool == "quantkit":
         argv = [sys.executable, "-m", "quantkit", verb, str(src), str(out), *flags, "--calib", str(calib),
@@ -763,21 +511,10 @@ def run_one(args: argparse.Namespace, spec: str, method: str, verb: str, flags: 
     if r["rc"]:
         tail = [line for line in Path(r["log"]).read_text(errors="replace").splitlines() if line.strip()]
         r["error"] = tail[-1].strip() if tail else ""
-    r["output_bytes"] = size(out)
+    r["output_bytes"] = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) if out.exists() else 0
     if args.keep not in ("all", tool):
         shutil.rmtree(out, ignore_errors=True)
     return r
-
-
-def out_dir(args: argparse.Namespace, spec: str, method: str) -> Path:
-    """The folder a run writes its output to (replaced by the next run of the same method and tool)."""
-    tool, gpus = parse_tool(spec)
-    return args.workdir / f"out-{tool}-{method}{'' if gpus == 1 else f'-x{gpus}'}"
-
-
-def size(folder: Path) -> int:
-    """Bytes of the files under ``folder`` (0 where there is none)."""
-    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.exists() else 0
 
 
 def median_run(tries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -792,8 +529,7 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
 
     work = args.workdir
     work.mkdir(parents=True, exist_ok=True)
-    src = source_path(args)
-    src.parent.mkdir(parents=True, exist_ok=True)
+    src = work / f"src-{args.shape}"
     cfg = make_checkpoint(args.shape, src)
     tok = AutoTokenizer.from_pretrained(src)
     calib = make_calibration(work / "calib.jsonl.gz", args.samples, args.seq_len, tok)
@@ -803,43 +539,16 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
     return {"src": src, "config": cfg, "calib": calib, "tokens": tokens, "sha": sha}
 
 
-def preflight(args: argparse.Namespace) -> tuple[int, list[Need], list[str]]:
-    """Every planned run's fit against this machine, printed before anything is built or started (``planned``,
-    ``fit_all``): the source's bytes, each run's needs and the lines. Exits when no run fits: then nothing is built
-    and nothing recorded."""
-    source_bytes, needs = planned(args)
-    fits = fit_all(args, source_bytes, needs, room(source_path(args), args.workdir, gpu_room()))
-    print("\n".join(line for _, line in fits), flush=True)
-    if not any(ok for ok, _ in fits):
-        raise SystemExit("no run fits this machine (the estimates above): nothing built, nothing started")
-    return source_bytes, needs, [line for _, line in fits]
-
-
 def bench(args: argparse.Namespace) -> dict[str, Any]:
-    """Every method and tool timed in turn; each run is checked against the machine just before it starts (its
-    output's folder, which it replaces, counted free) and is skipped with that line, recorded, where it does not
-    fit."""
-    source_bytes, needs, plan = preflight(args)
     inputs = prepare(args)
     src, calib, tokens, sha = inputs["src"], inputs["calib"], inputs["tokens"], inputs["sha"]
-    need = {(n.method, n.tool): n for n in needs}
-    gpu = gpu_room()  # after the build, whose GPU memory is given back
-
-    def fits(method: str, spec: str) -> tuple[bool, str]:
-        here = room(src, args.workdir, gpu)
-        here = dataclasses.replace(here, disk_free=here.disk_free + size(out_dir(args, spec, method)))
-        ok, line = fit(need[(method, spec)], source_bytes, True, 0, here)
-        print(line, flush=True)
-        return ok, line
-
     from quantkit.recipe import ModelSpec
     from quantkit.source import resolve
 
     data: dict[str, Any] = {**meta.header(), "shape": args.shape, "architecture": SHAPES[args.shape].architecture,
                             "config": inputs["config"],
                             "parameters": resolve(ModelSpec(source=str(src))).num_parameters,
-                            "samples": args.samples, "seq_len": args.seq_len, "tokens_sha256": sha,
-                            "source_dir": str(src.parent), "plan": plan, "runs": {}}
+                            "samples": args.samples, "seq_len": args.seq_len, "tokens_sha256": sha, "runs": {}}
     name = args.name or results_name(args.shape)
     if args.append and (old_file := args.results_dir / f"{name}.json").exists():
         old = json.loads(old_file.read_text())
@@ -855,19 +564,12 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         runs = data["runs"].setdefault(method, {})
         tries: dict[str, list[dict[str, Any]]] = {spec: [] for spec in args.tools}
         for spec in args.tools if args.warmup else []:  # untimed: the page cache, the GPU's clocks, JIT caches
-            if fits(method, spec)[0]:
-                r = run_one(args, spec, method, verb, flags, src, calib, tokens, sha, env)
-                print(f"   warm-up, not counted: rc {r['rc']}, {r['wall_s']}s", flush=True)
+            r = run_one(args, spec, method, verb, flags, src, calib, tokens, sha, env)
+            print(f"   warm-up, not counted: rc {r['rc']}, {r['wall_s']}s", flush=True)
         for rep in range(args.repeat):
             # Alternate which tool goes first, so neither always meets a warm page cache or a cooler CPU.
             for spec in (args.tools if rep % 2 == 0 else args.tools[::-1]):
-                ok, line = fits(method, spec)
-                if not ok:
-                    if not tries[spec]:
-                        runs[tool_label(*parse_tool(spec))] = {"rc": None, "wall_s": None, "skipped": line}
-                        meta.write(name, data, markdown(data), args.results_dir)
-                    continue
-                r = {**run_one(args, spec, method, verb, flags, src, calib, tokens, sha, env), "fit": line}
+                r = run_one(args, spec, method, verb, flags, src, calib, tokens, sha, env)
                 tries[spec].append(r)
                 runs[tool_label(*parse_tool(spec))] = median_run(tries[spec])
                 meta.write(name, data, markdown(data), args.results_dir)
@@ -877,17 +579,13 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 def estimates(args: argparse.Namespace) -> str:
     """``--estimate``: the FLOP-based cost of each modelled method at the asked size (and at 128 and 32 samples
-    of 2048 tokens, the sizes a short GPU run chooses between), and each planned run's fit against this machine."""
+    of 2048 tokens, the sizes a short GPU run chooses between)."""
     shape = SHAPES[args.shape]
     sizes = list(dict.fromkeys([(args.samples, args.seq_len), (128, 2048), (32, 2048)]))
     rows = [cost_model.estimate(shape, m, n, L) for m in args.methods if m in cost_model.MODELLED for n, L in sizes]
     if not rows:
         raise SystemExit(f"--estimate models {', '.join(cost_model.MODELLED)} only")
-    source_bytes, needs = planned(args)
-    fits = fit_all(args, source_bytes, needs, room(source_path(args), args.workdir, gpu_room()))
-    return "\n".join([cost_model.markdown(args.shape, shape, rows), "Fit against this machine, run by run (its "
-                      "free disk, MemAvailable, GPU; quantkit's plan of each method):", "",
-                      *(f"- {line}" for _, line in fits), ""])
+    return cost_model.markdown(args.shape, shape, rows)
 
 
 def main() -> None:
@@ -907,11 +605,7 @@ def main() -> None:
     ap.add_argument("--name", help="result file name (NAME.json, NAME.md) [default: quantize_cost[_SHAPE]]")
     ap.add_argument("--append", action="store_true", help="add to the runs already in NAME.json (same inputs)")
     ap.add_argument("--device", default="auto", help="quantkit's --device (llm-compressor picks the same way)")
-    ap.add_argument("--workdir", type=Path, default=Path("/tmp/quantkit-bench-qcost"),
-                    help="outputs, logs, the calibration file and tokens (and the source, without --source-dir)")
-    ap.add_argument("--source-dir", type=Path,
-                    help="where the source is built, as DIR/src-SHAPE (a tmpfs such as /dev/shm keeps a source the "
-                         "disk cannot hold beside the outputs, in memory) [default: --workdir]")
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/quantkit-bench-qcost"))
     ap.add_argument("--results-dir", type=Path, default=meta.RESULTS)
     ap.add_argument("--keep", nargs="?", const="all", choices=["all", "quantkit", "llm-compressor"],
                     help="keep the quantized outputs (all, or one tool's: serve_speed.py reads quantkit's)")
@@ -931,7 +625,6 @@ def main() -> None:
     if args.estimate:
         print(estimates(args))
     elif args.prepare:
-        preflight(args)
         inputs = prepare(args)
         print(f"{inputs['src']}\n{inputs['tokens']} (sha256 {inputs['sha'][:12]})")
     else:
