@@ -225,10 +225,15 @@ def serve_speed() -> list[str]:
 
 
 def wide() -> list[str]:
-    """Issue 44 item 3: 32B-class widths on one H200 (bench/wide.py; the account is the folder's README)."""
-    md = H200 / "wide" / "README.md"
-    body = re.sub(r"^## ", "### ", _body(md), flags=re.M) if md.exists() else ""  # under this page's own "## 8."
-    return [body, ""] if body else ["**Not run yet** (h200/wide/README.md).", ""]
+    """Issue 44 item 3: 32B-class widths on one GPU (bench/wide.py on an H200, 8 of 64 layers; the full 32B shape
+    through bench/quantize_cost.py on an H100; each folder's README is the account)."""
+    lines: list[str] = []
+    for md, heading in ((H200 / "wide" / "README.md", None),
+                        (H100 / "32b" / "README.md", "The full 32B shape on one H100 (h100/32b/README.md)")):
+        if md.exists():  # "## " under this page's own "## 8."
+            lines += ([f"### {heading}", ""] if heading else []) + [re.sub(r"^## ", "#### " if heading else "### ",
+                                                                           _body(md), flags=re.M), ""]
+    return lines or ["**Not run yet** (h200/wide/README.md).", ""]
 
 
 def serve_bench() -> list[str]:
