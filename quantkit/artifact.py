@@ -117,7 +117,7 @@ class ArtifactWriter:
         except BaseException:
             self._lock.__exit__(None, None, None)
             raise
-        self._sealer = seal.Sealer(self.path, is_artifact_file).start()
+        self._sealer = seal.Sealer(self.path, lambda p: is_artifact_file(p, self.path)).start()
         return self
 
     def _recover(self) -> None:

@@ -15,12 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from quantkit.manifest import open_regular
+
 
 def read_config(path: Path, name: str = "config.json") -> dict[str, Any]:
     """A checkpoint folder's JSON config as a dict; ``{}`` when it is missing or unreadable (recognising a folder,
-    or checking one before an engine reads it, must not fail on a folder that is something else)."""
+    or checking one before an engine reads it, must not fail on a folder that is something else). A FIFO, a socket
+    or a device there is an :class:`~quantkit.errors.IntegrityError` naming it (exit 1): reading it would never end,
+    and taking it for no config would only move the wait to the library that reads it next."""
     try:
-        data = json.loads((path / name).read_text())
+        with open_regular(path / name) as f:
+            data = json.loads(f.read().decode())
     except (OSError, ValueError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}

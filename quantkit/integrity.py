@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -30,7 +29,7 @@ from quantkit import seal
 from quantkit.errors import IntegrityError, UsageError
 from quantkit.manifest import (MANIFEST, MAX_MANIFEST_BYTES, TEMPORARY, EvaluationInfo, FileInfo, Manifest,
                                PipelineInfo, ServingInfo, SmokeInfo, inside_name, is_artifact_file, now_iso,
-                               read_capped, read_manifest, write_manifest)
+                               open_regular, read_capped, read_manifest, refuse_special, write_manifest)
 from quantkit.progress import fmt_bytes
 
 SUMS = "SHA256SUMS"  # a release folder's seal: every file's sha256 as sha256sum writes them (run writes it last)
@@ -44,9 +43,10 @@ _SUM_LINE = re.compile(r"[0-9a-f]{64}  \S.*")
 _PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def _artifact_files(root: Path) -> list[Path]:
-    """What an artifact folder holds that its manifest must list (:func:`_entries`), the manifest and locks aside."""
-    return [p for p in _entries(root) if is_artifact_file(p)]
+def _artifact_files(root: Path, under: Path | None = None) -> list[Path]:
+    """What an artifact folder holds that its manifest must list (:func:`_entries`), its manifest and locks aside
+    (``under``: a folder inside it, that folder's alone)."""
+    return [p for p in _entries(under or root) if is_artifact_file(p, root)]
 
 
 def _entries(root: Path) -> list[Path]:
@@ -66,9 +66,9 @@ def wrote(path: Path) -> bool:
     """Whether a file at one of the names quantkit writes into a release or an artifact after sealing it
     (:data:`BUNDLE_FILES`, :data:`MODEL_CARD`) is one it wrote, by its content."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             head = f.read(_SNIFF + 1)
-    except OSError:
+    except (OSError, IntegrityError):  # IntegrityError: a FIFO, a socket or a device, refused unread
         return False  # what quantkit cannot read it did not write (and may not replace)
     if len(head) > _SNIFF and path.name != "size-vs-ppl.png":
         return False  # quantkit's reports, sums and cards are far smaller
@@ -221,25 +221,17 @@ def _compare(root: Path, expected: dict[str, str], sizes: dict[str, int], on_dis
 
 
 def verify(root: Path) -> VerifyResult:
-    """Re-hash every file against the manifest (the artifact's seal)."""
-    refuse_special_files(Path(root), [MANIFEST])
+    """Re-hash every file against the manifest (the artifact's seal). A manifest that is a FIFO is refused, not
+    waited on (:func:`quantkit.manifest.read_capped`)."""
     return _against(root, read_manifest(root).files)
 
 
-def refuse_special_files(folder: Path, names: list[str] | None = None) -> None:
-    """Refuse a FIFO, a socket or a device (a link to one included) among the entries of ``folder`` (``names``: those
-    alone) that quantkit would open: reading a FIFO no one writes blocks for ever, so ``verify`` and ``inspect`` hung
-    on one at ``quantkit.json``, ``config.json`` or a weight file. An :class:`IntegrityError` (exit 1) naming it."""
-    entries = [folder / n for n in names] if names is not None else sorted(folder.iterdir()) if folder.is_dir() else []
-    for p in entries:
-        try:
-            mode = p.stat().st_mode  # follows a link: what opening it would reach
-        except OSError:
-            continue  # not there, or a dangling link: whoever reads it says so, without waiting
-        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-            what = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
-            raise IntegrityError(f"{p} is {what}, not a file: reading it would wait for ever",
-                                 hint="remove it; re-create the artifact, or copy it again, if it was one")
+def refuse_special_files(folder: Path) -> None:
+    """Refuse a FIFO, a socket or a device (a link to one included) among the entries of ``folder``, before
+    ``inspect`` hands its configs and weight files to readers of its own and of libraries': one at ``config.json``
+    or a weight file hung it. An :class:`IntegrityError` (exit 1) naming it (:func:`refuse_special`)."""
+    for p in sorted(folder.iterdir()) if folder.is_dir() else []:
+        refuse_special(p)
 
 
 def _against(root: Path, files: dict[str, FileInfo], known: dict[str, str] | None = None) -> VerifyResult:
@@ -294,11 +286,12 @@ def verify_file(path: Path) -> VerifyResult:
                          "incomplete)", hint="give an artifact folder, or a file inside one")
     path = Path(path)
     # the manifest itself (or a lock file): the artifact's seal as a whole
-    if path.is_file() and not is_artifact_file(path):
+    if path.is_file() and not is_artifact_file(path, root):
         return verify(root)
     part = PurePosixPath(Path(os.path.abspath(path)).relative_to(os.path.abspath(root)).as_posix())
     files = {k: f for k, f in read_manifest(root).files.items() if k == str(part) or part in PurePosixPath(k).parents}
-    on_disk = {p.relative_to(root).as_posix() for p in _artifact_files(root / part)} if path.is_dir() else {str(part)}
+    on_disk = {p.relative_to(root).as_posix() for p in _artifact_files(root, root / part)} if path.is_dir() \
+        else {str(part)}
     return _compare(root, {k: f.sha256 for k, f in files.items()}, {k: f.size for k, f in files.items()}, on_disk,
                     MANIFEST)
 

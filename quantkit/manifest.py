@@ -14,24 +14,28 @@ weights in a legacy layout's subfolder (:attr:`Manifest.legacy_bytes`).
 
 A module of its own because most of quantkit only reads what an artifact is (``inspect``, ``eval``, the engines,
 reuse): none of it needs the writer's folder swaps (:mod:`quantkit.artifact`) or the seal's checks
-(:mod:`quantkit.integrity`), and both of those build on this.
+(:mod:`quantkit.integrity`), and both of those build on this. Being the floor every reader of an artifact or a
+checkpoint stands on, it also holds how they open a user's file (:func:`open_regular`: a FIFO or a device refused,
+never waited on).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import json
 import os
 import platform as _platform
 import re
+import stat
 import sys
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, BinaryIO
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from quantkit import __version__
-from quantkit.errors import IntegrityError, UsageError
+from quantkit.errors import IntegrityError, QuantkitError, UsageError
 from quantkit.progress import fmt_bytes
 
 MANIFEST = "quantkit.json"
@@ -42,11 +46,14 @@ WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".engine")
 TEMPORARY = re.compile(r"\..+\.tmp-[0-9]+")  # write_text_atomic's, left only by a process killed mid-write
 
 
-def is_artifact_file(p: Path) -> bool:
-    """Whether a file is one of the artifact's (what the manifest lists): all but the manifest and quantkit's lock
-    files (``.NAME.lock``, :func:`quantkit.locks.output_lock`). Any name ending in ``.lock`` was left out, so a
-    ``payload.lock`` added to a sealed artifact passed verify."""
-    return p.name != MANIFEST and not (p.name.startswith(".") and p.name.endswith(".lock"))
+def is_artifact_file(p: Path, root: Path) -> bool:
+    """Whether a file under the artifact folder ``root`` is one of the artifact's (what the manifest lists): all but
+    its own manifest, ``root/quantkit.json``, and quantkit's lock files (``.NAME.lock``,
+    :func:`quantkit.locks.output_lock`). Any name ending in ``.lock`` was left out, so a ``payload.lock`` added to
+    a sealed artifact passed verify; any file named ``quantkit.json`` was, so one in a subfolder was never sealed
+    and verify could not see it change."""
+    own = p.name == MANIFEST and os.path.abspath(p.parent) == os.path.abspath(root)
+    return not own and not (p.name.startswith(".") and p.name.endswith(".lock"))
 
 
 def now_iso() -> str:
@@ -285,10 +292,48 @@ class Manifest(Section):
             raise IntegrityError(f"{where} is not a quantkit manifest: {field_}: {first['msg']}") from None
 
 
-def read_capped(path: Path, limit: int) -> bytes | None:
+def refuse_special(path: Path, error: type[QuantkitError] = IntegrityError, mode: int | None = None) -> None:
+    """Raise ``error`` naming ``path`` when it is a FIFO, a socket or a device, a link to one followed (``mode``: its
+    ``st_mode``, where known). Reading a FIFO no one writes waits for ever and a device such as /dev/zero never
+    ends, so a config.json, a manifest or a weight file that was one hung the command reading it. ``error`` is the
+    reader's: :class:`IntegrityError` (exit 1) for an artifact's files, ``SourceModelError`` (exit 2) for a
+    source's. A regular file, a folder or nothing at all passes: whoever opens it says what is wrong."""
+    if mode is None:
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            return
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return
+    what = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+    raise error(f"{path} is {what}, not a file: reading it would never end",
+                hint="put the file itself there (copy, download or re-create it), or remove it")
+
+
+def open_regular(path: Path, error: type[QuantkitError] = IntegrityError) -> BinaryIO:
+    """``path`` opened to read bytes, if it is a regular file (:func:`refuse_special` raises ``error`` otherwise):
+    how quantkit opens a file a user gave it. Checked before the open, so a device is never opened (opening one
+    may act), and again on the open file, which is opened without blocking: a FIFO put in its place meanwhile is
+    refused too, never waited on. A folder is :class:`IsADirectoryError`, as :func:`open` says it."""
+    refuse_special(path, error)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        refuse_special(path, error, mode)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
+
+
+def read_capped(path: Path, limit: int, error: type[QuantkitError] = IntegrityError) -> bytes | None:
     """A small file's bytes, reading at most ``limit`` + 1 of them: None when it is larger, so a manifest or config
-    that is really something huge is refused without being read whole (the caller says what it is not)."""
-    with open(path, "rb") as f:
+    that is really something huge is refused without being read whole (the caller says what it is not). A FIFO,
+    a socket or a device is ``error`` (:func:`open_regular`)."""
+    with open_regular(path, error) as f:
         raw = f.read(limit + 1)
     return None if len(raw) > limit else raw
 

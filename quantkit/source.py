@@ -31,7 +31,7 @@ from typing import Any
 from quantkit import file_hashes
 from quantkit.architectures import moe_family, text_config
 from quantkit.errors import QuantkitError, SourceModelError
-from quantkit.manifest import SourceInfo, read_capped
+from quantkit.manifest import SourceInfo, open_regular, read_capped, refuse_special
 from quantkit.recipe import ModelSpec
 
 MAX_CONFIG_BYTES = 16 << 20  # config.json is kilobytes; read bounded
@@ -149,6 +149,8 @@ def vet(path: Path, *, spec: str | None = None, revision: str | None = None, tru
                                hint="give the checkpoint folder that holds config.json")
     if not os.access(path, os.R_OK | os.X_OK):
         raise SourceModelError(f"model folder {path} is not readable (permission denied)")
+    for entry in sorted(path.iterdir()):  # what quantkit and the libraries read after it: none may block
+        refuse_special(entry, SourceModelError)
     cfg_path = path / "config.json"
     if not cfg_path.exists():
         raise SourceModelError(f"{path} has no config.json: not a Hugging Face checkpoint folder")
@@ -205,7 +207,7 @@ def _read_json(f: Path, cap: int, what: str) -> tuple[Any, bytes]:
     """A JSON file of the checkpoint, read bounded, and its bytes; one line naming the file when it is too large,
     unreadable or not JSON (a download cut short)."""
     try:
-        raw = read_capped(f, cap)
+        raw = read_capped(f, cap, SourceModelError)
         if raw is None:
             raise SourceModelError(f"{f} is larger than {cap >> 20} MiB: not {what}")
         return json.loads(raw), raw
@@ -490,10 +492,10 @@ DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16
 
 def safetensors_header(path: Path) -> tuple[dict[str, Any], int]:
     """A safetensors file's JSON header (tensor name -> dtype, shape, data_offsets) and the length of its data
-    section, read without touching the tensors."""
-    size = path.stat().st_size
+    section, read without touching the tensors. A FIFO or a device is refused, not read (:func:`open_regular`)."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, SourceModelError) as f:
+            size = os.fstat(f.fileno()).st_size
             head = f.read(8)
             if len(head) < 8:
                 raise ValueError("file is shorter than the 8-byte header length")
@@ -611,7 +613,7 @@ def shapes_before_packing(headers: dict[Path, tuple[dict[str, Any], int]]) -> di
         if not wanted:
             continue
         start = f.stat().st_size - data_len
-        with open(f, "rb") as fh:
+        with open_regular(f, SourceModelError) as fh:
             for name, info in wanted:
                 lo, _ = info["data_offsets"]
                 fh.seek(start + lo)
