@@ -46,7 +46,7 @@ from quantkit.architectures import vision_language
 from quantkit.errors import CalibrationError, MissingBackendError, UsageError
 from quantkit.formats.names import (FIELD_FILES_SHOWN, JSON_FILES, JSON_LINES_FILES, PARQUET_FILES, PLAIN_TEXT_FILES,
                                     TEXT_FILES_SHOWN)
-from quantkit.manifest import CalibrationInfo
+from quantkit.manifest import CalibrationInfo, open_regular
 from quantkit.recipe import CalibrationSpec
 
 if TYPE_CHECKING:
@@ -182,8 +182,11 @@ def is_hub(source: str) -> bool:
 
 
 def _read(path: Path) -> bytes:
+    """A calibration or evaluation file's bytes; one swapped for a FIFO or a device since :func:`_load_file` looked is
+    refused, not waited on (:func:`quantkit.manifest.open_regular`)."""
     try:
-        return path.read_bytes()
+        with open_regular(path, CalibrationError) as f:
+            return f.read()
     except OSError as e:
         raise CalibrationError(f"cannot read {path}: {e.strerror or e}") from None
 

@@ -26,6 +26,7 @@ from quantkit import formats, seal
 from quantkit.errors import RecipeError
 from quantkit.formats.names import EVALUATING, FIELD_FILES_SHOWN, SERVING, TEXT_FILES_SHOWN
 from quantkit.formats.specs import NAMES_ITS_INPUT, MethodBase, Strict
+from quantkit.manifest import open_regular
 from quantkit.outputs import RELEASE_NAMES
 
 
@@ -406,9 +407,10 @@ def _read_yaml(text: str, where: str) -> tuple[Any, dict[tuple, int], list[str]]
 
 
 def _read_recipe_text(p: Path) -> str:
-    """The recipe file's text, read bounded (a recipe is small; a huge file is refused before it is read)."""
+    """The recipe file's text, read bounded (a recipe is small; a huge file is refused before it is read); a FIFO or
+    a device is refused, never waited on (:func:`quantkit.manifest.open_regular`)."""
     try:
-        with open(p, "rb") as f:
+        with open_regular(p, RecipeError) as f:
             raw = f.read(MAX_RECIPE_BYTES + 1)
     except FileNotFoundError:
         raise RecipeError(f"recipe {p} does not exist", hint="`quantkit recipes` lists the shipped ones") from None

@@ -140,3 +140,11 @@ def test_verify_names_a_quantkit_json_added_to_a_subfolder(tiny_rtn: Path, tmp_p
     assert proc.returncode == 1, proc.stderr[-2000:]
     [res] = json.loads(proc.stdout)
     assert res["extra"] == ["extra/quantkit.json"] and not res["changed"] and not res["missing"], res
+
+
+def test_a_recipe_that_is_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """``quantkit run RECIPE`` read a recipe that was a named pipe with a plain open: the dry run waited for ever."""
+    recipe = tmp_path / "recipe.yaml"
+    os.mkfifo(recipe)
+    one_line(run("run", recipe, "--dry-run"), 2, recipe, "a FIFO")
+
