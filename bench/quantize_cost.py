@@ -87,10 +87,10 @@ def make_checkpoint(shape: str, path: Path) -> dict[str, Any]:
     (``rope_theta`` into ``rope_scaling``), and a stamp written from those would never match the next invocation's
     fresh config, so every invocation rebuilt the source (and gave it new inodes, so that quantkit re-hashed it).
 
-    The model is initialised in bf16, not in float32 and then cast: the 32B shape is 65.5 GB so, which one H100
-    holds, where float32 needed 131 GB and ran out of memory there (2026-12-06). The GPU's cache is emptied
-    afterwards: this process lives through every timed run, and memory its allocator kept would be missing from
-    theirs."""
+    The model is initialised in bf16 (``from_config``'s ``dtype``), not in float32 and then cast: the 32B shape is
+    65.5 GB so, which one H100 holds, where float32 needed 131 GB and ran out of memory there (2026-12-06). The GPU's
+    cache is emptied afterwards: this process lives through every timed run, and memory its allocator kept would be
+    missing from theirs."""
     cfg = {**SHAPES[shape].config(), "bos_token_id": 0, "eos_token_id": 1, "torch_dtype": "bfloat16"}
     stamp = path / "bench-config.json"
     if stamp.exists() and json.loads(stamp.read_text()) == cfg:
@@ -102,13 +102,8 @@ def make_checkpoint(shape: str, path: Path) -> dict[str, Any]:
     device = "cuda" if torch.cuda.is_available() else "cpu"  # random init of 8B parameters is minutes on a CPU
     torch.manual_seed(0)
     config = transformers.AutoConfig.for_model(**copy.deepcopy(cfg))
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(torch.bfloat16)
-    try:
-        with torch.device(device):
-            model = getattr(transformers, SHAPES[shape].architecture)(config)
-    finally:
-        torch.set_default_dtype(default)
+    with torch.device(device):  # the class transformers maps the config to: the one the shape names
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     model.save_pretrained(str(path), max_shard_size="5GB")
     transformers.AutoTokenizer.from_pretrained(TINY).save_pretrained(str(path))  # ids 0..8191 valid in every shape
     del model
