@@ -18,7 +18,7 @@ from quantkit.checkpoint import gguf_files, quantization_config
 from quantkit.errors import IntegrityError, QuantkitError
 from quantkit.formats import kinds
 from quantkit.formats.names import KindName
-from quantkit.manifest import Manifest, read_capped, read_manifest, size_bytes
+from quantkit.manifest import Manifest, read_capped, read_manifest, refuse_special_files, size_bytes
 from quantkit.source import MAX_CONFIG_BYTES, safetensors_header, shapes_before_packing, stored_weight_tensor
 
 
@@ -263,7 +263,7 @@ def _describe(path: Path, check: integrity.VerifyResult | None) -> dict[str, Any
     ``quantization.mixed.measured_bits``), what ``--target-bits``, the manifest and docs/formats.md mean; and
     ``bits_per_parameter``, every weight file's bytes over the source's parameters (embeddings, norms and an
     unquantized lm_head included), the figure ``eval`` puts in its table."""
-    integrity.refuse_special_files(path)  # what follows reads its configs, headers and manifest: none may block
+    refuse_special_files(path)  # what follows reads its configs, headers and manifest: none may block
     kind = kinds.detect(path)
     info: dict[str, Any] = {"path": str(path), "kind": kind.name, "size_bytes": size_bytes(path)}
     if kind.name == KindName.GGUF:

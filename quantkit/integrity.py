@@ -29,7 +29,7 @@ from quantkit import seal
 from quantkit.errors import IntegrityError, UsageError
 from quantkit.manifest import (MANIFEST, MAX_MANIFEST_BYTES, TEMPORARY, EvaluationInfo, FileInfo, Manifest,
                                PipelineInfo, ServingInfo, SmokeInfo, inside_name, is_artifact_file, now_iso,
-                               open_regular, read_capped, read_manifest, refuse_special, write_manifest)
+                               open_regular, read_capped, read_manifest, write_manifest)
 from quantkit.progress import fmt_bytes
 
 SUMS = "SHA256SUMS"  # a release folder's seal: every file's sha256 as sha256sum writes them (run writes it last)
@@ -224,14 +224,6 @@ def verify(root: Path) -> VerifyResult:
     """Re-hash every file against the manifest (the artifact's seal). A manifest that is a FIFO is refused, not
     waited on (:func:`quantkit.manifest.read_capped`)."""
     return _against(root, read_manifest(root).files)
-
-
-def refuse_special_files(folder: Path) -> None:
-    """Refuse a FIFO, a socket or a device (a link to one included) among the entries of ``folder``, before
-    ``inspect`` hands its configs and weight files to readers of its own and of libraries': one at ``config.json``
-    or a weight file hung it. An :class:`IntegrityError` (exit 1) naming it (:func:`refuse_special`)."""
-    for p in sorted(folder.iterdir()) if folder.is_dir() else []:
-        refuse_special(p)
 
 
 def _against(root: Path, files: dict[str, FileInfo], known: dict[str, str] | None = None) -> VerifyResult:

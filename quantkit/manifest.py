@@ -310,6 +310,13 @@ def refuse_special(path: Path, error: type[QuantkitError] = IntegrityError, mode
                 hint="put the file itself there (copy, download or re-create it), or remove it")
 
 
+def refuse_special_files(folder: Path, error: type[QuantkitError] = IntegrityError) -> None:
+    """:func:`refuse_special` for every entry of ``folder`` (``error`` as there): before its files go to readers
+    that do not open them through :func:`open_regular`, a library's tokenizer or loader among them."""
+    for p in sorted(folder.iterdir()) if folder.is_dir() else []:
+        refuse_special(p, error)
+
+
 def open_regular(path: Path, error: type[QuantkitError] = IntegrityError) -> BinaryIO:
     """``path`` opened to read bytes, if it is a regular file (:func:`refuse_special` raises ``error`` otherwise):
     how quantkit opens a file a user gave it. Checked before the open, so a device is never opened (opening one

@@ -31,7 +31,7 @@ from typing import Any
 from quantkit import file_hashes
 from quantkit.architectures import moe_family, text_config
 from quantkit.errors import QuantkitError, SourceModelError
-from quantkit.manifest import SourceInfo, open_regular, read_capped, refuse_special
+from quantkit.manifest import SourceInfo, open_regular, read_capped, refuse_special_files
 from quantkit.recipe import ModelSpec
 
 MAX_CONFIG_BYTES = 16 << 20  # config.json is kilobytes; read bounded
@@ -149,8 +149,7 @@ def vet(path: Path, *, spec: str | None = None, revision: str | None = None, tru
                                hint="give the checkpoint folder that holds config.json")
     if not os.access(path, os.R_OK | os.X_OK):
         raise SourceModelError(f"model folder {path} is not readable (permission denied)")
-    for entry in sorted(path.iterdir()):  # what quantkit and the libraries read after it: none may block
-        refuse_special(entry, SourceModelError)
+    refuse_special_files(path, SourceModelError)  # what quantkit and the libraries read after it: none may block
     cfg_path = path / "config.json"
     if not cfg_path.exists():
         raise SourceModelError(f"{path} has no config.json: not a Hugging Face checkpoint folder")
