@@ -230,9 +230,12 @@ def wide() -> list[str]:
     lines: list[str] = []
     for md, heading in ((H200 / "wide" / "README.md", None),
                         (H100 / "32b" / "README.md", "The full 32B shape on one H100 (h100/32b/README.md)")):
-        if md.exists():  # "## " under this page's own "## 8."
-            lines += ([f"### {heading}", ""] if heading else []) + [re.sub(r"^## ", "#### " if heading else "### ",
-                                                                           _body(md), flags=re.M), ""]
+        if not md.exists():
+            continue
+        if heading:
+            lines += [f"### {heading}", ""]
+        # its "## " go under this page's own "## 8.", and under the heading where there is one
+        lines += [re.sub(r"^## ", "#### " if heading else "### ", _body(md), flags=re.M), ""]
     return lines or ["**Not run yet** (h200/wide/README.md).", ""]
 
 
