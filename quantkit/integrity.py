@@ -249,24 +249,39 @@ def _differences(changed: list[str], missing: list[str], extra: list[str]) -> st
                      (("changed", changed), ("missing", missing), ("not listed", extra)) if names)
 
 
+def _holds_manifest(folder: Path) -> bool:
+    """Whether ``folder`` holds an entry named :data:`~quantkit.manifest.MANIFEST` that is not a folder. A FIFO or a
+    device there counts (looked at, never opened): the folder is then found as the artifact it claims to be, and
+    reading its manifest refuses it in one line (:func:`quantkit.manifest.open_regular`) before anything else
+    starts, where taking it for no artifact sent ``smoke`` on to look for an engine first."""
+    manifest = folder / MANIFEST
+    return manifest.exists() and not manifest.is_dir()
+
+
 def artifact_of(path: Path) -> Path | None:
-    """The artifact folder of a path: a folder holding a manifest is one; a file belongs to the nearest folder
-    above it that holds one (a ``.gguf`` file beside its ``quantkit.json``); a folder inside an artifact whose
-    manifest lists files under it (the ``gptq/`` or ``autoawq/`` legacy layout of ``--format gptq`` or
-    ``--format autoawq``) to that artifact, given as an absolute path. None when there is none."""
+    """The artifact folder whose seal covers a path: the outermost folder at or above it that holds a manifest. An
+    artifact's manifest seals every file under it, a ``quantkit.json`` in a subfolder included (a user's nested
+    folder), so the nearest one is not the seal: ``verify ART/sub/quantkit.json`` took that file for a manifest,
+    and a forged one beside tampered files would have passed. The path itself when it is that artifact; a file
+    (a ``.gguf`` file beside its ``quantkit.json``) or a folder holding a nested ``quantkit.json`` belongs to it;
+    any other folder inside it only when its manifest lists files under that folder (the ``gptq/`` or
+    ``autoawq/`` legacy layout of ``--format gptq`` or ``--format autoawq``). Given as an absolute path where it
+    is not ``path`` itself (callers take its ``name``, which ``.`` has not). None when there is none."""
     path = Path(path)
-    if path.is_file():
-        return next((d for d in path.parents if (d / MANIFEST).is_file()), None)
-    if (path / MANIFEST).is_file():
-        return path
-    if not path.is_dir():
+    if not path.exists():
         return None
     here = Path(os.path.abspath(path))
-    home = next((d for d in here.parents if (d / MANIFEST).is_file()), None)
+    folders = [here, *here.parents] if path.is_dir() else list(here.parents)
+    home = next((d for d in reversed(folders) if _holds_manifest(d)), None)
     if home is None:
         return None
-    part = PurePosixPath(here.relative_to(home).as_posix())
-    return home if any(part in PurePosixPath(rel).parents for rel in read_manifest(home).files) else None
+    if home == here:
+        return path
+    if path.is_dir() and not _holds_manifest(here):
+        part = PurePosixPath(here.relative_to(home).as_posix())
+        if not any(part in PurePosixPath(rel).parents for rel in read_manifest(home).files):
+            return None
+    return home
 
 
 def verify_file(path: Path) -> VerifyResult:
@@ -278,7 +293,7 @@ def verify_file(path: Path) -> VerifyResult:
                          "incomplete)", hint="give an artifact folder, or a file inside one")
     path = Path(path)
     # the manifest itself (or a lock file): the artifact's seal as a whole
-    if path.is_file() and not is_artifact_file(path, root):
+    if not path.is_dir() and not is_artifact_file(path, root):
         return verify(root)
     part = PurePosixPath(Path(os.path.abspath(path)).relative_to(os.path.abspath(root)).as_posix())
     files = {k: f for k, f in read_manifest(root).files.items() if k == str(part) or part in PurePosixPath(k).parents}
@@ -346,13 +361,14 @@ def verify_tree(path: Path) -> list[VerifyResult]:
     if not path.exists():
         raise UsageError(f"{path} does not exist", hint="give an artifact folder, a file inside one, or a release "
                          "folder")
-    if path.is_file():
+    if not path.is_dir():  # a file (a FIFO too, refused when read) against the manifest of its artifact
         return [verify_file(path)]
-    if (path / MANIFEST).exists():
+    home = artifact_of(path)
+    if home == path:
         return [verify(path)]
-    roots = release_artifacts(path)
-    if not roots and artifact_of(path) is not None:  # a folder inside an artifact: a legacy layout's copy
+    if home is not None:  # a folder inside an artifact: a legacy layout's copy, a folder with a nested manifest
         return [verify_file(path)]
+    roots = release_artifacts(path)
     if not roots:
         raise UsageError(f"{path} has no {MANIFEST} (and no artifact folders holding one)",
                          hint="give an artifact folder, a file inside one, or a release folder")
