@@ -171,12 +171,15 @@ class CompressedProducer:
         """The artifact's size on disk, before anything loads (``--dry-run`` and the free-space check): the
         embeddings and lm_head in bf16, every other weight at :func:`_stored_bits`, and the tokenizer files copied
         from the source (half a megabyte for a Llama-3 or SmolLM2 tokenizer: 4% of the reference model's artifact)."""
-        cfg = text_config(source.config)
-        vocab, hidden = int(cfg.get("vocab_size") or 0), int(cfg.get("hidden_size") or 0)
-        unquantized = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
-        params = source.num_parameters or source.size_bytes // 2
         tokenizer = sum(f.stat().st_size for f in source.path.glob("tokenizer*") if f.is_file())
-        return int(unquantized * 2 + max(params - unquantized, 0) * _stored_bits(spec) / 8 + tokenizer)
+        return _unquantized(source) * 2 + self.quantized_bytes(spec, source) + tokenizer
+
+    def quantized_bytes(self, spec: Any, source: SourceModel) -> int:
+        """The quantized weights' share of :meth:`estimate_bytes`: every weight but the embeddings and lm_head, at
+        :func:`_stored_bits`. Compression builds them beside the model's own weights (the plan's host memory,
+        :func:`quantkit.plan._compressed_copy`); the embeddings and lm_head are saved as they are."""
+        params = source.num_parameters or source.size_bytes // 2
+        return int(max(params - _unquantized(source), 0) * _stored_bits(spec) / 8)
 
     def produce(self, ctx: ProduceContext) -> Produced:
         ctx = dataclasses.replace(ctx, calibration=calibration_read(ctx.spec, ctx.calibration))
@@ -254,6 +257,13 @@ class CompressedProducer:
             info["notes"].append(warning)
         quantization = oneshot.describe(ctx.workdir, p, info, job.ignore) | (choice.manifest() if choice else {})
         return Produced(quantization=quantization, calibration=calib, notes=notes + list(info.get("notes", [])))
+
+
+def _unquantized(source: SourceModel) -> int:
+    """The parameters left in bf16: the embeddings and, unless tied to them, lm_head."""
+    cfg = text_config(source.config)
+    vocab, hidden = int(cfg.get("vocab_size") or 0), int(cfg.get("hidden_size") or 0)
+    return vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
 
 
 PRODUCER = CompressedProducer()

@@ -27,6 +27,8 @@ _MODIFIERS = {
 }
 # Modifiers that quantize (and so take the recipe's targets and ignore list); the others transform weights.
 _QUANTIZERS = ("GPTQModifier", "QuantizationModifier", "AutoRoundModifier")
+# Modifiers that leave the weights as loaded until compression (they only observe them).
+_OBSERVES_ONLY = ("QuantizationModifier",)
 _FP8_PRESETS = {"static": "FP8", "dynamic": "FP8_DYNAMIC", "block": "FP8_BLOCK"}
 _FP8_KV_CACHE = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
 # compressed-tensors 0.19's FP4 presets, by method and scheme (quantization/quant_scheme.py), and llm-compressor
@@ -53,6 +55,14 @@ class Plan:
     summary: dict[str, Any] = field(default_factory=dict)
     save_format: str | None = None  # the compressed-tensors format to write, when its own inference is wrong
     signed_scales: bool = False  # scales may be negative (AutoRound's full-range symmetric int), see coverage.check
+
+    @property
+    def rewrites_weights(self) -> bool:
+        """Whether a modifier writes new weights into the model while it calibrates (GPTQ, AWQ's and SmoothQuant's
+        smoothing, AutoRound), so that the process holds a copy of every weight it allocated itself; the
+        QuantizationModifier only observes them, leaving them where the load mapped them from the source's files.
+        :func:`quantkit.plan._memory` counts the host memory by it."""
+        return any(name not in _OBSERVES_ONLY for name, _ in self.modifiers)
 
     def build(self, ignore: list[str]) -> list[Any]:
         """The llm-compressor modifier objects (imports llm-compressor)."""
