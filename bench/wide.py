@@ -27,17 +27,19 @@ and a later one time the cases). For each shape:
    ``--budget-s`` (bench/cost_model.py's FLOP estimate for GPTQ and FP8, not divided by the GPUs: two GPUs were
    slower than one for the 8B shape at this calibration size; AWQ 1.8 times GPTQ, the 8B shape's measured ratio; a
    vLLM start from the bytes it loads), each case runs or is skipped with one line saying why.
-   The disk must hold the source and one output at a time (each method's direct output is measured and deleted
-   before quantkit's is made; quantkit's is deleted after its last smoke, serve and eval), and for ``--num-gpus``
-   2 or more what llm-compressor's offloaded load spills to disk (the model lives in /dev/shm, shared by the ranks;
-   what /dev/shm cannot hold, less its 5 GB reserve, goes to disk); on one GPU, a disk that cannot hold the
-   source beside an output gets help from /dev/shm: the source's first shards, as few as leave the disk enough,
-   are written there (less the same reserve) and linked from the source folder, and every case's host memory is
-   what the machine has less those shards (the 32B on the one-GPU reference H200, 64 GiB of disk: 39 GB of its
-   65.5 GB source; they stay for the next run until removed); the host the plan's floor; one GPU the plan's
+   The disk must hold the source and one output at a time (each method's direct output is measured and deleted before
+   quantkit's is made; quantkit's is deleted after its last smoke, serve and eval), an output taken as the free space
+   quantkit's own check asks for it before it starts (quantkit/artifact.py: the plan's figure and 10%), ``DISK_MARGIN``
+   for the work folder's other files, and for ``--num-gpus`` 2 or more what llm-compressor's offloaded load spills to
+   disk (the model lives in /dev/shm, shared by the ranks; what /dev/shm cannot hold, less its 5 GB reserve, goes to
+   disk); where the source is built already, each quantize case's output is checked against the free disk on its own. On
+   one GPU, a disk that cannot hold the source beside an output gets help from /dev/shm: the source's first shards, as
+   few as leave the disk enough, are written there (less the same reserve) and linked from the source folder, and every
+   case's host memory is what the machine has less those shards (the 32B on the one-GPU reference H200, 64 GiB of disk:
+   44 GB of its 65.5 GB source; they stay for the next run until removed); the host the plan's floor; one GPU the plan's
    peak; serving the checkpoint's 1/tp share in 85% of a GPU; ``quantkit eval`` its baseline, which it scores in
-   transformers on the CPU in float32 (four bytes a parameter: a 70B bf16 model fits no single GPU, and quantkit
-   eval puts its baseline on one device).
+   transformers on the CPU in float32 (four bytes a parameter: a 70B bf16 model fits no single GPU, and quantkit eval
+   puts its baseline on one device).
 2. **The source**: random bf16 weights (normal, std 0.02; norms one, biases zero) written tensor by tensor in 5 GB
    safetensors shards under the names and shapes ``save_pretrained`` gives (bench/header_only.py), drawn on the GPU
    where there is one, so no step holds more than a shard (a 70B model would not fit one GPU or a small host); the
@@ -52,16 +54,18 @@ and a later one time the cases). For each shape:
    (bench/quantize_cost.py: ``load_offloaded_model`` and ``device_map="auto_offload"``); with one GPU it is its
    sequential pipeline on a model loaded to the host. Each quantkit run is checked against its plan: the largest
    GPU's peak and the host's, and whether each is within 15% of the plan (``PLAN_TOLERANCE``).
-4. **Each quantkit artifact at each ``--tp`` size**: ``quantkit smoke --tp N`` (a greedy completion and a chat
-   answer from vLLM's server), bench/serve_speed.py's measurement in vLLM's Python (offline, CUDA graphs for the
-   measured batches: TTFT and decode tok/s at ``--batches``, 1 and 16), and with two or more sizes
-   ``quantkit eval ARTIFACT --engine vllm`` (``QUANTKIT_VLLM_ARGS`` sets vLLM's tensor_parallel_size) on the first
-   ``--eval-tokens`` held-out tokens: perplexity, KLD and top-1 against the bf16 source, and the agreement of the
-   sizes (their perplexities' ratio, KLD and top-1 differences, whether the greedy completions are identical).
-   The bf16 source is served too, at each size (decode tok/s only), for the quantized artifacts' ratio.
+4. **Each quantkit artifact at each ``--tp`` size** (one that is not there, its quantization failed, is recorded as such
+   and passed over): ``quantkit smoke --tp N`` (a greedy completion and a chat answer from vLLM's server),
+   bench/serve_speed.py's measurement in vLLM's Python (offline, CUDA graphs for the measured batches: TTFT and decode
+   tok/s at ``--batches``, 1 and 16), and with two or more sizes ``quantkit eval ARTIFACT --engine vllm``
+   (``QUANTKIT_VLLM_ARGS`` sets vLLM's tensor_parallel_size) on the first ``--eval-tokens`` held-out tokens: perplexity,
+   KLD and top-1 against the bf16 source, and the agreement of the sizes (their perplexities' ratio, KLD and top-1
+   differences, whether the greedy completions are identical). The bf16 source is served too, at each size (decode tok/s
+   only), for the quantized artifacts' ratio.
 
-Writes ``--results-dir`` (bench/results/MACHINE/70b for the 70B shape alone, else MACHINE/wide; MACHINE is h200 or
-h200xN)/{results.json,README.md} after every case, the command and the plan at their head. vLLM's Python:
+Writes ``--results-dir``/{results.json,README.md} (bench/results/MACHINE/70b for the 70B shape alone, else
+MACHINE/wide; MACHINE is ``--machine``, else the GPU model nvidia-smi names with xN for N GPUs, as h100 or h200x4,
+and h200 where none is visible) after every case, the command and the plan at their head. vLLM's Python:
 ``--vllm-python`` (else QUANTKIT_VLLM_PYTHON, else ``vllm`` on PATH: quantkit/envs.py), ``--vllm-path DIR`` for a
 ``pip install --target`` folder put on its PYTHONPATH for serving and smoke, as in scripts/gpu_cases.py (eval takes
 a vLLM Python only).
@@ -72,8 +76,11 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import hashlib
+import inspect
 import json
+import math
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -106,7 +113,10 @@ BUILD_BYTES_S = 0.5e9  # drawing random weights and writing them to disk, per bf
 SHM_RESERVE = 5_000_000_000  # compressed-tensors' load_offloaded_model keeps this much of /dev/shm free
 EVAL_CPU_FLOPS = 1e12  # float32 FLOP/s of the baseline's forward on the host's cores (an assumption, not measured)
 EVAL_HOST_MARGIN = 8_000_000_000  # the eval process itself, its windows and the stored baseline distributions
-DISK_MARGIN = 2_000_000_000  # logs, tokenizer, the calibration file
+# The work folder's files beside the source and an output (calibration, tokens, logs, eval reports, the header
+# checkpoint) and the file system's own: 1.6 GB on the H100's 32B run (68.5 GB free less the 46.0 GB of source on disk
+# left 20.9 GB, not 22.5), the rest for what later cases' logs and reports add.
+DISK_MARGIN = 3_000_000_000
 SHM = Path("/dev/shm")  # where a one-GPU run puts the source's shards that its disk cannot hold beside an output
 PLAN_TOLERANCE = 0.15  # issue 43: the plan must predict the measured peak within 15%
 DEFAULT_METHODS = ["gptq", "awq", "fp8-static"]
@@ -126,7 +136,8 @@ class Case:
     estimate_s: float = 0.0
     host_bytes: int = 0
     gpu_bytes: int = 0  # quantize: one GPU's planned peak; serve, smoke, eval: the checkpoint
-    disk_bytes: int = 0
+    disk_bytes: int = 0  # build: the free disk it needs (source, an output, spill, margin); quantize: quantkit_asks
+    spill_bytes: int = 0  # quantize, --num-gpus 2 or more: what the offloaded load writes to disk beside the output
     shm_bytes: int = 0  # build: the source's first shards placed in /dev/shm (one GPU, a disk too small for it)
     skip: str = ""  # why it does not run ("" = it runs)
     command: list[str] = field(default_factory=list)
@@ -150,9 +161,17 @@ def gb(n: float) -> str:
     return f"{n / 1e9:.1f} GB"
 
 
+def gpu_model(smi: str) -> str:
+    """A folder name for the GPU nvidia-smi names (``name, memory.total``): the name's first word with a digit, in
+    lower case ("NVIDIA H100 80GB HBM3, 81559 MiB" -> "h100"), so an H100's results are not filed as an H200's."""
+    words = re.split(r"[\s-]+", smi.rsplit(",", 1)[0])
+    return next((w.lower() for w in words if any(ch.isdigit() for ch in w)), "gpu")
+
+
 def machine(args: argparse.Namespace) -> Machine:
     """The machine named by ``--machine``, else this one (nvidia-smi, quantkit's host-memory reading, the free disk
-    under the workdir, /dev/shm's size); each figure overridable."""
+    under the workdir, /dev/shm's size); each figure overridable. This one is named by its GPU model and count
+    (h100, h200x2), or h200 where no GPU is visible (the GPU the plan then assumes)."""
     from quantkit.plan import host_limit
 
     said: list[str] = []
@@ -166,13 +185,14 @@ def machine(args: argparse.Namespace) -> Machine:
         gpus = len(totals)
         if totals:
             gpu = int(float(totals[0].split(",")[-1].split()[0]) * 2**20)  # "NVIDIA H200, 143771 MiB"
+            model = gpu_model(totals[0])
         else:
-            gpu, gpus = H200_GPU_BYTES, 1
+            gpu, gpus, model = H200_GPU_BYTES, 1, "h200"
             said.append(f"no GPU visible: planned for one H200 ({gb(gpu)})")
         host = (host_limit() or (0, ""))[0]
         disk = shutil.disk_usage(args.workdir).free
         shm = shutil.disk_usage("/dev/shm").total if Path("/dev/shm").is_dir() else host
-        name = "h200" if gpus == 1 else f"h200x{gpus}"
+        name = model if gpus == 1 else f"{model}x{gpus}"
     return Machine(name, args.gpus or gpus, args.gpu_bytes or gpu, args.host_bytes or host,
                    args.disk_bytes or disk, args.shm_bytes or shm, said)
 
@@ -226,6 +246,15 @@ def quantize_estimate(shape: str, method: str, samples: int, seq_len: int) -> fl
     return s * AWQ_OVER_GPTQ if method == "awq" else s
 
 
+def quantkit_asks(disk_bytes: int) -> int:
+    """The free disk quantkit's own check (quantkit/artifact.py's ``check_free_space``, with the margin its writer
+    leaves at the default) asks before it makes an output whose plan needs ``disk_bytes``: planning for less passed
+    the 32B's GPTQ on an H100 that quantkit then refused before starting."""
+    from quantkit.artifact import check_free_space
+
+    return math.ceil(disk_bytes * inspect.signature(check_free_space).parameters["margin"].default)
+
+
 def spill_bytes(source: int, args: argparse.Namespace, m: Machine) -> int:
     """What llm-compressor's offloaded load (``--num-gpus`` 2 or more) writes to disk: the model beyond /dev/shm."""
     return max(0, source - max(m.shm_bytes - SHM_RESERVE, 0)) if args.num_gpus > 1 else 0
@@ -268,11 +297,12 @@ def shape_cases(shape: str, args: argparse.Namespace, m: Machine) -> tuple[Case,
 
     On one GPU, a disk that cannot hold the source beside an output takes the source's first shards off it into
     /dev/shm, if /dev/shm (less ``SHM_RESERVE``) holds them: host memory they hold while every case runs, which the
-    verdicts subtract from the machine's. A multi-GPU run's offloaded load has /dev/shm for itself."""
+    verdicts subtract from the machine's. A multi-GPU run's offloaded load has /dev/shm for itself. An output's disk
+    figure is what quantkit's free-space check asks for it (``quantkit_asks``), the direct output's too."""
     plans = plan_outputs(shape, args)
     first = next(iter(plans.values()))
     source, parameters = first["source_bytes"], first["parameters"]
-    largest = max(p["disk_bytes"] for p in plans.values())
+    largest = max(quantkit_asks(p["disk_bytes"]) for p in plans.values())
     src = args.workdir / f"src-{shape}"
     done = built(src)
     spill = spill_bytes(source, args, m)
@@ -294,7 +324,8 @@ def shape_cases(shape: str, args: argparse.Namespace, m: Machine) -> tuple[Case,
         for tool in tools:
             todo.append(Case(f"{shape}/{method}/{tool}", "quantize", shape, method, tool,
                              estimate_s=quantize_estimate(shape, method, args.samples, args.seq_len) * args.repeat,
-                             host_bytes=p["host_bytes"], gpu_bytes=p["gpu_bytes"], disk_bytes=p["disk_bytes"]))
+                             host_bytes=p["host_bytes"], gpu_bytes=p["gpu_bytes"],
+                             disk_bytes=quantkit_asks(p["disk_bytes"]), spill_bytes=spill))
         if not args.serve:
             continue
         size = p["disk_bytes"]
@@ -316,7 +347,9 @@ def shape_cases(shape: str, args: argparse.Namespace, m: Machine) -> tuple[Case,
 
 
 def verdict(c: Case, build: Case, made: set[str], args: argparse.Namespace, m: Machine) -> str:
-    """Why ``c`` cannot run on ``m`` ("" when it can): its own needs first, then what it depends on."""
+    """Why ``c`` cannot run on ``m`` ("" when it can): its own needs first, then what it depends on. A quantize
+    case's disk is checked here where the source is built already (the free disk is then the outputs'); else the
+    build's verdict has checked the largest output beside the source it writes."""
     if c.kind == "build":
         return ""
     host = m.host_bytes - build.shm_bytes
@@ -341,6 +374,12 @@ def verdict(c: Case, build: Case, made: set[str], args: argparse.Namespace, m: M
                     f"machine allows {gb(host)}{beside}")
     if build.skip and not build.skip.startswith("the source is already"):
         return f"no source ({build.name} is skipped)"
+    need = c.disk_bytes + c.spill_bytes + DISK_MARGIN  # quantize: the free disk its output needs
+    if c.kind == "quantize" and need > m.disk_bytes and built(args.workdir / f"src-{c.shape}"):
+        spill = f", {gb(c.spill_bytes)} the offloaded load spills" if c.spill_bytes else ""
+        return (f"disk: the output needs {gb(need)} free beside the built source ({gb(c.disk_bytes)} that quantkit's "
+                f"free-space check asks for it{spill}, {gb(DISK_MARGIN)} for the work folder's other files), "
+                f"{args.workdir} has {gb(m.disk_bytes)} free")
     if c.method and c.kind in USES_ARTIFACT and c.method not in made:
         return "quantkit's artifact of it is not made in this run"
     return ""
@@ -354,11 +393,12 @@ def cases(args: argparse.Namespace, m: Machine) -> list[Case]:
     for shape in args.shapes:
         build, todo = shape_cases(shape, args, m)
         needed = [c for c in todo if wanted(c.name)]
-        if needed and not wanted(build.name) and built(args.workdir / f"src-{shape}"):
+        done = built(args.workdir / f"src-{shape}")
+        if needed and not wanted(build.name) and done:
             build.skip = "the source is already built (--only left it out)"
         elif not needed and not wanted(build.name):
             continue
-        elif build.disk_bytes > m.disk_bytes:
+        elif not done and build.disk_bytes > m.disk_bytes:  # a built one: each case's verdict checks its output
             source = build.disk_bytes - max(c.disk_bytes for c in todo if c.kind == "quantize") - DISK_MARGIN
             lacks = build.disk_bytes - m.disk_bytes
             shm = f", and /dev/shm less its reserve ({gb(m.shm_bytes - SHM_RESERVE)}) cannot take the {gb(lacks)} " \
@@ -531,8 +571,20 @@ def artifact(c: Case, args: argparse.Namespace, inputs: dict[str, Path]) -> Path
     return inputs["src"] if not c.method else args.workdir / f"out-{c.shape}-{c.method}-quantkit"
 
 
+def absent(c: Case, args: argparse.Namespace, inputs: dict[str, Path]) -> dict[str, Any] | None:
+    """The result of a smoke, serve or eval case whose checkpoint is not there (None when it is): its quantization or
+    the build failed, which is said and the case passed over, so the cases after it still run (a serve case's reader
+    raised instead and ended the script)."""
+    folder = artifact(c, args, inputs)
+    if (folder / "config.json").exists():
+        return None
+    return {"rc": None, "error": f"{folder} is not there ({'its quantization' if c.method else 'the build'} failed)"}
+
+
 def run_serve(c: Case, args: argparse.Namespace, inputs: dict[str, Path]) -> dict[str, Any]:
     """bench/serve_speed.py's measurement of one checkpoint on ``c.tp`` GPUs."""
+    if (gone := absent(c, args, inputs)) is not None:
+        return gone
     import serve_speed
 
     ns = argparse.Namespace(python=args.vllm_python, vllm_path=args.vllm_path, kernels=False,
@@ -558,8 +610,8 @@ def engine_command(c: Case, args: argparse.Namespace, inputs: dict[str, Path]) -
 def run_engine(c: Case, args: argparse.Namespace, inputs: dict[str, Path]) -> dict[str, Any]:
     """A smoke or eval case: its exit code, wall and the figures its JSON gives (the greedy completion; ppl, KLD,
     top-1), the whole JSON beside them."""
-    if not (artifact(c, args, inputs) / "config.json").exists():
-        return {"rc": None, "error": f"{artifact(c, args, inputs)} is not there (its quantization failed)"}
+    if (gone := absent(c, args, inputs)) is not None:
+        return gone
     env = {**os.environ, "QUANTKIT_VLLM_ARGS": json.dumps({"tensor_parallel_size": c.tp,
                                                           "gpu_memory_utilization": SERVE_SHARE})}
     log = args.logs / f"{c.name.replace('/', '-')}.log"
@@ -603,7 +655,7 @@ def plan_text(all_cases: list[Case], m: Machine, args: argparse.Namespace) -> st
              f"tool; tp {', '.join(map(str, args.tp))}; budget "
              + (f"{args.budget_s:.0f} s" if args.budget_s is not None else "none")]
     for c in all_cases:
-        mem = (f"host {gb(c.host_bytes)}, GPU {gb(c.gpu_bytes)}" if c.kind == "quantize" else
+        mem = (f"host {gb(c.host_bytes)}, GPU {gb(c.gpu_bytes)}, disk {gb(c.disk_bytes)}" if c.kind == "quantize" else
                f"checkpoint {gb(c.gpu_bytes)}" + (f", host {gb(c.host_bytes)}" if c.host_bytes else "")
                if c.kind != "build" else f"disk {gb(c.disk_bytes)}"
                + (f" and {gb(c.shm_bytes)} in {shm_folder(args.workdir / f'src-{c.shape}')}" if c.shm_bytes else ""))
