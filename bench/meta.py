@@ -11,6 +11,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -41,6 +42,33 @@ def gpus() -> list[str]:
     out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader"],
                          capture_output=True, text=True)
     return [x.strip() for x in out.stdout.splitlines() if x.strip()] if out.returncode == 0 else []
+
+
+def gpu_name(line: str) -> str:
+    """A GPU's name alone, from a line of :func:`gpus` ("NVIDIA H100 80GB HBM3, 81559 MiB" -> "NVIDIA H100 80GB
+    HBM3") or as torch names the device (no memory figure): the one reading of nvidia-smi's name that the GPU's
+    model and its bandwidth both start from."""
+    return line.rsplit(",", 1)[0].strip() if "," in line else line.strip()
+
+
+def gpu_model(line: str) -> str:
+    """A folder name for the GPU of a line of :func:`gpus`: its name's first word with a digit, in lower case
+    ("NVIDIA H100 80GB HBM3, 81559 MiB" -> "h100"), so an H100's results are not filed as an H200's."""
+    words = re.split(r"[\s-]+", gpu_name(line))
+    return next((w.lower() for w in words if any(ch.isdigit() for ch in w)), "gpu")
+
+
+# Each GPU's memory bandwidth in bytes/s, by its whole name (gpu_name), as NVIDIA's datasheets give it: the decode
+# limit's figure (bench/serve_speed.py). Not by gpu_model: an H100 PCIe (HBM2e, 2.0 TB/s) and an H100 NVL (3.9 TB/s)
+# are "h100" too, and a limit against another card's bandwidth is wrong, not approximate.
+BANDWIDTH = {"NVIDIA H100 80GB HBM3": 3.35e12,  # H100 SXM5, 80 GB HBM3
+             "NVIDIA H200": 4.8e12}  # H200 SXM, 141 GB HBM3e
+
+
+def bandwidth(line: str) -> float | None:
+    """The memory bandwidth of the GPU a line of :func:`gpus` (or torch's device name) names; None for one that
+    :data:`BANDWIDTH` lacks, so that no limit is computed against another card's figure."""
+    return BANDWIDTH.get(gpu_name(line))
 
 
 def machine() -> dict[str, Any]:

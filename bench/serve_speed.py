@@ -26,7 +26,11 @@ one warm-up generation at the largest batch:
   reads its attention, norms, routers and ``lm_head`` and, of its routed experts, top-k per layer at batch 1 and at
   batch B the expected number of distinct experts B tokens hit under uniform routing (the table says so; the limit
   if no two tokens shared an expert, min(E, B x top-k), is in the JSON). KV-cache reads are ignored, which only
-  lowers the real bound. ``--bandwidth`` defaults to the H200's 4.8 TB/s.
+  lowers the real bound. The bandwidth is ``--bandwidth`` where given, else the serving GPU's (the device vLLM's
+  process names, else nvidia-smi's first) from bench/meta.py's ``BANDWIDTH`` (H100 SXM 80GB HBM3 3.35 TB/s, H200
+  4.8 TB/s): a GPU the table lacks gets no limit (None), not another card's, and only where no GPU is seen at all
+  (nothing served on one) is the reference H200's assumed. Each row records the figure and whose it is
+  (``bandwidth``, ``bandwidth_of``).
 * ``--tp 1,2`` measures each checkpoint with vLLM's tensor parallelism over 1 and 2 GPUs (a table of the
   ratios follows the main one).
 * CUDA graphs are captured for the measured batch sizes only (``--capture-all`` for vLLM's default list): the same
@@ -61,7 +65,7 @@ from quantkit.engines.vllm import kernel_sweep, kernels  # noqa: E402
 from quantkit.formats.names import VLLM  # noqa: E402
 from step_bytes import StepBytes, count  # noqa: E402
 
-H200_BANDWIDTH = 4.8e12  # bytes/s, HBM3e
+ASSUMED_GPU = "NVIDIA H200"  # whose bandwidth a limit takes where no GPU is seen (a run that served on none)
 
 
 def describe(folder: Path) -> str:
@@ -87,8 +91,31 @@ def label(folder: Path) -> str:
     return f"{m.get('method')} {(m.get('quantization') or {}).get('scheme') or ''}".strip()
 
 
+def limit_bandwidth(given: float | None, served: str | None) -> tuple[float | None, str]:
+    """The memory bandwidth a row's limits are computed against, and whose it is: ``--bandwidth`` where given, else
+    the GPU that served (``served``, the name vLLM's process gave it, else nvidia-smi's first GPU) from bench/meta.py's
+    table, None for one the table lacks: the H100's shares were taken against the H200's 4.8 TB/s. Where no GPU is
+    seen at all nothing was measured on one, and the reference H200's is assumed, and said."""
+    if given:
+        return given, "--bandwidth"
+    smi = meta.gpus()
+    name = served or (meta.gpu_name(smi[0]) if smi else None)
+    if name is None:
+        return meta.BANDWIDTH[ASSUMED_GPU], f"{ASSUMED_GPU}, assumed: no GPU seen"
+    found = meta.bandwidth(name)
+    return found, name if found else f"{name}, not in bench/meta.py's BANDWIDTH: no limit known"
+
+
+def bandwidth_text(rows: list[dict[str, Any]]) -> str:
+    """The bandwidths the rows' limits were computed against, each with whose it is (one, on one machine)."""
+    seen = dict.fromkeys((r.get("bandwidth"), r.get("bandwidth_of")) for r in rows)
+    return "; ".join(f"{bw / 1e12:.2f} TB/s ({of})" if bw else f"none ({of})" for bw, of in seen)
+
+
 def limit_cell(row: dict[str, Any], b: int) -> str:
-    """The limit at batch ``b``, with the experts it assumes read per MoE layer."""
+    """The limit at batch ``b``, with the experts it assumes read per MoE layer; "-" where no bandwidth is known."""
+    if row.get(f"limit_b{b}") is None:
+        return "-"
     text = f"{row[f'limit_b{b}']:.0f}"
     hit = row.get(f"experts_hit_b{b}")
     if hit is None:
@@ -105,7 +132,8 @@ def run_one(folder: Path, args: argparse.Namespace, tp: int = 1) -> dict[str, An
     """One checkpoint on ``tp`` GPUs: vLLM's default configuration, or (``--kernels``) every kernel configuration.
 
     With tensor parallelism each GPU reads its 1/tp share of the weights per step, so the limit is tp times one
-    GPU's bandwidth over the same bytes."""
+    GPU's bandwidth over the same bytes. The bandwidth is the serving GPU's unless ``args.bandwidth`` is given
+    (``limit_bandwidth``); with none known, the limits and shares are None."""
     sb: StepBytes = count(folder)
     row: dict[str, Any] = {"checkpoint": label(folder), "folder": folder.name, "path": str(folder),
                            "format": describe(folder), "tp": tp,
@@ -133,15 +161,18 @@ def run_one(folder: Path, args: argparse.Namespace, tp: int = 1) -> dict[str, An
         row["ttft_s"] = m.ttft_s
     else:
         row["error"] = f"{m.status}: {m.error}"[:300]
+    bw, row["bandwidth_of"] = limit_bandwidth(args.bandwidth, row.get("gpu"))
+    row["bandwidth"] = bw
     for b in args.batches:
-        limit = b * tp * args.bandwidth / sb.read(b)
+        limit = b * tp * bw / sb.read(b) if bw else None
         row[f"limit_b{b}"] = limit
         row[f"bytes_per_step_b{b}"] = sb.read(b)
         if sb.moe:
             row[f"experts_hit_b{b}"] = sb.experts_hit(b)
-            row[f"limit_b{b}_all_distinct"] = b * tp * args.bandwidth / sb.read(b, bound=True)
+            row[f"limit_b{b}_all_distinct"] = b * tp * bw / sb.read(b, bound=True) if bw else None
         if str(b) in m.decode_tok_s:
-            row[f"b{b}"] = {"decode_tok_s": m.decode_tok_s[str(b)], "share_of_limit": m.decode_tok_s[str(b)] / limit}
+            tok_s = m.decode_tok_s[str(b)]
+            row[f"b{b}"] = {"decode_tok_s": tok_s, "share_of_limit": tok_s / limit if limit else None}
     return row
 
 
@@ -149,8 +180,8 @@ def markdown(data: dict[str, Any]) -> str:
     batches = data["batches"]
     lines = ["# Serving speed in vLLM", "", meta.md_header(data),
              f"Prompts of {data['prompt_len']} random token ids, {data['gen']} generated tokens, greedy, prefix "
-             f"caching off. Limit = batch x {data['bandwidth'] / 1e12:.1f} TB/s / bytes read per decode step "
-             "(GiB read per step: at batch 1).", "",
+             f"caching off. Limit = batch x the serving GPU's memory bandwidth ({bandwidth_text(data['rows'])}) / "
+             "bytes read per decode step (GiB read per step: at batch 1).", "",
              "| checkpoint | format | tp | vLLM quantization | kernel | GiB read per step | TTFT | "
              + " | ".join(f"decode tok/s b{b} | limit b{b}" for b in batches) + " |",
              "|---|---|---|---|---|---|---|" + "---|---|" * len(batches)]
@@ -161,7 +192,8 @@ def markdown(data: dict[str, Any]) -> str:
         cells = []
         for b in batches:
             m = r.get(f"b{b}") or {}
-            cells.append(f"{m['decode_tok_s']:.0f} ({m['share_of_limit']:.0%})" if m else "-")
+            share = f" ({m['share_of_limit']:.0%})" if m and m.get("share_of_limit") is not None else ""
+            cells.append(f"{m['decode_tok_s']:.0f}{share}" if m else "-")
             cells.append(limit_cell(r, b))
         if "error" in r:
             lines.append(f"| {name} | {r['format']} | {r.get('tp', 1)} | `{r['error']}` | | "
@@ -216,7 +248,7 @@ def main() -> None:
     ap.add_argument("--kernels", action="store_true", help="also measure every other kernel vLLM could use")
     ap.add_argument("--batches", type=meta.int_list, default=[1, 16])
     ap.add_argument("--max-model-len", type=int, default=2048)
-    ap.add_argument("--bandwidth", type=float, default=H200_BANDWIDTH, help="bytes/s (default: H200, 4.8e12)")
+    ap.add_argument("--bandwidth", type=float, help="bytes/s [default: the serving GPU's, bench/meta.py's BANDWIDTH]")
     ap.add_argument("--capture-all", action="store_true", help="let vLLM capture its default CUDA graph sizes")
     ap.add_argument("--workdir", type=Path, default=cache.root() / "bench" / "serve_speed",
                     help="work folder (vLLM's logs and requests) [default: %(default)s, under quantkit's cache root]")
@@ -231,7 +263,7 @@ def main() -> None:
         raise SystemExit(f"not a checkpoint folder (no config.json): {', '.join(missing)}")
     args.logs.mkdir(parents=True, exist_ok=True)
     data: dict[str, Any] = {**meta.header(), "prompt_len": args.prompt_len, "gen": args.gen,
-                            "batches": args.batches, "bandwidth": args.bandwidth, "rows": []}
+                            "batches": args.batches, "rows": []}
     for folder, tp in ((f, tp) for f in args.checkpoints for tp in args.tp):
         print(f"== {folder.name} tp={tp}", flush=True)
         data["rows"].append(run_one(folder, args, tp))

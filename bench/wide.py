@@ -34,17 +34,21 @@ and a later one time the cases). For each shape:
    disk (the model lives in /dev/shm, shared by the ranks; what /dev/shm cannot hold, less its 5 GB reserve, goes to
    disk); where the source is built already, each quantize case's output is checked against the free disk on its own. On
    one GPU, a disk that cannot hold the source beside an output gets help from /dev/shm: the source's first shards, as
-   few as leave the disk enough, are written there (less the same reserve) and linked from the source folder, and every
-   case's host memory is what the machine has less those shards (the 32B on the one-GPU reference H200, 64 GiB of disk:
-   44 GB of its 65.5 GB source; they stay for the next run until removed); the host the plan's floor; one GPU the plan's
-   peak; serving the checkpoint's 1/tp share in 85% of a GPU; ``quantkit eval`` its baseline, which it scores in
-   transformers on the CPU in float32 (four bytes a parameter: a 70B bf16 model fits no single GPU, and quantkit eval
-   puts its baseline on one device).
+   few as leave the disk enough, are written there (less the same reserve) and linked from the source folder (the 32B
+   on the one-GPU reference H200, 64 GiB of disk: 44 GB of its 65.5 GB source; they stay for the next run until
+   removed). A case that holds its own copy of the weights beside those shards has the machine's host memory less
+   them: a method whose quantkit plan rewrites the weights as it calibrates (quantkit/producers/modifiers.py's
+   ``Plan.rewrites_weights``: GPTQ, AWQ, SmoothQuant) and eval's baseline; a method that only observes them (FP8
+   static) maps those very pages as its model, which its floor counts once. The host must hold the plan's floor; one
+   GPU the plan's peak; serving the checkpoint's 1/tp share in 85% of a GPU; ``quantkit eval`` its baseline, which it
+   scores in transformers on the CPU in float32 (four bytes a parameter: a 70B bf16 model fits no single GPU, and
+   quantkit eval puts its baseline on one device).
 2. **The source**: random bf16 weights (normal, std 0.02; norms one, biases zero) written tensor by tensor in 5 GB
    safetensors shards under the names and shapes ``save_pretrained`` gives (bench/header_only.py), drawn on the GPU
    where there is one, so no step holds more than a shard (a 70B model would not fit one GPU or a small host); the
    reference model's tokenizer; calibration ``--samples`` x ``--seq-len`` tokens of the shipped text, the same
-   token ids for both tools (bench/quantize_cost.py's inputs).
+   token ids for both tools (bench/quantize_cost.py's inputs). A build that fails (rc != 0) skips every case of its
+   shape left to run, each with one line saying so and the rc, and the next shape goes on.
 3. **Each method and tool**, one process at a time, ``--repeat`` times (the median kept): wall; peak host memory
    as the machine's used memory (MemTotal - MemAvailable) above its level at start, which counts the /dev/shm copy
    the ranks share once, beside the summed RSS of the process tree (which counts it once per rank); peak GPU from
@@ -52,16 +56,18 @@ and a later one time the cases). For each shape:
    ``torch.cuda.max_memory_allocated`` in a one-GPU process (bench/cuda_peak.py). With ``--num-gpus N`` quantkit
    runs with ``--num-gpus N`` and the direct script is llm-compressor 0.14's DDP example under torchrun with N ranks
    (bench/quantize_cost.py: ``load_offloaded_model`` and ``device_map="auto_offload"``); with one GPU it is its
-   sequential pipeline on a model loaded to the host. Each quantkit run is checked against its plan: the largest
-   GPU's peak and the host's, and whether each is within 15% of the plan (``PLAN_TOLERANCE``).
+   sequential pipeline on a model loaded to the host. Each quantkit run that finishes (rc 0) is checked against its
+   plan: the largest GPU's peak and the host's, and whether each is within 15% of the plan (``PLAN_TOLERANCE``); a
+   failed run is not (its peaks are not the work planned), and its log's last line is its error.
 4. **Each quantkit artifact at each ``--tp`` size** (one that is not there, its quantization failed, is recorded as such
-   and passed over): ``quantkit smoke --tp N`` (a greedy completion and a chat answer from vLLM's server),
-   bench/serve_speed.py's measurement in vLLM's Python (offline, CUDA graphs for the measured batches: TTFT and decode
-   tok/s at ``--batches``, 1 and 16), and with two or more sizes ``quantkit eval ARTIFACT --engine vllm``
-   (``QUANTKIT_VLLM_ARGS`` sets vLLM's tensor_parallel_size) on the first ``--eval-tokens`` held-out tokens: perplexity,
-   KLD and top-1 against the bf16 source, and the agreement of the sizes (their perplexities' ratio, KLD and top-1
-   differences, whether the greedy completions are identical). The bf16 source is served too, at each size (decode tok/s
-   only), for the quantized artifacts' ratio.
+   and passed over): ``quantkit smoke --tp N`` (a greedy completion and a chat answer from vLLM's server; a failed
+   smoke's error in a column of its own), bench/serve_speed.py's measurement in vLLM's Python (offline, CUDA graphs for
+   the measured batches: TTFT and decode tok/s at ``--batches``, 1 and 16, and in results.json the limit that the
+   serving GPU's memory bandwidth sets, bench/meta.py's ``BANDWIDTH``, none for a GPU it lacks), and with two or more
+   sizes ``quantkit eval ARTIFACT --engine vllm`` (``QUANTKIT_VLLM_ARGS`` sets vLLM's tensor_parallel_size) on the
+   first ``--eval-tokens`` held-out tokens: perplexity, KLD and top-1 against the bf16 source, and the agreement of the
+   sizes (their perplexities' ratio, KLD and top-1 differences, whether the greedy completions are identical). The
+   bf16 source is served too, at each size (decode tok/s only), for the quantized artifacts' ratio.
 
 Writes ``--results-dir``/{results.json,README.md} (bench/results/MACHINE/70b for the 70B shape alone, else
 MACHINE/wide; MACHINE is ``--machine``, else the GPU model nvidia-smi names with xN for N GPUs, as h100 or h200x4,
@@ -80,7 +86,6 @@ import inspect
 import json
 import math
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -139,6 +144,7 @@ class Case:
     disk_bytes: int = 0  # build: the free disk it needs (source, an output, spill, margin); quantize: quantkit_asks
     spill_bytes: int = 0  # quantize, --num-gpus 2 or more: what the offloaded load writes to disk beside the output
     shm_bytes: int = 0  # build: the source's first shards placed in /dev/shm (one GPU, a disk too small for it)
+    rewrites_weights: bool = True  # quantize: its method's model is its own copy, beside the /dev/shm shards
     skip: str = ""  # why it does not run ("" = it runs)
     command: list[str] = field(default_factory=list)
     result: dict[str, Any] = field(default_factory=dict)
@@ -161,17 +167,10 @@ def gb(n: float) -> str:
     return f"{n / 1e9:.1f} GB"
 
 
-def gpu_model(smi: str) -> str:
-    """A folder name for the GPU nvidia-smi names (``name, memory.total``): the name's first word with a digit, in
-    lower case ("NVIDIA H100 80GB HBM3, 81559 MiB" -> "h100"), so an H100's results are not filed as an H200's."""
-    words = re.split(r"[\s-]+", smi.rsplit(",", 1)[0])
-    return next((w.lower() for w in words if any(ch.isdigit() for ch in w)), "gpu")
-
-
 def machine(args: argparse.Namespace) -> Machine:
     """The machine named by ``--machine``, else this one (nvidia-smi, quantkit's host-memory reading, the free disk
     under the workdir, /dev/shm's size); each figure overridable. This one is named by its GPU model and count
-    (h100, h200x2), or h200 where no GPU is visible (the GPU the plan then assumes)."""
+    (h100, h200x2: bench/meta.py's gpu_model), or h200 where no GPU is visible (the GPU the plan then assumes)."""
     from quantkit.plan import host_limit
 
     said: list[str] = []
@@ -185,7 +184,7 @@ def machine(args: argparse.Namespace) -> Machine:
         gpus = len(totals)
         if totals:
             gpu = int(float(totals[0].split(",")[-1].split()[0]) * 2**20)  # "NVIDIA H200, 143771 MiB"
-            model = gpu_model(totals[0])
+            model = meta.gpu_model(totals[0])
         else:
             gpu, gpus, model = H200_GPU_BYTES, 1, "h200"
             said.append(f"no GPU visible: planned for one H200 ({gb(gpu)})")
@@ -211,9 +210,24 @@ def header_checkpoint(shape: str, folder: Path) -> Path:
     return header_only.write(shape, folder)
 
 
+def rewrites_weights(spec: Any) -> bool:
+    """Whether quantkit's plan of ``spec`` writes new weights into the model while it calibrates (quantkit/producers/
+    modifiers.py's ``Plan.rewrites_weights``: GPTQ, AWQ, SmoothQuant), so that the process holds its own copy of every
+    weight beside the source's shards in /dev/shm; where llm-compressor only observes them (FP8 static) the model is
+    those very tmpfs pages, mapped, not copied, and the plan's floor counts them already. A method llm-compressor does
+    not make is taken to copy them."""
+    from quantkit import formats
+    from quantkit.producers import modifiers
+
+    return not formats.for_spec(spec).llmcompressor or modifiers.plan(spec).rewrites_weights
+
+
 def plan_outputs(shape: str, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """quantkit's own plan of each method for a header-only checkpoint of ``shape`` (one ``quantkit run --dry-run``
-    with an output per method, so one process): its plan by method, with the source's size and parameters."""
+    with an output per method, so one process): its plan by method, with the source's size and parameters and whether
+    the method rewrites the weights (``rewrites_weights``, of the recipe's spec as quantkit reads it)."""
+    from quantkit.recipe import validate
+
     hdr = header_checkpoint(shape, args.workdir / f"header-{shape}")
     recipe = {"model": {"source": str(hdr)}, "runtime": {"device": args.device, "num_gpus": args.num_gpus},
               "calibration": {"samples": args.samples, "seq_len": args.seq_len},
@@ -227,8 +241,10 @@ def plan_outputs(shape: str, args: argparse.Namespace) -> dict[str, dict[str, An
     if proc.returncode:
         raise SystemExit(f"quantkit's plan of {shape} failed: {proc.stderr.strip()[-500:]}")
     plan = json.loads(proc.stdout)
-    return {method: {**out, "source_bytes": plan["source"]["size_bytes"], "parameters": plan["source"]["parameters"]}
-            for method, out in zip(args.methods, plan["outputs"])}
+    specs = validate({**recipe, "output": str(args.workdir / "planned")}).outputs or []
+    return {method: {**out, "source_bytes": plan["source"]["size_bytes"], "parameters": plan["source"]["parameters"],
+                     "rewrites_weights": rewrites_weights(spec)}
+            for method, out, spec in zip(args.methods, plan["outputs"], specs)}
 
 
 def shallower(shape: str) -> list[str]:
@@ -325,7 +341,8 @@ def shape_cases(shape: str, args: argparse.Namespace, m: Machine) -> tuple[Case,
             todo.append(Case(f"{shape}/{method}/{tool}", "quantize", shape, method, tool,
                              estimate_s=quantize_estimate(shape, method, args.samples, args.seq_len) * args.repeat,
                              host_bytes=p["host_bytes"], gpu_bytes=p["gpu_bytes"],
-                             disk_bytes=quantkit_asks(p["disk_bytes"]), spill_bytes=spill))
+                             disk_bytes=quantkit_asks(p["disk_bytes"]), spill_bytes=spill,
+                             rewrites_weights=p["rewrites_weights"]))
         if not args.serve:
             continue
         size = p["disk_bytes"]
@@ -349,11 +366,15 @@ def shape_cases(shape: str, args: argparse.Namespace, m: Machine) -> tuple[Case,
 def verdict(c: Case, build: Case, made: set[str], args: argparse.Namespace, m: Machine) -> str:
     """Why ``c`` cannot run on ``m`` ("" when it can): its own needs first, then what it depends on. A quantize
     case's disk is checked here where the source is built already (the free disk is then the outputs'); else the
-    build's verdict has checked the largest output beside the source it writes."""
+    build's verdict has checked the largest output beside the source it writes. The source's shards in /dev/shm are
+    taken off the host memory where the case holds its own copy of the weights beside them (eval's float32 baseline,
+    a method that rewrites them); a method that only observes them maps those pages as its model, which its floor
+    counts (FP8 static of the 32B on the H100: the whole source in /dev/shm, 30.5 GiB allocated beside it)."""
     if c.kind == "build":
         return ""
-    host = m.host_bytes - build.shm_bytes
-    beside = f" beside the source's {gb(build.shm_bytes)} in /dev/shm" if build.shm_bytes else ""
+    held = build.shm_bytes if c.kind != "quantize" or c.rewrites_weights else 0
+    host = m.host_bytes - held
+    beside = f" beside the source's {gb(held)} in /dev/shm" if held else ""
     if c.kind == "quantize":
         if args.num_gpus > m.gpus:
             return f"GPUs: --num-gpus {args.num_gpus}, the machine has {m.gpus}"
@@ -536,8 +557,8 @@ def plan_check(planned: int, measured: int | None) -> dict[str, Any]:
 
 
 def run_quantize(c: Case, args: argparse.Namespace, inputs: dict[str, Path]) -> dict[str, Any]:
-    """``--repeat`` runs of one case (the median kept, every wall beside it), each checked against the plan; the
-    direct output deleted after."""
+    """``--repeat`` runs of one case (the median kept, every wall beside it), each that finished (rc 0) checked
+    against the plan, each that failed given its log's last line as its error; the direct output deleted after."""
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
            "LLM_COMPRESSOR_LOG_LEVEL": os.environ.get("LLM_COMPRESSOR_LOG_LEVEL", "ERROR")}
     out = args.workdir / f"out-{c.shape}-{c.method}-{c.tool}"
@@ -556,11 +577,12 @@ def run_quantize(c: Case, args: argparse.Namespace, inputs: dict[str, Path]) -> 
         r.update(json.loads(peak.read_text()) if peak.exists() else {})
         r["output_bytes"] = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) if out.exists() else 0
         per_gpu = r.get("peak_gpu_bytes_per_gpu") or []
-        r["plan"] = {"gpu": plan_check(c.gpu_bytes, max(per_gpu, default=None) or r.get("peak_gpu_bytes")),
-                     "host": plan_check(c.host_bytes, r["peak_host_used_bytes"])}
-        if r["rc"]:
+        if r["rc"]:  # a failed run's peaks are not the work the plan is of (refused in 1.4 s: "+58850%")
             tail = [ln for ln in Path(r["log"]).read_text(errors="replace").splitlines() if ln.strip()]
             r["error"] = tail[-1].strip()[:300] if tail else ""
+        else:
+            r["plan"] = {"gpu": plan_check(c.gpu_bytes, max(per_gpu, default=None) or r.get("peak_gpu_bytes")),
+                         "host": plan_check(c.host_bytes, r["peak_host_used_bytes"])}
         tries.append(r)
     if c.tool != "quantkit":  # quantkit's is deleted after the last case that reads it (last_users)
         shutil.rmtree(out, ignore_errors=True)
@@ -582,14 +604,15 @@ def absent(c: Case, args: argparse.Namespace, inputs: dict[str, Path]) -> dict[s
 
 
 def run_serve(c: Case, args: argparse.Namespace, inputs: dict[str, Path]) -> dict[str, Any]:
-    """bench/serve_speed.py's measurement of one checkpoint on ``c.tp`` GPUs."""
+    """bench/serve_speed.py's measurement of one checkpoint on ``c.tp`` GPUs, its decode limit against the serving
+    GPU's bandwidth (serve_speed's ``limit_bandwidth``: none for a GPU its table lacks)."""
     if (gone := absent(c, args, inputs)) is not None:
         return gone
     import serve_speed
 
     ns = argparse.Namespace(python=args.vllm_python, vllm_path=args.vllm_path, kernels=False,
                             batches=args.batches, prompt_len=512, gen=128, max_model_len=2048, capture_all=False,
-                            logs=args.logs, timeout=1800.0, bandwidth=serve_speed.H200_BANDWIDTH)
+                            logs=args.logs, timeout=1800.0, bandwidth=None)
     return serve_speed.run_one(artifact(c, args, inputs), ns, tp=c.tp)
 
 
@@ -634,6 +657,16 @@ def run_engine(c: Case, args: argparse.Namespace, inputs: dict[str, Path]) -> di
             "baseline_ppl": (doc.get("baseline") or {}).get("ppl"), "eval": doc}
 
 
+def build_failed(build: Case, all_cases: list[Case]) -> list[Case]:
+    """After ``build`` failed (rc != 0), every case of its shape still to run is skipped, each in one line with the
+    rc: they ran against a missing source and failed one by one. The next shape's cases are left as they are. Returns
+    the cases it skipped."""
+    skipped = [c for c in all_cases if c.shape == build.shape and c is not build and not c.skip]
+    for c in skipped:
+        c.skip = f"{build.name} failed (rc {build.result['rc']}): no source"
+    return skipped
+
+
 def last_users(all_cases: list[Case]) -> dict[tuple[str, str], str]:
     """The name of the last running case that reads each quantkit artifact: it is deleted after that one."""
     last = {}
@@ -674,6 +707,17 @@ def check_cell(p: dict[str, Any] | None) -> str:
     if not p or p.get("error") is None:
         return "-"
     return f"{gib(p['planned'])} ({p['error']:+.0%}, {'within' if p['within'] else 'OUTSIDE'} 15%)"
+
+
+def smoke_row(c: dict[str, Any]) -> str:
+    """A smoke case's row: its rc ("-" for one that never ran: its checkpoint was missing), the first 80 characters of
+    its greedy completion and chat answer and, in its own column and whole (at most 300 characters: ``run_engine``),
+    its error: a missing checkpoint's was shown as the chat answer, its reason cut off."""
+    r = c["result"]
+    cell = lambda text, cut=80: f"`{text[:cut]!r}`" if text else "-"  # noqa: E731
+    rc = "-" if r.get("rc") is None else r["rc"]
+    return (f"| {c['name']} | {rc} | {cell(r.get('completion'))} | {cell(r.get('chat'))} | "
+            f"{cell(r.get('error'), None)} |")
 
 
 def agreement(data: dict[str, Any]) -> list[str]:
@@ -727,9 +771,8 @@ def readme(data: dict[str, Any]) -> str:
                      + " | ".join(cells) + " |")
     smoked = [c for c in data["cases"] if c["kind"] == "smoke" and c["result"]]
     if smoked:
-        lines += ["", "| smoke | rc | greedy completion | chat answer |", "|---|---|---|---|"]
-        lines += [f"| {c['name']} | {c['result']['rc']} | `{(c['result'].get('completion') or '')[:80]!r}` | "
-                  f"`{(c['result'].get('chat') or c['result'].get('error') or '')[:80]!r}` |" for c in smoked]
+        lines += ["", "| smoke | rc | greedy completion | chat answer | error |", "|---|---|---|---|---|"]
+        lines += [smoke_row(c) for c in smoked]
     evals = [c for c in data["cases"] if c["kind"] == "eval" and c["result"]]
     if evals:
         lines += ["", f"`quantkit eval --engine vllm` on {data['eval_tokens']} held-out tokens against the bf16 source "
@@ -849,6 +892,9 @@ def main() -> None:
                 inputs["tokens"].write_text(json.dumps(samples))
                 data.setdefault("tokens_sha256", {})[c.shape] = sha
             c.result = {"rc": proc.returncode, "wall_s": round(time.perf_counter() - t0, 1)}
+            if proc.returncode:
+                print(f"   {c.name} failed (rc {proc.returncode}): its shape's {len(build_failed(c, all_cases))} "
+                      "case(s) skipped", flush=True)
         elif c.kind == "quantize":
             c.command = quantize_command(c, args, inputs, args.workdir / "peak.json")
             c.result = run_quantize(c, args, inputs)

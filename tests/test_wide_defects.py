@@ -2,19 +2,27 @@
 work folder, 128 GiB of /dev/shm) with the full 32B shape and GPTQ: a disk plan below what quantkit's own free-space
 check asks, so quantkit refused its output after the build; a second call, with the source built, that started a
 case whose output the disk could not hold; a serve case whose artifact was missing that ended the script with a
-traceback; and an H100 named h200. Planned on the CPU from header-only checkpoints, the machine's figures given."""
+traceback; an H100 named h200; its decode shares taken against the H200's bandwidth; FP8 static's host memory
+counted with the source's /dev/shm shards twice; the cases after a failed build run against a missing source; a
+failed smoke's error shown as its chat answer and a refused run checked against the plan. Planned on the CPU from
+header-only checkpoints, the machine's figures given; the runs' processes replaced where a case would run one."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "bench"))
+import serve_speed  # noqa: E402
+import step_bytes  # noqa: E402
 import wide  # noqa: E402
 
 pytestmark = pytest.mark.cli
@@ -120,3 +128,134 @@ def test_the_machine_is_named_by_its_gpu_model(tmp_path: Path, monkeypatch: pyte
     m = wide.machine(wide.parse(["--workdir", str(tmp_path)]))
     assert (m.name, m.gpus) == (name, max(len(smi), 1))
     assert wide.machine(wide.parse(["--workdir", str(tmp_path), "--machine", "h200x2"])).name == "h200x2"
+
+
+@pytest.mark.parametrize(("gpu", "bandwidth"), [("NVIDIA H100 80GB HBM3", 3.35e12), ("NVIDIA H200", 4.8e12),
+                                                ("NVIDIA H100 PCIe", None), ("NVIDIA A100-SXM4-80GB", None)])
+def test_the_decode_limit_is_against_the_serving_gpus_bandwidth(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                gpu: str, bandwidth: float | None) -> None:
+    """On the H100, wide.py's serve case gave serve_speed the H200's 4.8 TB/s, so its shares of the limit were
+    against another card. The limit is now the serving GPU's (as vLLM's process names it), the figure and whose it is
+    in the row; a GPU bench/meta.py's table lacks (an H100 PCIe is an "h100" too, at 2.0 TB/s) gets none, and the
+    table says "-" for it."""
+    from quantkit.engines.vllm import kernels
+
+    src = ROOT / "models" / "quantkit-tiny"
+
+    def served(folder: Path, config: Any, *_: Any) -> Any:
+        return kernels.Measurement(config, "ok", ttft_s=0.05, decode_tok_s={"1": 83.2, "16": 1246.0}, seconds=60.0,
+                                   log=str(tmp_path / "vllm.log"), extra={"gpu": gpu})
+
+    monkeypatch.setattr(serve_speed.kernel_sweep, "run_configuration", served)
+    monkeypatch.setattr(serve_speed.meta, "gpus", lambda: ["NVIDIA H200, 143771 MiB"])  # not the GPU that served
+    args = wide.parse(["--shapes", "32b", "--workdir", str(tmp_path)])
+    row = wide.run_serve(wide.Case("32b/bf16/serve-tp1", "serve", "32b"), args, {"src": src})
+    read = step_bytes.count(src).read(1)
+    assert row["bandwidth"] == bandwidth and row["bandwidth_of"].startswith(gpu)
+    if bandwidth is None:
+        assert row["limit_b1"] is row["limit_b16"] is row["b1"]["share_of_limit"] is None
+        assert row["bandwidth_of"] == f"{gpu}, not in bench/meta.py's BANDWIDTH: no limit known"
+    else:
+        assert row["limit_b1"] == pytest.approx(bandwidth / read)
+        assert row["b1"]["share_of_limit"] == pytest.approx(83.2 * read / bandwidth)
+    data = {"command": "serve_speed.py", "date": "2026-12-06", "machine": {"cpu": "x", "cores": 16}, "versions": {},
+            "prompt_len": 512, "gen": 128, "batches": [1, 16], "rows": [row]}
+    line = next(ln for ln in serve_speed.markdown(data).splitlines() if ln.startswith("| bf16 |"))
+    assert line.endswith(" | 83 | - | 1246 | - |" if bandwidth is None else
+                         f" | 83 ({83.2 * read / bandwidth:.0%}) | {bandwidth / read:.0f} | "
+                         f"1246 ({1246 * read / (16 * bandwidth):.0%}) | {16 * bandwidth / read:.0f} |")
+
+
+def test_the_bandwidth_is_given_or_nvidia_smis_gpu_where_vllm_named_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--bandwidth`` wins; else the GPU vLLM's process named, else nvidia-smi's first (wide.py's machine reads the
+    same name); no GPU seen at all, nothing was served on one: the reference H200's, said to be assumed."""
+    monkeypatch.setattr(serve_speed.meta, "gpus", lambda: ["NVIDIA H100 80GB HBM3, 81559 MiB"])
+    assert serve_speed.limit_bandwidth(2e12, "NVIDIA H200") == (2e12, "--bandwidth")
+    assert serve_speed.limit_bandwidth(None, None) == (3.35e12, "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(serve_speed.meta, "gpus", lambda: [])
+    assert serve_speed.limit_bandwidth(None, None) == (4.8e12, "NVIDIA H200, assumed: no GPU seen")
+
+
+def test_a_method_that_only_observes_the_weights_counts_the_shm_source_once(tmp_path: Path) -> None:
+    """The whole 32B source in /dev/shm (45 GB of disk free), the H100's 125 GiB of host memory, 96 x 2048 calibration
+    tokens: FP8 static's model is those very tmpfs pages, mapped (30.5 GiB allocated beside them on the H100), so its
+    floor, 69.6 GB, is against the whole host, not the 68.7 GB left beside the shards that refused it; GPTQ rewrites
+    every weight into its own memory, so the shards stay off its host. Which method does is quantkit's plan's word."""
+    from quantkit.producers.modifiers import Plan
+
+    args = wide.parse(h100(tmp_path, 45_000_000_000, "--methods", "gptq,fp8-static", "--samples", "96", "--no-serve"))
+    m = wide.machine(args)
+    cases = {c.name: c for c in wide.cases(args, m)}
+    build = cases["32b/build"]
+    assert build.shm_bytes == sum(f.stat().st_size for f in (tmp_path / "header-32b").glob("model-*.safetensors"))
+    assert Plan("FP8", (("QuantizationModifier", {}),), True).rewrites_weights is False
+    for tool in ("llm-compressor", "quantkit"):
+        fp8, gptq = cases[f"32b/fp8-static/{tool}"], cases[f"32b/gptq/{tool}"]
+        assert (fp8.rewrites_weights, gptq.rewrites_weights) == (False, True)
+        assert m.host_bytes - build.shm_bytes < fp8.host_bytes < m.host_bytes and fp8.skip == ""
+        assert gptq.skip == (f"host memory: the plan's floor is {gptq.host_bytes / GB:.1f} GB, the machine allows "
+                             f"{(m.host_bytes - build.shm_bytes) / GB:.1f} GB beside the source's "
+                             f"{build.shm_bytes / GB:.1f} GB in /dev/shm")
+
+
+def test_a_failed_build_skips_its_shapes_cases_and_the_next_shape_goes_on(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """Both builds fail (rc 1): no quantize case runs against the missing source, each says in one line which build
+    failed and its rc, and the second shape's build is still tried."""
+    plan_run = subprocess.run
+    built, ran = [], []
+
+    def run(argv: list[str], *a: Any, **kw: Any) -> subprocess.CompletedProcess:
+        if "--build" in argv:
+            built.append(argv[argv.index("--build") + 1])
+            return subprocess.CompletedProcess(argv, 1)
+        return plan_run(argv, *a, **kw)  # quantkit's plan of each shape
+
+    monkeypatch.setattr(wide.subprocess, "run", run)
+    monkeypatch.setattr(wide, "run_quantize", lambda c, *_: ran.append(c.name) or {"rc": 0, "wall_s": 1.0})
+    monkeypatch.setattr(sys, "argv", ["wide.py", "--shapes", "tiny,small", "--methods", "gptq", "--no-serve",
+                                      "--workdir", str(tmp_path), "--results-dir", str(tmp_path / "res"),
+                                      "--gpus", "1", "--gpu-bytes", "80e9", "--host-bytes", "1e12",
+                                      "--disk-bytes", "1e13", "--shm-bytes", "1e12"])
+    wide.main()
+    assert built == ["tiny", "small"] and ran == []
+    cases = {c["name"]: c for c in json.loads((tmp_path / "res" / "results.json").read_text())["cases"]}
+    for shape in ("tiny", "small"):
+        assert cases[f"{shape}/build"]["result"]["rc"] == 1
+        for tool in ("llm-compressor", "quantkit"):
+            assert cases[f"{shape}/gptq/{tool}"]["skip"] == f"{shape}/build failed (rc 1): no source"
+    assert "   tiny/build failed (rc 1): its shape's 2 case(s) skipped" in capsys.readouterr().out
+    assert "- small/gptq/quantkit: small/build failed (rc 1): no source" in (tmp_path / "res" / "README.md").read_text()
+
+
+def test_a_failed_smoke_shows_its_error_and_a_failed_run_is_not_checked_against_the_plan(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The H100's README showed a missing artifact's error in the chat answer column, and a quantkit run refused in
+    1.4 s "plan-checked" at +58850%: the error now has its own column, and a run whose rc is not 0 has no plan check
+    (its log's last line is its error)."""
+    args = wide.parse(["--shapes", "32b", "--methods", "gptq", "--workdir", str(tmp_path)])
+    args.logs.mkdir(parents=True)
+    refused = "error: not enough free space under /tmp/wide for out-32b-gptq-quantkit"
+
+    def measure(argv: list[str], log: Path, env: dict[str, str]) -> dict[str, Any]:
+        log.write_text(f"Traceback ...\n{refused}\n")
+        return {"rc": 1, "wall_s": 1.4, "peak_rss_bytes": 2**30, "peak_anon_rss_bytes": 2**29,
+                "peak_gpu_bytes": 31 * 2**20, "peak_gpu_bytes_per_gpu": [31 * 2**20], "log": str(log)}
+
+    monkeypatch.setattr(wide.quantize_cost, "measure", measure)
+    quantize = wide.Case("32b/gptq/quantkit", "quantize", "32b", "gptq", "quantkit", host_bytes=84_033_732_665,
+                         gpu_bytes=18_310_603_008)
+    inputs = {"src": tmp_path / "src-32b", "calib": tmp_path / "calib.jsonl.gz", "tokens": tmp_path / "tokens.json"}
+    quantize.result = wide.run_quantize(quantize, args, inputs)
+    assert quantize.result["rc"] == 1 and quantize.result["error"] == refused and "plan" not in quantize.result
+    smoke = wide.Case("32b/gptq/smoke-tp1", "smoke", "32b", "gptq")
+    smoke.result = wide.run_engine(smoke, args, inputs)
+    data = {"command": "wide.py", "date": "2026-12-06", "machine": {"cpu": "x", "cores": 16}, "versions": {},
+            "plan": "", "machine_name": "h100", "shapes": ["32b"], "batches": [1, 16], "tp": [1], "eval_tokens": 2048}
+    wide.save(data, [quantize, smoke], tmp_path / "res")
+    lines = (tmp_path / "res" / "README.md").read_text().splitlines()
+    assert next(ln for ln in lines if ln.startswith("| 32b/gptq/quantkit |")).endswith(" | - | - | 0.0 GB |")
+    gone = f"{tmp_path / 'out-32b-gptq-quantkit'} is not there (its quantization failed)"
+    assert "| smoke | rc | greedy completion | chat answer | error |" in lines
+    assert f"| 32b/gptq/smoke-tp1 | - | - | - | `{gone!r}` |" in lines
