@@ -441,6 +441,7 @@ class CalibrationSet:
                                seq_len=self.spec.seq_len, seed=self.spec.seed, chat_template=self.chat,
                                chat_template_setting=self.spec.chat_template, tokens=self.num_tokens,
                                tokens_sha256=self.tokens_sha256, tokens_reused=self.reused,
+                               documents=len(self.documents.items), repeated_documents=repeated(self.documents),
                                images=len(self.pictures),
                                images_source=self.spec.images if self.pictures else None,
                                images_sha256=images.sha256(self.pictures) if self.pictures else None)
@@ -494,7 +495,8 @@ def check(spec: CalibrationSpec, source: SourceModel, *, trust_remote_code: bool
     are now: the tokenizer is not loaded (transformers' import is most of a dry run's time).
 
     The one check of both the build and ``--dry-run`` (:func:`quantkit.plan.prepare`). Returns what it checked, in
-    a few words for the plan: how many documents repeat an earlier one among them (:func:`repeated`)."""
+    a few words for the plan: how many documents repeat an earlier one among them (:func:`repeated`), which it also
+    keeps for the build to warn of before its work starts (:func:`checked_repeat_warning`)."""
     from quantkit import token_cache
     from quantkit.source import load_tokenizer
 
@@ -507,6 +509,7 @@ def check(spec: CalibrationSpec, source: SourceModel, *, trust_remote_code: bool
     name = _cache_name(spec, docs, source.path)
     made = _checked.get(name) if name else None  # checked already in this process (another output of the recipe)
     n = repeated(docs)
+    _checked_repeats[(spec.dataset, spec.field)] = (docs.source, len(docs.items), n)
     checked = f"{len(docs.items):,} documents checked" + (f" ({n:,} of {len(docs.items):,} repeat an earlier one)"
                                                           if n else "")
     if made is None and name and token_cache.read(name, tokens_sha256) is not None:  # no tokenizer to load
@@ -519,6 +522,8 @@ def check(spec: CalibrationSpec, source: SourceModel, *, trust_remote_code: bool
 
 
 _checked: dict[str, CalibrationSet] = {}  # samples check() made, by token cache name, for this process's build()
+# what check() last counted of a source's documents (source as read, documents, repeats), by (dataset, field)
+_checked_repeats: dict[tuple[str, str], tuple[str, int, int]] = {}
 
 
 def tokens_sha256(samples: list[list[int]]) -> str:
@@ -581,12 +586,25 @@ def repeated(docs: Documents) -> int:
 
 
 def repeat_warning(docs: Documents) -> str | None:
-    """The run's one line about repeated documents (:func:`repeated`), or None where none repeats."""
-    n = repeated(docs)
+    """The run's one line about repeated documents (:func:`repeated`), or None where none repeats: said after the
+    producer read them, for a hub dataset, whose documents nothing reads before (:func:`checked_repeat_warning`)."""
+    return _repeat_line(docs.source, sum(1 for i in docs.items if i), repeated(docs))
+
+
+def checked_repeat_warning(spec: CalibrationSpec) -> str | None:
+    """:func:`repeat_warning` of the documents :func:`check` read for ``spec`` in this process (a shipped set or a
+    local file), so a build says it before its work starts (a GPTQ of half an hour warned only at its end) without
+    reading the documents again; None where none repeats, or check read none (a hub dataset)."""
+    counted = _checked_repeats.get((spec.dataset, spec.field))
+    return _repeat_line(*counted) if counted else None
+
+
+def _repeat_line(source: str, documents: int, n: int) -> str | None:
+    """The warning for ``n`` of ``documents`` repeating an earlier one, or None where none does."""
     if not n:
         return None
-    return (f"calibration source {docs.source!r}: {n:,} of {sum(1 for i in docs.items if i):,} documents repeat an "
-            "earlier one; they are used as they are, so each weighs more")
+    return (f"calibration source {source!r}: {n:,} of {documents:,} documents repeat an earlier one; they are used "
+            "as they are, so each weighs more")
 
 
 def _usable(docs: Documents) -> Documents:

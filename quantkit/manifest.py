@@ -134,6 +134,11 @@ class CalibrationInfo(Section):
     tokens: int
     tokens_sha256: str
     tokens_reused: bool = False  # taken from the calibration token cache (quantkit.token_cache), not tokenized again
+    # the source's documents the samples were made from (empty ones left out), and how many of them repeat an earlier
+    # one exactly (quantkit.calibration.repeated): a release can refuse a set saved twice. None: an older manifest,
+    # which did not count them (0 would say it had none)
+    documents: int | None = None
+    repeated_documents: int | None = None
     images: int = 0  # image+text samples of a vision-language model: how many images, their bytes' sha256
     images_source: str | None = None
     images_sha256: str | None = None

@@ -1,0 +1,96 @@
+"""Calibration documents that repeat an earlier one: counted in the artifact's manifest (so a release pipeline can gate
+on ``quantkit.json``), and warned of once, before the quantizer starts rather than after it has finished.
+
+Real ``quantkit`` processes on the reference model; FP8 static and INT8 with round-to-nearest weights are the
+calibrating methods that are quick on CPU."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from quantkit.manifest import MANIFEST
+
+pytestmark = pytest.mark.cli
+
+TEXTS = [f"Document number {i}. " + "The quick brown fox jumps over the lazy dog. " * (20 + i) for i in range(12)]
+WARNING = ("warning: calibration source 'dup.jsonl': 3 of 15 documents repeat an earlier one; they are used as they "
+           "are, so each weighs more")
+BUILD = ("--samples", "2", "--seq-len", "64", "--json")
+
+
+def _jsonl(path: Path, texts: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    return path
+
+
+def _warnings(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if ln.startswith("warning:")]
+
+
+@pytest.fixture(scope="module")
+def repeated_build(cli, tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """``quantkit fp8`` on a set saved with three of its twelve documents twice: the artifact and the run's stderr."""
+    work = tmp_path_factory.mktemp("repeats")
+    _jsonl(work / "dup.jsonl", TEXTS + TEXTS[:3])
+    proc = cli("fp8", tiny, work / "out", "--calib", "dup.jsonl", *BUILD, cwd=work)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return work / "out", proc.stderr
+
+
+def test_the_manifest_counts_the_repeated_documents(repeated_build: tuple[Path, str]) -> None:
+    """quantkit.json's calibration section says how many documents were read and how many repeat an earlier one."""
+    out, _ = repeated_build
+    calib = json.loads((out / MANIFEST).read_text())["calibration"]
+    assert (calib["documents"], calib["repeated_documents"]) == (15, 3), calib
+
+
+def test_the_warning_comes_once_before_the_quantizer_starts(repeated_build: tuple[Path, str]) -> None:
+    """One warning line, said before the quantizing step's line: a user watching a long GPTQ learns it at the
+    start, not at the end."""
+    _, stderr = repeated_build
+    lines = stderr.splitlines()
+    assert _warnings(stderr) == [WARNING], stderr[-2000:]
+    quantizing = next(n for n, ln in enumerate(lines) if ln.startswith("✓ Quantizing"))
+    assert lines.index(WARNING) < quantizing, stderr[-2000:]
+
+
+def test_a_set_without_repeats_records_none_and_warns_nothing(cli, tiny: Path, tmp_path: Path) -> None:
+    """Twelve different documents: 0 repeated recorded (not an absent count), and no warning."""
+    _jsonl(tmp_path / "clean.jsonl", TEXTS)
+    proc = cli("fp8", tiny, tmp_path / "out", "--calib", "clean.jsonl", *BUILD, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert _warnings(proc.stderr) == [], proc.stderr[-2000:]
+    calib = json.loads((tmp_path / "out" / MANIFEST).read_text())["calibration"]
+    assert (calib["documents"], calib["repeated_documents"]) == (12, 0), calib
+
+
+def test_a_run_of_two_outputs_on_the_same_set_warns_once(cli, tiny: Path, tmp_path: Path) -> None:
+    """``quantkit run`` with two calibrating outputs reading the same documents: one warning for the command, and
+    each artifact records the count."""
+    _jsonl(tmp_path / "dup.jsonl", TEXTS + TEXTS[:3])
+    (tmp_path / "r.yaml").write_text(f"model:\n  source: {tiny}\noutput: rel\noutputs:\n  - method: fp8\n"
+                                     "  - method: int8\n    weights: rtn\ncalibration:\n  dataset: dup.jsonl\n"
+                                     "  samples: 2\n  seq_len: 64\n")
+    proc = cli("run", "r.yaml", "--no-eval", "--no-smoke", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert _warnings(proc.stderr) == [WARNING], proc.stderr[-2000:]
+    outputs = json.loads(proc.stdout)["outputs"]
+    assert [o["status"] for o in outputs] == ["built", "built"], outputs
+    for o in outputs:
+        assert json.loads((tmp_path / o["path"] / MANIFEST).read_text())["calibration"]["repeated_documents"] == 3
+
+
+def test_a_manifest_from_before_the_count_still_reads(cli, repeated_build: tuple[Path, str], tmp_path: Path) -> None:
+    """An artifact of an earlier quantkit, whose calibration section has neither count: verify passes (the manifest is
+    no file of its own seal) and inspect reads the counts as unknown, not as none repeated."""
+    out = Path(shutil.copytree(repeated_build[0], tmp_path / "old"))
+    manifest = json.loads((out / MANIFEST).read_text())
+    del manifest["calibration"]["documents"], manifest["calibration"]["repeated_documents"]
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2))
+    cli("verify", out, check=True)
+    calib = json.loads(cli("inspect", out, "--json", check=True).stdout)["calibration"]
+    assert (calib["documents"], calib["repeated_documents"], calib["tokens"]) == (None, None, 128), calib
