@@ -14,7 +14,6 @@ is the CLI's job. Heavy libraries are imported by the modules these functions ca
 from __future__ import annotations
 
 import time
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -103,19 +102,6 @@ def recipe_schema() -> dict[str, Any]:
 # Producing artifacts
 
 
-# the calibration warnings each reporter (one a command) has said, so quantize_one says each once per command
-_CALIBRATION_SAID: weakref.WeakKeyDictionary[Reporter, set[str]] = weakref.WeakKeyDictionary()
-
-
-def _warn_once(rep: Reporter, line: str) -> None:
-    """Say a calibration warning once per reporter: ``quantkit run``'s outputs share one, and every output that reads
-    the same documents would say the same line again."""
-    said = _CALIBRATION_SAID.setdefault(rep, set())
-    if line not in said:
-        said.add(line)
-        rep.warn(line)
-
-
 def quantize_one(recipe: Recipe, spec: MethodBase, out: Path, *, force: bool = False, reporter: Reporter | None = None,
                  source: source_mod.SourceModel | None = None) -> ArtifactResult:
     """Produce one output of a recipe into ``out`` (atomically, with its manifest).
@@ -137,7 +123,7 @@ def quantize_one(recipe: Recipe, spec: MethodBase, out: Path, *, force: bool = F
     for warning in prepared.warnings:
         rep.warn(warning)
     if prepared.reads and (said := calibration.checked_repeat_warning(prepared.reads)):
-        _warn_once(rep, said)  # the documents the check read for the build: said before the work, not after it
+        rep.warn_once(said)  # the documents the check read for the build: said before the work, not after it
     plan_mod.check_host_memory(recipe, spec, source)
     need = plan_mod.disk_need(prepared.producer, spec, source)
     with artifact.ArtifactWriter(out, force=force, expected_bytes=need) as w:
@@ -147,7 +133,7 @@ def quantize_one(recipe: Recipe, spec: MethodBase, out: Path, *, force: bool = F
         produced = prepared.producer.produce(ctx)
         calib = produced.calibration
         if calib and calib.documents.kind == "hub" and (said := calibration.repeat_warning(calib.documents)):
-            _warn_once(rep, said)  # a hub dataset's documents: read by the producer only, so known only now
+            rep.warn_once(said)  # a hub dataset's documents: read by the producer only, so known only now
         rep.timings["total"] = round(time.perf_counter() - t0, 3)
         manifest = Manifest(
             kind=prepared.row.kind, method=spec.method, params=spec.model_dump(mode="json"),

@@ -91,6 +91,7 @@ class Reporter:
         self.console = console or Console(stderr=True)
         self.quiet = quiet
         self.timings: dict[str, float] = {}
+        self._said: set[str] = set()
 
     def log(self, message: str) -> None:
         if not self.quiet:
@@ -98,6 +99,13 @@ class Reporter:
 
     def warn(self, message: str) -> None:
         self.console.print(f"[yellow]warning:[/] {message}")
+
+    def warn_once(self, message: str) -> None:
+        """:meth:`warn`, once per command: a warning about an input several steps read (``quantkit run``'s outputs
+        on one calibration set) is said the first time only."""
+        if message not in self._said:
+            self._said.add(message)
+            self.warn(message)
 
     @contextmanager
     def step(self, key: str, description: str) -> Iterator[None]:
