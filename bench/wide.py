@@ -82,9 +82,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import hashlib
-import inspect
 import json
-import math
 import os
 import shlex
 import shutil
@@ -141,7 +139,7 @@ class Case:
     estimate_s: float = 0.0
     host_bytes: int = 0
     gpu_bytes: int = 0  # quantize: one GPU's planned peak; serve, smoke, eval: the checkpoint
-    disk_bytes: int = 0  # build: the free disk it needs (source, an output, spill, margin); quantize: quantkit_asks
+    disk_bytes: int = 0  # build: the free disk it needs (source, an output, spill, margin); quantize: free_space_asked
     spill_bytes: int = 0  # quantize, --num-gpus 2 or more: what the offloaded load writes to disk beside the output
     shm_bytes: int = 0  # build: the source's first shards placed in /dev/shm (one GPU, a disk too small for it)
     rewrites_weights: bool = True  # quantize: its method's model is its own copy, beside the /dev/shm shards
@@ -262,15 +260,6 @@ def quantize_estimate(shape: str, method: str, samples: int, seq_len: int) -> fl
     return s * AWQ_OVER_GPTQ if method == "awq" else s
 
 
-def quantkit_asks(disk_bytes: int) -> int:
-    """The free disk quantkit's own check (quantkit/artifact.py's ``check_free_space``, with the margin its writer
-    leaves at the default) asks before it makes an output whose plan needs ``disk_bytes``: planning for less passed
-    the 32B's GPTQ on an H100 that quantkit then refused before starting."""
-    from quantkit.artifact import check_free_space
-
-    return math.ceil(disk_bytes * inspect.signature(check_free_space).parameters["margin"].default)
-
-
 def spill_bytes(source: int, args: argparse.Namespace, m: Machine) -> int:
     """What llm-compressor's offloaded load (``--num-gpus`` 2 or more) writes to disk: the model beyond /dev/shm."""
     return max(0, source - max(m.shm_bytes - SHM_RESERVE, 0)) if args.num_gpus > 1 else 0
@@ -314,11 +303,14 @@ def shape_cases(shape: str, args: argparse.Namespace, m: Machine) -> tuple[Case,
     On one GPU, a disk that cannot hold the source beside an output takes the source's first shards off it into
     /dev/shm, if /dev/shm (less ``SHM_RESERVE``) holds them: host memory they hold while every case runs, which the
     verdicts subtract from the machine's. A multi-GPU run's offloaded load has /dev/shm for itself. An output's disk
-    figure is what quantkit's free-space check asks for it (``quantkit_asks``), the direct output's too."""
+    figure is what quantkit's free-space check asks for it (quantkit/artifact.py's ``free_space_asked``), the direct
+    output's too."""
+    from quantkit.artifact import free_space_asked
+
     plans = plan_outputs(shape, args)
     first = next(iter(plans.values()))
     source, parameters = first["source_bytes"], first["parameters"]
-    largest = max(quantkit_asks(p["disk_bytes"]) for p in plans.values())
+    largest = max(free_space_asked(p["disk_bytes"]) for p in plans.values())
     src = args.workdir / f"src-{shape}"
     done = built(src)
     spill = spill_bytes(source, args, m)
@@ -341,7 +333,7 @@ def shape_cases(shape: str, args: argparse.Namespace, m: Machine) -> tuple[Case,
             todo.append(Case(f"{shape}/{method}/{tool}", "quantize", shape, method, tool,
                              estimate_s=quantize_estimate(shape, method, args.samples, args.seq_len) * args.repeat,
                              host_bytes=p["host_bytes"], gpu_bytes=p["gpu_bytes"],
-                             disk_bytes=quantkit_asks(p["disk_bytes"]), spill_bytes=spill,
+                             disk_bytes=free_space_asked(p["disk_bytes"]), spill_bytes=spill,
                              rewrites_weights=p["rewrites_weights"]))
         if not args.serve:
             continue

@@ -19,6 +19,7 @@ What the manifest records is :mod:`quantkit.manifest`'s; how a folder is checked
 from __future__ import annotations
 
 import errno
+import math
 import os
 import shutil
 import time
@@ -40,13 +41,19 @@ def _existing(path: Path) -> Path:
     return path
 
 
-def check_free_space(where: Path, needed: int, margin: float = 1.1) -> None:
-    """Refuse to start when the file system cannot hold the artifact (plus a 10% margin)."""
+def free_space_asked(needed: int) -> int:
+    """The free space :func:`check_free_space` asks for an artifact whose plan needs ``needed`` bytes: 10% more, for
+    what the estimate leaves out. bench/wide.py plans a machine's disk by it."""
+    return math.ceil(needed * 1.1)
+
+
+def check_free_space(where: Path, needed: int) -> None:
+    """Refuse to start when the file system cannot hold the artifact (:func:`free_space_asked`)."""
     probe = _existing(where)
     free = shutil.disk_usage(probe).free
-    if needed * margin > free:
+    if free_space_asked(needed) > free:
         raise DiskSpaceError(
-            f"not enough free space in {probe}: the artifact needs about {fmt_bytes(int(needed * margin))}, "
+            f"not enough free space in {probe}: the artifact needs about {fmt_bytes(free_space_asked(needed))}, "
             f"{fmt_bytes(free)} is free", hint="free some space or write the output elsewhere")
 
 
