@@ -93,13 +93,12 @@ def label(folder: Path) -> str:
 
 def limit_bandwidth(given: float | None, served: str | None) -> tuple[float | None, str]:
     """The memory bandwidth a row's limits are computed against, and whose it is: ``--bandwidth`` where given, else
-    the GPU that served (``served``, the name vLLM's process gave it, else nvidia-smi's first GPU) from bench/meta.py's
+    the GPU that served (``served``: the name vLLM's process gave it, else nvidia-smi's first GPU) from bench/meta.py's
     table, None for one the table lacks: the H100's shares were taken against the H200's 4.8 TB/s. Where no GPU is
     seen at all nothing was measured on one, and the reference H200's is assumed, and said."""
     if given:
         return given, "--bandwidth"
-    smi = meta.gpus()
-    name = served or (meta.gpu_name(smi[0]) if smi else None)
+    name = served
     if name is None:
         return meta.BANDWIDTH[ASSUMED_GPU], f"{ASSUMED_GPU}, assumed: no GPU seen"
     found = meta.bandwidth(name)
@@ -128,6 +127,17 @@ def log_stem(folder: Path, tp: int) -> str:
     return folder.name if tp == 1 else f"{folder.name}-tp{tp}"
 
 
+def checkpoint_row(folder: Path, sb: StepBytes, tp: int) -> dict[str, Any]:
+    """A row's description of the checkpoint, before anything is served: its label, format and the bytes a step
+    reads (``sb``)."""
+    row: dict[str, Any] = {"checkpoint": label(folder), "folder": folder.name, "path": str(folder),
+                           "format": describe(folder), "tp": tp,
+                           "weight_bytes": sb.total, "bytes_per_step": sb.read(1)}
+    if sb.moe:
+        row.update(num_experts=sb.num_experts, top_k=sb.top_k, expert_bytes=sb.experts, always_bytes=sb.always)
+    return row
+
+
 def run_one(folder: Path, args: argparse.Namespace, tp: int = 1) -> dict[str, Any]:
     """One checkpoint on ``tp`` GPUs: vLLM's default configuration, or (``--kernels``) every kernel configuration.
 
@@ -135,11 +145,7 @@ def run_one(folder: Path, args: argparse.Namespace, tp: int = 1) -> dict[str, An
     GPU's bandwidth over the same bytes. The bandwidth is the serving GPU's unless ``args.bandwidth`` is given
     (``limit_bandwidth``); with none known, the limits and shares are None."""
     sb: StepBytes = count(folder)
-    row: dict[str, Any] = {"checkpoint": label(folder), "folder": folder.name, "path": str(folder),
-                           "format": describe(folder), "tp": tp,
-                           "weight_bytes": sb.total, "bytes_per_step": sb.read(1)}
-    if sb.moe:
-        row.update(num_experts=sb.num_experts, top_k=sb.top_k, expert_bytes=sb.experts, always_bytes=sb.always)
+    row = checkpoint_row(folder, sb, tp)
     engine_args: dict[str, Any] = {}
     if tp > 1:
         engine_args["tensor_parallel_size"] = tp
@@ -156,14 +162,22 @@ def run_one(folder: Path, args: argparse.Namespace, tp: int = 1) -> dict[str, An
         config = kernels.configurations(kernels.read_quantization(folder))[0]
         m = kernel_sweep.run_configuration(folder, config, bench, runtime, args.logs / f"{log_stem(folder, tp)}.log",
                                            args.timeout)
+    return measured(row, m, sb, tp, args.batches, args.bandwidth)
+
+
+def measured(row: dict[str, Any], m: kernels.Measurement, sb: StepBytes, tp: int, batches: list[int],
+             bandwidth: float | None) -> dict[str, Any]:
+    """``row`` with one vLLM measurement's figures: TTFT, decode tok/s at each batch, and each batch's limit and share
+    of it against ``bandwidth`` (``--bandwidth``), else the serving GPU's (:func:`limit_bandwidth`)."""
     row.update(seconds=m.seconds, log=m.log, kernels=m.facts.kernels(), **m.extra)
     if m.status == "ok":
         row["ttft_s"] = m.ttft_s
     else:
         row["error"] = f"{m.status}: {m.error}"[:300]
-    bw, row["bandwidth_of"] = limit_bandwidth(args.bandwidth, row.get("gpu"))
+    served = None if bandwidth else row.get("gpu") or next((meta.gpu_name(g) for g in meta.gpus()), None)
+    bw, row["bandwidth_of"] = limit_bandwidth(bandwidth, served)
     row["bandwidth"] = bw
-    for b in args.batches:
+    for b in batches:
         limit = b * tp * bw / sb.read(b) if bw else None
         row[f"limit_b{b}"] = limit
         row[f"bytes_per_step_b{b}"] = sb.read(b)

@@ -165,10 +165,16 @@ def gb(n: float) -> str:
     return f"{n / 1e9:.1f} GB"
 
 
+def machine_name(gpus: list[str]) -> str:
+    """A machine's name for its results, from nvidia-smi's lines (:func:`meta.gpus`): its GPU model and count (h100,
+    h200x4: bench/meta.py's gpu_model), h200 where no GPU is visible (the GPU the plan then assumes)."""
+    model = meta.gpu_model(gpus[0]) if gpus else "h200"
+    return model if len(gpus) <= 1 else f"{model}x{len(gpus)}"
+
+
 def machine(args: argparse.Namespace) -> Machine:
     """The machine named by ``--machine``, else this one (nvidia-smi, quantkit's host-memory reading, the free disk
-    under the workdir, /dev/shm's size); each figure overridable. This one is named by its GPU model and count
-    (h100, h200x2: bench/meta.py's gpu_model), or h200 where no GPU is visible (the GPU the plan then assumes)."""
+    under the workdir, /dev/shm's size); each figure overridable; this one named by :func:`machine_name`."""
     from quantkit.plan import host_limit
 
     said: list[str] = []
@@ -182,14 +188,13 @@ def machine(args: argparse.Namespace) -> Machine:
         gpus = len(totals)
         if totals:
             gpu = int(float(totals[0].split(",")[-1].split()[0]) * 2**20)  # "NVIDIA H200, 143771 MiB"
-            model = meta.gpu_model(totals[0])
         else:
-            gpu, gpus, model = H200_GPU_BYTES, 1, "h200"
+            gpu, gpus = H200_GPU_BYTES, 1
             said.append(f"no GPU visible: planned for one H200 ({gb(gpu)})")
         host = (host_limit() or (0, ""))[0]
         disk = shutil.disk_usage(args.workdir).free
         shm = shutil.disk_usage("/dev/shm").total if Path("/dev/shm").is_dir() else host
-        name = model if gpus == 1 else f"{model}x{gpus}"
+        name = machine_name(totals)
     return Machine(name, args.gpus or gpus, args.gpu_bytes or gpu, args.host_bytes or host,
                    args.disk_bytes or disk, args.shm_bytes or shm, said)
 
