@@ -37,8 +37,8 @@ and a later one time the cases). For each shape:
    few as leave the disk enough, are written there (less the same reserve) and linked from the source folder (the 32B
    on the one-GPU reference H200, 64 GiB of disk: 44 GB of its 65.5 GB source; they stay for the next run until
    removed). A case that holds its own copy of the weights beside those shards has the machine's host memory less
-   them: a method whose quantkit plan rewrites the weights as it calibrates (quantkit/producers/modifiers.py's
-   ``Plan.rewrites_weights``: GPTQ, AWQ, SmoothQuant) and eval's baseline; a method that only observes them (FP8
+   them: a method whose quantkit plan rewrites the weights as it calibrates (quantkit/plan.py's
+   ``rewrites_weights``: GPTQ, AWQ, SmoothQuant) and eval's baseline; a method that only observes them (FP8
    static) maps those very pages as its model, which its floor counts once. The host must hold the plan's floor; one
    GPU the plan's peak; serving the checkpoint's 1/tp share in 85% of a GPU; ``quantkit eval`` its baseline, which it
    scores in transformers on the CPU in float32 (four bytes a parameter: a 70B bf16 model fits no single GPU, and
@@ -213,22 +213,12 @@ def header_checkpoint(shape: str, folder: Path) -> Path:
     return header_only.write(shape, folder)
 
 
-def rewrites_weights(spec: Any) -> bool:
-    """Whether quantkit's plan of ``spec`` writes new weights into the model while it calibrates (quantkit/producers/
-    modifiers.py's ``Plan.rewrites_weights``: GPTQ, AWQ, SmoothQuant), so that the process holds its own copy of every
-    weight beside the source's shards in /dev/shm; where llm-compressor only observes them (FP8 static) the model is
-    those very tmpfs pages, mapped, not copied, and the plan's floor counts them already. A method llm-compressor does
-    not make is taken to copy them."""
-    from quantkit import formats
-    from quantkit.producers import modifiers
-
-    return not formats.for_spec(spec).llmcompressor or modifiers.plan(spec).rewrites_weights
-
-
 def plan_outputs(shape: str, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """quantkit's own plan of each method for a header-only checkpoint of ``shape`` (one ``quantkit run --dry-run``
     with an output per method, so one process): its plan by method, with the source's size and parameters and whether
-    the method rewrites the weights (``rewrites_weights``, of the recipe's spec as quantkit reads it)."""
+    the method rewrites the weights (quantkit/plan.py's ``rewrites_weights``, of the recipe's spec as quantkit reads
+    it)."""
+    from quantkit.plan import rewrites_weights
     from quantkit.recipe import validate
 
     hdr = header_checkpoint(shape, args.workdir / f"header-{shape}")

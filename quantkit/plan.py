@@ -469,7 +469,7 @@ def _memory(row: formats.Format, spec: MethodBase, recipe: Recipe, src: SourceMo
     c = recipe.calibration
     tokens = c.samples * c.seq_len if row.calibrates(spec) else 0
     acts = tokens * hidden * 2 * 2
-    host = model + acts + layer.experts + _compressed_copy(row, spec, src)
+    host = model + acts + layer.experts + _compressed_copy(spec, src)
     gptq = _gptq_bytes(layer) if Method.GPTQ in (spec.method, getattr(spec, "weights", None)) else 0
     if not on_gpu:
         return host + acts // max(c.samples, 1) * 8 + gptq, 0
@@ -480,18 +480,24 @@ def _memory(row: formats.Format, spec: MethodBase, recipe: Recipe, src: SourceMo
     return host, _GPU_FIXED + work + gptq + awq
 
 
-def _compressed_copy(row: formats.Format, spec: MethodBase, src: SourceModel) -> int:
-    """The bytes of the compressed weights llm-compressor's compression builds while the model's own are still held,
-    counted where the model's weights are the process's own memory, rewritten while it calibrated
-    (:attr:`quantkit.producers.modifiers.Plan.rewrites_weights`): the quantized weights' share of the artifact in
-    compressed-tensors (a legacy AWQ or GPTQ layout is written from it after; the embeddings and lm_head are saved
-    as they are, not copied). Where they are only observed (FP8, FP4, RTN) the model
-    stays in the pages the load mapped from the source's files, which the kernel can take back, and its compressed
-    copy, smaller than the model, fits in what the floor already counts (FP8 static of the 32B: 30.5 GiB allocated
-    beside a 61 GiB model)."""
+def rewrites_weights(spec: MethodBase) -> bool:
+    """Whether making ``spec`` rewrites the model's weights into the process's own memory while it calibrates
+    (llm-compressor's GPTQ, AWQ, SmoothQuant, AutoRound: :attr:`quantkit.producers.modifiers.Plan.rewrites_weights`).
+    Where they are only observed (FP8, FP4, RTN) the model stays in the pages the load mapped from the source's
+    files, which the kernel can take back (bench/wide.py plans a source in /dev/shm by it too)."""
     from quantkit.producers import modifiers
 
-    if not row.llmcompressor or not modifiers.plan(spec).rewrites_weights:
+    return formats.for_spec(spec).llmcompressor and modifiers.plan(spec).rewrites_weights
+
+
+def _compressed_copy(spec: MethodBase, src: SourceModel) -> int:
+    """The bytes of the compressed weights llm-compressor's compression builds while the model's own are still held,
+    counted where the model's weights are the process's own memory (:func:`rewrites_weights`): the quantized weights'
+    share of the artifact in compressed-tensors (a legacy AWQ or GPTQ layout is written from it after; the embeddings
+    and lm_head are saved as they are, not copied). Where they are only observed the compressed copy, smaller than
+    the model, fits in what the floor already counts (FP8 static of the 32B: 30.5 GiB allocated beside a 61 GiB
+    model)."""
+    if not rewrites_weights(spec):
         return 0
     from quantkit.producers.compressed import PRODUCER as COMPRESSED
 
