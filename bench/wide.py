@@ -58,7 +58,9 @@ and a later one time the cases). For each shape:
    (bench/quantize_cost.py: ``load_offloaded_model`` and ``device_map="auto_offload"``); with one GPU it is its
    sequential pipeline on a model loaded to the host. Each quantkit run that finishes (rc 0) is checked against its
    plan: the largest GPU's peak and the host's, and whether each is within 15% of the plan (``PLAN_TOLERANCE``); a
-   failed run is not (its peaks are not the work planned), and its log's last line is its error.
+   failed run is not (its peaks are not the work planned), and its error is the line of its log that says why
+   (``failure_line``: quantkit's ``error:`` line, not the hint under it; else the exception of the last traceback,
+   a rank's rather than torchrun's ChildFailedError; else the last line).
 4. **Each quantkit artifact at each ``--tp`` size** (one that is not there, its quantization failed, is recorded as such
    and passed over): ``quantkit smoke --tp N`` (a greedy completion and a chat answer from vLLM's server; a failed
    smoke's error in a column of its own), bench/serve_speed.py's measurement in vLLM's Python (offline, CUDA graphs for
@@ -543,9 +545,38 @@ def plan_check(planned: int, measured: int | None) -> dict[str, Any]:
             "within": abs(error) <= PLAN_TOLERANCE}
 
 
+TRACEBACK = "Traceback (most recent call last):"
+LAUNCHER_ERRORS = ("ChildFailedError",)  # torchrun's, after its ranks' tracebacks: it says a rank failed, not why
+
+
+def failure_line(log: str) -> str:
+    """The one line of a failed process's log that says why it failed (its error in results.json and the README;
+    at most 300 characters). Not the log's last line: quantkit prints its ``error:`` line and then a hint under it,
+    and a Python program may print after its traceback (an atexit handler, torchrun's report of its ranks). So the
+    last of quantkit's ``error:`` lines and of the tracebacks' exception lines (the first line under a traceback's
+    indented frames; torchrun's ChildFailedError passed over where a rank's own traceback is there), whichever came
+    later; else the last non-empty line (``SystemExit("...")`` prints its message alone)."""
+    lines = log.splitlines()
+    said = [(k, ln) for k, ln in enumerate(lines) if ln.startswith("error: ")]
+    raised: list[tuple[int, str]] = []
+    for k, ln in enumerate(lines):
+        if ln.strip() != TRACEBACK:
+            continue
+        end = next((j for j in range(k + 1, len(lines)) if lines[j].strip() and not lines[j][0].isspace()), None)
+        if end is not None:
+            raised.append((end, lines[end]))
+    launcher = [r for r in raised if r[1].split(":", 1)[0].rsplit(".", 1)[-1] in LAUNCHER_ERRORS]
+    found = said + ([r for r in raised if r not in launcher] or launcher)
+    if found:
+        return max(found)[1].strip()[:300]
+    tail = [ln for ln in lines if ln.strip()]
+    return tail[-1].strip()[:300] if tail else ""
+
+
 def run_quantize(c: Case, args: argparse.Namespace, inputs: dict[str, Path]) -> dict[str, Any]:
     """``--repeat`` runs of one case (the median kept, every wall beside it), each that finished (rc 0) checked
-    against the plan, each that failed given its log's last line as its error; the direct output deleted after."""
+    against the plan, each that failed given its log's :func:`failure_line` as its error; the direct output deleted
+    after."""
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
            "LLM_COMPRESSOR_LOG_LEVEL": os.environ.get("LLM_COMPRESSOR_LOG_LEVEL", "ERROR")}
     out = args.workdir / f"out-{c.shape}-{c.method}-{c.tool}"
@@ -565,8 +596,7 @@ def run_quantize(c: Case, args: argparse.Namespace, inputs: dict[str, Path]) -> 
         r["output_bytes"] = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) if out.exists() else 0
         per_gpu = r.get("peak_gpu_bytes_per_gpu") or []
         if r["rc"]:  # a failed run's peaks are not the work the plan is of (refused in 1.4 s: "+58850%")
-            tail = [ln for ln in Path(r["log"]).read_text(errors="replace").splitlines() if ln.strip()]
-            r["error"] = tail[-1].strip()[:300] if tail else ""
+            r["error"] = failure_line(Path(r["log"]).read_text(errors="replace"))
         else:
             r["plan"] = {"gpu": plan_check(c.gpu_bytes, max(per_gpu, default=None) or r.get("peak_gpu_bytes")),
                          "host": plan_check(c.host_bytes, r["peak_host_used_bytes"])}
@@ -633,8 +663,7 @@ def run_engine(c: Case, args: argparse.Namespace, inputs: dict[str, Path]) -> di
     try:
         doc = json.loads(proc.stdout)
     except json.JSONDecodeError:
-        tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
-        return {**r, "error": tail[-1].strip()[:300] if tail else "no JSON on stdout"}
+        return {**r, "error": failure_line(log.read_text(errors="replace")) or "no JSON on stdout"}
     if c.kind == "smoke":
         run = (doc.get("runs") or [{}])[0]
         return {**r, "ok": doc.get("ok"), "completion": (run.get("completion") or {}).get("text"),

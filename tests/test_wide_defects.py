@@ -6,7 +6,8 @@ traceback; an H100 named h200; its decode shares taken against the H200's bandwi
 counted with the source's /dev/shm shards twice; the cases after a failed build run against a missing source; a
 failed smoke's error shown as its chat answer and a refused run checked against the plan. Planned on the CPU from
 header-only checkpoints, the machine's figures given; a case that runs a process runs the real one (a build that
-fails, quantkit refusing a missing source), and vLLM's measurement is given as its worker reports one."""
+fails, quantkit refusing a missing source), and vLLM's measurement is given as its worker reports one. Found in
+review since: a failed run's error taken as its log's last line (quantkit's hint)."""
 
 from __future__ import annotations
 
@@ -198,7 +199,8 @@ def test_a_failed_build_skips_its_shapes_cases_and_the_next_shape_goes_on(tmp_pa
 def test_a_failed_smoke_shows_its_error_and_a_failed_run_is_not_checked_against_the_plan(tmp_path: Path) -> None:
     """The H100's README showed a missing artifact's error in the chat answer column, and a quantkit run refused in
     1.4 s "plan-checked" at +58850%: the error now has its own column, and a run whose rc is not 0 has no plan check
-    (its log's last line is its error). Here quantkit itself refuses, in its own process: its source is not there."""
+    (its error is quantkit's ``error:`` line, not the hint under it that ends the log). Here quantkit itself refuses,
+    in its own process: its source is not there."""
     args = wide.parse(["--shapes", "32b", "--methods", "gptq", "--workdir", str(tmp_path)])
     args.logs.mkdir(parents=True)
     quantize = wide.Case("32b/gptq/quantkit", "quantize", "32b", "gptq", "quantkit", host_bytes=84_033_732_665,
@@ -206,7 +208,8 @@ def test_a_failed_smoke_shows_its_error_and_a_failed_run_is_not_checked_against_
     inputs = {"src": tmp_path / "src-32b", "calib": tmp_path / "calib.jsonl.gz", "tokens": tmp_path / "tokens.json"}
     quantize.result = wide.run_quantize(quantize, args, inputs)
     said = [ln.strip() for ln in Path(quantize.result["log"]).read_text().splitlines() if ln.strip()]
-    assert quantize.result["rc"] not in (0, None) and quantize.result["error"] == said[-1], said
+    assert quantize.result["rc"] not in (0, None) and said[-1].startswith("hint: "), said
+    assert quantize.result["error"] == f"error: model path {inputs['src']} does not exist"
     assert "plan" not in quantize.result
     smoke = wide.Case("32b/gptq/smoke-tp1", "smoke", "32b", "gptq")
     smoke.result = wide.run_engine(smoke, args, inputs)
@@ -218,3 +221,96 @@ def test_a_failed_smoke_shows_its_error_and_a_failed_run_is_not_checked_against_
     gone = f"{tmp_path / 'out-32b-gptq-quantkit'} is not there (its quantization failed)"
     assert "| smoke | rc | greedy completion | chat answer | error |" in lines
     assert f"| 32b/gptq/smoke-tp1 | - | - | - | `{gone!r}` |" in lines
+
+
+# A real torchrun's stderr (torch 2.13, two ranks of a script raising torch.OutOfMemoryError), as bench/wide.py's log
+# of a direct llm-compressor run under ``--num-gpus 2`` holds it: the ranks' tracebacks, then the launcher's own,
+# whose ChildFailedError names no cause. Site-packages and the interpreter are written SITE and PYTHON, and the
+# lines longer than this file allows are split; nothing else is changed.
+TORCHRUN_LOG = "\n".join([
+    '',
+    '*****************************************',
+    'Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to avoid'
+    ' your system being overloaded, please further tune the variable for optimal performance in'
+    ' your application as needed. ',
+    '*****************************************',
+    'Traceback (most recent call last):',
+    '  File "/tmp/fail.py", line 2, in <module>',
+    '    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")',
+    'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB',
+    'Traceback (most recent call last):',
+    '  File "/tmp/fail.py", line 2, in <module>',
+    '    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")',
+    'torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB',
+    'W1206 14:53:50.487000 26986 torch/distributed/elastic/multiprocessing/api.py:1028] Sending'
+    ' process 27000 closing signal SIGTERM',
+    'E1206 14:53:50.520000 26986 torch/distributed/elastic/multiprocessing/api.py:1002] failed'
+    ' (exitcode: 1) local_rank: 1 (pid: 27001) of binary: PYTHON',
+    'Traceback (most recent call last):',
+    '  File "<frozen runpy>", line 198, in _run_module_as_main',
+    '  File "<frozen runpy>", line 88, in _run_code',
+    '  File "SITE/torch/distributed/run.py", line 1032, in <module>',
+    '    main()',
+    '  File "SITE/torch/distributed/elastic/multiprocessing/errors/__init__.py", line 367, in wrapper',
+    '    return f(*args, **kwargs)',
+    '           ^^^^^^^^^^^^^^^^^^',
+    '  File "SITE/torch/distributed/run.py", line 1028, in main',
+    '    run(args)',
+    '  File "SITE/torch/distributed/run.py", line 1019, in run',
+    '    elastic_launch(',
+    '  File "SITE/torch/distributed/launcher/api.py", line 194, in __call__',
+    '    return launch_agent(',
+    '           ^^^^^^^^^^^^^',
+    '  File "SITE/torch/distributed/launcher/api.py", line 383, in launch_agent',
+    '    raise ChildFailedError(',
+    'torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ',
+    '============================================================',
+    '/tmp/fail.py FAILED',
+    '------------------------------------------------------------',
+    'Failures:',
+    '[1]:',
+    '  time      : 2026-12-06_14:53:50',
+    '  host      : localhost',
+    '  rank      : 0 (local_rank: 0)',
+    '  exitcode  : -15 (pid: 27000)  (SIGTERM)',
+    '  error_file: <N/A>',
+    '  traceback : Signal 15 (SIGTERM) received by PID 27000',
+    '------------------------------------------------------------',
+    'Root Cause (first observed failure):',
+    '[0]:',
+    '  time      : 2026-12-06_14:53:50',
+    '  host      : localhost',
+    '  rank      : 1 (local_rank: 1)',
+    '  exitcode  : 1 (pid: 27001) ',
+    '  error_file: <N/A>',
+    '  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html',
+    '============================================================',
+    '',
+])
+
+
+def test_a_failed_runs_error_is_quantkits_error_line_or_the_exception_raised(tmp_path: Path) -> None:
+    """A failed run's error was its log's last line: for quantkit its hint, under the ``error:`` line that says what
+    went wrong; for a Python program whatever it printed after its traceback (an atexit handler's line, torchrun's
+    report). Now it is quantkit's ``error:`` line, else the exception of the last traceback (torchrun's
+    ChildFailedError, which names no cause, passed over for its rank's), else the last line. Each log here is a real
+    process's stderr, run alongside one another (about a second in all)."""
+    atexit = "import atexit, sys; atexit.register(print, 'flushing peak.json', file=sys.stderr); 1 / 0"
+    chained = "try:\n    {}['calib']\nexcept KeyError:\n    raise RuntimeError('no calibration set')"
+    argvs = {"quantkit": [sys.executable, "-m", "quantkit", "awq", "/nonexistent", str(tmp_path / "out")],
+             "atexit": [sys.executable, "-c", atexit], "chained": [sys.executable, "-c", chained],
+             "exit": [sys.executable, "-c", "raise SystemExit('no GPU visible: nothing to measure')"]}
+    procs = {k: subprocess.Popen(v, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=ROOT)
+             for k, v in argvs.items()}
+    logs = {k: p.communicate(timeout=120)[1] for k, p in procs.items()}
+    assert all(p.returncode != 0 for p in procs.values())
+    said = [ln.strip() for ln in logs["quantkit"].splitlines() if ln.strip()]
+    assert said == ["error: model path /nonexistent does not exist",
+                    "hint: give a local checkpoint folder or a hub id like org/name"]
+    assert wide.failure_line(logs["quantkit"]) == "error: model path /nonexistent does not exist"
+    assert logs["atexit"].rstrip().endswith("flushing peak.json")
+    assert wide.failure_line(logs["atexit"]) == "ZeroDivisionError: division by zero"
+    assert wide.failure_line(logs["chained"]) == "RuntimeError: no calibration set"
+    assert wide.failure_line(logs["exit"]) == "no GPU visible: nothing to measure"
+    assert wide.failure_line(TORCHRUN_LOG) == "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert wide.failure_line("") == ""
