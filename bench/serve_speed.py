@@ -28,8 +28,8 @@ one warm-up generation at the largest batch:
   if no two tokens shared an expert, min(E, B x top-k), is in the JSON). KV-cache reads are ignored, which only
   lowers the real bound. The bandwidth is ``--bandwidth`` where given, else the serving GPU's (the device vLLM's
   process names, else nvidia-smi's first) from bench/meta.py's ``BANDWIDTH`` (H100 SXM 80GB HBM3 3.35 TB/s, H200
-  4.8 TB/s): a GPU the table lacks gets no limit (None), not another card's, and only where no GPU is seen at all
-  (nothing served on one) is the reference H200's assumed. Each row records the figure and whose it is
+  4.8 TB/s): a GPU the table lacks, or no GPU seen at all, gets no limit and no share (None; "-" in the table, the
+  reason beside "Limit =" in the markdown), never another card's. Each row records the figure and whose it is
   (``bandwidth``, ``bandwidth_of``).
 * ``--tp 1,2`` measures each checkpoint with vLLM's tensor parallelism over 1 and 2 GPUs (a table of the
   ratios follows the main one).
@@ -65,9 +65,6 @@ from quantkit.engines.vllm import kernel_sweep, kernels  # noqa: E402
 from quantkit.formats.names import VLLM  # noqa: E402
 from step_bytes import StepBytes, count  # noqa: E402
 
-ASSUMED_GPU = "NVIDIA H200"  # whose bandwidth a limit takes where no GPU is seen (a run that served on none)
-
-
 def describe(folder: Path) -> str:
     """The checkpoint's format as its config says: compressed-tensors format, another quant_method, or its dtype."""
     cfg = json.loads((folder / "config.json").read_text())
@@ -94,21 +91,22 @@ def label(folder: Path) -> str:
 def limit_bandwidth(given: float | None, served: str | None) -> tuple[float | None, str]:
     """The memory bandwidth a row's limits are computed against, and whose it is: ``--bandwidth`` where given, else
     the GPU that served (``served``: the name vLLM's process gave it, else nvidia-smi's first GPU) from bench/meta.py's
-    table, None for one the table lacks: the H100's shares were taken against the H200's 4.8 TB/s. Where no GPU is
-    seen at all nothing was measured on one, and the reference H200's is assumed, and said."""
+    table. None for one the table lacks, and None where no GPU is seen at all: a limit against a card that did not
+    serve is wrong, not approximate (the H100's shares were taken against the H200's 4.8 TB/s)."""
     if given:
         return given, "--bandwidth"
-    name = served
-    if name is None:
-        return meta.BANDWIDTH[ASSUMED_GPU], f"{ASSUMED_GPU}, assumed: no GPU seen"
-    found = meta.bandwidth(name)
-    return found, name if found else f"{name}, not in bench/meta.py's BANDWIDTH: no limit known"
+    if served is None:
+        return None, "no GPU seen: no limit known"
+    found = meta.bandwidth(served)
+    return found, served if found else f"{served}, not in bench/meta.py's BANDWIDTH: no limit known"
 
 
 def bandwidth_text(rows: list[dict[str, Any]]) -> str:
-    """The bandwidths the rows' limits were computed against, each with whose it is (one, on one machine)."""
+    """The bandwidths the rows' limits were computed against, each with whose it is (one, on one machine); where none
+    is known, why (its ``bandwidth_of`` says: no GPU seen, or one bench/meta.py's table lacks), so the table's "-"
+    limits are explained."""
     seen = dict.fromkeys((r.get("bandwidth"), r.get("bandwidth_of")) for r in rows)
-    return "; ".join(f"{bw / 1e12:.2f} TB/s ({of})" if bw else f"none ({of})" for bw, of in seen)
+    return "; ".join(f"{bw / 1e12:.2f} TB/s ({of})" if bw else str(of) for bw, of in seen)
 
 
 def limit_cell(row: dict[str, Any], b: int) -> str:

@@ -65,11 +65,12 @@ and a later one time the cases). For each shape:
    and passed over): ``quantkit smoke --tp N`` (a greedy completion and a chat answer from vLLM's server; a failed
    smoke's error in a column of its own), bench/serve_speed.py's measurement in vLLM's Python (offline, CUDA graphs for
    the measured batches: TTFT and decode tok/s at ``--batches``, 1 and 16, and in results.json the limit that the
-   serving GPU's memory bandwidth sets, bench/meta.py's ``BANDWIDTH``, none for a GPU it lacks), and with two or more
-   sizes ``quantkit eval ARTIFACT --engine vllm`` (``QUANTKIT_VLLM_ARGS`` sets vLLM's tensor_parallel_size) on the
-   first ``--eval-tokens`` held-out tokens: perplexity, KLD and top-1 against the bf16 source, and the agreement of the
-   sizes (their perplexities' ratio, KLD and top-1 differences, whether the greedy completions are identical). The
-   bf16 source is served too, at each size (decode tok/s only), for the quantized artifacts' ratio.
+   serving GPU's memory bandwidth sets, bench/meta.py's ``BANDWIDTH``, none for a GPU it lacks or where nvidia-smi
+   lists none), and with two or more sizes ``quantkit eval ARTIFACT --engine vllm`` (``QUANTKIT_VLLM_ARGS`` sets
+   vLLM's tensor_parallel_size) on the first ``--eval-tokens`` held-out tokens: perplexity, KLD and top-1 against the
+   bf16 source, and the agreement of the sizes (their perplexities' ratio, KLD and top-1 differences, whether the
+   greedy completions are identical). The bf16 source is served too, at each size (decode tok/s only), for the
+   quantized artifacts' ratio.
 
 Writes ``--results-dir``/{results.json,README.md} (bench/results/MACHINE/70b for the 70B shape alone, else
 MACHINE/wide; MACHINE is ``--machine``, else the GPU model nvidia-smi names with xN for N GPUs, as h100 or h200x4,
@@ -622,7 +623,7 @@ def absent(c: Case, args: argparse.Namespace, inputs: dict[str, Path]) -> dict[s
 
 def run_serve(c: Case, args: argparse.Namespace, inputs: dict[str, Path]) -> dict[str, Any]:
     """bench/serve_speed.py's measurement of one checkpoint on ``c.tp`` GPUs, its decode limit against the serving
-    GPU's bandwidth (serve_speed's ``limit_bandwidth``: none for a GPU its table lacks)."""
+    GPU's bandwidth (serve_speed's ``limit_bandwidth``: none for a GPU its table lacks, or where no GPU is seen)."""
     if (gone := absent(c, args, inputs)) is not None:
         return gone
     import serve_speed

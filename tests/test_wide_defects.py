@@ -7,7 +7,8 @@ counted with the source's /dev/shm shards twice; the cases after a failed build 
 failed smoke's error shown as its chat answer and a refused run checked against the plan. Planned on the CPU from
 header-only checkpoints, the machine's figures given; a case that runs a process runs the real one (a build that
 fails, quantkit refusing a missing source), and vLLM's measurement is given as its worker reports one. Found in
-review since: a failed run's error taken as its log's last line (quantkit's hint)."""
+review since: a failed run's error taken as its log's last line (quantkit's hint); the H200's bandwidth assumed
+for a decode limit where no GPU is seen."""
 
 from __future__ import annotations
 
@@ -147,10 +148,9 @@ def test_the_decode_limit_is_against_the_serving_gpus_bandwidth(tmp_path: Path, 
 
 def test_the_bandwidth_is_given_or_the_serving_gpus() -> None:
     """``--bandwidth`` wins; else the GPU that served (vLLM's name for it, else nvidia-smi's first: wide.py's machine
-    reads the same name); no GPU seen at all, nothing was served on one: the reference H200's, said to be assumed."""
+    reads the same name); no GPU seen at all: none (test_no_gpu_seen_gives_no_decode_limit)."""
     assert serve_speed.limit_bandwidth(2e12, "NVIDIA H200") == (2e12, "--bandwidth")
     assert serve_speed.limit_bandwidth(None, "NVIDIA H100 80GB HBM3") == (3.35e12, "NVIDIA H100 80GB HBM3")
-    assert serve_speed.limit_bandwidth(None, None) == (4.8e12, "NVIDIA H200, assumed: no GPU seen")
 
 
 def test_a_method_that_only_observes_the_weights_counts_the_shm_source_once(tmp_path: Path) -> None:
@@ -314,3 +314,28 @@ def test_a_failed_runs_error_is_quantkits_error_line_or_the_exception_raised(tmp
     assert wide.failure_line(logs["exit"]) == "no GPU visible: nothing to measure"
     assert wide.failure_line(TORCHRUN_LOG) == "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
     assert wide.failure_line("") == ""
+
+
+def test_no_gpu_seen_gives_no_decode_limit(tmp_path: Path) -> None:
+    """Where no GPU is seen (vLLM's process named none and nvidia-smi lists none) the limit was the H200's 4.8 TB/s,
+    assumed; there is no serving GPU to take a bandwidth from, so the limit and the share are None and the markdown
+    says why. Through serve_speed.measured on a measurement as vLLM's worker reports one without a GPU's name, on a
+    machine where nvidia-smi lists none (this CI's)."""
+    from quantkit.engines.vllm import kernels
+
+    assert serve_speed.limit_bandwidth(None, None) == (None, "no GPU seen: no limit known")
+    if serve_speed.meta.gpus():
+        pytest.skip("nvidia-smi lists a GPU here: its bandwidth is the serving GPU's")
+    src = ROOT / "models" / "quantkit-tiny"
+    sb = step_bytes.count(src)
+    config = kernels.configurations(kernels.read_quantization(src))[0]
+    m = kernels.Measurement(config, "ok", ttft_s=0.05, decode_tok_s={"1": 83.2, "16": 1246.0}, seconds=60.0,
+                            log=str(tmp_path / "vllm.log"), extra={})
+    row = serve_speed.measured(serve_speed.checkpoint_row(src, sb, 1), m, sb, 1, [1, 16], None)
+    assert (row["bandwidth"], row["bandwidth_of"]) == (None, "no GPU seen: no limit known")
+    assert row["limit_b1"] is row["limit_b16"] is row["b1"]["share_of_limit"] is row["b16"]["share_of_limit"] is None
+    data = {"command": "serve_speed.py", "date": "2026-12-06", "machine": {"cpu": "x", "cores": 16}, "versions": {},
+            "prompt_len": 512, "gen": 128, "batches": [1, 16], "rows": [row]}
+    md = serve_speed.markdown(data)
+    assert "Limit = batch x the serving GPU's memory bandwidth (no GPU seen: no limit known) / bytes" in md
+    assert next(ln for ln in md.splitlines() if ln.startswith("| bf16 |")).endswith(" | 83 | - | 1246 | - |")
