@@ -68,9 +68,9 @@ and a later one time the cases). For each shape:
    serving GPU's memory bandwidth sets, bench/meta.py's ``BANDWIDTH``, none for a GPU it lacks or where nvidia-smi
    lists none), and with two or more sizes ``quantkit eval ARTIFACT --engine vllm`` (``QUANTKIT_VLLM_ARGS`` sets
    vLLM's tensor_parallel_size) on the first ``--eval-tokens`` held-out tokens: perplexity, KLD and top-1 against the
-   bf16 source, and the agreement of the sizes (their perplexities' ratio, KLD and top-1 differences, whether the
-   greedy completions are identical). The bf16 source is served too, at each size (decode tok/s only), for the
-   quantized artifacts' ratio.
+   bf16 source (a failed eval's error in a column of its own, as a smoke's), and the agreement of the sizes (their
+   perplexities' ratio, KLD and top-1 differences, whether the greedy completions are identical). The bf16 source is
+   served too, at each size (decode tok/s only), for the quantized artifacts' ratio.
 
 Writes ``--results-dir``/{results.json,README.md} (bench/results/MACHINE/70b for the 70B shape alone, else
 MACHINE/wide; MACHINE is ``--machine``, else the GPU model nvidia-smi names with xN for N GPUs, as h100 or h200x4,
@@ -650,7 +650,7 @@ def engine_command(c: Case, args: argparse.Namespace, inputs: dict[str, Path]) -
 
 def run_engine(c: Case, args: argparse.Namespace, inputs: dict[str, Path]) -> dict[str, Any]:
     """A smoke or eval case: its exit code, wall and the figures its JSON gives (the greedy completion; ppl, KLD,
-    top-1), the whole JSON beside them."""
+    top-1) and its error (a failed eval's is its JSON's, ``ok: false``), the whole JSON beside them."""
     if (gone := absent(c, args, inputs)) is not None:
         return gone
     env = {**os.environ, "QUANTKIT_VLLM_ARGS": json.dumps({"tensor_parallel_size": c.tp,
@@ -671,7 +671,7 @@ def run_engine(c: Case, args: argparse.Namespace, inputs: dict[str, Path]) -> di
                 "chat": (run.get("chat") or {}).get("text"), "error": run.get("error"), "smoke": doc}
     res = (doc.get("results") or [{}])[0]
     return {**r, **{k: res.get(k) for k in ("ppl", "kld", "top1", "ppl_ratio")},
-            "baseline_ppl": (doc.get("baseline") or {}).get("ppl"), "eval": doc}
+            "baseline_ppl": (doc.get("baseline") or {}).get("ppl"), "error": doc.get("error"), "eval": doc}
 
 
 def build_failed(build: Case, all_cases: list[Case]) -> list[Case]:
@@ -726,15 +726,31 @@ def check_cell(p: dict[str, Any] | None) -> str:
     return f"{gib(p['planned'])} ({p['error']:+.0%}, {'within' if p['within'] else 'OUTSIDE'} 15%)"
 
 
+def text_cell(text: str | None, cut: int | None = 80) -> str:
+    """A table cell of text a process gave (a completion, an error): quoted, so that a "|" or a newline in it does not
+    break the table, and cut at ``cut`` characters; "-" for none."""
+    return f"`{text[:cut]!r}`" if text else "-"
+
+
 def smoke_row(c: dict[str, Any]) -> str:
     """A smoke case's row: its rc ("-" for one that never ran: its checkpoint was missing), the first 80 characters of
     its greedy completion and chat answer and, in its own column and whole (at most 300 characters: ``run_engine``),
     its error: a missing checkpoint's was shown as the chat answer, its reason cut off."""
     r = c["result"]
-    cell = lambda text, cut=80: f"`{text[:cut]!r}`" if text else "-"  # noqa: E731
     rc = "-" if r.get("rc") is None else r["rc"]
-    return (f"| {c['name']} | {rc} | {cell(r.get('completion'))} | {cell(r.get('chat'))} | "
-            f"{cell(r.get('error'), None)} |")
+    return (f"| {c['name']} | {rc} | {text_cell(r.get('completion'))} | {text_cell(r.get('chat'))} | "
+            f"{text_cell(r.get('error'), None)} |")
+
+
+def eval_row(c: dict[str, Any]) -> str:
+    """An eval case's row: its rc ("-" for one that never ran), perplexity, KLD and top-1 and, in its own column as
+    the smoke table's, its error: a failed eval showed its rc and dashes alone. The error is the result's, else that
+    of quantkit eval's JSON (``ok: false``; results.json written before the result carried it has it there only)."""
+    r = c["result"]
+    rc = "-" if r.get("rc") is None else r["rc"]
+    error = r.get("error") or (r.get("eval") or {}).get("error")
+    return (f"| {c['name']} | {rc} | {r.get('ppl') or '-'} | {r.get('kld') or '-'} | {r.get('top1') or '-'} | "
+            f"{text_cell(error, None)} |")
 
 
 def agreement(data: dict[str, Any]) -> list[str]:
@@ -793,10 +809,9 @@ def readme(data: dict[str, Any]) -> str:
     evals = [c for c in data["cases"] if c["kind"] == "eval" and c["result"]]
     if evals:
         lines += ["", f"`quantkit eval --engine vllm` on {data['eval_tokens']} held-out tokens against the bf16 source "
-                  "(scored in transformers on the host):", "", "| eval | rc | ppl | KLD | top-1 |",
-                  "|---|---|---|---|---|"]
-        lines += [f"| {c['name']} | {c['result']['rc']} | {c['result'].get('ppl') or '-'} | "
-                  f"{c['result'].get('kld') or '-'} | {c['result'].get('top1') or '-'} |" for c in evals]
+                  "(scored in transformers on the host):", "", "| eval | rc | ppl | KLD | top-1 | error |",
+                  "|---|---|---|---|---|---|"]
+        lines += [eval_row(c) for c in evals]
         rows = agreement(data)
         if rows:
             lines += ["", "| agreement | tp | ppl | KLD | top-1 | same greedy completion |",

@@ -8,7 +8,7 @@ failed smoke's error shown as its chat answer and a refused run checked against 
 header-only checkpoints, the machine's figures given; a case that runs a process runs the real one (a build that
 fails, quantkit refusing a missing source), and vLLM's measurement is given as its worker reports one. Found in
 review since: a failed run's error taken as its log's last line (quantkit's hint); the H200's bandwidth assumed
-for a decode limit where no GPU is seen."""
+for a decode limit where no GPU is seen; a failed eval's error left out of the README's eval table."""
 
 from __future__ import annotations
 
@@ -339,3 +339,30 @@ def test_no_gpu_seen_gives_no_decode_limit(tmp_path: Path) -> None:
     md = serve_speed.markdown(data)
     assert "Limit = batch x the serving GPU's memory bandwidth (no GPU seen: no limit known) / bytes" in md
     assert next(ln for ln in md.splitlines() if ln.startswith("| bf16 |")).endswith(" | 83 | - | 1246 | - |")
+
+
+def test_a_failed_evals_error_is_in_the_eval_table(tmp_path: Path) -> None:
+    """results.json held a failed eval's error (inside quantkit eval's JSON) but the README's eval table showed only
+    its rc and dashes: the error now has a column of its own, as the smoke table's, and a top-level ``error`` in the
+    result. One eval really runs quantkit eval, in its own process, on an artifact folder it refuses (no vLLM here,
+    or a config with nothing in it); the other's artifact is missing."""
+    args = wide.parse(["--shapes", "32b", "--methods", "gptq,awq", "--tp", "1,2", "--workdir", str(tmp_path)])
+    args.logs.mkdir(parents=True)
+    (tmp_path / "out-32b-gptq-quantkit").mkdir()
+    (tmp_path / "out-32b-gptq-quantkit" / "config.json").write_text("{}")
+    inputs = {"src": tmp_path / "src-32b", "calib": tmp_path / "calib.jsonl.gz", "tokens": tmp_path / "tokens.json"}
+    ran = wide.Case("32b/gptq/eval-tp1", "eval", "32b", "gptq", tp=1)
+    gone = wide.Case("32b/awq/eval-tp1", "eval", "32b", "awq", tp=1)
+    ran.result, gone.result = wide.run_engine(ran, args, inputs), wide.run_engine(gone, args, inputs)
+    assert ran.result["rc"] not in (0, None) and ran.result["ppl"] is None
+    assert ran.result["error"] == ran.result["eval"]["error"] and ran.result["error"]
+    data = {"command": "wide.py", "date": "2026-12-06", "machine": {"cpu": "x", "cores": 16}, "versions": {},
+            "plan": "", "machine_name": "h100", "shapes": ["32b"], "batches": [1, 16], "tp": [1, 2],
+            "eval_tokens": 2048}
+    wide.save(data, [ran, gone], tmp_path / "res")
+    saved = {c["name"]: c for c in json.loads((tmp_path / "res" / "results.json").read_text())["cases"]}
+    assert saved["32b/gptq/eval-tp1"]["result"]["error"] == ran.result["error"]
+    lines = (tmp_path / "res" / "README.md").read_text().splitlines()
+    assert "| eval | rc | ppl | KLD | top-1 | error |" in lines
+    assert f"| 32b/gptq/eval-tp1 | {ran.result['rc']} | - | - | - | `{ran.result['error']!r}` |" in lines
+    assert f"| 32b/awq/eval-tp1 | - | - | - | - | `{gone.result['error']!r}` |" in lines
