@@ -255,8 +255,8 @@ def test_serve_speed_rows_without_vllm(workdir: Path, tmp_path: Path) -> None:
     src = workdir / "src-moe-tiny"
     p = subprocess.run([sys.executable, str(BENCH / "serve_speed.py"), str(src), "--vllm-path", str(tmp_path / "none"),
                         "--results-dir", str(tmp_path), "--logs", str(tmp_path / "logs"), "--name", "moe",
-                        "--timeout", "120", "--tp", "1,2"], capture_output=True, text=True, env=ENV, cwd=ROOT,
-                       timeout=300)
+                        "--timeout", "120", "--tp", "1,2", "--bandwidth", "4.8e12"], capture_output=True, text=True,
+                       env=ENV, cwd=ROOT, timeout=300)
     assert p.returncode == 0, p.stderr
     row, row2 = json.loads((tmp_path / "moe.json").read_text())["rows"]
     assert (row["tp"], row2["tp"]) == (1, 2) and row2["limit_b1"] == pytest.approx(2 * row["limit_b1"])

@@ -155,8 +155,8 @@ def test_a_machine_too_small_for_the_32b_is_refused_in_one_line_before_any_work(
 def test_one_h200_takes_the_32b_shards_its_disk_cannot_hold_into_dev_shm(tmp_path: Path) -> None:
     """The one-GPU reference H200's 64 GiB disk cannot hold the 32B's 65.5 GB source beside its 37.4 GB FP8 output:
     the plan puts the source's first shards in /dev/shm (half of 128 GiB, less compressed-tensors' 5 GB reserve), as
-    few as take the rest onto the disk, and counts them against host memory for every case; a host that cannot hold a
-    case's floor beside them refuses that case in one line that says so."""
+    few as take the rest onto the disk, and counts them against host memory for the methods that rewrite the
+    weights; a host that cannot hold a case's floor beside them refuses that case in one line that says so."""
     argv = ["--shapes", "32b", "--methods", "gptq,fp8-static", "--machine", "h200", "--workdir", str(tmp_path),
             "--dry-run"]
     args = wide.parse(argv)
