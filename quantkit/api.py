@@ -129,11 +129,9 @@ def quantize_one(recipe: Recipe, spec: MethodBase, out: Path, *, force: bool = F
     with artifact.ArtifactWriter(out, force=force, expected_bytes=need) as w:
         ctx = ProduceContext(spec=spec, source=source, model=recipe.model, workdir=w.path,
                              calibration=recipe.calibration, runtime=recipe.runtime, reporter=rep,
-                             checked=prepared.checked)
+                             checked=prepared.checked, documents=_hub_documents(prepared.reads, rep))
         produced = prepared.producer.produce(ctx)
         calib = produced.calibration
-        if calib and calib.documents.kind == "hub" and (said := calibration.repeat_warning(calib.documents)):
-            rep.warn_once(said)  # a hub dataset's documents: read by the producer only, so known only now
         rep.timings["total"] = round(time.perf_counter() - t0, 3)
         manifest = Manifest(
             kind=prepared.row.kind, method=spec.method, params=spec.model_dump(mode="json"),
@@ -145,6 +143,23 @@ def quantize_one(recipe: Recipe, spec: MethodBase, out: Path, *, force: bool = F
             timings=dict(rep.timings), notes=produced.notes)
         written = w.commit(manifest)
     return ArtifactResult(path=out, manifest=written)
+
+
+def _hub_documents(reads: recipe_mod.CalibrationSpec | None, rep: Reporter) -> calibration.Documents | None:
+    """A hub dataset's documents, read by the build before its producer starts and warned of there (repeats), then
+    handed to the producer (``ProduceContext.documents``), which read them only as it tokenized, so a GPTQ of half an
+    hour said the repeats at its end. The calibration check leaves a hub dataset to the run (a dry run stays offline),
+    so nothing read it before; a shipped set or a local file the check read is warned of from its count
+    (:func:`quantkit.calibration.checked_repeat_warning`). Read inside the artifact writer, as the producer read
+    it: a hub that fails leaves nothing behind. Timed on its own (``calibration_documents``): under the tokenizing's
+    key, the tokenizing step would show the two steps' time as its own."""
+    if reads is None or not calibration.is_hub(reads.dataset):
+        return None
+    with rep.step("calibration_documents", f"Reading hub dataset {reads.dataset!r}"):
+        docs = calibration.load_documents(reads.dataset, reads.field)
+    if said := calibration.repeat_warning(docs):
+        rep.warn_once(said)
+    return docs
 
 
 def quantize(recipe: Recipe, *, force: bool = False, reporter: Reporter | None = None) -> list[ArtifactResult]:

@@ -586,8 +586,9 @@ def repeated(docs: Documents) -> int:
 
 
 def repeat_warning(docs: Documents) -> str | None:
-    """The run's one line about repeated documents (:func:`repeated`), or None where none repeats: said after the
-    producer read them, for a hub dataset, whose documents nothing reads before (:func:`checked_repeat_warning`)."""
+    """The run's one line about repeated documents (:func:`repeated`), or None where none repeats: for a hub dataset,
+    whose documents :func:`check` leaves to the run, said once the build read them, before its producer starts
+    (:func:`quantkit.api.quantize_one`; the others: :func:`checked_repeat_warning`)."""
     return _repeat_line(docs.source, sum(1 for i in docs.items if i), repeated(docs))
 
 

@@ -1,12 +1,16 @@
 """Calibration documents that repeat an earlier one: counted in the artifact's manifest (so a release pipeline can gate
-on ``quantkit.json``), and warned of once, before the quantizer starts rather than after it has finished.
+on ``quantkit.json``) and shown by ``inspect``, and warned of once, before the quantizer starts rather than after it has
+finished, a hub dataset's too.
 
 Real ``quantkit`` processes on the reference model; FP8 static and INT8 with round-to-nearest weights are the
-calibrating methods that are quick on CPU."""
+calibrating methods that are quick on CPU. The hub cannot be reached here: a hub dataset is one ``datasets`` prepared
+into the layout its cache keeps a hub download in, which quantkit's hub reader (``datasets.load_dataset`` of
+``org/name``, offline) reads as it reads a cached hub dataset."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -29,6 +33,14 @@ def _jsonl(path: Path, texts: list[str]) -> Path:
 
 def _warnings(stderr: str) -> list[str]:
     return [ln for ln in stderr.splitlines() if ln.startswith("warning:")]
+
+
+def _documents_row(out: Path, cli) -> str:
+    """What plain ``inspect`` says of the calibration's documents: its "calibration documents" row's value."""
+    table = cli("inspect", out, check=True).stdout
+    found = re.search(r"calibration documents\s+│ (.+?)\s+│", table)
+    assert found, table
+    return found.group(1)
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +78,13 @@ def test_a_set_without_repeats_records_none_and_warns_nothing(cli, tiny: Path, t
     assert _warnings(proc.stderr) == [], proc.stderr[-2000:]
     calib = json.loads((tmp_path / "out" / MANIFEST).read_text())["calibration"]
     assert (calib["documents"], calib["repeated_documents"]) == (12, 0), calib
+    assert _documents_row(tmp_path / "out", cli) == "12 (0 repeat an earlier one)"
+
+
+def test_inspect_shows_the_counts(cli, repeated_build: tuple[Path, str]) -> None:
+    """Plain ``inspect`` (not only ``--json``) says how many documents the samples were made from and how many
+    repeat an earlier one, as the manifest records them."""
+    assert _documents_row(repeated_build[0], cli) == "15 (3 repeat an earlier one)"
 
 
 def test_a_run_of_two_outputs_on_the_same_set_warns_once(cli, tiny: Path, tmp_path: Path) -> None:
@@ -94,3 +113,37 @@ def test_a_manifest_from_before_the_count_still_reads(cli, repeated_build: tuple
     cli("verify", out, check=True)
     calib = json.loads(cli("inspect", out, "--json", check=True).stdout)["calibration"]
     assert (calib["documents"], calib["repeated_documents"], calib["tokens"]) == (None, None, 128), calib
+    assert _documents_row(out, cli) == "unknown (not counted by the quantkit that made this artifact)"
+
+
+def _cached_hub_dataset(cache: Path, repo_id: str, rows: list[dict[str, str]], staging: Path) -> None:
+    """``repo_id`` in ``datasets``' cache as a download from the hub leaves it (``org___name/default/0.0.0/HASH``:
+    its ``dataset_info.json`` and ``name-train.arrow``), prepared by ``datasets``' own JSON builder from a local file:
+    the hub cannot be reached here, and offline ``datasets.load_dataset(repo_id)`` reads such a folder."""
+    from datasets.data_files import DataFilesDict
+    from datasets.packaged_modules.json.json import Json
+
+    org, name = repo_id.split("/")
+    data = _jsonl(staging / "train.jsonl", [r["text"] for r in rows])
+    files = DataFilesDict.from_patterns({"train": [data.name]}, base_path=str(staging))
+    builder = Json(cache_dir=str(staging / "build"), dataset_name=name, data_files=files)
+    builder.download_and_prepare(output_dir=str(cache / f"{org}___{name}" / "default" / "0.0.0" / "local"))
+
+
+def test_a_hub_datasets_repeats_are_warned_of_before_the_quantizer_starts(cli, tiny: Path, tmp_path: Path) -> None:
+    """A hub dataset, which the check leaves to the run (a dry run stays offline), was read by the producer, so its
+    repeats were said after the quantizer had finished. The build now reads its documents before the producer starts,
+    once (``datasets`` reads the cache once: one "Found the latest cached dataset" line), and hands them on."""
+    cache = tmp_path / "datasets"
+    _cached_hub_dataset(cache, "local-org/calib", [{"text": t} for t in TEXTS + TEXTS[:3]], tmp_path)
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_CACHE": str(cache)}
+    proc = cli("fp8", tiny, tmp_path / "out", "--calib", "local-org/calib", *BUILD, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    said = WARNING.replace("'dup.jsonl'", "'local-org/calib'")
+    assert _warnings(proc.stderr) == [said], proc.stderr[-2000:]
+    lines = proc.stderr.splitlines()
+    quantizing = next(n for n, ln in enumerate(lines) if ln.startswith("✓ Quantizing"))
+    assert lines.index(said) < quantizing, proc.stderr[-2000:]
+    assert sum("Found the latest cached dataset" in ln for ln in lines) == 1, proc.stderr[-2000:]
+    calib = json.loads((tmp_path / "out" / MANIFEST).read_text())["calibration"]
+    assert (calib["kind"], calib["documents"], calib["repeated_documents"]) == ("hub", 15, 3), calib

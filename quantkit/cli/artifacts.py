@@ -74,6 +74,7 @@ def _artifact_table(info: dict[str, Any]) -> Table:
         cal = info["calibration"]
         t.add_row("calibration", f"{escape(cal['dataset'])}: {cal['samples']} x {cal['seq_len']} tokens, "
                                  f"sha256 {cal['tokens_sha256'][:16]}…")
+        t.add_row("calibration documents", _documents(cal))
     ev = info.get("evaluation")
     if ev:
         t.add_row("evaluation", escape(", ".join(f"{k}={v}" for k, v in (ev.get("summary") or {}).items())))
@@ -83,6 +84,17 @@ def _artifact_table(info: dict[str, Any]) -> Table:
         status, detail = _seal(info["manifest"])
         t.add_row("manifest", f"{status}: {detail}")
     return t
+
+
+def _documents(cal: dict[str, Any]) -> str:
+    """The documents the calibration samples were made from and how many repeat an earlier one, as the manifest
+    records them (``--json`` gave them, the table did not): ``15 (3 repeat an earlier one)``. A manifest of an older
+    quantkit did not count them (null): "unknown", never 0, which would say that none repeats."""
+    documents, repeated = cal.get("documents"), cal.get("repeated_documents")
+    if documents is None and repeated is None:
+        return "unknown (not counted by the quantkit that made this artifact)"
+    counts = ["unknown" if n is None else f"{n:,}" for n in (documents, repeated)]
+    return f"{counts[0]} ({counts[1]} repeat an earlier one)"
 
 
 def _group(g: dict[str, Any]) -> str:

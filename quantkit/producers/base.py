@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from quantkit.calibration import CalibrationSet
+from quantkit.calibration import CalibrationSet, Documents
 from quantkit.progress import Reporter
 from quantkit.recipe import CalibrationSpec, ModelSpec, RuntimeSpec
 from quantkit.source import SourceModel
@@ -30,15 +30,19 @@ class ProduceContext:
     runtime: RuntimeSpec
     reporter: Reporter
     checked: Any = None  # what the producer's check decided from the source (Producer.check), so it is decided once
+    # the calibration's documents where the build read them before the producer started (a hub dataset, whose repeats
+    # are said before the work: quantkit.api.quantize_one), handed on so they are not read again; None: read here
+    documents: Documents | None = None
     _calib_cache: dict = field(default_factory=dict)
 
     def calibration_set(self, tokenizer: Any) -> CalibrationSet:
-        """The calibration samples for this run, built once per context and reused."""
+        """The calibration samples for this run, built once per context and reused, from :attr:`documents` where
+        the build read them already."""
         from quantkit import calibration
 
         if "set" not in self._calib_cache:
             with self.reporter.step("calibration_data", f"Tokenizing calibration set {self.calibration.dataset!r}"):
-                self._calib_cache["set"] = calibration.build(self.calibration, tokenizer)
+                self._calib_cache["set"] = calibration.build(self.calibration, tokenizer, self.documents)
         return self._calib_cache["set"]
 
 
