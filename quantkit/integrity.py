@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -249,39 +250,76 @@ def _differences(changed: list[str], missing: list[str], extra: list[str]) -> st
                      (("changed", changed), ("missing", missing), ("not listed", extra)) if names)
 
 
-def _holds_manifest(folder: Path) -> bool:
-    """Whether ``folder`` holds an entry named :data:`~quantkit.manifest.MANIFEST` that is not a folder. A FIFO or a
-    device there counts (looked at, never opened): the folder is then found as the artifact it claims to be, and
-    reading its manifest refuses it in one line (:func:`quantkit.manifest.open_regular`) before anything else
-    starts, where taking it for no artifact sent ``smoke`` on to look for an engine first."""
+def holds_manifest(folder: Path) -> bool:
+    """Whether ``folder`` holds an entry named :data:`~quantkit.manifest.MANIFEST` that is not a folder: the one test
+    of whether a folder claims to be an artifact, which :func:`artifact_of`, :func:`release_artifacts` and
+    :func:`quantkit.outputs.check_outside_seals` share, so what one takes for an artifact the others do too. A FIFO
+    or a device there counts (looked at, never opened): the folder is then found as the artifact it claims to be,
+    and reading its manifest refuses it in one line (:func:`quantkit.manifest.open_regular`) before anything else
+    starts, where taking it for no artifact sent ``smoke`` on to look for an engine first, and let ``eval`` write
+    its report into the folder."""
     manifest = folder / MANIFEST
     return manifest.exists() and not manifest.is_dir()
 
 
+def _covers(home: Path, here: Path) -> bool:
+    """Whether the manifest of ``home``, a folder above ``here``, really seals ``here``: it is a quantkit manifest
+    and lists the entry of ``home`` that ``here`` is, or is in (a file of it, or a folder holding files it lists).
+    Such a manifest seals everything under that entry, a file it does not list included (reported as not listed),
+    so a manifest in a folder it covers is one of its files, never the seal. A ``quantkit.json`` read and found to
+    be no quantkit manifest (not JSON, another tool's file, too large) seals nothing and covers nothing. One that
+    cannot be read (a FIFO or a device, never opened; no permission; a newer schema) might list ``here``, so it is
+    taken to cover it: whoever reads it next says why it cannot be, in one line, rather than checking ``here``
+    against a manifest nested below it."""
+    try:
+        files = read_manifest(home).files
+    except UsageError:  # a newer schema (or removed meanwhile)
+        return True
+    except IntegrityError:  # read and no manifest, or not read at all
+        return not _readable_file(home / MANIFEST)
+    top = here.relative_to(home).parts[0]
+    return any(name.split("/", 1)[0] == top for name in files)
+
+
+def _readable_file(path: Path) -> bool:
+    """Whether ``path`` is a regular file this process may read (looked at, not opened): what a reader failing on
+    it then found in its content, not in the way to it."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode) and os.access(path, os.R_OK)
+    except OSError:
+        return False
+
+
 def artifact_of(path: Path) -> Path | None:
-    """The artifact folder whose seal covers a path: the outermost folder at or above it that holds a manifest. An
-    artifact's manifest seals every file under it, a ``quantkit.json`` in a subfolder included (a user's nested
-    folder), so the nearest one is not the seal: ``verify ART/sub/quantkit.json`` took that file for a manifest,
-    and a forged one beside tampered files would have passed. The path itself when it is that artifact; a file
-    (a ``.gguf`` file beside its ``quantkit.json``) or a folder holding a nested ``quantkit.json`` belongs to it;
-    any other folder inside it only when its manifest lists files under that folder (the ``gptq/`` or
-    ``autoawq/`` legacy layout of ``--format gptq`` or ``--format autoawq``). Given as an absolute path where it
-    is not ``path`` itself (callers take its ``name``, which ``.`` has not). None when there is none."""
+    """The artifact folder whose seal covers a path: the outermost manifest that really covers it. A manifest above
+    the path's own folder covers it when it lists the entry of its folder on the path's way (:func:`_covers`: a
+    file it lists, or a folder holding files it lists, such as the ``gptq/`` or ``autoawq/`` legacy layout of
+    ``--format gptq`` or ``--format autoawq``); failing that, the manifest of the path's own folder covers it (the
+    path itself for a folder, the folder a file is in: a ``.gguf`` beside its ``quantkit.json``, a file added
+    there, which verify names as not listed, or that ``quantkit.json`` itself, the whole seal).
+
+    Outermost, because an artifact's manifest seals every file under what it lists, a ``quantkit.json`` in a
+    subfolder included (a user's nested folder): taking the nearest one, ``verify ART/sub`` checked the subfolder
+    against a forged manifest put beside tampered files, and passed. Covering, because a ``quantkit.json`` above
+    that lists nothing on the way (a stray ``~/quantkit.json``, not a manifest at all or another folder's) vouches
+    for nothing under it: taking it for the seal refused every good artifact below, and gave a file or a checkpoint
+    below it a manifest not its own. So a folder of the user's inside an artifact that lists nothing
+    in it is covered by no seal, nor are the files in it, unless it holds a manifest of its own (an artifact put
+    there, whose files ``verify`` of the outer one names as not listed). A release folder (``quantkit run``'s,
+    sealed by its ``SHA256SUMS``, no manifest of its own) is no artifact: ``RELEASE/ART`` is ART's.
+
+    Given as an absolute path where it is not ``path`` itself (callers take its ``name``, which ``.`` has not).
+    None when there is none."""
     path = Path(path)
     if not path.exists():
         return None
     here = Path(os.path.abspath(path))
-    folders = [here, *here.parents] if path.is_dir() else list(here.parents)
-    home = next((d for d in reversed(folders) if _holds_manifest(d)), None)
-    if home is None:
-        return None
-    if home == here:
-        return path
-    if path.is_dir() and not _holds_manifest(here):
-        part = PurePosixPath(here.relative_to(home).as_posix())
-        if not any(part in PurePosixPath(rel).parents for rel in read_manifest(home).files):
-            return None
-    return home
+    own = here if path.is_dir() else here.parent
+    marked = [d for d in (own, *own.parents) if holds_manifest(d)]  # nearest first
+    for home in reversed(marked):
+        if home == own or _covers(home, here):
+            return path if home == here else home
+    return None
 
 
 def verify_file(path: Path) -> VerifyResult:
@@ -289,8 +327,10 @@ def verify_file(path: Path) -> VerifyResult:
     there), against the manifest of its artifact (:func:`artifact_of`)."""
     root = artifact_of(path)
     if root is None:
-        raise UsageError(f"{path} is in no folder with a {MANIFEST}: it was not written by quantkit (or is "
-                         "incomplete)", hint="give an artifact folder, or a file inside one")
+        raise UsageError(f"{path} is in no folder with a {MANIFEST} that seals it: its folder holds none, and none "
+                         "above lists it (it was not written by quantkit, or is incomplete)",
+                         hint="give an artifact folder, or a file inside one; verify the artifact folder to see "
+                         "what it does not list")
     path = Path(path)
     # the manifest itself (or a lock file): the artifact's seal as a whole
     if not path.is_dir() and not is_artifact_file(path, root):
@@ -307,7 +347,7 @@ def release_artifacts(folder: Path) -> list[Path]:
     """The artifact folders of a release folder (``quantkit run``'s output of several outputs: one folder each,
     with its manifest); [] for a folder that is itself an artifact or holds none."""
     folder = Path(folder)
-    if not folder.is_dir() or (folder / MANIFEST).exists():
+    if not folder.is_dir() or holds_manifest(folder):
         return []
     return sorted(p.parent for p in folder.glob(f"*/{MANIFEST}"))
 

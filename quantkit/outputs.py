@@ -30,7 +30,7 @@ from typing import Any
 
 from quantkit import artifact
 from quantkit.errors import DiskSpaceError, OutputExistsError, UnsafeOutputError, UsageError
-from quantkit.integrity import BUNDLE_FILES, LOGS, SUMS, wrote
+from quantkit.integrity import BUNDLE_FILES, LOGS, SUMS, holds_manifest, wrote
 from quantkit.manifest import MANIFEST
 
 REMOVE_HINT = "remove it yourself, or choose another output"
@@ -95,13 +95,17 @@ def check_outside_seals(folder: Path, names: Iterable[str], evaluated: Iterable[
     manifest) or a folder inside one, a release (a folder holding :data:`~quantkit.integrity.SUMS`) or a folder
     inside one. Two such folders take them, as they seal them anew: an evaluated artifact itself (``evaluated``:
     each evaluated artifact's folder, or the evaluated path where it has none), whose manifest the evaluation
-    updates; a release holding every evaluated path, whose bundle ``quantkit run`` writes and seals again."""
+    updates; a release holding every evaluated path, whose bundle ``quantkit run`` writes and seals again. A folder
+    is an artifact here as everywhere (:func:`quantkit.integrity.holds_manifest`): its ``quantkit.json`` a FIFO or a
+    device too, which verify and smoke take for the artifact it claims to be, and any ``quantkit.json`` above,
+    even one verify would pass over as no seal of an artifact below it (:func:`quantkit.integrity.artifact_of`):
+    a report refused costs another ``--report-dir``, a report written into a seal breaks it."""
     out = real(folder)
     mine = [real(p) for p in evaluated]
     files = ", ".join(names)
     hint = "choose another --report-dir: an evaluated artifact, or a folder outside other artifacts and releases"
     for home in (out, *out.parents):
-        if (home / MANIFEST).is_file():
+        if holds_manifest(home):
             if home == out and out in mine:
                 return
             where = "is another quantkit artifact" if home == out else f"lies inside the quantkit artifact {home}"
