@@ -3,6 +3,8 @@
 ``$QUANTKIT_CACHE_DIR`` if set, else ``$XDG_CACHE_HOME/quantkit``, else ``~/.cache/quantkit`` (where ``make install``
 also keeps llama.cpp's tools and converter). An entry is only ever a speed-up: its key names everything that decides
 its content, it is written whole or not at all (:func:`write_atomic`), and a missing or unreadable one is recomputed.
+Every entry is read through :func:`read`: the cache is a folder of the user's, so what lies at an entry's name may be
+anything.
 """
 
 from __future__ import annotations
@@ -10,6 +12,9 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+
+from quantkit.errors import IntegrityError
+from quantkit.manifest import open_regular
 
 
 def root() -> Path:
@@ -25,6 +30,19 @@ def folder(name: str) -> Path:
     path = root() / name
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def read(path: Path) -> bytes | None:
+    """An entry's bytes, or None where there is none to use (missing, unreadable, a folder, or no regular file): the
+    caller recomputes it, and the entry it writes then replaces a FIFO or a link there. Opened as quantkit opens a
+    user's file (:func:`quantkit.manifest.open_regular`), because the cache lives in the user's folders
+    (``~/.cache``): a FIFO put at an entry's name is passed over unopened, where a plain read waited for ever for a
+    writer, and a device (a link to ``/dev/zero``) is never read without end."""
+    try:
+        with open_regular(path) as f:
+            return f.read()
+    except (OSError, IntegrityError):  # IntegrityError: a FIFO, a socket or a device, refused unopened
+        return None
 
 
 def write_atomic(path: Path, data: bytes) -> None:

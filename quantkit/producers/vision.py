@@ -28,7 +28,8 @@ from typing import Any
 
 from quantkit import architectures
 from quantkit.architectures import VisionLanguage
-from quantkit.errors import BackendError
+from quantkit.errors import BackendError, SourceModelError
+from quantkit.manifest import open_regular
 from quantkit.source import SourceModel, safetensors_header
 
 # The files of a processor beside the tokenizer's: transformers' AutoProcessor and vLLM read them.
@@ -106,8 +107,11 @@ def _tensors(files: list[Path], vl: VisionLanguage) -> dict[str, tuple[Path, dic
 
 
 def _digest(f: Path, info: dict[str, Any], data_start: int) -> str:
+    """The sha256 of one tensor's bytes. The file is opened again after :func:`_tensors` read its header, and a
+    source's file is the user's: opened as that was (:func:`quantkit.manifest.open_regular`), so one swapped for a
+    FIFO meanwhile is refused (exit 2, naming it), never waited on."""
     begin, end = info["data_offsets"]
-    with open(f, "rb") as fh:
+    with open_regular(f, SourceModelError) as fh:
         fh.seek(data_start + begin)
         return hashlib.sha256(fh.read(end - begin)).hexdigest()
 

@@ -42,9 +42,11 @@ def key(source: dict[str, Any], task: Task, engine: dict[str, Any], settings: di
 
 def load(name: str) -> Scores | None:
     """A cached entry, or None when there is none or it cannot be read (then it is scored again)."""
-    path = cache.folder(FOLDER) / f"{name}.json"
+    raw = cache.read(cache.folder(FOLDER) / f"{name}.json")  # a FIFO or a device there is none, never waited on
+    if raw is None:
+        return None
     try:
-        return Scores.from_json(json.loads(path.read_text()))
+        return Scores.from_json(json.loads(raw))
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         return None
 
