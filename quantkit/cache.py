@@ -9,9 +9,11 @@ anything.
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from quantkit.errors import IntegrityError
 from quantkit.manifest import open_regular
@@ -42,6 +44,18 @@ def read(path: Path) -> bytes | None:
         with open_regular(path) as f:
             return f.read()
     except (OSError, IntegrityError):  # IntegrityError: a FIFO, a socket or a device, refused unopened
+        return None
+
+
+def read_json(path: Path) -> Any:
+    """An entry's JSON, or None where there is none to use (:func:`read`) or it is no JSON (cut short, or written
+    by something else): the caller recomputes it either way."""
+    raw = read(path)
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError:
         return None
 
 

@@ -41,11 +41,7 @@ def sha256s(paths: list[Path]) -> dict[Path, str]:
     todo: dict[Path, str] = {}
     for p in paths:
         name = _identity(p)
-        raw = cache.read(folder / name)  # a FIFO or a device at the name is no entry, never waited on
-        try:
-            kept = raw.decode().strip() if raw is not None else ""
-        except UnicodeDecodeError:
-            kept = ""
+        kept = (cache.read(folder / name) or b"").decode(errors="replace").strip()  # a FIFO or a device: none
         if len(kept) == 64 and all(c in "0123456789abcdef" for c in kept):
             known[p] = kept
         else:

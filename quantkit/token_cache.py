@@ -67,13 +67,12 @@ def path(name: str) -> Path:
 def read(name: str, tokens_sha256: Any) -> tuple[list[list[int]], bool, str] | None:
     """The cached (samples, chat, tokens sha256) of entry ``name``, or None when there is no sound entry:
     ``tokens_sha256(samples)`` (the caller's hash function) must give the sha256 the entry recorded."""
-    raw = cache.read(path(name))  # a FIFO or a device at the name is no entry, never waited on
-    if raw is None:
+    entry = cache.read_json(path(name))  # a FIFO or a device at the name is no entry, never waited on
+    if entry is None:
         return None
     try:
-        entry = json.loads(raw)
         samples, chat, digest = entry["samples"], bool(entry["chat"]), str(entry["tokens_sha256"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
         return None
     if not isinstance(samples, list) or tokens_sha256(samples) != digest:
         return None

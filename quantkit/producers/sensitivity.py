@@ -48,15 +48,14 @@ def key(source: SourceModel, tokens_sha256: str, low: mixed.Precision, found: li
 def read(name: str, found: list[mixed.Unit]) -> tuple[list[mixed.Unit], dict[str, Any]] | None:
     """The measured units and their record under ``name``, or None when there is no usable entry (missing,
     unreadable, or not these units: then it is measured again)."""
-    raw = cache.read(cache.folder("sensitivity") / f"{name}.json")  # a FIFO or a device: none, never waited on
-    if raw is None:
+    entry = cache.read_json(cache.folder("sensitivity") / f"{name}.json")  # a FIFO or a device: none, never waited on
+    if entry is None:
         return None
     try:
-        entry = json.loads(raw)
         measured = [mixed.Unit(u["name"], tuple(u["modules"]), int(u["params"]), int(u["in_features"]),
                                float(u["kld"])) for u in entry["units"]]
         record = dict(entry["sensitivity"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError):
         return None
     if [(u.name, u.modules, u.params) for u in measured] != [(u.name, u.modules, u.params) for u in found]:
         return None

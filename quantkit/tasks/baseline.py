@@ -42,12 +42,12 @@ def key(source: dict[str, Any], task: Task, engine: dict[str, Any], settings: di
 
 def load(name: str) -> Scores | None:
     """A cached entry, or None when there is none or it cannot be read (then it is scored again)."""
-    raw = cache.read(cache.folder(FOLDER) / f"{name}.json")  # a FIFO or a device there is none, never waited on
-    if raw is None:
+    entry = cache.read_json(cache.folder(FOLDER) / f"{name}.json")  # a FIFO or a device: none, never waited on
+    if entry is None:
         return None
     try:
-        return Scores.from_json(json.loads(raw))
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return Scores.from_json(entry)
+    except (ValueError, KeyError, TypeError, IndexError):
         return None
 
 
