@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import tempfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -31,12 +32,16 @@ from typing import Any
 from quantkit import artifact
 from quantkit.errors import DiskSpaceError, OutputExistsError, UnsafeOutputError, UsageError
 from quantkit.integrity import BUNDLE_FILES, LOGS, SUMS, holds_manifest, wrote
-from quantkit.manifest import MANIFEST
+from quantkit.manifest import MANIFEST, TEMPORARY
 
 REMOVE_HINT = "remove it yourself, or choose another output"
 # Every name quantkit gives a meaning in a release folder: the bundle's files, its logs, and the manifest that would
 # make the folder read as one artifact. No output's folder may take one (quantkit.recipe refuses it).
 RELEASE_NAMES = (*BUNDLE_FILES, LOGS, MANIFEST)
+# The hidden entries a run of quantkit leaves beside an output: its lock (quantkit.locks), the folder it builds or
+# moves aside while replacing it (quantkit.artifact) and a file written atomically (manifest.TEMPORARY), the last
+# three only where a run was killed. Anything else hidden in a release folder is the user's.
+LEFT_BY_A_RUN = re.compile(rf"\..+\.(lock|partial-[0-9]+|old-[0-9]+)|{TEMPORARY.pattern}")
 
 
 def real(path: str | Path) -> Path:
@@ -191,12 +196,13 @@ def check_recipe(recipe: Any, *, force: bool = False, pipeline: bool = False, so
 
 def check_release_holds_only_its_own(release: Path, outputs: set[str]) -> None:
     """A release folder holds its outputs, other quantkit artifacts (an earlier recipe's), the bundle and the logs:
-    SHA256SUMS seals everything in it, so a file of the user's (notes, data) would be sealed and shipped as part of
-    the release. Refused, naming a few (exit 2); hidden entries (locks, temporary folders) are quantkit's."""
+    SHA256SUMS seals everything in it, so a file of the user's (notes, data, a ``.env``) would be sealed and shipped
+    as part of the release. Refused, naming a few (exit 2). The hidden entries a run leaves (:data:`LEFT_BY_A_RUN`)
+    are quantkit's; any other hidden one is the user's, as a visible one is."""
     if not release.is_dir():
         return
     foreign = sorted(p.name + ("/" if p.is_dir() else "") for p in release.iterdir()
-                     if not p.name.startswith(".") and p.name not in outputs and p.name not in RELEASE_NAMES
+                     if not LEFT_BY_A_RUN.fullmatch(p.name) and p.name not in outputs and p.name not in RELEASE_NAMES
                      and not (p.is_dir() and (p / MANIFEST).is_file()))
     if foreign:
         raise OutputExistsError(f"release folder {release} holds what quantkit did not write: "

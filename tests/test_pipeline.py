@@ -293,6 +293,21 @@ def test_a_release_folder_holding_the_users_files_is_refused(tmp_path: Path) -> 
     assert sorted(p.name for p in (tmp_path / "rel").iterdir()) == ["notes.txt"]
 
 
+def test_a_hidden_file_of_the_users_in_a_release_folder_is_refused(tmp_path: Path) -> None:
+    """A ``.env`` in a release folder would be sealed into SHA256SUMS and uploaded by ``publish``: hidden is not
+    quantkit's. What a killed run leaves hidden there (a lock, a half-built output, an atomic write's temporary) is."""
+    _two_outputs(tmp_path)
+    rel = tmp_path / "rel"
+    rel.mkdir()
+    (rel / ".rtn-w4g128.lock").touch()
+    (rel / ".gguf.partial-4242").mkdir()
+    (rel / ".report.json.tmp-4242").touch()
+    quantkit("run", "r.yaml", "--dry-run", cwd=tmp_path, check=True)
+    (rel / ".env").write_text("HF_TOKEN=hf_secret\n")
+    proc = quantkit("run", "r.yaml", "--dry-run", cwd=tmp_path)
+    assert proc.returncode == 2 and "holds what quantkit did not write: .env" in proc.stderr, proc.stderr[-2000:]
+
+
 def test_a_local_source_names_the_hub_id_it_came_from_in_the_model_card(tmp_path: Path) -> None:
     """A release is usually made from a local copy of a hub model: `model.base_model` gives the card the hub id the
     hub links (a local path there would link nowhere); an id that is not ORG/NAME is a recipe error, before any
