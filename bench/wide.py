@@ -650,7 +650,8 @@ def engine_command(c: Case, args: argparse.Namespace, inputs: dict[str, Path]) -
 
 def run_engine(c: Case, args: argparse.Namespace, inputs: dict[str, Path]) -> dict[str, Any]:
     """A smoke or eval case: its exit code, wall and the figures its JSON gives (the greedy completion; ppl, KLD,
-    top-1) and its error (a failed eval's is its JSON's, ``ok: false``), the whole JSON beside them."""
+    top-1) and its error (a failed eval's is its JSON's, ``ok: false``; a smoke's is its run's, or its JSON's where
+    quantkit refused before any run), the whole JSON beside them."""
     if (gone := absent(c, args, inputs)) is not None:
         return gone
     env = {**os.environ, "QUANTKIT_VLLM_ARGS": json.dumps({"tensor_parallel_size": c.tp,
@@ -668,7 +669,8 @@ def run_engine(c: Case, args: argparse.Namespace, inputs: dict[str, Path]) -> di
     if c.kind == "smoke":
         run = (doc.get("runs") or [{}])[0]
         return {**r, "ok": doc.get("ok"), "completion": (run.get("completion") or {}).get("text"),
-                "chat": (run.get("chat") or {}).get("text"), "error": run.get("error"), "smoke": doc}
+                "chat": (run.get("chat") or {}).get("text"), "error": run.get("error") or doc.get("error"),
+                "smoke": doc}
     res = (doc.get("results") or [{}])[0]
     return {**r, **{k: res.get(k) for k in ("ppl", "kld", "top1", "ppl_ratio")},
             "baseline_ppl": (doc.get("baseline") or {}).get("ppl"), "error": doc.get("error"), "eval": doc}

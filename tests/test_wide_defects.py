@@ -223,6 +223,22 @@ def test_a_failed_smoke_shows_its_error_and_a_failed_run_is_not_checked_against_
     assert f"| 32b/gptq/smoke-tp1 | - | - | - | `{gone!r}` |" in lines
 
 
+def test_a_smoke_refused_before_any_run_shows_quantkits_error(tmp_path: Path) -> None:
+    """A smoke that quantkit refuses before it starts any server (here the artifact's manifest is not JSON) answers
+    ``ok: false`` with its error and no runs: the error column showed nothing, as the error was read from the runs
+    alone."""
+    args = wide.parse(["--shapes", "32b", "--methods", "gptq", "--workdir", str(tmp_path)])
+    args.logs.mkdir(parents=True)
+    art = tmp_path / "out-32b-gptq-quantkit"
+    art.mkdir()
+    (art / "config.json").write_text("{}")
+    (art / "quantkit.json").write_text("not a manifest")
+    smoke = wide.Case("32b/gptq/smoke-tp1", "smoke", "32b", "gptq")
+    result = wide.run_engine(smoke, args, {"src": tmp_path / "src-32b"})
+    assert result["rc"] not in (0, None) and result["smoke"]["ok"] is False and not result["smoke"].get("runs")
+    assert result["error"].startswith(f"{art / 'quantkit.json'} is unreadable or not JSON"), result
+
+
 # A real torchrun's stderr (torch 2.13, two ranks of a script raising torch.OutOfMemoryError), as bench/wide.py's log
 # of a direct llm-compressor run under ``--num-gpus 2`` holds it: the ranks' tracebacks, then the launcher's own,
 # whose ChildFailedError names no cause. Site-packages and the interpreter are written SITE and PYTHON, and the
