@@ -193,7 +193,8 @@ def machine(args: argparse.Namespace) -> Machine:
             gpu = int(float(totals[0].split(",")[-1].split()[0]) * 2**20)  # "NVIDIA H200, 143771 MiB"
         else:
             gpu, gpus = H200_GPU_BYTES, 1
-            said.append(f"no GPU visible: planned for one H200 ({gb(gpu)})")
+            said.append("no GPU visible: " + ("planned for the GPU memory given" if args.gpu_bytes
+                                              else f"planned for an H200's {gb(gpu)}"))
         host = (host_limit() or (0, ""))[0]
         disk = shutil.disk_usage(args.workdir).free
         shm = shutil.disk_usage("/dev/shm").total if Path("/dev/shm").is_dir() else host

@@ -332,6 +332,18 @@ def test_a_failed_runs_error_is_quantkits_error_line_or_the_exception_raised(tmp
     assert wide.failure_line("") == ""
 
 
+def test_with_no_gpu_seen_the_plan_says_whose_gpu_memory_it_took(tmp_path: Path) -> None:
+    """Planning an H100 from a machine without a GPU (``--gpu-bytes 85e9``) printed "planned for one H200 (141.0 GB)"
+    beside the 85.0 GB it planned for: it says the memory given, and an H200's only where it assumed it."""
+    if wide.meta.gpus():
+        pytest.skip("nvidia-smi lists a GPU here: the plan takes its memory")
+    given = wide.machine(wide.parse(["--gpu-bytes", "85e9", "--workdir", str(tmp_path)]))
+    assumed = wide.machine(wide.parse(["--workdir", str(tmp_path)]))
+    assert (given.gpu_bytes, given.said[-1]) == (85e9, "no GPU visible: planned for the GPU memory given")
+    assert assumed.gpu_bytes == wide.H200_GPU_BYTES
+    assert assumed.said[-1] == "no GPU visible: planned for an H200's 141.0 GB"
+
+
 def test_no_gpu_seen_gives_no_decode_limit(tmp_path: Path) -> None:
     """Where no GPU is seen (vLLM's process named none and nvidia-smi lists none) the limit was the H200's 4.8 TB/s,
     assumed; there is no serving GPU to take a bandwidth from, so the limit and the share are None and the markdown
