@@ -22,6 +22,7 @@ import pytest
 from quantkit import cache, file_hashes, images, token_cache
 from quantkit.errors import CalibrationError, SourceModelError
 from quantkit.producers import mixed, sensitivity, vision
+from quantkit.producers.gguf import tools
 from quantkit.tasks import baseline
 
 pytestmark = pytest.mark.unit
@@ -109,6 +110,25 @@ def test_a_fifo_at_a_sensitivity_entry_is_no_entry(cache_dir: Path) -> None:
     with fed_fifo(cache.folder("sensitivity") / "entry.json", json.dumps(fed).encode()) as opened:
         assert sensitivity.read("entry", [unit]) is None
         assert not opened.is_set()
+
+
+def test_a_fifo_at_a_llama_tools_build_json_is_none(tmp_path: Path) -> None:
+    """The ``BUILD.json`` beside llama.cpp's tools in quantkit's cache, or in a folder ``$QUANTKIT_LLAMACPP_BIN``
+    names (quantkit.producers.gguf.tools.build_info, which ``doctor`` and a GGUF build's manifest read): a FIFO
+    there is no build record, where a plain read hung ``doctor``; a record that is no JSON object is none either."""
+    bin_dir = tmp_path / "llama-tools" / "b1" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "llama-quantize").write_text("#!/bin/sh\n")
+    build = bin_dir.parent / "BUILD.json"
+    fed = {"build_number": 1, "commit": "0" * 40, "llama_cpp_python": "0.3.16"}
+    with fed_fifo(build, json.dumps(fed).encode()) as opened:
+        assert tools.build_info(bin_dir / "llama-quantize") is None
+        assert not opened.is_set()
+    build.unlink()
+    build.write_text("[1, 2]")
+    assert tools.build_info(bin_dir / "llama-quantize") is None
+    build.write_text(json.dumps(fed))
+    assert tools.build_info(bin_dir / "llama-quantize") == fed
 
 
 def test_a_fifo_in_an_image_folder_is_refused(tmp_path: Path) -> None:

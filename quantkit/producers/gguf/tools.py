@@ -27,7 +27,6 @@ Tested with llama.cpp b11312 (0c1e57098), vendored by llama-cpp-python 0.3.36.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -138,9 +137,8 @@ def describe_converter() -> dict[str, Any] | None:
     if found is None:
         return None
     entry: dict[str, Any] = {"tool": CONVERTER, "path": str(found.path), "found_in": found.how}
-    try:
-        build = json.loads((found.path / "BUILD.json").read_text())
-    except (OSError, json.JSONDecodeError):
+    build = build_json(found.path / "BUILD.json")
+    if build is None or not {"build_number", "commit", "llama_cpp_python"} <= set(build):
         return entry
     entry.update({"build_number": build["build_number"], "commit": build["commit"][:9],
                   "built_for": f"llama-cpp-python {build['llama_cpp_python']}"})
@@ -149,11 +147,15 @@ def describe_converter() -> dict[str, Any] | None:
 
 def build_info(exe: Path) -> dict[str, Any] | None:
     """The ``BUILD.json`` that ``make install`` wrote beside a tool (following the venv's link), if any."""
-    info = exe.resolve().parent.parent / "BUILD.json"
-    try:
-        return json.loads(info.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
+    return build_json(exe.resolve().parent.parent / "BUILD.json")
+
+
+def build_json(path: Path) -> dict[str, Any] | None:
+    """A ``BUILD.json`` of ``make install``'s, or None where there is none to use: read as a cache entry is
+    (:func:`quantkit.cache.read_json`), since it lies in quantkit's cache or in a folder a variable names, where a
+    FIFO at its name hung ``doctor`` and a GGUF build's manifest for ever; no JSON object is none either."""
+    data = cache.read_json(path)
+    return data if isinstance(data, dict) else None
 
 
 def reported_version(exe: Path, timeout: float = 30.0) -> dict[str, Any]:
