@@ -250,6 +250,21 @@ def _differences(changed: list[str], missing: list[str], extra: list[str]) -> st
                      (("changed", changed), ("missing", missing), ("not listed", extra)) if names)
 
 
+def beside(folder: Path, name: str) -> Path:
+    """Where quantkit puts what it writes about an artifact ``folder`` unless told (a smoke's server log, a kernel
+    sweep's logs): ``FOLDER.NAME`` beside it, never inside it. Where beside it lies inside a release (a folder
+    holding :data:`SUMS`) or an artifact, beside the outermost of those instead, named after the folders on the way
+    (``rel.gguf.smoke-llama.cpp.log`` for ``rel/gguf``): written into a seal it was a file the seal does not list,
+    which ``verify`` reported and the next ``quantkit run`` refused as a file of the user's in its release."""
+    here = Path(os.path.abspath(folder))
+    base = folder if folder.name else here
+    sealed = [d for d in here.parents if (d / SUMS).is_file() or holds_manifest(d)]
+    if not sealed:
+        return base.parent / f"{base.name}.{name}"
+    top = sealed[-1]
+    return top.parent / ".".join((top.name, *here.relative_to(top).parts, name))
+
+
 def holds_manifest(folder: Path) -> bool:
     """Whether ``folder`` holds an entry named :data:`~quantkit.manifest.MANIFEST` that is not a folder: the one test
     of whether a folder claims to be an artifact, which :func:`artifact_of`, :func:`release_artifacts` and

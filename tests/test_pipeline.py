@@ -308,6 +308,27 @@ def test_a_hidden_file_of_the_users_in_a_release_folder_is_refused(tmp_path: Pat
     assert proc.returncode == 2 and "holds what quantkit did not write: .env" in proc.stderr, proc.stderr[-2000:]
 
 
+def test_a_smoke_of_an_artifact_in_a_release_logs_beside_the_release(tmp_path: Path) -> None:
+    """``quantkit smoke rel/gguf`` wrote its server log beside the artifact, into the release, and the next
+    ``quantkit run``, which seals the release anew over the smoke's record in the artifact's manifest, refused the
+    release as holding a file it did not write. The log goes beside the release (``rel.gguf.smoke-...log``), as a
+    kernel sweep's logs do."""
+    from quantkit.engines.vllm import tune
+
+    _two_outputs(tmp_path)
+    quantkit("run", "r.yaml", "--no-eval", "--no-smoke", cwd=tmp_path, check=True)
+    rel = tmp_path / "rel"
+    before = sorted(p.name for p in rel.iterdir())
+    smoke = json.loads(quantkit("smoke", "rel/gguf", "--json", cwd=tmp_path, check=True).stdout)
+    [run] = smoke["runs"]
+    assert run["status"] == "passed" and (tmp_path / run["log"]).resolve().parent == tmp_path, run
+    assert Path(run["log"]).name == "rel.gguf.smoke-llama.cpp-quantkit-tiny-Q8_0.log", run
+    assert sorted(p.name for p in rel.iterdir()) == before
+    quantkit("run", "r.yaml", "--no-eval", "--no-smoke", cwd=tmp_path, check=True)
+    quantkit("verify", "rel", cwd=tmp_path, check=True)
+    assert tune.log_folder(rel / "rtn-w4g128") == tmp_path / "rel.rtn-w4g128.tune-logs"
+
+
 def test_a_local_source_names_the_hub_id_it_came_from_in_the_model_card(tmp_path: Path) -> None:
     """A release is usually made from a local copy of a hub model: `model.base_model` gives the card the hub id the
     hub links (a local path there would link nowhere); an id that is not ORG/NAME is a recipe error, before any

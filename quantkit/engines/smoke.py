@@ -186,13 +186,14 @@ class ExpectFailed(MatchFailed):
 
 
 def log_path(path: Path, engine: str, target: Path, log_dir: Path | None) -> Path:
-    """Where a run's server log goes: beside the artifact (or in ``log_dir``), named after it and the engine."""
+    """Where a run's server log goes: beside the artifact, or the release it is in (or in ``log_dir``), named after
+    it and the engine."""
     root = integrity.artifact_of(path) or (path if path.is_dir() else path.parent)  # hf/ of a build-trt one too
     suffix = f"smoke-{engine}" + (f"-{target.stem}" if target.suffix == ".gguf" else "")
     if log_dir is not None:
         return Path(log_dir) / f"{root.name}.{suffix}.log"
     if path.is_dir() or (root / MANIFEST).exists():
-        return root.parent / f"{root.name}.{suffix}.log"
+        return integrity.beside(root, f"{suffix}.log")  # beside a release that holds it, not in it
     return root / f"{suffix}.log"  # a lone .gguf in a folder that is not an artifact
 
 

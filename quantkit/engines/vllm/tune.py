@@ -92,9 +92,9 @@ def run(path: Path, opts: TuneOptions, reporter: Reporter | None = None) -> Any:
 
 def log_folder(path: Path) -> Path:
     """Where a sweep of ``path`` keeps its logs unless told: beside the artifact it is or belongs to (a build-trt
-    artifact's, for its hf/), never inside it, where they would be files its seal does not list."""
-    home = integrity.artifact_of(path) or path
-    return home.parent / f"{home.name}.tune-logs"
+    artifact's, for its hf/), or beside the release that holds it, never inside either, where they would be files
+    its seal does not list (:func:`quantkit.integrity.beside`)."""
+    return integrity.beside(integrity.artifact_of(path) or path, "tune-logs")
 
 
 def save(path: Path, result: Any) -> Path | None:
