@@ -19,19 +19,25 @@ What the manifest records is :mod:`quantkit.manifest`'s; how a folder is checked
 from __future__ import annotations
 
 import errno
+import glob
 import math
 import os
+import re
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 from quantkit import interrupts, seal
-from quantkit.errors import DiskSpaceError, IntegrityError, OutputExistsError, QuantkitError, UsageError
+from quantkit.errors import DiskSpaceError, IntegrityError, LockedError, OutputExistsError, QuantkitError, UsageError
 from quantkit.integrity import unlisted
 from quantkit.locks import output_lock
 from quantkit.manifest import MANIFEST, FileInfo, Manifest, is_artifact_file, now_iso, read_manifest, write_manifest
 from quantkit.progress import fmt_bytes
+
+# What a run writing the output NAME leaves beside it only if it is killed: the folder it builds (``.NAME.partial-PID``)
+# and the one a ``--force`` swap moves aside (``.NAME.old-PID``), group 1 the output's name.
+LEFTOVER = re.compile(r"\.(.+)\.(?:partial|old)-[0-9]+")
 
 
 def _existing(path: Path) -> Path:
@@ -128,19 +134,7 @@ class ArtifactWriter:
         return self
 
     def _recover(self) -> None:
-        """What a run killed mid-way left beside the output (we hold the lock: nobody else is writing it): its
-        temporary folders are removed; the old artifact a ``--force`` swap had renamed away (``.NAME.old-PID``)
-        is put back where the output path is empty (killed between the two renames), else removed (killed while
-        removing it, once the new one was in place)."""
-        parent, name = self.final.parent, self.final.name
-        with interrupts.deferred():
-            for stale in parent.glob(f".{name}.partial-*"):
-                shutil.rmtree(stale, ignore_errors=True)
-            for old in sorted(parent.glob(f".{name}.old-*"), key=lambda p: p.stat().st_ctime, reverse=True):
-                if self.final.exists() or self.final.is_symlink():
-                    shutil.rmtree(old, ignore_errors=True)
-                else:
-                    os.replace(old, self.final)  # the most recent one renamed away
+        _recover(self.final)
 
     def commit(self, manifest: Manifest) -> Manifest:
         """Hash every file into ``manifest.files``, write ``quantkit.json``, and move the folder into place
@@ -205,6 +199,38 @@ class ArtifactWriter:
         if full:
             raise DiskSpaceError(f"the disk filled up while writing {self.final}; the partial output was removed",
                                  hint="free some space or write the output elsewhere") from None
+
+
+def _recover(final: Path) -> None:
+    """What a run killed mid-way left beside the output ``final`` (the caller holds its lock: nobody else is writing
+    it): its temporary folders are removed; the old artifact a ``--force`` swap had renamed away (``.NAME.old-PID``)
+    is put back where the output path is empty (killed between the two renames), else removed (killed while
+    removing it, once the new one was in place)."""
+    parent, name = final.parent, final.name
+    with interrupts.deferred():
+        for stale in parent.glob(f".{glob.escape(name)}.partial-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        olds = parent.glob(f".{glob.escape(name)}.old-*")
+        for old in sorted(olds, key=lambda p: p.stat().st_ctime, reverse=True):
+            if final.exists() or final.is_symlink():
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(old, final)  # the most recent one renamed away
+
+
+def recover_leftovers(folder: Path) -> None:
+    """What killed runs left in ``folder`` beside its outputs (:data:`LEFTOVER`), recovered output by output as a
+    run building that output would (:func:`_recover`), under its lock. ``quantkit run`` does this in its release
+    folder before it seals it: an output it reuses is not rebuilt, so a half-built copy of it from a killed
+    ``--force`` run stayed, and was sealed into the release's ``SHA256SUMS``. An output another run is writing now
+    is left to that run."""
+    names = sorted({m.group(1) for p in folder.iterdir() if (m := LEFTOVER.fullmatch(p.name))})
+    for name in names:
+        try:
+            with output_lock(folder / name):
+                _recover(folder / name)
+        except LockedError:
+            continue
 
 
 _FULL_BELOW = 1 << 20  # a write failed with less than this left: the disk filled up

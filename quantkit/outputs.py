@@ -39,9 +39,9 @@ REMOVE_HINT = "remove it yourself, or choose another output"
 # make the folder read as one artifact. No output's folder may take one (quantkit.recipe refuses it).
 RELEASE_NAMES = (*BUNDLE_FILES, LOGS, MANIFEST)
 # The hidden entries a run of quantkit leaves beside an output: its lock (quantkit.locks), the folder it builds or
-# moves aside while replacing it (quantkit.artifact) and a file written atomically (manifest.TEMPORARY), the last
+# moves aside while replacing it (artifact.LEFTOVER) and a file written atomically (manifest.TEMPORARY), the last
 # three only where a run was killed. Anything else hidden in a release folder is the user's.
-LEFT_BY_A_RUN = re.compile(rf"\..+\.(lock|partial-[0-9]+|old-[0-9]+)|{TEMPORARY.pattern}")
+LEFT_BY_A_RUN = re.compile(rf"\..+\.lock|{artifact.LEFTOVER.pattern}|{TEMPORARY.pattern}")
 
 
 def real(path: str | Path) -> Path:

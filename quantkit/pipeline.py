@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from quantkit import api, calibration, formats, integrity, outputs, plan as plan_mod, seal, source as source_mod
+from quantkit import api, artifact, calibration, formats, integrity, outputs, plan as plan_mod, seal
+from quantkit import source as source_mod
 from quantkit.engines.vllm import tune as tune_mod
 from quantkit.errors import GateFailedError, Interrupted, OutputExistsError, QuantkitError, UsageError
 from quantkit.formats import kinds
@@ -147,6 +148,8 @@ def _run(recipe: Recipe, release: Path, *, force: bool, rep: Reporter, evaluate:
     if recipe.outputs:  # the last run's seal goes before anything changes: a run cut short must not leave it vouching
         for name in (SUMS, REPORT_JSON):
             (release / name).unlink(missing_ok=True)
+        if release.is_dir():  # a killed run's half-built or moved-aside outputs, which SHA256SUMS would seal
+            artifact.recover_leftovers(release)
     for spec, res, why in reuse:
         out = res.path
         if why is not None:

@@ -308,6 +308,26 @@ def test_a_hidden_file_of_the_users_in_a_release_folder_is_refused(tmp_path: Pat
     assert proc.returncode == 2 and "holds what quantkit did not write: .env" in proc.stderr, proc.stderr[-2000:]
 
 
+def test_a_killed_runs_half_built_output_is_not_sealed_into_the_release(tmp_path: Path) -> None:
+    """A ``run --force`` killed while building an output leaves its half-built copy (``.NAME.partial-PID``) and may
+    leave the old one moved aside (``.NAME.old-PID``). Only a run that builds that output again cleared them, so a
+    run that reused it sealed the half-built files into the release's SHA256SUMS. The run clears them first."""
+    _two_outputs(tmp_path)
+    quantkit("run", "r.yaml", "--no-eval", "--no-smoke", cwd=tmp_path, check=True)
+    rel = tmp_path / "rel"
+    half = rel / ".gguf.partial-4242"
+    half.mkdir()
+    (half / "quantkit-tiny-Q8_0.gguf").write_bytes(b"GGUF cut short")
+    old = rel / ".rtn-w4g128.old-4242"
+    old.mkdir()
+    (old / "model.safetensors").write_bytes(b"the old weights")
+    proc = quantkit("run", "r.yaml", "--no-eval", "--no-smoke", "--json", cwd=tmp_path, check=True)
+    assert {o["status"] for o in json.loads(proc.stdout)["outputs"]} == {"reused"}
+    assert not half.exists() and not old.exists()
+    assert "4242" not in (rel / "SHA256SUMS").read_text()
+    quantkit("verify", "rel", cwd=tmp_path, check=True)
+
+
 def test_a_smoke_of_an_artifact_in_a_release_logs_beside_the_release(tmp_path: Path) -> None:
     """``quantkit smoke rel/gguf`` wrote its server log beside the artifact, into the release, and the next
     ``quantkit run``, which seals the release anew over the smoke's record in the artifact's manifest, refused the
