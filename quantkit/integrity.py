@@ -251,17 +251,19 @@ def _differences(changed: list[str], missing: list[str], extra: list[str]) -> st
 
 
 def beside(folder: Path, name: str) -> Path:
-    """Where quantkit puts what it writes about an artifact ``folder`` unless told (a smoke's server log, a kernel
-    sweep's logs): ``FOLDER.NAME`` beside it, never inside it. Where beside it lies inside a release (a folder
-    holding :data:`SUMS`) or an artifact, beside the outermost of those instead, named after the folders on the way
-    (``rel.gguf.smoke-llama.cpp.log`` for ``rel/gguf``): written into a seal it was a file the seal does not list,
-    which ``verify`` reported and the next ``quantkit run`` refused as a file of the user's in its release."""
+    """Where quantkit puts what it writes about an artifact ``folder`` (the outermost one that holds the path,
+    :func:`artifact_of`) unless told: ``FOLDER.NAME`` beside it, never inside it (a smoke's server log, a kernel
+    sweep's logs). Where beside it lies inside a release (its folder holds :data:`SUMS`), beside the release instead,
+    named after both (``rel.gguf.smoke-llama.cpp.log`` for ``rel/gguf``): written into the release it was a file its
+    seal does not list, which the next ``quantkit run`` refused as a file of the user's. Only the folders holding it
+    are looked at, one above the other, so a stray ``quantkit.json`` or ``SHA256SUMS`` further up moves nothing."""
     here = Path(os.path.abspath(folder))
-    base = folder if folder.name else here
-    sealed = [d for d in here.parents if (d / SUMS).is_file() or holds_manifest(d)]
-    if not sealed:
+    top = here
+    while top.parent != top and (top.parent / SUMS).is_file():
+        top = top.parent
+    if top == here:
+        base = folder if folder.name else here
         return base.parent / f"{base.name}.{name}"
-    top = sealed[-1]
     return top.parent / ".".join((top.name, *here.relative_to(top).parts, name))
 
 

@@ -347,6 +347,9 @@ def test_a_smoke_of_an_artifact_in_a_release_logs_beside_the_release(tmp_path: P
     quantkit("run", "r.yaml", "--no-eval", "--no-smoke", cwd=tmp_path, check=True)
     quantkit("verify", "rel", cwd=tmp_path, check=True)
     assert tune.log_folder(rel / "rtn-w4g128") == tmp_path / "rel.rtn-w4g128.tune-logs"
+    (tmp_path / "quantkit.json").write_text("a stray file above the release")  # moves nothing: it holds no release
+    assert integrity.beside(rel / "gguf", "x.log") == tmp_path / "rel.gguf.x.log"
+    assert integrity.beside(tmp_path / "elsewhere" / "art", "x.log") == tmp_path / "elsewhere" / "art.x.log"
 
 
 def test_a_local_source_names_the_hub_id_it_came_from_in_the_model_card(tmp_path: Path) -> None:
