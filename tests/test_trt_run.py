@@ -247,7 +247,9 @@ def test_run_reads_a_trt_artifacts_hf_in_vllm_and_records_why_where_it_cannot(tm
     (target,) = expand_targets([art / "hf"], VLLM)
     assert target.manifest_dir is not None and target.manifest_dir.resolve() == art.resolve()
     assert target.label == "trt-fp8/hf"
-    assert smoke.log_path(art / "hf", VLLM, art / "hf", None) == art.parent / "trt-fp8.smoke-vllm.log"
+    # beside the release, not in it, where SHA256SUMS would not list it
+    assert smoke.log_path(art / "hf", VLLM, art / "hf", None) == \
+        art.parent.parent / f"{art.parent.name}.trt-fp8.smoke-vllm.log"
     assert integrity.verify(art).ok
 
 
@@ -258,7 +260,7 @@ def test_a_kernel_sweep_of_hf_is_recorded_in_the_trt_artifact_and_its_card(tmp_p
     choice, ``vllm serve`` command) goes into the artifact's own manifest, as eval's and smoke's of hf/ do: it was
     recorded only in a folder holding a manifest itself, so hf/'s went nowhere and the card never showed it. The
     sweep needs a GPU; its result here is one the product's own types make (vLLM's default measured on hf/), recorded
-    as ``tune`` records it. Its logs go beside the artifact, not into it."""
+    as ``tune`` records it. Its logs go beside the release holding the artifact, not into either."""
     from quantkit.engines.vllm import kernel_sweep, kernels, tune
     from quantkit.engines.vllm.kernels import LogFacts, Measurement
 
@@ -282,7 +284,7 @@ def test_a_kernel_sweep_of_hf_is_recorded_in_the_trt_artifact_and_its_card(tmp_p
     serving = read_manifest(art).serving
     assert serving is not None and serving.command == command.to_json() and serving.table == result.markdown()
     assert integrity.verify(art).ok
-    assert tune.log_folder(hf) == tmp_path / "release" / "trt-fp8.tune-logs"
+    assert tune.log_folder(hf) == tmp_path / "release.trt-fp8.tune-logs"
 
     proc = quantkit("run", "recipe.yaml", "--json", cwd=tmp_path, check=True)  # reused: the card written again
     assert [o["status"] for o in json.loads(proc.stdout)["outputs"]] == ["reused"]
