@@ -123,7 +123,7 @@ class ArtifactWriter:
     def __enter__(self) -> "ArtifactWriter":
         self._lock.__enter__()
         try:
-            self._recover()
+            _recover(self.final)
             check_output(self.final, self.force)
             check_free_space(self.final.parent, self.expected_bytes)
             self.path.mkdir(parents=True)
@@ -132,9 +132,6 @@ class ArtifactWriter:
             raise
         self._sealer = seal.Sealer(self.path, lambda p: is_artifact_file(p, self.path)).start()
         return self
-
-    def _recover(self) -> None:
-        _recover(self.final)
 
     def commit(self, manifest: Manifest) -> Manifest:
         """Hash every file into ``manifest.files``, write ``quantkit.json``, and move the folder into place

@@ -28,6 +28,7 @@ from typing import Any
 
 from quantkit import seal
 from quantkit.errors import IntegrityError, UsageError
+from quantkit.locks import LOCK
 from quantkit.manifest import (MANIFEST, MAX_MANIFEST_BYTES, TEMPORARY, EvaluationInfo, FileInfo, Manifest,
                                PipelineInfo, ServingInfo, SmokeInfo, inside_name, is_artifact_file, now_iso,
                                open_regular, read_capped, read_manifest, write_manifest)
@@ -380,7 +381,7 @@ def _release_entries(release: Path) -> list[Path]:
     run's lock files (``.NAME.lock``, :func:`quantkit.locks.output_lock`) and temporary files (:data:`TEMPORARY`).
     Other hidden files are listed: leaving every dot-file out let a ``.env`` added to a sealed release pass."""
     return [p for p in _entries(release) if p.name != SUMS and not TEMPORARY.fullmatch(p.name)
-            and not (p.name.startswith(".") and p.name.endswith(".lock"))]
+            and not LOCK.fullmatch(p.name)]
 
 
 def _read_sums(path: Path) -> dict[str, str]:

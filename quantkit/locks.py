@@ -10,12 +10,17 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
 from quantkit.errors import DiskSpaceError, LockedError, UsageError
+
+# The name of an output's lock file (``.NAME.lock`` beside it, :func:`output_lock`), which a killed run may leave:
+# never one of an artifact's or a release's files.
+LOCK = re.compile(r"\.(?:.*\.)?lock")
 
 
 @contextmanager

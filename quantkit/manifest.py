@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from quantkit import __version__
 from quantkit.errors import IntegrityError, QuantkitError, UsageError
+from quantkit.locks import LOCK
 from quantkit.progress import fmt_bytes
 
 MANIFEST = "quantkit.json"
@@ -53,7 +54,7 @@ def is_artifact_file(p: Path, root: Path) -> bool:
     a sealed artifact passed verify; any file named ``quantkit.json`` was, so one in a subfolder was never sealed
     and verify could not see it change."""
     own = p.name == MANIFEST and os.path.abspath(p.parent) == os.path.abspath(root)
-    return not own and not (p.name.startswith(".") and p.name.endswith(".lock"))
+    return not own and not LOCK.fullmatch(p.name)
 
 
 def now_iso() -> str:

@@ -32,16 +32,17 @@ from typing import Any
 from quantkit import artifact
 from quantkit.errors import DiskSpaceError, OutputExistsError, UnsafeOutputError, UsageError
 from quantkit.integrity import BUNDLE_FILES, LOGS, SUMS, holds_manifest, wrote
+from quantkit.locks import LOCK
 from quantkit.manifest import MANIFEST, TEMPORARY
 
 REMOVE_HINT = "remove it yourself, or choose another output"
 # Every name quantkit gives a meaning in a release folder: the bundle's files, its logs, and the manifest that would
 # make the folder read as one artifact. No output's folder may take one (quantkit.recipe refuses it).
 RELEASE_NAMES = (*BUNDLE_FILES, LOGS, MANIFEST)
-# The hidden entries a run of quantkit leaves beside an output: its lock (quantkit.locks), the folder it builds or
+# The hidden entries a run of quantkit leaves beside an output: its lock (locks.LOCK), the folder it builds or
 # moves aside while replacing it (artifact.LEFTOVER) and a file written atomically (manifest.TEMPORARY), the last
 # three only where a run was killed. Anything else hidden in a release folder is the user's.
-LEFT_BY_A_RUN = re.compile(rf"\..+\.lock|{artifact.LEFTOVER.pattern}|{TEMPORARY.pattern}")
+LEFT_BY_A_RUN = re.compile(rf"{LOCK.pattern}|{artifact.LEFTOVER.pattern}|{TEMPORARY.pattern}")
 
 
 def real(path: str | Path) -> Path:
