@@ -39,10 +39,13 @@ REMOVE_HINT = "remove it yourself, or choose another output"
 # Every name quantkit gives a meaning in a release folder: the bundle's files, its logs, and the manifest that would
 # make the folder read as one artifact. No output's folder may take one (quantkit.recipe refuses it).
 RELEASE_NAMES = (*BUNDLE_FILES, LOGS, MANIFEST)
+# The empty folder check_writable creates and removes at once to ask a folder whether it takes new entries.
+PROBE_PREFIX = ".quantkit-probe-"
+PROBE = re.compile(re.escape(PROBE_PREFIX) + ".+")
 # The hidden entries a run of quantkit leaves beside an output: its lock (locks.LOCK), the folder it builds or
-# moves aside while replacing it (artifact.LEFTOVER) and a file written atomically (manifest.TEMPORARY), the last
-# three only where a run was killed. Anything else hidden in a release folder is the user's.
-LEFT_BY_A_RUN = re.compile(rf"{LOCK.pattern}|{artifact.LEFTOVER.pattern}|{TEMPORARY.pattern}")
+# moves aside while replacing it (artifact.LEFTOVER), a file written atomically (manifest.TEMPORARY) and the probe
+# folder (PROBE), the last four only where a run was killed. Anything else hidden in a release folder is the user's.
+LEFT_BY_A_RUN = re.compile(rf"{LOCK.pattern}|{artifact.LEFTOVER.pattern}|{TEMPORARY.pattern}|{PROBE.pattern}")
 
 
 def real(path: str | Path) -> Path:
@@ -148,7 +151,7 @@ def check_writable(output: Path, what: str = "output", *, into: bool = False) ->
         raise UsageError(f"{what} {output} cannot be created: {probe} is not a folder",
                          hint="choose an output in a folder you can write")
     try:
-        os.rmdir(tempfile.mkdtemp(prefix=".quantkit-probe-", dir=probe))
+        os.rmdir(tempfile.mkdtemp(prefix=PROBE_PREFIX, dir=probe))
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise DiskSpaceError(f"{what} {output} cannot be written: {probe} has no space left",

@@ -302,6 +302,7 @@ def test_a_hidden_file_of_the_users_in_a_release_folder_is_refused(tmp_path: Pat
     (rel / ".rtn-w4g128.lock").touch()
     (rel / ".gguf.partial-4242").mkdir()
     (rel / ".report.json.tmp-4242").touch()
+    (rel / ".quantkit-probe-k2x9_q1").mkdir()  # check_writable's, left by a run killed between its mkdir and rmdir
     quantkit("run", "r.yaml", "--dry-run", cwd=tmp_path, check=True)
     (rel / ".env").write_text("HF_TOKEN=hf_secret\n")
     proc = quantkit("run", "r.yaml", "--dry-run", cwd=tmp_path)
