@@ -185,7 +185,10 @@ def machine(args: argparse.Namespace) -> Machine:
     if args.machine:
         gpus, host, disk = MACHINES[args.machine]
         gpu, shm, name = H200_GPU_BYTES, host // 2, args.machine
-        said.append(f"planned for the reference {args.machine} (disk: all of it free; /dev/shm: half the host memory)")
+        given = [f"--{n.replace('_', '-')}" for n in ("gpu_bytes", "host_bytes", "disk_bytes", "shm_bytes")
+                 if getattr(args, n)]
+        said.append(f"planned for the reference {args.machine} (disk: all of it free; /dev/shm: half the host memory)"
+                    + (f", but for {', '.join(given)} as given" if given else ""))
     else:
         totals = meta.gpus()
         gpus = len(totals)

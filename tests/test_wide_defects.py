@@ -394,3 +394,13 @@ def test_a_failed_evals_error_is_in_the_eval_table(tmp_path: Path) -> None:
     assert "| eval | rc | ppl | KLD | top-1 | error |" in lines
     assert f"| 32b/gptq/eval-tp1 | {ran.result['rc']} | - | - | - | `{ran.result['error']!r}` |" in lines
     assert f"| 32b/awq/eval-tp1 | - | - | - | - | `{gone.result['error']!r}` |" in lines
+
+
+def test_a_reference_machine_with_a_figure_given_says_it_planned_for_the_figure(tmp_path: Path) -> None:
+    """``--machine h200 --gpu-bytes 85e9`` planned for 85 GB while its line said only "planned for the reference
+    h200": the line names each figure given over the reference machine's."""
+    ref = wide.machine(wide.parse(["--machine", "h200", "--workdir", str(tmp_path)]))
+    given = wide.machine(wide.parse(["--machine", "h200", "--gpu-bytes", "85e9", "--disk-bytes", "64e9",
+                                     "--workdir", str(tmp_path)]))
+    assert ref.said[-1].endswith("half the host memory)")
+    assert given.gpu_bytes == 85e9 and given.said[-1] == ref.said[-1] + ", but for --gpu-bytes, --disk-bytes as given"
