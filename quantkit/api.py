@@ -102,9 +102,13 @@ def recipe_schema() -> dict[str, Any]:
 # Producing artifacts
 
 
+HubReads = dict[tuple[str, str], calibration.Documents]  # a hub dataset's documents by (dataset, field)
+
+
 def quantize_one(recipe: Recipe, spec: MethodBase, out: Path, *, force: bool = False, reporter: Reporter | None = None,
-                 source: source_mod.SourceModel | None = None) -> ArtifactResult:
-    """Produce one output of a recipe into ``out`` (atomically, with its manifest).
+                 source: source_mod.SourceModel | None = None, hub_reads: HubReads | None = None) -> ArtifactResult:
+    """Produce one output of a recipe into ``out`` (atomically, with its manifest). ``hub_reads``: the hub
+    datasets an earlier output of the same command read, shared by its outputs (:func:`_hub_documents`).
 
     What the command line alone decides (the output apart from the inputs, and absent or replaceable) is refused
     first: before the source is resolved, its weights hashed or the producer's check run (llama.cpp's converter plans
@@ -129,7 +133,8 @@ def quantize_one(recipe: Recipe, spec: MethodBase, out: Path, *, force: bool = F
     with artifact.ArtifactWriter(out, force=force, expected_bytes=need) as w:
         ctx = ProduceContext(spec=spec, source=source, model=recipe.model, workdir=w.path,
                              calibration=recipe.calibration, runtime=recipe.runtime, reporter=rep,
-                             checked=prepared.checked, documents=_hub_documents(prepared.reads, rep))
+                             checked=prepared.checked,
+                             documents=_hub_documents(prepared.reads, rep, {} if hub_reads is None else hub_reads))
         produced = prepared.producer.produce(ctx)
         calib = produced.calibration
         rep.timings["total"] = round(time.perf_counter() - t0, 3)
@@ -145,18 +150,24 @@ def quantize_one(recipe: Recipe, spec: MethodBase, out: Path, *, force: bool = F
     return ArtifactResult(path=out, manifest=written)
 
 
-def _hub_documents(reads: recipe_mod.CalibrationSpec | None, rep: Reporter) -> calibration.Documents | None:
+def _hub_documents(reads: recipe_mod.CalibrationSpec | None, rep: Reporter,
+                   hub_reads: HubReads) -> calibration.Documents | None:
     """A hub dataset's documents, read by the build before its producer starts and warned of there (repeats), then
     handed to the producer (``ProduceContext.documents``), which read them only as it tokenized, so a GPTQ of half an
     hour said the repeats at its end. The calibration check leaves a hub dataset to the run (a dry run stays offline),
     so nothing read it before; a shipped set or a local file the check read is warned of from its count
     (:func:`quantkit.calibration.checked_repeat_warning`). Read inside the artifact writer, as the producer read
     it: a hub that fails leaves nothing behind. Timed on its own (``calibration_documents``): under the tokenizing's
-    key, the tokenizing step would show the two steps' time as its own."""
+    key, the tokenizing step would show the two steps' time as its own. Read once per command: a ``quantkit run``
+    of several outputs on one hub dataset read it for each (a request to the hub and the cache read again), where
+    its outputs now take what the first read (``hub_reads``)."""
     if reads is None or not calibration.is_hub(reads.dataset):
         return None
-    with rep.step("calibration_documents", f"Reading hub dataset {reads.dataset!r}"):
-        docs = calibration.load_documents(reads.dataset, reads.field)
+    key = (reads.dataset, reads.field)
+    if key not in hub_reads:
+        with rep.step("calibration_documents", f"Reading hub dataset {reads.dataset!r}"):
+            hub_reads[key] = calibration.load_documents(reads.dataset, reads.field)
+    docs = hub_reads[key]
     if said := calibration.repeat_warning(docs):
         rep.warn_once(said)
     return docs
@@ -167,7 +178,8 @@ def quantize(recipe: Recipe, *, force: bool = False, reporter: Reporter | None =
     pipeline)."""
     outputs.check_recipe(recipe, force=force)
     src = source_mod.resolve(recipe.model)
-    return [quantize_one(recipe, spec, out, force=force, reporter=reporter, source=src)
+    hub_reads: HubReads = {}
+    return [quantize_one(recipe, spec, out, force=force, reporter=reporter, source=src, hub_reads=hub_reads)
             for spec, out in recipe.artifacts()]
 
 
@@ -196,7 +208,9 @@ def build_trt(r: Recipe, *, force: bool = False, reporter: Reporter | None = Non
     rep = reporter or Reporter(quiet=True)
     with rep.timed("check_source"):
         src = source_mod.resolve(r.model)
-    return [quantize_one(r, spec, out, force=force, reporter=rep, source=src) for spec, out in specs]
+    hub_reads: HubReads = {}
+    return [quantize_one(r, spec, out, force=force, reporter=rep, source=src, hub_reads=hub_reads)
+            for spec, out in specs]
 
 
 def plan(recipe: Recipe, *, force: bool = False, pipeline: bool = False, evaluate: bool = True,

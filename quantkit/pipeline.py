@@ -150,6 +150,7 @@ def _run(recipe: Recipe, release: Path, *, force: bool, rep: Reporter, evaluate:
             (release / name).unlink(missing_ok=True)
         if release.is_dir():  # a killed run's half-built or moved-aside outputs, which SHA256SUMS would seal
             artifact.recover_leftovers(release)
+    hub_reads: api.HubReads = {}  # a hub dataset's documents, read for the first output that calibrates on them
     for spec, res, why in reuse:
         out = res.path
         if why is not None:
@@ -158,7 +159,7 @@ def _run(recipe: Recipe, release: Path, *, force: bool, rep: Reporter, evaluate:
             continue
         rep.log(f"[bold]▶ {res.name}[/] ({spec.method})")
         try:
-            built = api.quantize_one(recipe, spec, out, force=True, reporter=rep, source=src)
+            built = api.quantize_one(recipe, spec, out, force=True, reporter=rep, source=src, hub_reads=hub_reads)
         except QuantkitError as e:
             if len(recipe.artifacts()) == 1:
                 raise

@@ -147,3 +147,23 @@ def test_a_hub_datasets_repeats_are_warned_of_before_the_quantizer_starts(cli, t
     assert sum("Found the latest cached dataset" in ln for ln in lines) == 1, proc.stderr[-2000:]
     calib = json.loads((tmp_path / "out" / MANIFEST).read_text())["calibration"]
     assert (calib["kind"], calib["documents"], calib["repeated_documents"]) == ("hub", 15, 3), calib
+
+
+def test_a_run_of_two_outputs_on_one_hub_dataset_reads_it_once(cli, tiny: Path, tmp_path: Path) -> None:
+    """``quantkit run`` with two calibrating outputs on one hub dataset read it for each output (a request to the hub
+    and the cache read again, one "Found the latest cached dataset" line each): the second takes the first's read,
+    and each artifact still records the documents."""
+    cache = tmp_path / "datasets"
+    _cached_hub_dataset(cache, "local-org/calib", [{"text": t} for t in TEXTS + TEXTS[:3]], tmp_path)
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_CACHE": str(cache)}
+    (tmp_path / "r.yaml").write_text(f"model:\n  source: {tiny}\noutput: rel\noutputs:\n  - method: fp8\n"
+                                     "  - method: int8\n    weights: rtn\ncalibration:\n  dataset: local-org/calib\n"
+                                     "  samples: 2\n  seq_len: 64\n")
+    proc = cli("run", "r.yaml", "--no-eval", "--no-smoke", "--json", env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sum("Found the latest cached dataset" in ln for ln in proc.stderr.splitlines()) == 1, proc.stderr[-2000:]
+    outputs = json.loads(proc.stdout)["outputs"]
+    assert [o["status"] for o in outputs] == ["built", "built"], outputs
+    for o in outputs:
+        calib = json.loads((tmp_path / o["path"] / MANIFEST).read_text())["calibration"]
+        assert (calib["kind"], calib["documents"], calib["repeated_documents"]) == ("hub", 15, 3), calib
