@@ -197,6 +197,14 @@ def vet(path: Path, *, spec: str | None = None, revision: str | None = None, tru
                        size_bytes=total, num_parameters=params, is_pickle=is_pickle)
 
 
+def tensor_names(path: Path) -> list[str]:
+    """The tensor names of a checkpoint's safetensors files, from their headers (the files the loaders read: the
+    shards its index names, else every ``.safetensors`` file): what decides how the load builds its modules before
+    anything is read (:func:`quantkit.producers.moe.per_expert_checkpoint`)."""
+    return [name for f in _weight_files(path, _read_index(path))
+            for name in safetensors_header(f)[0] if name != "__metadata__"]
+
+
 def _names(auto_map: Any) -> str:
     """auto_map's classes for a message, whatever JSON it holds."""
     return ", ".join(sorted(map(str, auto_map))) if isinstance(auto_map, (dict, list)) else str(auto_map)[:200]

@@ -3,8 +3,9 @@
 Each family's routers, experts and checkpoint names are rows of the architecture table
 (:class:`quantkit.architectures.MoeFamily`); this module is what the compressed-tensors producer does with them.
 
-llm-compressor does the MoE work itself: its linear experts replace transformers 5's fused 3-D expert weights with
-one ``nn.Linear`` per expert projection (block by block, :func:`linearize`), and
+llm-compressor does the MoE work itself: its linear experts hold one ``nn.Linear`` per expert projection, built at
+load from a checkpoint that stores one tensor per expert (:func:`load_linearized`) or replacing transformers 5's
+fused 3-D expert weights after the load (block by block, :func:`linearize`), and
 ``oneshot(moe_calibrate_all_experts=True)`` runs every expert on every calibration token (while keeping the
 router's output), so no expert is calibrated on nothing. What it does not do, and this module does from the
 family's row, is say for each family
@@ -23,13 +24,23 @@ Tested with transformers 5.17.0 and llmcompressor 0.14.0.1.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import re
+import sys
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from quantkit import versions
 from quantkit.architectures import MoeFamily as Family, moe_family as family, router_patterns
 
 __all__ = ["Family", "RouterTokens", "awq_mappings", "expert_modules", "family", "layer_prefix", "linearize",
-           "low_token_warning", "router_patterns", "save_as_checkpoint"]
+           "load_linearized", "low_token_warning", "per_expert_checkpoint", "router_patterns", "save_as_checkpoint"]
+
+# The transformers release whose class patching (``transformers.monkey_patching.apply_patches``) and image-processor
+# aliases :func:`_image_aliases_hidden` was read against; on another, :func:`load_linearized` is not used.
+TRANSFORMERS_READ = "5.17.0"
+_PER_EXPERT = re.compile(r"(?:^|\.)experts\.\d+\.")  # model.layers.1.mlp.experts.7.gate_proj.weight
+_FUSED = re.compile(r"(?:^|\.)experts\.(?!\d)")  # model.layers.1.mlp.experts.gate_up_proj
 
 
 _LAYER_PREFIXES = ("model.layers", "model.language_model.layers")
@@ -70,6 +81,83 @@ def linearize(model: Any) -> Any:
         model.set_submodule(name, linear)
         del fused, linear
     return model
+
+
+def per_expert_checkpoint(names: Iterable[str]) -> bool:
+    """Whether a checkpoint's tensor names hold its routed experts one tensor per expert projection
+    (``experts.N.gate_proj.weight``, as the hub publishes Qwen-MoE and DeepSeek) and none fused 3-D
+    (``experts.gate_up_proj``, what transformers 5 holds in memory and writes with ``save_original_format=False``):
+    only such a checkpoint can fill llm-compressor's per-expert Linears as they are built (:func:`load_linearized`);
+    a fused one loads plainly and is linearized after."""
+    names = list(names)
+    return any(_PER_EXPERT.search(n) for n in names) and not any(_FUSED.search(n) for n in names)
+
+
+@contextlib.contextmanager
+def _image_aliases_hidden() -> Iterator[None]:
+    """transformers 5.17's backward-compatibility aliases (``models.X.image_processing_X_fast`` and the like), out of
+    ``sys.modules`` while a model is built with a class patch registered, then put back.
+
+    ``apply_patches`` lists every loaded ``transformers.*`` module with ``dir()``, and an alias's ``dir()`` imports
+    the image processor it stands for, which imports torchvision: without it every patched load fails (with a
+    CUDA-only torchvision too). The aliases hold no model classes, so the patching loses nothing by not seeing
+    them."""
+    hidden = {name: module for name, module in list(sys.modules.items()) if name.startswith("transformers.")
+              and (getattr(module, "__doc__", None) or "").startswith("Alias module for backward compatibility")}
+    for name in hidden:
+        del sys.modules[name]
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
+
+
+def load_linearized(auto: Any, src: str, model_type: str, **kwargs: Any) -> tuple[Any, dict[str, Any]] | None:
+    """The model loaded straight into llm-compressor's per-expert Linears, with transformers' loading info; None
+    where this load does not apply (another transformers than :data:`TRANSFORMERS_READ`, or a family llm-compressor
+    has no per-expert load mapping for): then the caller loads plainly and calls :func:`linearize`.
+
+    For a checkpoint that stores one tensor per expert (:func:`per_expert_checkpoint`, which the caller checks) the
+    plain load stacks every layer's experts into new 3-D tensors and :func:`linearize` copies them apart again: on
+    Qwen3-30B-A3B's width (2 layers, CPU) 26.5 s and 3.8 GiB of anonymous memory for a load that, built this way,
+    takes 0.7 s and keeps the weights in the safetensors' mapped pages (bench/results/moe_load_qwen3-30b-a3b-2l.md).
+
+    The pieces are llm-compressor's (the family's experts class, its per-expert Linear class, the load and save
+    mappings: ``get_linearize_load_mappings``) and transformers' (class patching, conversion mappings), composed as
+    its ``load_quantizable_moe`` composes them, because that context (a) drops ``output_loading_info`` (it sets an
+    attribute on the returned tuple), and the missing keys are what make an absent expert weight an error here
+    rather than a random initialisation, and (b) leaves the per-expert mapping registered for the model type, so a
+    later plain load of the same family in this process would not stack its experts. Here both registrations are
+    undone when the load returns, whatever it raised."""
+    if versions.version("transformers") != TRANSFORMERS_READ:
+        return None
+    from llmcompressor.modeling.moe.conversion_mappings import (get_linearize_load_mappings,
+                                                                has_linearize_load_mappings,
+                                                                set_save_conversion_mapping)
+    from llmcompressor.modeling.moe.linear_experts import LinearExperts2D
+    from transformers.conversion_mapping import (USER_REGISTERED_MAPPINGS, get_checkpoint_conversion_mapping,
+                                                 register_checkpoint_conversion_mapping)
+    from transformers.monkey_patching import register_patch_mapping, unregister_patch_mapping
+
+    if not has_linearize_load_mappings(model_type):
+        return None
+    experts_cls, load_map, save_map = get_linearize_load_mappings(model_type)
+    before = get_checkpoint_conversion_mapping(model_type)
+    if experts_cls is None or before is None:
+        return None
+    user_registered = model_type in USER_REGISTERED_MAPPINGS  # which custom-code models share the mapping
+    register_patch_mapping({experts_cls.__name__: LinearExperts2D.get_linear_experts_cls(experts_cls)})
+    register_checkpoint_conversion_mapping(model_type, load_map, overwrite=True)
+    try:
+        with _image_aliases_hidden():
+            model, info = auto.from_pretrained(src, output_loading_info=True, **kwargs)
+    finally:
+        unregister_patch_mapping([experts_cls.__name__])
+        register_checkpoint_conversion_mapping(model_type, before, overwrite=True)
+        if not user_registered:
+            USER_REGISTERED_MAPPINGS.discard(model_type)
+    set_save_conversion_mapping(model, save_map)  # the checkpoint's per-expert names on save, as llm-compressor does
+    return model, info
 
 
 def save_as_checkpoint(model: Any, fam: Family) -> None:

@@ -6,8 +6,9 @@ The same functions serve the in-process path (:mod:`quantkit.producers.compresse
 
 * AWQ smoothing mappings are not ours: llm-compressor picks them from the architecture (its registry, falling
   back to its Llama-style defaults), and the manifest records them with the number of modules each was applied to.
-* Mixture-of-experts models use llm-compressor's own MoE support: its linear experts replace transformers 5's fused
-  3-D experts (one Linear per expert projection) right after loading, one block at a time, and
+* Mixture-of-experts models use llm-compressor's own MoE support: its linear experts (one Linear per expert
+  projection) are built at load from a checkpoint that stores one tensor per expert, or replace transformers 5's
+  fused 3-D experts right after loading one that stores them fused, one block at a time; and
   ``moe_calibrate_all_experts`` runs every expert on every calibration token. Routers and shared-expert gates are
   never quantized; the real router's choices are counted per expert, and :mod:`quantkit.producers.moe` knows each
   family (see there).
@@ -133,15 +134,20 @@ def _quiet_llmcompressor_log() -> None:
 def load_model(job: Job, distributed: bool = False) -> Any:
     """The source model on the CPU (the pipelines move layers to the accelerator as they go), experts linearized.
 
-    Not llm-compressor's ``load_context``: its MoE half (``load_quantizable_moe``) loads Qwen-MoE and DeepSeek
-    checkpoints straight into per-expert Linears by renaming per-expert tensors, so a checkpoint that stores
-    fused 3-D experts leaves every expert randomly initialised, with only transformers' load report to say so; and
-    in transformers 5.17 its class patching imports every image processor (which fails without torchvision). Its
-    linearization after an ordinary load takes both layouts (:func:`quantkit.producers.moe.linearize`, one block at a
-    time so the experts are never held twice). A weight the checkpoint lacks is an error here, never a random
-    initialisation, and so is a tensor it holds that the model as built does not use
-    (:func:`quantkit.source.check_unused`: transformers would drop it with a report on stderr only). Under torchrun
-    the load gives no such report; :func:`quantkit.source.vet` checked the decoder layers from the headers before.
+    A checkpoint whose headers hold one tensor per expert (the hub's Qwen-MoE and DeepSeek) of a family
+    llm-compressor can load that way is built straight into its per-expert Linears
+    (:func:`quantkit.producers.moe.load_linearized`): the plain load would stack every layer's experts into new
+    3-D tensors for :func:`quantkit.producers.moe.linearize` to copy apart again (Qwen3-30B-A3B's shape on an H100:
+    a 78.5 s load, 364 s in all against 303 s for llm-compressor's own script, 56.5 against 29.6 GiB peak
+    anonymous host memory; on 2 of its layers on a CPU, 26.5 s against 0.7 s: bench/results/moe_load_*.md).
+    Not llm-compressor's ``load_context`` as it is: its MoE half would fill nothing from a checkpoint that stores
+    fused 3-D experts, leaving them at random with only transformers' load report to say so, and it drops the
+    loading info; here a fused checkpoint (and every other load) takes the plain load, then
+    :func:`quantkit.producers.moe.linearize`, one block at a time so the experts are never held twice. Either way a
+    weight the checkpoint lacks is an error, never a random initialisation, and so is a tensor it holds that the
+    model as built does not use (:func:`quantkit.source.check_unused`: transformers would drop it with a report on
+    stderr only). Under torchrun the load gives no such report; :func:`quantkit.source.vet` checked the decoder
+    layers from the headers before.
     """
     _quiet_llmcompressor_log()
     import torch
@@ -161,7 +167,11 @@ def load_model(job: Job, distributed: bool = False) -> Any:
                 model = auto.from_pretrained(job.source, device_map="auto_offload", **kwargs)
         else:
             with _load_report_held() as report:
-                model, info = auto.from_pretrained(job.source, output_loading_info=True, **kwargs)
+                loaded = None
+                if auto is transformers.AutoModelForCausalLM and not job.trust_remote_code and \
+                        moe.family(job.config) and moe.per_expert_checkpoint(source.tensor_names(Path(job.source))):
+                    loaded = moe.load_linearized(auto, job.source, str(job.config.get("model_type")), **kwargs)
+                model, info = loaded or auto.from_pretrained(job.source, output_loading_info=True, **kwargs)
             missing = sorted(info.get("missing_keys") or [])
             if missing:
                 raise SourceModelError(
