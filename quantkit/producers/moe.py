@@ -119,8 +119,8 @@ def load_linearized(auto: Any, src: str, model_type: str, **kwargs: Any) -> tupl
 
     For a checkpoint that stores one tensor per expert (:func:`per_expert_checkpoint`, which the caller checks) the
     plain load stacks every layer's experts into new 3-D tensors and :func:`linearize` copies them apart again: on
-    Qwen3-30B-A3B's width (2 layers, CPU) 26.5 s and 3.8 GiB of anonymous memory for a load that, built this way,
-    takes 0.7 s and keeps the weights in the safetensors' mapped pages (bench/results/moe_load_qwen3-30b-a3b-2l.md).
+    Qwen3-30B-A3B's width (2 layers, CPU) 13.0 s and 3.8 GiB of anonymous memory for a load that, built this way,
+    takes 0.9 s and keeps the weights in the safetensors' mapped pages (bench/results/moe_load_qwen3-30b-a3b-2l.md).
 
     The pieces are llm-compressor's (the family's experts class, its per-expert Linear class, the load and save
     mappings: ``get_linearize_load_mappings``) and transformers' (class patching, conversion mappings), composed as

@@ -139,7 +139,7 @@ def load_model(job: Job, distributed: bool = False) -> Any:
     (:func:`quantkit.producers.moe.load_linearized`): the plain load would stack every layer's experts into new
     3-D tensors for :func:`quantkit.producers.moe.linearize` to copy apart again (Qwen3-30B-A3B's shape on an H100:
     a 78.5 s load, 364 s in all against 303 s for llm-compressor's own script, 56.5 against 29.6 GiB peak
-    anonymous host memory; on 2 of its layers on a CPU, 26.5 s against 0.7 s: bench/results/moe_load_*.md).
+    anonymous host memory; on 2 of its layers on a CPU, 13.0 s against 0.9 s: bench/results/moe_load_*.md).
     Not llm-compressor's ``load_context`` as it is: its MoE half would fill nothing from a checkpoint that stores
     fused 3-D experts, leaving them at random with only transformers' load report to say so, and it drops the
     loading info; here a fused checkpoint (and every other load) takes the plain load, then
