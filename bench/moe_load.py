@@ -21,6 +21,7 @@ those aliases from ``sys.modules`` for the load, which this measurement needs an
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -76,17 +77,11 @@ def child(mode: str, src: str) -> None:
         from llmcompressor.utils import load_context
         from transformers import AutoModelForCausalLM
 
-        hidden = {}
-        if importlib.util.find_spec("torchvision") is None:
-            hidden = {k: m for k, m in sys.modules.items() if k.startswith("transformers.")
-                      and (m.__doc__ or "").startswith("Alias module for backward compatibility")}
-            for k in hidden:
-                del sys.modules[k]
-        try:
-            with load_context():
-                model = AutoModelForCausalLM.from_pretrained(src, dtype="auto")
-        finally:
-            sys.modules.update(hidden)
+        from quantkit.producers.moe import image_aliases_hidden
+
+        hidden = image_aliases_hidden() if importlib.util.find_spec("torchvision") is None else contextlib.nullcontext()
+        with hidden, load_context():
+            model = AutoModelForCausalLM.from_pretrained(src, dtype="auto")
     wall = time.perf_counter() - start
     stop.set()
     thread.join()

@@ -33,11 +33,12 @@ from typing import Any
 from quantkit import versions
 from quantkit.architectures import MoeFamily as Family, moe_family as family, router_patterns
 
-__all__ = ["Family", "RouterTokens", "awq_mappings", "expert_modules", "family", "layer_prefix", "linearize",
-           "load_linearized", "low_token_warning", "per_expert_checkpoint", "router_patterns", "save_as_checkpoint"]
+__all__ = ["Family", "RouterTokens", "awq_mappings", "expert_modules", "family", "image_aliases_hidden", "layer_prefix",
+           "linearize", "load_linearized", "low_token_warning", "per_expert_checkpoint", "router_patterns",
+           "save_as_checkpoint"]
 
 # The transformers release whose class patching (``transformers.monkey_patching.apply_patches``) and image-processor
-# aliases :func:`_image_aliases_hidden` was read against; on another, :func:`load_linearized` is not used.
+# aliases :func:`image_aliases_hidden` was read against; on another, :func:`load_linearized` is not used.
 TRANSFORMERS_READ = "5.17.0"
 _PER_EXPERT = re.compile(r"(?:^|\.)experts\.\d+\.")  # model.layers.1.mlp.experts.7.gate_proj.weight
 _FUSED = re.compile(r"(?:^|\.)experts\.(?!\d)")  # model.layers.1.mlp.experts.gate_up_proj
@@ -94,7 +95,7 @@ def per_expert_checkpoint(names: Iterable[str]) -> bool:
 
 
 @contextlib.contextmanager
-def _image_aliases_hidden() -> Iterator[None]:
+def image_aliases_hidden() -> Iterator[None]:
     """transformers 5.17's backward-compatibility aliases (``models.X.image_processing_X_fast`` and the like), out of
     ``sys.modules`` while a model is built with a class patch registered, then put back.
 
@@ -149,7 +150,7 @@ def load_linearized(auto: Any, src: str, model_type: str, **kwargs: Any) -> tupl
     register_patch_mapping({experts_cls.__name__: LinearExperts2D.get_linear_experts_cls(experts_cls)})
     register_checkpoint_conversion_mapping(model_type, load_map, overwrite=True)
     try:
-        with _image_aliases_hidden():
+        with image_aliases_hidden():
             model, info = auto.from_pretrained(src, output_loading_info=True, **kwargs)
     finally:
         unregister_patch_mapping([experts_cls.__name__])
