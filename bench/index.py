@@ -181,10 +181,11 @@ def moe() -> list[str]:
     if cpu.exists():
         lines += ["### MoE host memory, 2 of 48 layers on the CPU (experts linearized block by block)", "",
                   _body(cpu), ""]
-    load = RESULTS / "moe_load_qwen3-30b-a3b-2l.md"
-    if load.exists():
-        lines += ["### MoE load alone, 2 of 48 layers on the CPU (per-expert checkpoint into per-expert Linears)", "",
-                  _body(load), ""]
+    for name, heading in (("moe_load_qwen3-30b-a3b-2l", "2 of 48 layers"),
+                          ("moe_load_qwen3-30b-a3b-header-only", "all 48 layers, header-only (no weight read)")):
+        if (RESULTS / f"{name}.md").exists():
+            lines += [f"### MoE load alone, {heading}, on the CPU (per-expert checkpoint into per-expert Linears)",
+                      "", _body(RESULTS / f"{name}.md"), ""]
     if not (RESULTS / "quantize_cost_qwen3-30b-a3b-12l.md").exists():
         lines += ["Written and checked on this CPU with the tiny MoE shape (tests/test_bench_moe.py): "
                   "`python bench/quantize_cost.py --shape qwen3-30b-a3b-12l --samples 32 --seq-len 2048 "
