@@ -183,9 +183,9 @@ def moe() -> list[str]:
                   _body(cpu), ""]
     for name, heading in (("moe_load_qwen3-30b-a3b-2l", "2 of 48 layers"),
                           ("moe_load_qwen3-30b-a3b-header-only", "all 48 layers, header-only (no weight read)")):
-        if (RESULTS / f"{name}.md").exists():
+        if (md := RESULTS / f"{name}.md").exists():
             lines += [f"### MoE load alone, {heading}, on the CPU (per-expert checkpoint into per-expert Linears)",
-                      "", _body(RESULTS / f"{name}.md"), ""]
+                      "", _body(md), ""]
     if not (RESULTS / "quantize_cost_qwen3-30b-a3b-12l.md").exists():
         lines += ["Written and checked on this CPU with the tiny MoE shape (tests/test_bench_moe.py): "
                   "`python bench/quantize_cost.py --shape qwen3-30b-a3b-12l --samples 32 --seq-len 2048 "
