@@ -31,11 +31,11 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from quantkit import versions
-from quantkit.architectures import MoeFamily as Family, moe_family as family, router_patterns
+from quantkit.architectures import MoeFamily as Family, moe_family as family, router_patterns, vision_language
 
 __all__ = ["Family", "RouterTokens", "awq_mappings", "expert_modules", "family", "image_aliases_hidden", "layer_prefix",
-           "linearize", "load_linearized", "low_token_warning", "per_expert_checkpoint", "router_patterns",
-           "save_as_checkpoint"]
+           "linearize", "load_linearized", "loads_per_expert", "low_token_warning", "per_expert_checkpoint",
+           "router_patterns", "save_as_checkpoint"]
 
 # The transformers release whose class patching (``transformers.monkey_patching.apply_patches``) and image-processor
 # aliases :func:`image_aliases_hidden` was read against; on another, :func:`load_linearized` is not used.
@@ -94,6 +94,17 @@ def per_expert_checkpoint(names: Iterable[str]) -> bool:
     return any(_PER_EXPERT.search(n) for n in names) and not any(_FUSED.search(n) for n in names)
 
 
+def loads_per_expert(config: dict[str, Any], names: Iterable[str], trust_remote_code: bool = False) -> bool:
+    """Whether the model's load builds this checkpoint straight into llm-compressor's per-expert Linears
+    (:func:`load_linearized`, from :func:`quantkit.producers.oneshot.load_model`): a causal-LM family of the MoE
+    table without custom code, a :func:`per_expert_checkpoint`, the transformers release that load was read against
+    (:data:`TRANSFORMERS_READ`). Its experts then stay in the checkpoint's mapped pages; otherwise the plain load
+    stacks them into 3-D tensors of the process's own memory, which the memory plan counts
+    (:func:`quantkit.plan._memory` asks this too). Every family of the table has llm-compressor 0.14's load mapping."""
+    return (not trust_remote_code and family(config) is not None and vision_language(config) is None
+            and versions.version("transformers") == TRANSFORMERS_READ and per_expert_checkpoint(names))
+
+
 @contextlib.contextmanager
 def image_aliases_hidden() -> Iterator[None]:
     """transformers 5.17's backward-compatibility aliases (``models.X.image_processing_X_fast`` and the like), out of
@@ -115,10 +126,10 @@ def image_aliases_hidden() -> Iterator[None]:
 
 def load_linearized(auto: Any, src: str, model_type: str, **kwargs: Any) -> tuple[Any, dict[str, Any]] | None:
     """The model loaded straight into llm-compressor's per-expert Linears, with transformers' loading info; None
-    where this load does not apply (another transformers than :data:`TRANSFORMERS_READ`, or a family llm-compressor
-    has no per-expert load mapping for): then the caller loads plainly and calls :func:`linearize`.
+    where llm-compressor has no per-expert load mapping for the family: then the caller loads plainly and calls
+    :func:`linearize`.
 
-    For a checkpoint that stores one tensor per expert (:func:`per_expert_checkpoint`, which the caller checks) the
+    For a checkpoint that stores one tensor per expert (:func:`loads_per_expert`, which the caller checks) the
     plain load stacks every layer's experts into new 3-D tensors and :func:`linearize` copies them apart again: on
     Qwen3-30B-A3B's width (2 layers, CPU) 13.0 s and 3.8 GiB of anonymous memory for a load that, built this way,
     takes 0.9 s and keeps the weights in the safetensors' mapped pages (bench/results/moe_load_qwen3-30b-a3b-2l.md).
@@ -130,8 +141,6 @@ def load_linearized(auto: Any, src: str, model_type: str, **kwargs: Any) -> tupl
     rather than a random initialisation, and (b) leaves the per-expert mapping registered for the model type, so a
     later plain load of the same family in this process would not stack its experts. Here both registrations are
     undone when the load returns, whatever it raised."""
-    if versions.version("transformers") != TRANSFORMERS_READ:
-        return None
     from llmcompressor.modeling.moe.conversion_mappings import (get_linearize_load_mappings,
                                                                 has_linearize_load_mappings,
                                                                 set_save_conversion_mapping)
