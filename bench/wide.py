@@ -36,10 +36,10 @@ and a later one time the cases). For each shape:
    one GPU, a disk that cannot hold the source beside an output gets help from /dev/shm: the source's first shards, as
    few as leave the disk enough, are written there (less the same reserve) and linked from the source folder (the 32B
    on the one-GPU reference H200, 64 GiB of disk: 44 GB of its 65.5 GB source; they stay for the next run until
-   removed). A case that holds its own copy of the weights beside those shards has the machine's host memory less
-   them: a method whose quantkit plan rewrites the weights as it calibrates (quantkit/plan.py's
-   ``rewrites_weights``: GPTQ, AWQ, SmoothQuant) and eval's baseline; a method that only observes them (FP8
-   static) maps those very pages as its model, which its floor counts once. The host must hold the plan's floor; one
+   removed). Those shards cannot leave RAM, so every case has the machine's host memory less them: the plan's host
+   figure is what a quantize process holds of its own (quantkit/plan.py: the weights GPTQ, AWQ or SmoothQuant rewrite,
+   every method's compressed copy), not the source's pages it maps, and eval's baseline is a copy of its own. The
+   host must hold the plan's figure; one
    GPU the plan's peak; serving the checkpoint's 1/tp share in 85% of a GPU; ``quantkit eval`` its baseline, which it
    scores in transformers on the CPU in float32 (four bytes a parameter: a 70B bf16 model fits no single GPU, and
    quantkit eval puts its baseline on one device).
@@ -145,7 +145,6 @@ class Case:
     disk_bytes: int = 0  # build: the free disk it needs (source, an output, spill, margin); quantize: free_space_asked
     spill_bytes: int = 0  # quantize, --num-gpus 2 or more: what the offloaded load writes to disk beside the output
     shm_bytes: int = 0  # build: the source's first shards placed in /dev/shm (one GPU, a disk too small for it)
-    rewrites_weights: bool = True  # quantize: its method's model is its own copy, beside the /dev/shm shards
     skip: str = ""  # why it does not run ("" = it runs)
     command: list[str] = field(default_factory=list)
     result: dict[str, Any] = field(default_factory=dict)
@@ -222,12 +221,7 @@ def header_checkpoint(shape: str, folder: Path) -> Path:
 
 def plan_outputs(shape: str, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """quantkit's own plan of each method for a header-only checkpoint of ``shape`` (one ``quantkit run --dry-run``
-    with an output per method, so one process): its plan by method, with the source's size and parameters and whether
-    the method rewrites the weights (quantkit/plan.py's ``rewrites_weights``, of the recipe's spec as quantkit reads
-    it)."""
-    from quantkit.plan import rewrites_weights
-    from quantkit.recipe import validate
-
+    with an output per method, so one process): its plan by method, with the source's size and parameters."""
     hdr = header_checkpoint(shape, args.workdir / f"header-{shape}")
     recipe = {"model": {"source": str(hdr)}, "runtime": {"device": args.device, "num_gpus": args.num_gpus},
               "calibration": {"samples": args.samples, "seq_len": args.seq_len},
@@ -241,10 +235,8 @@ def plan_outputs(shape: str, args: argparse.Namespace) -> dict[str, dict[str, An
     if proc.returncode:
         raise SystemExit(f"quantkit's plan of {shape} failed: {proc.stderr.strip()[-500:]}")
     plan = json.loads(proc.stdout)
-    specs = validate({**recipe, "output": str(args.workdir / "planned")}).outputs or []
-    return {method: {**out, "source_bytes": plan["source"]["size_bytes"], "parameters": plan["source"]["parameters"],
-                     "rewrites_weights": rewrites_weights(spec)}
-            for method, out, spec in zip(args.methods, plan["outputs"], specs)}
+    return {method: {**out, "source_bytes": plan["source"]["size_bytes"], "parameters": plan["source"]["parameters"]}
+            for method, out in zip(args.methods, plan["outputs"])}
 
 
 def shallower(shape: str) -> list[str]:
@@ -335,8 +327,7 @@ def shape_cases(shape: str, args: argparse.Namespace, m: Machine) -> tuple[Case,
             todo.append(Case(f"{shape}/{method}/{tool}", "quantize", shape, method, tool,
                              estimate_s=quantize_estimate(shape, method, args.samples, args.seq_len) * args.repeat,
                              host_bytes=p["host_bytes"], gpu_bytes=p["gpu_bytes"],
-                             disk_bytes=free_space_asked(p["disk_bytes"]), spill_bytes=spill,
-                             rewrites_weights=p["rewrites_weights"]))
+                             disk_bytes=free_space_asked(p["disk_bytes"]), spill_bytes=spill))
         if not args.serve:
             continue
         size = p["disk_bytes"]
@@ -361,12 +352,12 @@ def verdict(c: Case, build: Case, made: set[str], args: argparse.Namespace, m: M
     """Why ``c`` cannot run on ``m`` ("" when it can): its own needs first, then what it depends on. A quantize
     case's disk is checked here where the source is built already (the free disk is then the outputs'); else the
     build's verdict has checked the largest output beside the source it writes. The source's shards in /dev/shm are
-    taken off the host memory where the case holds its own copy of the weights beside them (eval's float32 baseline,
-    a method that rewrites them); a method that only observes them maps those pages as its model, which its floor
-    counts (FP8 static of the 32B on the H100: the whole source in /dev/shm, 30.5 GiB allocated beside it)."""
+    taken off the host memory: no case's figure counts them (a quantize process's is what it holds of its own beside
+    the source's pages it maps: FP8 static of the 32B on the H100, the whole source in /dev/shm, 30.5 GiB allocated
+    beside it; eval's float32 baseline is a copy)."""
     if c.kind == "build":
         return ""
-    held = build.shm_bytes if c.kind != "quantize" or c.rewrites_weights else 0
+    held = build.shm_bytes
     host = m.host_bytes - held
     beside = f" beside the source's {gb(held)} in /dev/shm" if held else ""
     if c.kind == "quantize":

@@ -10,10 +10,12 @@ reading which folder: :class:`Step`, the same decision ``quantkit run`` acts on)
 skipped, with the recipe's lm-eval tasks and the ones an output's engine cannot score.
 
 Peak memory is a rule of thumb per producer family, from the checkpoint's safetensors headers (see
-:func:`_memory`), meant to tell a 40 GiB job from a 400 GiB one before it starts, not to the gigabyte. It is a
-floor (measured peaks are higher), so :func:`check_host_memory` refuses a job whose floor exceeds what the machine
-can hold: a 70B bf16 model needs about 145 GB of host memory, and on a 126 GiB host it would be killed after minutes
-of loading (``bench/results/h200/70b/``).
+:func:`_memory`), meant to tell a 40 GiB job from a 400 GiB one before it starts, not to the gigabyte. Host memory
+is what the process holds of its own (the source's files it maps are page cache, which the kernel takes back and
+reads again as each layer is needed), and :func:`check_host_memory` refuses a job whose estimate exceeds what the
+machine can hold: GPTQ of a 70B bf16 model, which rewrites every weight into its own memory, needs about 145 GB of
+host memory, and on a 126 GiB host it would be killed after minutes of loading (``bench/results/h200/70b/``); FP8
+static of it, which only observes the weights, about half that.
 """
 
 from __future__ import annotations
@@ -383,6 +385,7 @@ class LayerWeights:
     total: int = 0  # bytes of the layer, every expert included
     experts: int = 0  # bytes of its routed experts (tensors under ``.experts.``)
     matrices: tuple[tuple[int, int], ...] = ()  # (out, in) of each 2-D weight: the Linears GPTQ holds a Hessian of
+    model_experts: int = 0  # bytes of every layer's routed experts: what a load that stacks them holds of its own
 
 
 def _largest_layer(src: SourceModel) -> LayerWeights:
@@ -403,8 +406,20 @@ def _largest_layer(src: SourceModel) -> LayerWeights:
     tensors = max(layers.values(), key=lambda ts: sum(n for _, _, n in ts))
     return LayerWeights(total=sum(n for _, _, n in tensors),
                         experts=sum(n for name, _, n in tensors if ".experts." in name),
-                        matrices=tuple((int(s[0]), int(s[1])) for name, s, _ in tensors
-                                       if len(s) == 2 and name.endswith(".weight")))
+                        matrices=tuple(m for name, s, _ in tensors for m in _matrices(name, s)),
+                        model_experts=sum(n for ts in layers.values() for name, _, n in ts if ".experts." in name))
+
+
+def _matrices(name: str, shape: list[int]) -> list[tuple[int, int]]:
+    """(out, in) of the Linears a weight becomes once the experts are linearized: a 2-D weight is one; a fused 3-D
+    experts tensor (transformers 5's ``experts.gate_up_proj`` [experts, 2 x intermediate, hidden], ``down_proj``
+    [experts, hidden, intermediate]) is one per expert, the gate and up projections apart."""
+    if len(shape) == 2 and name.endswith(".weight"):
+        return [(int(shape[0]), int(shape[1]))]
+    if len(shape) == 3 and ".experts." in name:
+        n, out, inp = map(int, shape)
+        return [(out // 2, inp)] * (2 * n) if name.endswith("gate_up_proj") else [(out, inp)] * n
+    return []
 
 
 # GPU memory of llm-compressor 0.14's sequential pipeline: a fixed part (CUDA context, allocator, embeddings) and the
@@ -441,16 +456,21 @@ def _gptq_bytes(layer: LayerWeights) -> int:
 
 def _memory(row: formats.Format, spec: MethodBase, recipe: Recipe, src: SourceModel,
             layer: LayerWeights) -> tuple[int, int]:
-    """(host, GPU) peak bytes, by producer family.
+    """(host, GPU) peak bytes, by producer family. Host bytes are the process's own memory; the pages it maps from
+    the source's files are the kernel's to take back and read again, so they are not counted (but see
+    :func:`check_host_memory` for an address-space limit, which does count them).
 
-    * llm-compressor: the whole model sits on the host in its load dtype, plus the calibration activations between
+    * llm-compressor: the model's weights the process holds of its own (:func:`_model_held`: all of them where the
+      method rewrites them as it calibrates or the load converts their dtype), the calibration activations between
       layers (samples x seq_len x hidden, bf16, twice), for a mixture of experts one layer's experts copied while
-      they are linearized, and, where the method rewrote the weights, the compressed copy of them that compression
-      builds beside the model before it is saved (:func:`_compressed_copy`). GPTQ of Qwen2.5-32B's full shape
-      (65.5 GB model, 15.6 GB of it quantized in the artifact) peaked at 80.9 GB of host memory in use (84.3 GB
-      RSS), planned 84.0 GB; the floor without the copy, 66.9 GB, was 17% under it (``bench/results/h100/32b/``).
-      The GPU holds one layer at a time: the fit above. No GPU: the layer's work (activations of a few samples,
-      GPTQ's Hessians) on the host instead.
+      they are linearized, and the compressed copy of the quantized weights that compression builds before the
+      model is saved (``quantized_bytes``, scales included). GPTQ of Qwen2.5-32B's full shape (65.5 GB model,
+      15.6 GB of it quantized in the artifact) peaked at 80.9 GB of host memory in use (84.3 GB RSS), planned
+      84.0 GB; FP8 static, which only observes the weights, held 30.5 GiB of its own (the FP8 copy) beside the
+      source's 61 GiB of mapped pages, planned 33.2 GiB (``bench/results/h100/32b/``); FP8 static of the full
+      Qwen3-30B-A3B, its experts loaded per expert, 30.2 GiB in use, planned 32.3 GiB
+      (``bench/results/h100/30b-a3b/``). The GPU holds one layer at a time: the fit above. No GPU: the layer's
+      work (activations of a few samples, GPTQ's Hessians) on the host instead.
     * GGUF: streams one tensor chunk at a time; llama.cpp's quantizer holds one tensor in float32 and its output.
     * ModelOpt: the whole model on the device it runs on.
 
@@ -469,7 +489,9 @@ def _memory(row: formats.Format, spec: MethodBase, recipe: Recipe, src: SourceMo
     c = recipe.calibration
     tokens = c.samples * c.seq_len if row.calibrates(spec) else 0
     acts = tokens * hidden * 2 * 2
-    host = model + acts + layer.experts + _compressed_copy(spec, src)
+    from quantkit.producers.compressed import PRODUCER as COMPRESSED
+
+    host = _model_held(spec, recipe, src, layer, model) + acts + layer.experts + COMPRESSED.quantized_bytes(spec, src)
     gptq = _gptq_bytes(layer) if Method.GPTQ in (spec.method, getattr(spec, "weights", None)) else 0
     if not on_gpu:
         return host + acts // max(c.samples, 1) * 8 + gptq, 0
@@ -484,29 +506,34 @@ def rewrites_weights(spec: MethodBase) -> bool:
     """Whether making ``spec`` rewrites the model's weights into the process's own memory while it calibrates
     (llm-compressor's GPTQ, AWQ, SmoothQuant, AutoRound: :attr:`quantkit.producers.modifiers.Plan.rewrites_weights`).
     Where they are only observed (FP8, FP4, RTN) the model stays in the pages the load mapped from the source's
-    files, which the kernel can take back (bench/wide.py plans a source in /dev/shm by it too)."""
+    files, which the kernel can take back."""
     from quantkit.producers import modifiers
 
     return formats.for_spec(spec).llmcompressor and modifiers.plan(spec).rewrites_weights
 
 
-def _compressed_copy(spec: MethodBase, src: SourceModel) -> int:
-    """The bytes of the compressed weights llm-compressor's compression builds while the model's own are still held,
-    counted where the model's weights are the process's own memory (:func:`rewrites_weights`): the quantized weights'
-    share of the artifact in compressed-tensors (a legacy AWQ or GPTQ layout is written from it after; the embeddings
-    and lm_head are saved as they are, not copied). Where they are only observed the compressed copy, smaller than
-    the model, fits in what the floor already counts (FP8 static of the 32B: 30.5 GiB allocated beside a 61 GiB
-    model)."""
-    if not rewrites_weights(spec):
-        return 0
-    from quantkit.producers.compressed import PRODUCER as COMPRESSED
+def _model_held(spec: MethodBase, recipe: Recipe, src: SourceModel, layer: LayerWeights, model: int) -> int:
+    """The bytes of the loaded model that are the process's own memory rather than the source's mapped pages: all of
+    them where the method rewrites the weights (:func:`rewrites_weights`) or the load converts their dtype; for a
+    mixture of experts whose load stacks the experts into 3-D tensors (a fused checkpoint, another transformers:
+    :func:`quantkit.producers.moe.loads_per_expert`), its experts; none otherwise (FP8 static of the 32B: 30.5 GiB
+    of the process's own, the FP8 copy, beside 61 GiB of the source mapped)."""
+    from quantkit.producers import moe
 
-    return COMPRESSED.quantized_bytes(spec, src)
+    if rewrites_weights(spec) or recipe.model.dtype != "auto":
+        return model
+    if not layer.model_experts or moe.loads_per_expert(src.config, source_mod.tensor_names(src.path),
+                                                       recipe.model.trust_remote_code):
+        return 0
+    return layer.model_experts
 
 
 def memory(recipe: Recipe, spec: MethodBase, src: SourceModel) -> tuple[int, int]:
     """(host, GPU) peak bytes of one output, the floor that ``--dry-run`` shows."""
     return _memory(formats.for_spec(spec), spec, recipe, src, _largest_layer(src))
+
+
+_ADDRESS_SPACE = "the process's address-space limit (ulimit -v)"
 
 
 def host_limit() -> tuple[int, str] | None:
@@ -527,7 +554,7 @@ def host_limit() -> tuple[int, str] | None:
         limit = (int(cg), "the container's memory limit")
     address_space = resource.getrlimit(resource.RLIMIT_AS)[0]
     if address_space != resource.RLIM_INFINITY and address_space < limit[0]:
-        limit = (address_space, "the process's address-space limit (ulimit -v)")
+        limit = (address_space, _ADDRESS_SPACE)
     return limit if limit[0] > 0 else None
 
 
@@ -540,13 +567,26 @@ def check_host_memory(recipe: Recipe, spec: MethodBase, src: SourceModel) -> Non
     llmcompressor = formats.for_spec(spec).llmcompressor
     if limit is None or (llmcompressor and recipe.runtime.num_gpus > 1):
         return
-    host, _ = memory(recipe, spec, src)
+    layer = _largest_layer(src)
+    host, _ = _memory(formats.for_spec(spec), spec, recipe, src, layer)
+    what = "the whole model is held there"
+    if llmcompressor:
+        from quantkit.producers.compressed import PRODUCER as COMPRESSED
+
+        held = _model_held(spec, recipe, src, layer, src.size_bytes)
+        what = ", ".join(part for part in (
+            f"{fmt_bytes(held)} of the model held as its own" if held else "",
+            f"{fmt_bytes(COMPRESSED.quantized_bytes(spec, src))} of compressed copy",
+            "the activations and one layer's work") if part)
+        if limit[1] == _ADDRESS_SPACE and recipe.model.dtype == "auto" and src.size_bytes > held:
+            # the source's pages the process maps take address space, whatever the kernel does with them
+            host += src.size_bytes - held
+            what += f", and {fmt_bytes(src.size_bytes - held)} of the source's files mapped"
     if host > limit[0]:
         spill = (", or --num-gpus 2 or more (loads through llm-compressor's offload, which spills to disk)"
                  if llmcompressor else "")
         raise HostMemoryError(
-            f"{src.spec} needs at least {fmt_bytes(host)} of host memory for {spec.method} (the whole model is held "
-            f"there while one layer at a time is quantized, then its compressed copy beside it), and {limit[1]} "
+            f"{src.spec} needs at least {fmt_bytes(host)} of host memory for {spec.method} ({what}), and {limit[1]} "
             f"allow {fmt_bytes(limit[0])}",
             hint=f"run on a machine with more memory, or add swap{spill}; `--dry-run` shows the estimate")
 

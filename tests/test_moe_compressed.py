@@ -337,6 +337,30 @@ def test_missing_weights_are_refused(tmp_path, checkpoint, name, key, words):
     assert not (tmp_path / "out").exists()
 
 
+def test_the_memory_plan_counts_the_experts_only_where_the_load_stacks_them(checkpoint):
+    """FP8 static only observes the weights, so the plan's host figure counts none of a model whose load keeps it in
+    the source's mapped pages: a per-expert checkpoint, built straight into per-expert Linears on transformers
+    5.17. The same model saved fused loads into 3-D expert tensors of the process's own: the figure is higher by
+    exactly its experts' bytes. GPTQ rewrites every weight into its own memory: the same figure for both layouts,
+    its Hessians counted per expert Linear from the fused 3-D tensors too (they were missed before)."""
+    from quantkit import plan, source
+
+    experts = sum(stop - start for f in checkpoint("qwen3moe").glob("*.safetensors")
+                  for name, t in source.safetensors_header(f)[0].items() if ".experts." in name
+                  for start, stop in [t["data_offsets"]])
+    assert experts > 0 and moe.TRANSFORMERS_READ == "5.17.0"
+
+    def host(name: str, method: dict[str, Any]) -> int:
+        r = recipe.Recipe.model_validate({"model": {"source": str(checkpoint(name))}, "output": "unused",
+                                          "quantize": method})
+        return plan.memory(r, r.quantize, source.resolve(r.model))[0]
+
+    fp8 = {"method": "fp8", "scheme": "static"}
+    assert host("qwen3moe-fused", fp8) - host("qwen3moe", fp8) == experts
+    # the same but for the files' headers (the model is counted as the source's size on disk)
+    assert host("qwen3moe-fused", {"method": "gptq"}) == pytest.approx(host("qwen3moe", {"method": "gptq"}), rel=1e-3)
+
+
 @pytest.mark.parametrize("name", ["qwen3moe", "deepseek3", "qwen3moe-fused", "mixtral"])
 def test_experts_load_from_the_checkpoint_in_either_layout(checkpoint, name):
     """A checkpoint with one tensor per expert is built straight into llm-compressor's per-expert Linears (the save

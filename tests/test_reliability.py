@@ -87,6 +87,33 @@ def test_a_model_larger_than_host_memory_is_refused_before_loading(tmp_path: Pat
     check_host_memory(r, r.quantize, source.resolve(r.model))
 
 
+def test_fp8_static_of_a_model_larger_than_ram_fits_where_its_own_memory_does(tmp_path: Path, tiny: Path) -> None:
+    """A checkpoint of 1.5 times RAM and swap: FP8 static only observes the weights, which stay in the source's
+    mapped pages (page cache the kernel takes back and reads again a layer at a time), and holds of its own only
+    its FP8 copy (8.8 bits a weight: 0.83 times the limit), so it is not refused; GPTQ rewrites every weight into
+    its own memory and is. Both checked before a weight is read."""
+    from quantkit import recipe, source
+    from quantkit.errors import HostMemoryError
+    from quantkit.plan import check_host_memory, host_limit
+
+    limit = host_limit()
+    if limit is None:
+        pytest.skip("no /proc/meminfo here")
+    config = {**json.loads((tiny / "config.json").read_text()), "num_hidden_layers": 1}
+    hidden = config["hidden_size"]
+    model = sparse_checkpoint(tmp_path / "big", config,
+                              {"model.layers.0.mlp.down_proj.weight": [limit[0] * 3 // 4 // hidden, hidden]})
+
+    def check(method: dict[str, str]) -> None:
+        r = recipe.Recipe.model_validate({"model": {"source": str(model)}, "output": str(tmp_path / "out"),
+                                          "quantize": method, "runtime": {"device": "cpu"}})
+        check_host_memory(r, r.quantize, source.resolve(r.model))
+
+    check({"method": "fp8", "scheme": "static"})
+    with pytest.raises(HostMemoryError, match="of host memory for gptq"):
+        check({"method": "gptq"})
+
+
 def test_existing_output_refused_without_force(tmp_path: Path, tiny: Path) -> None:
     out = tmp_path / "rtn"
     quantkit("rtn", tiny, out, check=True)

@@ -176,8 +176,8 @@ class CompressedProducer:
 
     def quantized_bytes(self, spec: Any, source: SourceModel) -> int:
         """The quantized weights' share of :meth:`estimate_bytes`: every weight but the embeddings and lm_head, at
-        :func:`_stored_bits`. Compression builds them beside the model's own weights (the plan's host memory,
-        :func:`quantkit.plan._compressed_copy`); the embeddings and lm_head are saved as they are."""
+        :func:`_stored_bits`. Compression builds them in the process's own memory beside the model (the plan's host
+        memory, :func:`quantkit.plan._memory`); the embeddings and lm_head are saved as they are."""
         params = source.num_parameters or source.size_bytes // 2
         return int(max(params - _unquantized(source), 0) * _stored_bits(spec) / 8)
 
