@@ -175,8 +175,8 @@ def test_an_address_space_too_small_to_map_the_32b_refuses_fp8_static_too(header
 
 def test_a_machine_too_small_for_the_32b_is_refused_in_one_line_before_any_work(headers: dict[str, Path],
                                                                                 tmp_path: Path) -> None:
-    """An address space of at most 40 GiB (``ulimit -v``) against the 32B's 62 GiB floor: one line with the estimate and
-    the limit, the hint, exit 1 (a machine too small, like a disk too small), nothing written, no weight read
+    """An address space of at most 40 GiB (``ulimit -v``) against GPTQ of the 32B (78 GiB): one line with the estimate
+    and the limit, the hint, exit 1 (a machine too small, like a disk too small), nothing written, no weight read
     (the sparse shards would load as zeros, so a load would not fail by itself)."""
     from quantkit.progress import fmt_bytes
     from quantkit.plan import host_limit
@@ -285,8 +285,8 @@ def source_bytes(plans: dict) -> int:
 
 def test_the_70b_plan_is_what_the_memory_model_derives(plans_70b: dict) -> None:
     """Each rank of a --num-gpus run holds one layer at a time, as one GPU does: the same per-GPU peak on every
-    machine (22.7 GiB for GPTQ, measured 22.63 GiB on the 70B width with 4 and 8 layers), and the whole model plus the
-    activations between layers on the host (143 GB; for GPTQ its int4 copy too, 181 GB)."""
+    machine (22.7 GiB for GPTQ, measured 22.63 GiB on the 70B width with 4 and 8 layers), and on the host the
+    activations between layers and the compressed copy, for GPTQ the whole model too (181 GB; FP8 static 77 GB)."""
     src = header_70b(plans_70b)
     cfg = json.loads((src / "config.json").read_text())
     size = source_bytes(plans_70b)
@@ -302,7 +302,7 @@ def test_the_70b_plan_is_what_the_memory_model_derives(plans_70b: dict) -> None:
 def test_one_h200_refuses_the_70b_by_disk_and_host_memory(plans_70b: dict) -> None:
     """64 GiB of disk cannot hold the 141 GB source, and 128 GiB of host memory the floor of a one-GPU GPTQ (181 GB:
     the weights it rewrites into its own memory and the int4 copy compression makes of them): one line each, before
-    anything runs. FP8 static, which holds only its FP8 copy of its own (80 GB), would fit the host: only the
+    anything runs. FP8 static, which holds only its FP8 copy of its own (77 GB), would fit the host: only the
     missing source stops it."""
     m, cases = plans_70b["h200"]
     assert all(c.skip for c in cases.values())
