@@ -575,8 +575,8 @@ def check_host_memory(recipe: Recipe, spec: MethodBase, src: SourceModel) -> Non
 
         held = _model_held(spec, recipe, src, layer, src.size_bytes)
         what = ", ".join(part for part in (
-            f"{fmt_bytes(held)} of the model held as its own" if held else "",
-            f"{fmt_bytes(COMPRESSED.quantized_bytes(spec, src))} of compressed copy",
+            f"{fmt_bytes(held)} of the model's weights as its own" if held else "",
+            f"a {fmt_bytes(COMPRESSED.quantized_bytes(spec, src))} compressed copy",
             "the activations and one layer's work") if part)
         if limit[1] == _ADDRESS_SPACE and recipe.model.dtype == "auto" and src.size_bytes > held:
             # the source's pages the process maps take address space, whatever the kernel does with them
