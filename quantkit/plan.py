@@ -386,16 +386,21 @@ class LayerWeights:
     experts: int = 0  # bytes of its routed experts (tensors under ``.experts.``)
     matrices: tuple[tuple[int, int], ...] = ()  # (out, in) of each 2-D weight: the Linears GPTQ holds a Hessian of
     model_experts: int = 0  # bytes of every layer's routed experts: what a load that stacks them holds of its own
+    per_expert: bool = False  # one tensor per expert in the headers (quantkit.producers.moe.per_expert_checkpoint)
 
 
 def _largest_layer(src: SourceModel) -> LayerWeights:
     """The decoder layer with the most bytes (all its experts, for a mixture of experts), from the headers; the
     whole model as one layer where no tensor is named as a layer's."""
+    from quantkit.producers import moe
+
     layers: dict[int, list[tuple[str, list[int], int]]] = {}
+    names: list[str] = []
     for f in src.weight_files:
         if f.suffix != ".safetensors":
             continue
         header, _ = safetensors_header(f)
+        names += header
         for name, info in header.items():
             m = _LAYER.match(name)
             if m and isinstance(info, dict):
@@ -407,7 +412,8 @@ def _largest_layer(src: SourceModel) -> LayerWeights:
     return LayerWeights(total=sum(n for _, _, n in tensors),
                         experts=sum(n for name, _, n in tensors if ".experts." in name),
                         matrices=tuple(m for name, s, _ in tensors for m in _matrices(name, s)),
-                        model_experts=sum(n for ts in layers.values() for name, _, n in ts if ".experts." in name))
+                        model_experts=sum(n for ts in layers.values() for name, _, n in ts if ".experts." in name),
+                        per_expert=moe.per_expert_checkpoint(names))
 
 
 def _matrices(name: str, shape: list[int]) -> list[tuple[int, int]]:
@@ -478,8 +484,7 @@ def _memory(row: formats.Format, spec: MethodBase, recipe: Recipe, src: SourceMo
     """
     cfg = src.config.get("text_config") or src.config
     hidden = int(cfg.get("hidden_size") or 0)
-    model = src.size_bytes if recipe.model.dtype == "auto" else src.num_parameters * (
-        4 if recipe.model.dtype == "float32" else 2)
+    model = _model_bytes(recipe, src)
     if row.kind == KindName.GGUF:
         return (64 << 20) + layer.total * 2, 0
     device = recipe.runtime.device
@@ -491,7 +496,7 @@ def _memory(row: formats.Format, spec: MethodBase, recipe: Recipe, src: SourceMo
     acts = tokens * hidden * 2 * 2
     from quantkit.producers.compressed import PRODUCER as COMPRESSED
 
-    host = _model_held(spec, recipe, src, layer, model) + acts + layer.experts + COMPRESSED.quantized_bytes(spec, src)
+    host = _model_held(spec, recipe, src, layer) + acts + layer.experts + COMPRESSED.quantized_bytes(spec, src)
     gptq = _gptq_bytes(layer) if Method.GPTQ in (spec.method, getattr(spec, "weights", None)) else 0
     if not on_gpu:
         return host + acts // max(c.samples, 1) * 8 + gptq, 0
@@ -512,7 +517,15 @@ def rewrites_weights(spec: MethodBase) -> bool:
     return formats.for_spec(spec).llmcompressor and modifiers.plan(spec).rewrites_weights
 
 
-def _model_held(spec: MethodBase, recipe: Recipe, src: SourceModel, layer: LayerWeights, model: int) -> int:
+def _model_bytes(recipe: Recipe, src: SourceModel) -> int:
+    """The loaded model's bytes: the checkpoint's own where it loads in its dtype, else its parameters at the
+    recipe's dtype."""
+    if recipe.model.dtype == "auto":
+        return src.size_bytes
+    return src.num_parameters * (4 if recipe.model.dtype == "float32" else 2)
+
+
+def _model_held(spec: MethodBase, recipe: Recipe, src: SourceModel, layer: LayerWeights) -> int:
     """The bytes of the loaded model that are the process's own memory rather than the source's mapped pages: all of
     them where the method rewrites the weights (:func:`rewrites_weights`) or the load converts their dtype; for a
     mixture of experts whose load stacks the experts into 3-D tensors (a fused checkpoint, another transformers:
@@ -521,9 +534,8 @@ def _model_held(spec: MethodBase, recipe: Recipe, src: SourceModel, layer: Layer
     from quantkit.producers import moe
 
     if rewrites_weights(spec) or recipe.model.dtype != "auto":
-        return model
-    if not layer.model_experts or moe.loads_per_expert(src.config, source_mod.tensor_names(src.path),
-                                                       recipe.model.trust_remote_code):
+        return _model_bytes(recipe, src)
+    if not layer.model_experts or moe.loads_per_expert(src.config, layer.per_expert, recipe.model.trust_remote_code):
         return 0
     return layer.model_experts
 
@@ -573,7 +585,7 @@ def check_host_memory(recipe: Recipe, spec: MethodBase, src: SourceModel) -> Non
     if llmcompressor:
         from quantkit.producers.compressed import PRODUCER as COMPRESSED
 
-        held = _model_held(spec, recipe, src, layer, src.size_bytes)
+        held = _model_held(spec, recipe, src, layer)
         what = ", ".join(part for part in (
             f"{fmt_bytes(held)} of the model's weights as its own" if held else "",
             f"a {fmt_bytes(COMPRESSED.quantized_bytes(spec, src))} compressed copy",

@@ -94,15 +94,17 @@ def per_expert_checkpoint(names: Iterable[str]) -> bool:
     return any(_PER_EXPERT.search(n) for n in names) and not any(_FUSED.search(n) for n in names)
 
 
-def loads_per_expert(config: dict[str, Any], names: Iterable[str], trust_remote_code: bool = False) -> bool:
+def loads_per_expert(config: dict[str, Any], per_expert: bool, trust_remote_code: bool = False) -> bool:
     """Whether the model's load builds this checkpoint straight into llm-compressor's per-expert Linears
     (:func:`load_linearized`, from :func:`quantkit.producers.oneshot.load_model`): a causal-LM family of the MoE
-    table without custom code, a :func:`per_expert_checkpoint`, the transformers release that load was read against
-    (:data:`TRANSFORMERS_READ`). Its experts then stay in the checkpoint's mapped pages; otherwise the plain load
-    stacks them into 3-D tensors of the process's own memory, which the memory plan counts
-    (:func:`quantkit.plan._memory` asks this too). Every family of the table has llm-compressor 0.14's load mapping."""
+    table without custom code, a checkpoint whose headers hold one tensor per expert (``per_expert``:
+    :func:`per_expert_checkpoint` of the headers each caller has read already), the transformers release that load
+    was read against (:data:`TRANSFORMERS_READ`). Its experts then stay in the checkpoint's mapped pages; otherwise
+    the plain load stacks them into 3-D tensors of the process's own memory, which the memory plan counts
+    (:func:`quantkit.plan._memory` asks this too). Every family of the table has llm-compressor 0.14's load
+    mapping."""
     return (not trust_remote_code and family(config) is not None and vision_language(config) is None
-            and versions.version("transformers") == TRANSFORMERS_READ and per_expert_checkpoint(names))
+            and versions.version("transformers") == TRANSFORMERS_READ and per_expert)
 
 
 @contextlib.contextmanager

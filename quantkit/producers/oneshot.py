@@ -168,7 +168,8 @@ def load_model(job: Job, distributed: bool = False) -> Any:
         else:
             with _load_report_held() as report:
                 loaded = None
-                if moe.loads_per_expert(job.config, source.tensor_names(Path(job.source)), job.trust_remote_code):
+                per_expert = moe.per_expert_checkpoint(source.tensor_names(Path(job.source)))
+                if moe.loads_per_expert(job.config, per_expert, job.trust_remote_code):
                     loaded = moe.load_linearized(auto, job.source, str(job.config.get("model_type")), **kwargs)
                 model, info = loaded or auto.from_pretrained(job.source, output_loading_info=True, **kwargs)
             missing = sorted(info.get("missing_keys") or [])
