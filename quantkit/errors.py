@@ -128,3 +128,58 @@ class Interrupted(QuantkitError):
     """Ctrl-C or SIGTERM: raised so every ``with`` block cleans up on the way out."""
 
     exit_code = EXIT_INTERRUPTED
+
+
+
+def name_too_long(e: OSError) -> UsageError | None:
+    """The usage error for an ``OSError`` that a name too long for the filesystem raised (ENAMETOOLONG), else None.
+
+    Why here, once: any path a user gives (a source, an output, a recipe, ``--calib``, an artifact to verify) can
+    hold a name longer than a filesystem allows (255 bytes on Linux's), and ``Path.exists()`` raises on it rather
+    than saying no, at whichever of dozens of checks meets it first; a fuzzed ``--calib=<400 digits>`` ended in a
+    traceback. No such file or folder can exist, so it is the user's input to shorten (exit 2)."""
+    import errno
+    import os
+
+    if e.errno != errno.ENAMETOOLONG:
+        return None
+    path = os.fsdecode(e.filename) if e.filename is not None else ""
+    return too_long(path) or UsageError(f"a path too long for the filesystem ({len(os.fsencode(path)):,} bytes): "
+                                        f"{_shown(path)!r}", hint="shorten the path")
+
+
+def too_long(path: str) -> UsageError | None:
+    """The usage error for a path with a name longer than its filesystem allows, else None: ``--dry-run`` asks it
+    of an output below folders that do not exist yet, where nothing on the way raises until the run creates them."""
+    import os
+
+    try:
+        limit = os.pathconf(_existing_parent(path), "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    name = max(path.split(os.sep), key=lambda part: len(os.fsencode(part)), default="")
+    size = len(os.fsencode(name))
+    if size <= limit:
+        return None
+    return UsageError(f"a name too long for the filesystem: {_shown(name)!r} is {size:,} bytes, and a file or folder "
+                      f"name holds at most {limit}", hint="shorten the path")
+
+
+def _shown(name: str) -> str:
+    """A long name as a message shows it: its start and its end."""
+    return name if len(name) <= 40 else f"{name[:24]}…{name[-12:]}"
+
+
+def _existing_parent(path: str) -> str:
+    """The nearest folder on ``path``'s way that exists (the filesystem whose limits apply), else the root."""
+    import os
+
+    head = os.path.dirname(os.path.abspath(path))
+    while head != os.path.dirname(head):
+        try:
+            if os.path.isdir(head):
+                return head
+        except OSError:
+            pass
+        head = os.path.dirname(head)
+    return head

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from quantkit import artifact
-from quantkit.errors import DiskSpaceError, OutputExistsError, UnsafeOutputError, UsageError
+from quantkit.errors import DiskSpaceError, OutputExistsError, UnsafeOutputError, UsageError, too_long
 from quantkit.integrity import BUNDLE_FILES, LOGS, SUMS, holds_manifest, wrote
 from quantkit.locks import LOCK
 from quantkit.manifest import MANIFEST, TEMPORARY
@@ -144,6 +144,8 @@ def check_writable(output: Path, what: str = "output", *, into: bool = False) ->
     itself, a report folder), so the first folder on the way that exists is asked, by creating and removing an
     empty hidden folder there: permission bits do not tell, and root passes every ``access`` check."""
     output = Path(os.path.expanduser(str(output)))
+    if (error := too_long(str(output))) is not None:
+        raise error
     probe = output if into else output.parent
     while not probe.exists() and not probe.is_symlink() and probe != probe.parent:
         probe = probe.parent

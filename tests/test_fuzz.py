@@ -338,9 +338,31 @@ FLAGS = st.sampled_from([("rtn", "--bits"), ("rtn", "--group-size"), ("rtn", "--
 @settings(max_examples=CLI_EXAMPLES, deadline=None, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(FLAGS, flag_values)
+@example(("gptq", "--calib"), str(10**400))  # a 401-byte file name: Path.exists() raised ENAMETOOLONG (a traceback)
 def test_flag_values_through_the_cli(sandbox: Sandbox, flag: tuple[str, str], value: str) -> None:
     verb, name = flag
     sandbox.run(verb, "model", "out", f"{name}={value}", "--dry-run", out="out")
+
+
+@pytest.mark.slow  # a dozen real processes: the e2e tier's (docs/testing.md)
+def test_names_too_long_for_the_filesystem_through_the_cli(sandbox: Sandbox) -> None:
+    """Every verb that takes a path refuses a name longer than the filesystem allows in one line (exit 2), wherever
+    it meets it first, and leaves nothing behind: the real run of an output below a missing folder created that
+    folder before failing, and --dry-run passed it."""
+    long = "n" * 300
+    (sandbox.root / "long-calib.yaml").write_text(
+        f"model: {{source: model}}\noutput: out\nquantize: {{method: gptq}}\ncalibration: {{dataset: {long}}}\n")
+    cases = [("rtn", long, "out", "--dry-run"), ("rtn", "model", long, "--dry-run"),
+             ("rtn", "model", f"out/{long}/x", "--dry-run"), ("rtn", "model", f"out/{long}/x"),
+             ("gptq", "model", "out", f"--calib={long}", "--dry-run"), ("run", f"{long}.yaml", "--dry-run"),
+             ("run", "long-calib.yaml", "--dry-run"), ("eval", long), ("verify", long), ("inspect", long),
+             ("smoke", long), ("calib", "show", long)]
+    for argv in cases:
+        proc = sandbox.run(*argv, expect={EXIT_USAGE})
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 2 and "name too long for the filesystem" in lines[0] and "is 30" in lines[0], lines
+    proc = sandbox.run("verify", long, "--json", expect={EXIT_USAGE})
+    assert json.loads(proc.stdout)["exit_code"] == EXIT_USAGE
 
 
 def _checkpoint(root: Path, name: str, config: dict | None = None, header: object = None,

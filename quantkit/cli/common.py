@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from quantkit import interrupts
-from quantkit.errors import EXIT_INTERRUPTED, QuantkitError
+from quantkit.errors import EXIT_INTERRUPTED, QuantkitError, name_too_long
 from quantkit.progress import Reporter, fmt_bytes, silence_library_bars, use
 
 
@@ -105,7 +105,8 @@ def _emit_failure(as_json: bool, message: str, hint: str | None, exit_code: int)
 
 
 def handle_errors(fn: F) -> F:
-    """Turn QuantkitError, Ctrl-C and SIGTERM into one readable message and the documented exit code."""
+    """Turn QuantkitError (and a name too long for the filesystem), Ctrl-C and SIGTERM into one readable message and
+    the documented exit code."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -113,6 +114,14 @@ def handle_errors(fn: F) -> F:
         err = Console(stderr=True, highlight=False)
         as_json = bool(kwargs.get("json")) or STATE.json
         STATE.emitted = False
+
+        def fail(e: QuantkitError) -> typer.Exit:
+            err.print(f"[bold red]error:[/] {escape(e.message)}", soft_wrap=True)
+            if e.hint:
+                err.print(f"  [dim]hint:[/] {escape(e.hint)}", soft_wrap=True)
+            _emit_failure(as_json, e.message, e.hint, e.exit_code)
+            return typer.Exit(e.exit_code)
+
         try:
             return fn(*args, **kwargs)
         except QuantkitError as e:
@@ -120,11 +129,12 @@ def handle_errors(fn: F) -> F:
                 interrupts.settle()
             if STATE.debug:
                 raise
-            err.print(f"[bold red]error:[/] {escape(e.message)}", soft_wrap=True)
-            if e.hint:
-                err.print(f"  [dim]hint:[/] {escape(e.hint)}", soft_wrap=True)
-            _emit_failure(as_json, e.message, e.hint, e.exit_code)
-            raise typer.Exit(e.exit_code) from None
+            raise fail(e) from None
+        except OSError as e:  # a name too long for the filesystem, met by whichever check looks first
+            usage = name_too_long(e)
+            if usage is None or STATE.debug:
+                raise
+            raise fail(usage) from None
         except KeyboardInterrupt as e:
             interrupts.settle()
             if STATE.debug:
