@@ -16,6 +16,9 @@ Exit codes (documented in docs/usage.md and ``quantkit --help``):
 
 from __future__ import annotations
 
+import errno
+import os
+
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -130,7 +133,6 @@ class Interrupted(QuantkitError):
     exit_code = EXIT_INTERRUPTED
 
 
-
 def name_too_long(e: OSError) -> UsageError | None:
     """The usage error for an ``OSError`` that a name too long for the filesystem raised (ENAMETOOLONG), else None.
 
@@ -138,9 +140,6 @@ def name_too_long(e: OSError) -> UsageError | None:
     hold a name longer than a filesystem allows (255 bytes on Linux's), and ``Path.exists()`` raises on it rather
     than saying no, at whichever of dozens of checks meets it first; a fuzzed ``--calib=<400 digits>`` ended in a
     traceback. No such file or folder can exist, so it is the user's input to shorten (exit 2)."""
-    import errno
-    import os
-
     if e.errno != errno.ENAMETOOLONG:
         return None
     path = os.fsdecode(e.filename) if e.filename is not None else ""
@@ -151,8 +150,6 @@ def name_too_long(e: OSError) -> UsageError | None:
 def too_long(path: str) -> UsageError | None:
     """The usage error for a path with a name longer than its filesystem allows, else None: ``--dry-run`` asks it
     of an output below folders that do not exist yet, where nothing on the way raises until the run creates them."""
-    import os
-
     try:
         limit = os.pathconf(_existing_parent(path), "PC_NAME_MAX")
     except (OSError, ValueError):
@@ -172,8 +169,6 @@ def _shown(name: str) -> str:
 
 def _existing_parent(path: str) -> str:
     """The nearest folder on ``path``'s way that exists (the filesystem whose limits apply), else the root."""
-    import os
-
     head = os.path.dirname(os.path.abspath(path))
     while head != os.path.dirname(head):
         try:
