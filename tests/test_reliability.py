@@ -237,15 +237,21 @@ def test_second_run_on_the_same_output_is_refused(tmp_path: Path, tiny: Path) ->
 
 @pytest.mark.parametrize("method", ["rtn", "gptq"])
 def test_same_recipe_seed_and_versions_give_identical_bytes(tmp_path: Path, tiny: Path, method: str) -> None:
+    """Two runs, the first on an empty cache and the second reusing its calibration tokens, give the same bytes and
+    the same calibration record but for the reuse itself. Its own cache: on the shared one, whether the first run
+    tokenized depended on which test ran before it, and the record's ``tokens_reused`` differed only then."""
     a, b = tmp_path / "a", tmp_path / "b"
     calibration = SMALL if method == "gptq" else []  # rtn reads no calibration data, and takes no such flags
-    quantkit(method, tiny, a, *calibration, "--device", "cpu", check=True)
-    quantkit(method, tiny, b, *calibration, "--device", "cpu", check=True)
-    fa = read_manifest(a).files
-    fb = read_manifest(b).files
-    assert fa == fb  # every file's sha256 identical
+    env = {"QUANTKIT_CACHE_DIR": str(tmp_path / "cache")}
+    quantkit(method, tiny, a, *calibration, "--device", "cpu", env=env, check=True)
+    quantkit(method, tiny, b, *calibration, "--device", "cpu", env=env, check=True)
     ma, mb = read_manifest(a), read_manifest(b)
-    assert ma.calibration == mb.calibration and ma.output_sha256 == mb.output_sha256
+    assert ma.files == mb.files and ma.output_sha256 == mb.output_sha256  # every file's sha256 identical
+    if method == "rtn":
+        assert ma.calibration is None and mb.calibration is None
+        return
+    assert (ma.calibration.tokens_reused, mb.calibration.tokens_reused) == (False, True)
+    assert ma.calibration.model_copy(update={"tokens_reused": True}) == mb.calibration
 
 
 def _sealed(out: Path) -> Path:
