@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from quantkit import interrupts, seal
-from quantkit.errors import DiskSpaceError, IntegrityError, LockedError, OutputExistsError, QuantkitError, UsageError
+from quantkit.errors import DiskSpaceError, IntegrityError, LockedError, OutputExistsError, QuantkitError, UsageError, \
+    existing
 from quantkit.integrity import unlisted
 from quantkit.locks import output_lock
 from quantkit.manifest import MANIFEST, FileInfo, Manifest, is_artifact_file, now_iso, read_manifest, write_manifest
@@ -40,13 +41,6 @@ from quantkit.progress import fmt_bytes
 LEFTOVER = re.compile(r"\.(.+)\.(?:partial|old)-[0-9]+")
 
 
-def _existing(path: Path) -> Path:
-    """The first of ``path`` and its parents that exists: the file system a folder not made yet will be on."""
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
-
 def free_space_asked(needed: int) -> int:
     """The free space :func:`check_free_space` asks for an artifact whose plan needs ``needed`` bytes: 10% more, for
     what the estimate leaves out. bench/wide.py plans a machine's disk by it."""
@@ -55,7 +49,7 @@ def free_space_asked(needed: int) -> int:
 
 def check_free_space(where: Path, needed: int) -> None:
     """Refuse to start when the file system cannot hold the artifact (:func:`free_space_asked`)."""
-    probe = _existing(where)
+    probe = existing(where)
     free = shutil.disk_usage(probe).free
     if free_space_asked(needed) > free:
         raise DiskSpaceError(
@@ -254,7 +248,7 @@ def _disk_full(exc: BaseException, where: Path) -> bool:
     if not isinstance(exc, Exception) or isinstance(exc, QuantkitError):
         return False
     try:
-        st = os.statvfs(_existing(where))
+        st = os.statvfs(existing(where))
     except OSError:
         return False
     return st.f_bavail * st.f_frsize < _FULL_BELOW or (st.f_files > 0 and st.f_favail == 0)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import errno
 import os
+from pathlib import Path
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -151,7 +152,7 @@ def too_long(path: str) -> UsageError | None:
     """The usage error for a path with a name longer than its filesystem allows, else None: ``--dry-run`` asks it
     of an output below folders that do not exist yet, where nothing on the way raises until the run creates them."""
     try:
-        limit = os.pathconf(_existing_parent(path), "PC_NAME_MAX")
+        limit = os.pathconf(existing(path), "PC_NAME_MAX")
     except (OSError, ValueError):
         limit = 255
     name = max(path.split(os.sep), key=lambda part: len(os.fsencode(part)), default="")
@@ -167,14 +168,10 @@ def _shown(name: str) -> str:
     return name if len(name) <= 40 else f"{name[:24]}…{name[-12:]}"
 
 
-def _existing_parent(path: str) -> str:
-    """The nearest folder on ``path``'s way that exists (the filesystem whose limits apply), else the root."""
-    head = os.path.dirname(os.path.abspath(path))
-    while head != os.path.dirname(head):
-        try:
-            if os.path.isdir(head):
-                return head
-        except OSError:
-            pass
-        head = os.path.dirname(head)
-    return head
+def existing(path: str | Path) -> Path:
+    """The first of ``path`` and its parents that exists: the file system a file or folder not made yet will be on
+    (its free space, its longest name). ``os.path.exists`` says no to a name too long, where ``Path.exists`` raises."""
+    p = Path(path)
+    while not os.path.exists(p) and p != p.parent:
+        p = p.parent
+    return p
