@@ -504,17 +504,9 @@ def run_one(args: argparse.Namespace, spec: str, method: str, verb: str, flags: 
     print(f"== {method} / {tool_label(tool, gpus)}", flush=True)
     r = measure(argv, args.workdir / f"{tool}-{method}{suffix}.log", env)
     r["command"] = " ".join(argv)
+    r.update(reported(tool, r.pop("stdout"), r["rc"]))
     if tool == "quantkit" and r["rc"] == 0:
-        manifest = json.loads(r["stdout"])[0]  # the CLI prints one entry per output
-        r["quantize_s"] = (manifest.get("timings") or {}).get("quantize")
-        r["timings"] = manifest.get("timings")
-        r["calibration_tokens_sha256"] = (manifest.get("calibration") or {}).get("tokens_sha256")
         r["same_tokens_as_direct"] = r["calibration_tokens_sha256"] == sha
-    if tool == "llm-compressor":
-        said = dict(line.split(": ", 1) for line in r["stdout"].splitlines() if line.startswith("direct-"))
-        r["load"] = said.get("direct-load")
-        r["timings"] = json.loads(said["direct-timings"]) if "direct-timings" in said else None
-    r.pop("stdout")
     if r["rc"]:
         tail = [line for line in Path(r["log"]).read_text(errors="replace").splitlines() if line.strip()]
         r["error"] = tail[-1].strip() if tail else ""
@@ -522,6 +514,22 @@ def run_one(args: argparse.Namespace, spec: str, method: str, verb: str, flags: 
     if args.keep not in ("all", tool):
         shutil.rmtree(out, ignore_errors=True)
     return r
+
+
+def reported(tool: str, stdout: str, rc: int) -> dict[str, Any]:
+    """What a run said of itself on stdout: its steps' seconds (``timings``, what :func:`steps` shows) and, for
+    quantkit, its calibration tokens' hash from the manifest the CLI prints with ``--json``; for the direct script,
+    how it loaded the model. Without the steps two walls can be compared but the difference not traced to a step."""
+    if tool == "quantkit":
+        if rc:
+            return {}
+        manifest = json.loads(stdout)[0]  # the CLI prints one entry per output
+        timings = manifest.get("timings") or {}
+        return {"quantize_s": timings.get("quantize"), "timings": manifest.get("timings"),
+                "calibration_tokens_sha256": (manifest.get("calibration") or {}).get("tokens_sha256")}
+    said = dict(line.split(": ", 1) for line in stdout.splitlines() if line.startswith("direct-"))
+    return {"load": said.get("direct-load"),
+            "timings": json.loads(said["direct-timings"]) if "direct-timings" in said else None}
 
 
 def median_run(tries: list[dict[str, Any]]) -> dict[str, Any]:

@@ -56,7 +56,9 @@ and a later one time the cases). For each shape:
    ``torch.cuda.max_memory_allocated`` in a one-GPU process (bench/cuda_peak.py). With ``--num-gpus N`` quantkit
    runs with ``--num-gpus N`` and the direct script is llm-compressor 0.14's DDP example under torchrun with N ranks
    (bench/quantize_cost.py: ``load_offloaded_model`` and ``device_map="auto_offload"``); with one GPU it is its
-   sequential pipeline on a model loaded to the host. Each quantkit run that finishes (rc 0) is checked against its
+   sequential pipeline on a model loaded to the host. Each run's steps as it reports them (quantkit's manifest
+   timings, the direct script's ``direct-timings``: ``quantize_cost.reported``), so a difference in wall time is
+   traced to a step. Each quantkit run that finishes (rc 0) is checked against its
    plan: the largest GPU's peak and the host's, and whether each is within 15% of the plan (``PLAN_TOLERANCE``); a
    failed run is not (its peaks are not the work planned), and its error is the line of its log that says why
    (``failure_line``: quantkit's ``error:`` line, not the hint under it; else the exception of the last traceback,
@@ -586,7 +588,7 @@ def run_quantize(c: Case, args: argparse.Namespace, inputs: dict[str, Path]) -> 
                                   f"-{k}.log", env)
         host.stop.set()
         host.join()
-        r.pop("stdout", None)
+        r.update(quantize_cost.reported(c.tool, r.pop("stdout"), r["rc"]))
         r["peak_host_used_bytes"] = host.peak()
         r.update(json.loads(peak.read_text()) if peak.exists() else {})
         r["output_bytes"] = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) if out.exists() else 0
@@ -774,9 +776,9 @@ def readme(data: dict[str, Any]) -> str:
              meta.md_header(data),
              "Written by bench/wide.py (its docstring says what each figure is). The plan it printed first:", "",
              "```", data["plan"], "```", "",
-             "| case | rc | wall (runs) | peak GPU, all / largest one (nvidia-smi) | torch max allocated | peak host "
-             "used (RSS of the tree, anon) | plan: GPU | plan: host | output |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| case | rc | wall (runs) | its steps (s) | peak GPU, all / largest one (nvidia-smi) | torch max allocated "
+             "| peak host used (RSS of the tree, anon) | plan: GPU | plan: host | output |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for c in data["cases"]:
         r = c["result"]
         if c["kind"] != "quantize" or not r:
@@ -784,7 +786,8 @@ def readme(data: dict[str, Any]) -> str:
         walls = r.get("walls_s") or [r["wall_s"]]
         one = max(r.get("peak_gpu_bytes_per_gpu") or [0]) or None
         lines.append(f"| {c['name']} | {r['rc']} | {r['wall_s']:.1f} s ({', '.join(f'{w:.0f}' for w in walls)}) | "
-                     f"{gib(r.get('peak_gpu_bytes'))} / {gib(one)} | {gib(r.get('max_memory_allocated'))} | "
+                     f"{quantize_cost.steps(r) or '-'} | {gib(r.get('peak_gpu_bytes'))} / {gib(one)} | "
+                     f"{gib(r.get('max_memory_allocated'))} | "
                      f"{gib(r.get('peak_host_used_bytes'))} ({gib(r.get('peak_rss_bytes'))}, "
                      f"{gib(r.get('peak_anon_rss_bytes'))}) | {check_cell((r.get('plan') or {}).get('gpu'))} | "
                      f"{check_cell((r.get('plan') or {}).get('host'))} | {r.get('output_bytes', 0) / 1e9:.1f} GB |")

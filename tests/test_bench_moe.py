@@ -136,6 +136,33 @@ def test_quantize_cost_moe_tiny_end_to_end(workdir: Path, tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
+def test_wide_records_each_tools_steps(tmp_path: Path) -> None:
+    """bench/wide.py kept each run's wall but dropped its stdout, where both tools say their steps: on the full
+    30B-A3B's GPTQ (an H100, 2026-12-07) quantkit took 743.7 s against the direct script's 684.1 s, and nothing but
+    quantkit's log said where. Both tools' steps are now in results.json and the README's table. FP8 static of the
+    tiny MoE on this CPU, both tools, one run each."""
+    work, results = tmp_path / "work", tmp_path / "results"
+    p = subprocess.run([sys.executable, str(BENCH / "wide.py"), "--shapes", "moe-tiny", "--methods", "fp8-static",
+                        "--device", "cpu", "--no-serve", "--samples", "4", "--seq-len", "64", "--workdir", str(work),
+                        "--results-dir", str(results)], capture_output=True, text=True, env=ENV, cwd=ROOT, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    runs = {c["tool"]: c["result"] for c in json.loads((results / "results.json").read_text())["cases"]
+            if c["kind"] == "quantize"}
+    q, d = runs["quantkit"], runs["llm-compressor"]
+    assert q["rc"] == 0 and d["rc"] == 0 and "stdout" not in q and "stdout" not in d
+    assert {"setup", "load_model", "quantize", "save"} <= set(q["timings"])
+    assert q["quantize_s"] == q["timings"]["quantize"] and q["calibration_tokens_sha256"]
+    assert d["load"].startswith(("load_context", "from_pretrained + linearize_moe"))
+    assert {"start", "imports", "load", "oneshot", "save"} == set(d["timings"])
+    assert sum(d["timings"].values()) <= d["wall_s"]
+    rows = {ln.split(" | ")[0][2:]: ln.split(" | ") for ln in (results / "README.md").read_text().splitlines()
+            if ln.startswith("| moe-tiny/fp8-static/")}
+    assert rows["moe-tiny/fp8-static/quantkit"][3].startswith("setup ")
+    assert rows["moe-tiny/fp8-static/llm-compressor"][3].startswith("start ")
+    assert all(", the rest " in row[3] for row in rows.values())
+
+
+@pytest.mark.slow
 def test_a_warm_up_run_of_each_tool_is_not_counted(workdir: Path, tmp_path: Path) -> None:
     """``--warmup``: each tool runs once more before the timed runs, and only the timed runs are in the results (one
     tool here: the loop is the same for both)."""
