@@ -232,8 +232,8 @@ def serve_speed() -> list[str]:
 def wide() -> list[str]:
     """Issue 44 item 3: 32B-class widths on one GPU (bench/wide.py on an H200, 8 of 64 layers; the full 32B shape
     on an H100, FP8 static through bench/quantize_cost.py and GPTQ through bench/wide.py, served by vLLM; the full
-    30B-A3B on an H100, FP8 static through bench/wide.py (both tools in one sitting), served, and GPTQ through
-    quantkit; each folder's README is the account)."""
+    30B-A3B on an H100, FP8 static and GPTQ through bench/wide.py (both tools in one sitting each), FP8 served;
+    each folder's README is the account)."""
     lines: list[str] = []
     for md, heading in ((H200 / "wide" / "README.md", None),
                         (H100 / "32b" / "README.md", "The full 32B shape on one H100 (h100/32b/README.md)"),
