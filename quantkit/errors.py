@@ -134,18 +134,23 @@ class Interrupted(QuantkitError):
     exit_code = EXIT_INTERRUPTED
 
 
-def name_too_long(e: OSError) -> UsageError | None:
-    """The usage error for an ``OSError`` that a name too long for the filesystem raised (ENAMETOOLONG), else None.
+def path_error(e: OSError) -> UsageError | None:
+    """The usage error for an ``OSError`` that a path raised at whichever check met it first, else None: a name too
+    long for the filesystem (ENAMETOOLONG), or a path this user may not read, write or pass through (EACCES,
+    EPERM: a folder on its way without search permission, a file without read permission).
 
     Why here, once: any path a user gives (a source, an output, a recipe, ``--calib``, an artifact to verify) can
-    hold a name longer than a filesystem allows (255 bytes on Linux's), and ``Path.exists()`` raises on it rather
-    than saying no, at whichever of dozens of checks meets it first; a fuzzed ``--calib=<400 digits>`` ended in a
-    traceback. No such file or folder can exist, so it is the user's input to shorten (exit 2)."""
-    if e.errno != errno.ENAMETOOLONG:
-        return None
+    hold either, and ``Path.exists()`` raises on both rather than saying no, at whichever of dozens of checks meets
+    it first; a fuzzed ``--calib=<400 digits>`` ended in a traceback, and so did every verb given a path below a
+    folder its user could not search. Both are the user's to mend (exit 2); an error with no path is not this."""
     path = os.fsdecode(e.filename) if e.filename is not None else ""
-    return too_long(path) or UsageError(f"a path too long for the filesystem ({len(os.fsencode(path)):,} bytes): "
-                                        f"{_shown(path)!r}", hint="shorten the path")
+    if e.errno == errno.ENAMETOOLONG:
+        return too_long(path) or UsageError(f"a path too long for the filesystem ({len(os.fsencode(path)):,} "
+                                            f"bytes): {_shown(path)!r}", hint="shorten the path")
+    if e.errno in (errno.EACCES, errno.EPERM) and path:
+        return UsageError(f"{(e.strerror or 'permission denied').lower()}: {path}",
+                          hint="check the permissions of that path and of the folders above it, or give another")
+    return None
 
 
 def too_long(path: str) -> UsageError | None:

@@ -415,7 +415,7 @@ def _read_recipe_text(p: Path) -> str:
     except FileNotFoundError:
         raise RecipeError(f"recipe {p} does not exist", hint="`quantkit recipes` lists the shipped ones") from None
     except OSError as e:
-        raise RecipeError(f"cannot read recipe {p}: {e}") from None
+        raise RecipeError(f"cannot read recipe {p}: {e.strerror or e}") from None
     if len(raw) > MAX_RECIPE_BYTES:
         raise RecipeError(f"{p}: the recipe is larger than {MAX_RECIPE_BYTES >> 10} KiB; a recipe is a page of YAML")
     try:

@@ -53,11 +53,26 @@ def _limits() -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def limited_quantkit(argv: list[str], cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    """The real CLI in a process that cannot take more than :data:`MEMORY` of address space or ``timeout`` s."""
+def limited_quantkit(argv: list[str], cwd: Path, timeout: float = 120,
+                     prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """The real CLI in a process that cannot take more than :data:`MEMORY` of address space or ``timeout`` s
+    (``prefix``: a command it runs under, :func:`without_dac`'s)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200", "OMP_WAIT_POLICY": "PASSIVE"}
-    return subprocess.run([sys.executable, "-m", "quantkit", *map(str, argv)], cwd=cwd, env=env, text=True,
+    return subprocess.run([*prefix, sys.executable, "-m", "quantkit", *map(str, argv)], cwd=cwd, env=env, text=True,
                           capture_output=True, timeout=timeout, preexec_fn=_limits)
+
+
+def without_dac() -> tuple[str, ...]:
+    """A command prefix under which permission bits hold for this user: none for a user who is not root; for root,
+    util-linux's ``setpriv`` dropping the two capabilities that let root pass them (root stays root, the owner of
+    the test's files and of the interpreter's, so only the bits the test clears take effect)."""
+    if os.geteuid() != 0:
+        return ()
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("root passes every permission bit, and setpriv (util-linux), which takes that away, is not here")
+    caps = "-dac_override,-dac_read_search"
+    return (setpriv, f"--bounding-set={caps}", f"--inh-caps={caps}")
 
 
 def _tree(root: Path, skip: Path | None) -> dict[str, str]:
@@ -65,7 +80,10 @@ def _tree(root: Path, skip: Path | None) -> dict[str, str]:
     for p in sorted(root.rglob("*")):
         if skip is not None and (p == skip or skip in p.parents):
             continue
-        found[p.relative_to(root).as_posix()] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "d"
+        try:
+            found[p.relative_to(root).as_posix()] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "d"
+        except PermissionError:  # a file a test made unreadable, for a user who is not root: its times stand in
+            found[p.relative_to(root).as_posix()] = f"unreadable {p.stat().st_mtime_ns} {p.stat().st_size}"
     return found
 
 
@@ -75,11 +93,12 @@ class Sandbox:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.runs = 0
+        self.prefix: tuple[str, ...] = ()  # limited_quantkit's
 
     def run(self, *argv: str, out: str | None = None, expect: set[int] = DOCUMENTED) -> subprocess.CompletedProcess:
         skip = self.root / out if out else None
         before = _tree(self.root, skip)
-        proc = limited_quantkit(list(argv), self.root)
+        proc = limited_quantkit(list(argv), self.root, prefix=self.prefix)
         self.runs += 1
         where = f"quantkit {' '.join(argv)} -> {proc.returncode}\n{proc.stderr[-2000:]}"
         assert proc.returncode in expect, where
@@ -363,6 +382,54 @@ def test_names_too_long_for_the_filesystem_through_the_cli(sandbox: Sandbox) -> 
         assert len(lines) == 2 and "name too long for the filesystem" in lines[0] and "is 30" in lines[0], lines
     proc = sandbox.run("verify", long, "--json", expect={EXIT_USAGE})
     assert json.loads(proc.stdout)["exit_code"] == EXIT_USAGE
+
+
+@pytest.mark.slow  # two dozen real processes: the e2e tier's (docs/testing.md)
+def test_paths_this_user_may_not_use_through_the_cli(sandbox: Sandbox) -> None:
+    """A path below a folder its user may not search (``Path.exists()`` raises EACCES rather than saying no), a file
+    it may not read, a folder it may not write: one line and a hint, exit 2, nothing left behind, in every verb
+    that takes a path. Before, a source, an output's folder, a recipe, ``--calib`` or an artifact below such a
+    folder ended in a traceback (exit 1)."""
+    r = sandbox.root
+    recipe = "model: {source: model}\noutput: out\nquantize: {method: rtn}\n"
+    locked = r / "locked"
+    shutil.copytree(TINY, locked / "art")
+    (locked / "c.jsonl").write_text('{"text": "x"}\n')
+    (locked / "r.yaml").write_text(recipe)
+    (r / "secret.yaml").write_text(recipe)
+    (r / "secret.jsonl").write_text('{"text": "x"}\n')
+    for name in ("no-config", "no-weights"):
+        shutil.copytree(TINY, r / name)
+    (r / "ro").mkdir()
+    sandbox.prefix = without_dac()
+    for path, mode in ((locked, 0), (r / "secret.yaml", 0), (r / "secret.jsonl", 0), (r / "ro", 0o555),
+                       (r / "no-config" / "config.json", 0), (r / "no-weights" / "model.safetensors", 0)):
+        path.chmod(mode)
+    denied = "permission denied: "
+    cases = {denied + "locked/art": [("rtn", "locked/art", "out", "--dry-run"), ("eval", "locked/art"),
+                                     ("verify", "locked/art"), ("inspect", "locked/art"), ("smoke", "locked/art")],
+             denied + "locked/sub": [("rtn", "model", "locked/sub/out", "--dry-run"),
+                                     ("rtn", "model", "locked/sub/out")],
+             denied + "locked/c.jsonl": [("gptq", "model", "out", "--calib=locked/c.jsonl", "--dry-run"),
+                                         ("calib", "show", "locked/c.jsonl")],
+             denied + "locked/r.yaml": [("run", "locked/r.yaml", "--dry-run")],
+             denied + "no-weights/model.safetensors": [("rtn", "no-weights", "out", "--dry-run"),
+                                                       ("rtn", "no-weights", "out")],
+             "cannot read secret.jsonl: Permission denied": [
+                 ("gptq", "model", "out", "--calib=secret.jsonl", "--dry-run"), ("calib", "show", "secret.jsonl")],
+             "cannot read recipe secret.yaml: Permission denied": [("run", "secret.yaml", "--dry-run")],
+             "no-config/config.json is not readable": [("rtn", "no-config", "out", "--dry-run")],
+             "nothing can be written in ro": [("rtn", "model", "ro/out", "--dry-run"), ("rtn", "model", "ro/out")]}
+    try:
+        for said, runs in cases.items():
+            for argv in runs:
+                proc = sandbox.run(*argv, expect={EXIT_USAGE})
+                first = proc.stderr.strip().splitlines()[0]
+                assert first.startswith("error: ") and said in first, (argv, proc.stderr)
+        proc = sandbox.run("verify", "locked/art", "--json", expect={EXIT_USAGE})
+        assert json.loads(proc.stdout)["error"] == denied + "locked/art"
+    finally:
+        locked.chmod(0o755)  # pytest removes its folders as root, but a user who is not root could not
 
 
 def _checkpoint(root: Path, name: str, config: dict | None = None, header: object = None,

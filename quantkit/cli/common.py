@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from quantkit import interrupts
-from quantkit.errors import EXIT_INTERRUPTED, QuantkitError, name_too_long
+from quantkit.errors import EXIT_INTERRUPTED, QuantkitError, path_error
 from quantkit.progress import Reporter, fmt_bytes, silence_library_bars, use
 
 
@@ -130,8 +130,8 @@ def handle_errors(fn: F) -> F:
             if STATE.debug:
                 raise
             raise fail(e) from None
-        except OSError as e:  # a name too long for the filesystem, met by whichever check looks first
-            usage = name_too_long(e)
+        except OSError as e:  # a name too long, or a path this user may not use: met by whichever check looks first
+            usage = path_error(e)
             if usage is None or STATE.debug:
                 raise
             raise fail(usage) from None
