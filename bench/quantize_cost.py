@@ -524,8 +524,8 @@ def reported(tool: str, stdout: str, rc: int) -> dict[str, Any]:
         if rc:
             return {}
         manifest = json.loads(stdout)[0]  # the CLI prints one entry per output
-        timings = manifest.get("timings") or {}
-        return {"quantize_s": timings.get("quantize"), "timings": manifest.get("timings"),
+        timings = manifest.get("timings")
+        return {"quantize_s": (timings or {}).get("quantize"), "timings": timings,
                 "calibration_tokens_sha256": (manifest.get("calibration") or {}).get("tokens_sha256")}
     said = dict(line.split(": ", 1) for line in stdout.splitlines() if line.startswith("direct-"))
     return {"load": said.get("direct-load"),

@@ -56,10 +56,10 @@ and a later one time the cases). For each shape:
    ``torch.cuda.max_memory_allocated`` in a one-GPU process (bench/cuda_peak.py). With ``--num-gpus N`` quantkit
    runs with ``--num-gpus N`` and the direct script is llm-compressor 0.14's DDP example under torchrun with N ranks
    (bench/quantize_cost.py: ``load_offloaded_model`` and ``device_map="auto_offload"``); with one GPU it is its
-   sequential pipeline on a model loaded to the host. Each run's steps as it reports them (quantkit's manifest
-   timings, the direct script's ``direct-timings``: ``quantize_cost.reported``), so a difference in wall time is
-   traced to a step. Each quantkit run that finishes (rc 0) is checked against its
-   plan: the largest GPU's peak and the host's, and whether each is within 15% of the plan (``PLAN_TOLERANCE``); a
+   sequential pipeline on a model loaded to the host. Each run's steps are kept as it reports them (quantkit's
+   manifest timings, the direct script's ``direct-timings``: ``quantize_cost.reported``), so a difference in wall
+   time can be traced to a step. Each quantkit run that finishes (rc 0) is checked against its plan: the largest
+   GPU's peak and the host's, and whether each is within 15% of the plan (``PLAN_TOLERANCE``); a
    failed run is not (its peaks are not the work planned), and its error is the line of its log that says why
    (``failure_line``: quantkit's ``error:`` line, not the hint under it; else the exception of the last traceback,
    a rank's rather than torchrun's ChildFailedError; else the last line).

@@ -83,7 +83,8 @@ def _tree(root: Path, skip: Path | None) -> dict[str, str]:
         try:
             found[p.relative_to(root).as_posix()] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "d"
         except PermissionError:  # a file a test made unreadable, for a user who is not root: its times stand in
-            found[p.relative_to(root).as_posix()] = f"unreadable {p.stat().st_mtime_ns} {p.stat().st_size}"
+            st = p.stat()
+            found[p.relative_to(root).as_posix()] = f"unreadable {st.st_mtime_ns} {st.st_size}"
     return found
 
 
