@@ -45,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,7 @@ from quantkit.evaluation.metrics import Accumulator, BaselineStore, score_window
 from quantkit.progress import Reporter, use  # noqa: E402
 
 MODEL = ROOT / "models" / "real" / "SmolLM2-135M-Instruct"
+ENGINES = ("transformers", "vllm", "sglang", "llama.cpp")  # the parts this benchmark measures, in --engines' names
 OPENMP_ENV = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")  # recorded: both change how llama.cpp's and torch's threads wait
 
 
@@ -376,24 +378,29 @@ def main() -> None:
     args = ap.parse_args()
     use(Reporter())  # an engine's server start shows its wait on stderr, as under the CLI (the API waits quietly)
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    if unknown := [e for e in engines if e not in ENGINES]:
+        ap.error(f"unknown engine {', '.join(unknown)}: --engines takes {', '.join(ENGINES)}")
     args.workdir.mkdir(parents=True, exist_ok=True)
     h = meta.header()
     data: dict[str, Any] = {**h, "model": str(args.model), "ctx": args.ctx, "tokens": args.tokens,
                             "loadavg_start": [round(x, 2) for x in os.getloadavg()],
                             "env": {k: os.environ[k] for k in OPENMP_ENV if k in os.environ}}
     arts = artifacts(args.model, args.workdir, "llama.cpp" in engines)
-    if "transformers" in engines:
-        data["transformers"] = transformers_part(args.model, arts["rtn"], args)
-    if "vllm" in engines:
-        data["vllm"] = vllm_part(args.model, arts["rtn"], args,
-                                 engine_python("vllm", args.vllm_python, args.vllm_path, args.workdir))
-    if "sglang" in engines:
-        data["sglang"] = sglang_part(args.model, arts["rtn"], args,
-                                     engine_python("sglang", args.sglang_python, args.sglang_path, args.workdir))
-    if "llama.cpp" in engines:
-        data["llama.cpp"] = llamacpp_part(args.model, arts, args, args.workdir)
-    data["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
-    j, m = meta.write("eval_speed", data, markdown(h, data, args), args.out)
+    parts: dict[str, Callable[[], dict[str, Any]]] = {
+        "transformers": lambda: transformers_part(args.model, arts["rtn"], args),
+        "vllm": lambda: vllm_part(args.model, arts["rtn"], args,
+                                  engine_python("vllm", args.vllm_python, args.vllm_path, args.workdir)),
+        "sglang": lambda: sglang_part(args.model, arts["rtn"], args,
+                                      engine_python("sglang", args.sglang_python, args.sglang_path, args.workdir)),
+        "llama.cpp": lambda: llamacpp_part(args.model, arts, args, args.workdir)}
+    # Each engine's figures are written as soon as they are measured: an engine that fails (a server that does not
+    # start, a GPU session that ends) costs its own part, not the parts measured before it.
+    for engine in engines:
+        try:
+            data[engine] = parts[engine]()
+        finally:
+            data["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+            j, m = meta.write("eval_speed", data, markdown(h, data, args), args.out)
     print(m.read_text())
     print(f"wrote {j} and {m}")
 
