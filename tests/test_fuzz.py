@@ -29,6 +29,7 @@ from quantkit.errors import EXIT_FAILURE, EXIT_GATE, EXIT_OK, EXIT_USAGE, Integr
 from quantkit.manifest import MANIFEST, MAX_MANIFEST_BYTES, FileInfo, Manifest, SourceInfo, read_manifest
 
 from conftest import ROOT, TINY
+from permissions import without_dac
 
 pytestmark = pytest.mark.unit
 
@@ -60,19 +61,6 @@ def limited_quantkit(argv: list[str], cwd: Path, timeout: float = 120,
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "COLUMNS": "200", "OMP_WAIT_POLICY": "PASSIVE"}
     return subprocess.run([*prefix, sys.executable, "-m", "quantkit", *map(str, argv)], cwd=cwd, env=env, text=True,
                           capture_output=True, timeout=timeout, preexec_fn=_limits)
-
-
-def without_dac() -> tuple[str, ...]:
-    """A command prefix under which permission bits hold for this user: none for a user who is not root; for root,
-    util-linux's ``setpriv`` dropping the two capabilities that let root pass them (root stays root, the owner of
-    the test's files and of the interpreter's, so only the bits the test clears take effect)."""
-    if os.geteuid() != 0:
-        return ()
-    setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        pytest.skip("root passes every permission bit, and setpriv (util-linux), which takes that away, is not here")
-    caps = "-dac_override,-dac_read_search"
-    return (setpriv, f"--bounding-set={caps}", f"--inh-caps={caps}")
 
 
 def _tree(root: Path, skip: Path | None) -> dict[str, str]:

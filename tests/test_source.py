@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,8 @@ import pytest
 from quantkit import source
 from quantkit.errors import SourceModelError
 from quantkit.recipe import ModelSpec
+
+from permissions import without_dac
 
 pytestmark = pytest.mark.unit
 
@@ -68,16 +72,20 @@ def test_pickle_refused_unless_allowed(copy: Path) -> None:
 
 
 def test_unreadable_folder(copy: Path) -> None:
-    import os
-
-    if os.geteuid() == 0:
-        pytest.skip("root reads everything; permission checks cannot be provoked")
+    """A source folder its user may not read is refused by name before anything loads. Vetted in a process where
+    permission bits hold (for root, its DAC capabilities dropped), since root reads everything."""
+    vet = ("import sys\nfrom pathlib import Path\nfrom quantkit import source\nfrom quantkit.errors import "
+           "SourceModelError\ntry:\n    source.vet(Path(sys.argv[1]))\nexcept SourceModelError as e:\n"
+           "    print(e)\n    sys.exit(3)\n")
+    prefix = without_dac()
     copy.chmod(0)
     try:
-        with pytest.raises(SourceModelError, match="not readable"):
-            source.vet(copy)
+        proc = subprocess.run([*prefix, sys.executable, "-c", vet, str(copy)], capture_output=True, text=True,
+                              timeout=120)
     finally:
         copy.chmod(0o755)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "not readable" in proc.stdout and str(copy) in proc.stdout
 
 
 @pytest.mark.cli
