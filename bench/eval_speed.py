@@ -7,8 +7,9 @@
     python bench/eval_speed.py --device cuda --tokens 32768 --engines sglang --sglang-python SGLANG_PY \
         --out bench/results/h200/eval_speed_sglang
 
-The model (``--model``, SmolLM2-135M-Instruct by default) and a ``quantkit rtn`` artifact of it (a ``quantkit gguf``
-F32 + Q8_0 artifact for llama.cpp), made once in ``--workdir``, are scored on the held-out text:
+The model (``--model``, SmolLM2-135M-Instruct by default) and an artifact of it, made once in ``--workdir``, are scored
+on the held-out text: a ``quantkit rtn`` artifact, for SGLang a ``quantkit fp8 --scheme dynamic`` one (:data:`SCORED`
+says why), for llama.cpp a ``quantkit gguf`` F32 + Q8_0 artifact:
 
 * ``transformers``: ``quantkit eval``'s path (batched windows, baseline kept on the device, KLD on the device), the
   baseline's pass and the artifact's, against the previous path measured the same way: one window per forward
@@ -63,6 +64,11 @@ from quantkit.progress import Reporter, use  # noqa: E402
 
 MODEL = ROOT / "models" / "real" / "SmolLM2-135M-Instruct"
 ENGINES = ("transformers", "vllm", "sglang", "llama.cpp")  # the parts this benchmark measures, in --engines' names
+# The artifact each served engine scores against the model: quantkit's RTN (W4A16) where the engine runs it. SGLang
+# 0.5.17 runs W4A16 layers only in its Marlin kernel, whose tiles do not divide SmolLM2's 576-wide layers (quantkit
+# refuses it before a server starts: quantkit/engines/sglang/logits.py), so SGLang scores an FP8 (dynamic) artifact.
+SCORED = {"transformers": "rtn", "vllm": "rtn", "sglang": "fp8"}
+MADE_BY = {"rtn": ("rtn",), "fp8": ("fp8", "--scheme", "dynamic")}  # quantkit VERB MODEL OUT FLAGS...
 OPENMP_ENV = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")  # recorded: both change how llama.cpp's and torch's threads wait
 
 
@@ -71,12 +77,15 @@ def quantkit(*args: Any) -> None:
     subprocess.run([sys.executable, "-m", "quantkit", *map(str, args), "--quiet"], cwd=ROOT, env=env, check=True)
 
 
-def artifacts(model: Path, work: Path, gguf: bool) -> dict[str, Path]:
-    """The RTN artifact (and the GGUF files), made once per workdir."""
-    out = {"rtn": work / "rtn"}
-    if not (out["rtn"] / "quantkit.json").is_file():
-        quantkit("rtn", model, out["rtn"])
-    if gguf:
+def artifacts(model: Path, work: Path, engines: list[str]) -> dict[str, Path]:
+    """The artifacts ``engines`` score (:data:`SCORED`; the GGUF files for llama.cpp), made once per workdir."""
+    out: dict[str, Path] = {}
+    for name in sorted({SCORED[e] for e in engines if e in SCORED}):
+        out[name] = work / name
+        if not (out[name] / "quantkit.json").is_file():
+            verb, *flags = MADE_BY[name]
+            quantkit(verb, model, out[name], *flags)
+    if "llama.cpp" in engines:
         folder = work / "gguf"
         if not (folder / "quantkit.json").is_file():
             quantkit("gguf", model, folder, "-t", "F32", "-t", "Q8_0")
@@ -385,12 +394,12 @@ def main() -> None:
     data: dict[str, Any] = {**h, "model": str(args.model), "ctx": args.ctx, "tokens": args.tokens,
                             "loadavg_start": [round(x, 2) for x in os.getloadavg()],
                             "env": {k: os.environ[k] for k in OPENMP_ENV if k in os.environ}}
-    arts = artifacts(args.model, args.workdir, "llama.cpp" in engines)
+    arts = artifacts(args.model, args.workdir, engines)
     parts: dict[str, Callable[[], dict[str, Any]]] = {
         "transformers": lambda: transformers_part(args.model, arts["rtn"], args),
         "vllm": lambda: vllm_part(args.model, arts["rtn"], args,
                                   engine_python("vllm", args.vllm_python, args.vllm_path, args.workdir)),
-        "sglang": lambda: sglang_part(args.model, arts["rtn"], args,
+        "sglang": lambda: sglang_part(args.model, arts["fp8"], args,
                                       engine_python("sglang", args.sglang_python, args.sglang_path, args.workdir)),
         "llama.cpp": lambda: llamacpp_part(args.model, arts, args, args.workdir)}
     # Each engine's figures are written as soon as they are measured: an engine that fails (a server that does not
