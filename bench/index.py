@@ -261,6 +261,8 @@ def serve_bench() -> list[str]:
                          "The 8B shape's AWQ and INT8 in vLLM on one H100 (the sixth sitting)"),
                         (H100 / "8b" / "serve_bench_8b_sglang_awq_int8" / "results.md",
                          "The 8B shape's INT8 in SGLang on one H100 (the sixth sitting; AWQ did not start in time)"),
+                        (H100 / "8b" / "serve_bench_8b_sglang_awq" / "results.md",
+                         "The 8B shape's AWQ in SGLang on one H100 (the seventh sitting)"),
                         (H200 / "serve_bench_smollm2_vllm" / "results.md", "SmolLM2-135M-Instruct in vLLM on one H200"),
                         (RESULTS / "smollm2_llamacpp_cpu" / "results.md",
                          "SmolLM2-135M-Instruct's GGUF files in llama-server on this CPU (the script end to end, "
