@@ -244,16 +244,15 @@ def test_the_vllm_worker_reads_flat_logprobs_as_it_reads_the_dicts() -> None:
 
 
 def test_each_served_engine_of_the_speed_bench_scores_an_artifact_it_runs(smollm2: Path, smollm2_rtn: Path,
-                                                                          tmp_path: Path) -> None:
+                                                                          tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """bench/eval_speed.py's SGLang part stopped at quantkit's own refusal on an H100 (2026-12-07): it scored the RTN
     artifact, and SGLang 0.5.17 runs W4A16 only in Marlin, whose tiles do not divide SmolLM2's 576-wide layers. Each
     served engine's artifact (the bench's SCORED) passes that engine's check, made as the bench makes it."""
-    import sys
-
     from quantkit.engines.logits import check_compatible
     from quantkit.errors import UsageError
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
     import eval_speed
 
     made = eval_speed.artifacts(smollm2, tmp_path, ["sglang"])
