@@ -63,7 +63,6 @@ from quantkit.evaluation.metrics import Accumulator, BaselineStore, score_window
 from quantkit.progress import Reporter, use  # noqa: E402
 
 MODEL = ROOT / "models" / "real" / "SmolLM2-135M-Instruct"
-ENGINES = ("transformers", "vllm", "sglang", "llama.cpp")  # the parts this benchmark measures, in --engines' names
 # The artifact each served engine scores against the model: quantkit's RTN (W4A16) where the engine runs it. SGLang
 # 0.5.17 runs W4A16 layers only in its Marlin kernel, whose tiles do not divide SmolLM2's 576-wide layers (quantkit
 # refuses it before a server starts: quantkit/engines/sglang/logits.py), so SGLang scores an FP8 (dynamic) artifact.
@@ -387,21 +386,22 @@ def main() -> None:
     args = ap.parse_args()
     use(Reporter())  # an engine's server start shows its wait on stderr, as under the CLI (the API waits quietly)
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
-    if unknown := [e for e in engines if e not in ENGINES]:
-        ap.error(f"unknown engine {', '.join(unknown)}: --engines takes {', '.join(ENGINES)}")
+    arts: dict[str, Path] = {}  # made below, once --engines is known to name parts that exist
+    parts: dict[str, Callable[[], dict[str, Any]]] = {
+        "transformers": lambda: transformers_part(args.model, arts[SCORED["transformers"]], args),
+        "vllm": lambda: vllm_part(args.model, arts[SCORED["vllm"]], args,
+                                  engine_python("vllm", args.vllm_python, args.vllm_path, args.workdir)),
+        "sglang": lambda: sglang_part(args.model, arts[SCORED["sglang"]], args,
+                                      engine_python("sglang", args.sglang_python, args.sglang_path, args.workdir)),
+        "llama.cpp": lambda: llamacpp_part(args.model, arts, args, args.workdir)}
+    if unknown := [e for e in engines if e not in parts]:
+        ap.error(f"unknown engine {', '.join(unknown)}: --engines takes {', '.join(parts)}")
     args.workdir.mkdir(parents=True, exist_ok=True)
     h = meta.header()
     data: dict[str, Any] = {**h, "model": str(args.model), "ctx": args.ctx, "tokens": args.tokens,
                             "loadavg_start": [round(x, 2) for x in os.getloadavg()],
                             "env": {k: os.environ[k] for k in OPENMP_ENV if k in os.environ}}
-    arts = artifacts(args.model, args.workdir, engines)
-    parts: dict[str, Callable[[], dict[str, Any]]] = {
-        "transformers": lambda: transformers_part(args.model, arts["rtn"], args),
-        "vllm": lambda: vllm_part(args.model, arts["rtn"], args,
-                                  engine_python("vllm", args.vllm_python, args.vllm_path, args.workdir)),
-        "sglang": lambda: sglang_part(args.model, arts["fp8"], args,
-                                      engine_python("sglang", args.sglang_python, args.sglang_path, args.workdir)),
-        "llama.cpp": lambda: llamacpp_part(args.model, arts, args, args.workdir)}
+    arts.update(artifacts(args.model, args.workdir, engines))
     # Each engine's figures are written as soon as they are measured: an engine that fails (a server that does not
     # start, a GPU session that ends) costs its own part, not the parts measured before it.
     for engine in engines:

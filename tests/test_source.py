@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -74,9 +75,17 @@ def test_pickle_refused_unless_allowed(copy: Path) -> None:
 def test_unreadable_folder(copy: Path) -> None:
     """A source folder its user may not read is refused by name before anything loads. Vetted in a process where
     permission bits hold (for root, its DAC capabilities dropped), since root reads everything."""
-    vet = ("import sys\nfrom pathlib import Path\nfrom quantkit import source\nfrom quantkit.errors import "
-           "SourceModelError\ntry:\n    source.vet(Path(sys.argv[1]))\nexcept SourceModelError as e:\n"
-           "    print(e)\n    sys.exit(3)\n")
+    vet = textwrap.dedent("""
+        import sys
+        from pathlib import Path
+        from quantkit import source
+        from quantkit.errors import SourceModelError
+        try:
+            source.vet(Path(sys.argv[1]))
+        except SourceModelError as e:
+            print(e)
+            sys.exit(3)
+        """)
     prefix = without_dac()
     copy.chmod(0)
     try:
