@@ -83,8 +83,10 @@ try:
     from quantkit import envs
     from quantkit.engines import registry
     from quantkit.engines.vllm import kernel_sweep, kernels
+    from quantkit.errors import MissingBackendError
     from quantkit.formats.names import VLLM
     from quantkit.producers.trt.pyenv import MODELOPT
+    from quantkit.tasks.resolve import BACKEND as TASKS_BACKEND
 except ModuleNotFoundError as missing:  # quantkit's dependencies are not in this Python: say so in one line
     sys.stderr.write(f"gpu_cases.py: {sys.executable} has no module {missing.name!r}, which this runner needs (it "
                      "imports quantkit); run it with the Python where quantkit is installed (make install: "
@@ -213,6 +215,11 @@ class Paths:
     def quantkit_pythonpath(self) -> str:
         return os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 
+    @property
+    def quantkit(self) -> EngineEnv:
+        """quantkit's own Python as its commands run (:meth:`quantkit_env`), to ask what is installed there."""
+        return EngineEnv("quantkit", self.python, "this Python", tuple(self.quantkit_pythonpath().split(os.pathsep)))
+
     def quantkit_env(self) -> dict[str, str]:
         return {**os.environ, "PYTHONPATH": self.quantkit_pythonpath(), "HF_HUB_OFFLINE": "1", "COLUMNS": "160"}
 
@@ -329,9 +336,20 @@ def missing_needs(c: Case, p: Paths) -> str | None:
                 f"or set {MODELOPT.env_var} (make install-trt builds .venv-trt)")
     if "gpus2" in c.needs and len(gpus()) < 2:
         return f"it needs two GPUs; nvidia-smi lists {len(gpus())}"
+    if scores_tasks(c, p) and not p.quantkit.has(TASKS_BACKEND[0]):
+        e = MissingBackendError(*TASKS_BACKEND)
+        return f"its recipe has evaluation tasks: {e.message} in {p.quantkit.describe()} ({e.hint})"
     if c.pending is not None and not (p.model(c) / "config.json").is_file():
         return f"{c.model} is not there yet: {c.pending}"
     return None
+
+
+def scores_tasks(c: Case, p: Paths) -> bool:
+    """Whether the case's recipe (a run) scores lm-eval tasks: then quantkit's Python needs lm-eval (derived from the
+    recipe, not declared in ``needs``, so a case file cannot say one thing while its recipe does another)."""
+    if c.produce.verb != "run" or c.produce.recipe is None:
+        return False
+    return bool((yaml.safe_load(recipe_text(c, p)).get("evaluation") or {}).get("tasks"))
 
 
 def stamp(c: Case, p: Paths) -> dict[str, Any]:

@@ -273,6 +273,32 @@ def test_a_pending_model_skips_its_cases(tmp_path: Path) -> None:
     assert gc.missing_needs(other, p) is None
 
 
+def test_a_case_whose_recipe_scores_tasks_needs_lm_eval(tmp_path: Path, cases: list) -> None:
+    """A run whose recipe scores lm-eval tasks is skipped, with quantkit's own missing-backend line, where quantkit's
+    Python has no lm-eval: before anything starts, not a second into the case as run-trt-fp8 failed on its first GPU
+    machine. The Python without it is this one without site-packages (-S), a real interpreter, not a stub."""
+    f = tmp_path / "cases.yaml"
+    f.write_text("cases:\n  - name: t\n    model: models/quantkit-tiny\n    produce:\n      verb: run\n"
+                 "      recipe: {quantize: {method: rtn}, evaluation: {tasks: [{task: quantkit_lastword, limit: 5}]}}\n"
+                 "    expect: {kernel: Machete}\n")
+    case = cf.load_cases(f)[0]
+    bare = tmp_path / "bare-python"
+    bare.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    bare.chmod(0o755)
+    (tmp_path / "out").mkdir()
+    p = paths(tmp_path / "out")
+    assert gc.scores_tasks(case, p) and gc.scores_tasks(by_name(cases)["run-trt-fp8"], p)
+    assert not gc.scores_tasks(by_name(cases)["awq-w4g128"], p)  # a verb's case: no recipe, no tasks
+    assert gc.missing_needs(case, p) is None  # this Python has lm-eval (make install)
+    p.python = str(bare)
+    gc.Run([case], p, opts("--out", str(tmp_path / "out")), {}).run()
+    r = json.loads((tmp_path / "out" / "results.json").read_text())["cases"][0]
+    assert r["status"] == "skipped", r
+    assert r["reason"].startswith("its recipe has evaluation tasks: scoring lm-eval tasks needs the Python package "
+                                  "'lm_eval', which is not installed in " + str(bare)), r["reason"]
+    assert r["reason"].endswith("(pip install 'quantkit[tasks]')") and not (tmp_path / "out" / "logs").exists()
+
+
 def test_plan_lists_sweep_configurations_of_a_built_artifact(tmp_path: Path, cases: list) -> None:
     """With the artifact in place, the plan names each kernel configuration the sweep will start."""
     from compressed_tensors.quantization import QuantizationConfig, preset_name_to_scheme

@@ -32,6 +32,9 @@ from quantkit.versions import require
 LOGPROB_TYPES = ("loglikelihood", "multiple_choice", "loglikelihood_rolling")
 LOCAL_DATASETS = ("json", "csv", "parquet", "text", "arrow")
 OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+# What scores tasks: the package, the extra that installs it, what it is for (require()'s arguments), also for a
+# check made before a run starts (scripts/gpu_cases.py skips a case whose recipe scores tasks where it is absent)
+BACKEND = ("lm_eval", "tasks", "scoring lm-eval tasks")
 
 
 @dataclass
@@ -192,7 +195,7 @@ def _build(cfg: dict[str, Any] | str, label: str, local: bool) -> list[Any]:
 def _version() -> str:
     from importlib.metadata import version
 
-    return version("lm_eval")
+    return version(BACKEND[0])
 
 
 class _GateMetricError(UsageError):
@@ -223,7 +226,7 @@ class TaskProblems(UsageError):
 def resolve(specs: list[TaskSpec]) -> list[Task]:
     """Build and check each task (see the module docstring); a group name gives one :class:`Task` per member. Every
     spec is checked before any is refused (:class:`TaskProblems`)."""
-    require("lm_eval", "tasks", "scoring lm-eval tasks")
+    require(*BACKEND)
     out: list[Task] = []
     problems: list[Problem] = []
     for i, spec in enumerate(specs):
