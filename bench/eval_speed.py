@@ -5,7 +5,7 @@
     python bench/eval_speed.py --device cuda --tokens 32768 --engines transformers,vllm \
         --vllm-python VLLM_PY [--vllm-path DIR] --out bench/results/h200/eval_speed
     python bench/eval_speed.py --device cuda --tokens 32768 --engines sglang --sglang-python SGLANG_PY \
-        --out bench/results/h200/eval_speed_sglang
+        --out bench/results/h100/eval_speed
 
 The model (``--model``, SmolLM2-135M-Instruct by default) and an artifact of it, made once in ``--workdir``, are scored
 on the held-out text: a ``quantkit rtn`` artifact, for SGLang a ``quantkit fp8 --scheme dynamic`` one (:data:`SCORED`

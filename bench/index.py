@@ -273,6 +273,20 @@ def serve_bench() -> list[str]:
     return lines or ["**Not run yet.**", ""]
 
 
+def eval_speed() -> list[str]:
+    """Issue 44 item 1: each engine's scored tokens per second on the same tokens (bench/eval_speed.py), on the
+    H200, on an H100 (SGLang's scoring with it) and on this project's 2-core CPU."""
+    lines: list[str] = []
+    for md, heading in ((H200 / "eval_speed" / "README.md", "One H200: transformers and vLLM"),
+                        (H100 / "eval_speed" / "README.md", "One H100: SGLang, vLLM and transformers"),
+                        (RESULTS / "eval_speed_cpu" / "eval_speed.md", "This project's 2-core CPU: transformers and "
+                                                                        "llama.cpp")):
+        if md.exists():
+            lines += [f"### {heading} ({md.parent.relative_to(RESULTS).as_posix()}/)", "",
+                      re.sub(r"^## ", "#### ", _body(md), flags=re.M), ""]
+    return lines or ["**Not run yet.**", ""]
+
+
 def h200_table(name: str, command: str) -> list[str]:
     md = H200 / f"{name}.md"
     if not md.exists():
@@ -307,7 +321,8 @@ def build() -> Path:
              "", "## 6. GGUF importance matrices (CPU)", "", *gguf_imatrix(),
              "", "## 7. Two H200s: distributed calibration and tensor-parallel serving", "", *two_gpus(),
              "", "## 8. Qwen2.5-32B's width on one H200 (h200/wide/README.md)", "", *wide(),
-             "", "## 9. Serving at several concurrencies against bf16 (bench/serve_bench.py)", "", *serve_bench()]
+             "", "## 9. Serving at several concurrencies against bf16 (bench/serve_bench.py)", "", *serve_bench(),
+             "", "## 10. Evaluation speed: scored tokens per second (bench/eval_speed.py)", "", *eval_speed()]
     out = RESULTS / "README.md"
     out.write_text("\n".join(lines).rstrip() + "\n")
     return out
