@@ -248,43 +248,44 @@ def wide() -> list[str]:
     return lines or ["**Not run yet** (h200/wide/README.md).", ""]
 
 
-def serve_bench() -> list[str]:
-    """Issue 44 item 4: throughput and latency at several concurrencies against bf16 (bench/serve_bench.py)."""
+def _folder_sections(results: tuple[tuple[Path, str], ...]) -> list[str]:
+    """Each result page that exists under its heading, named with its folder, its own "## " one level down."""
     lines: list[str] = []
-    for md, heading in ((H100 / "8b" / "serve_bench_8b_vllm" / "results.md", "The 8B shape in vLLM on one H100"),
-                        (H100 / "8b" / "serve_bench_8b_sglang" / "results.md", "The 8B shape in SGLang on one H100"),
-                        (H100 / "8b" / "serve_bench_8b_sglang_w4a16" / "results.md",
-                         "The 8B shape's GPTQ W4A16 in SGLang on one H100 (the third sitting)"),
-                        (H100 / "8b" / "serve_bench_8b_vllm_nvfp4" / "results.md",
-                         "The 8B shape's NVFP4 in vLLM on one H100 (the third sitting)"),
-                        (H100 / "8b" / "serve_bench_8b_vllm_awq_int8" / "results.md",
-                         "The 8B shape's AWQ and INT8 in vLLM on one H100 (the sixth sitting)"),
-                        (H100 / "8b" / "serve_bench_8b_sglang_awq_int8" / "results.md",
-                         "The 8B shape's INT8 in SGLang on one H100 (the sixth sitting; AWQ did not start in time)"),
-                        (H100 / "8b" / "serve_bench_8b_sglang_awq" / "results.md",
-                         "The 8B shape's AWQ in SGLang on one H100 (the seventh sitting)"),
-                        (H200 / "serve_bench_smollm2_vllm" / "results.md", "SmolLM2-135M-Instruct in vLLM on one H200"),
-                        (RESULTS / "smollm2_llamacpp_cpu" / "results.md",
-                         "SmolLM2-135M-Instruct's GGUF files in llama-server on this CPU (the script end to end, "
-                         "not a speed)")):
+    for md, heading in results:
         if md.exists():
             lines += [f"### {heading} ({md.parent.relative_to(RESULTS).as_posix()}/)", "",
                       re.sub(r"^## ", "#### ", _body(md), flags=re.M), ""]
     return lines or ["**Not run yet.**", ""]
+
+
+def serve_bench() -> list[str]:
+    """Issue 44 item 4: throughput and latency at several concurrencies against bf16 (bench/serve_bench.py)."""
+    return _folder_sections(
+        ((H100 / "8b" / "serve_bench_8b_vllm" / "results.md", "The 8B shape in vLLM on one H100"),
+         (H100 / "8b" / "serve_bench_8b_sglang" / "results.md", "The 8B shape in SGLang on one H100"),
+         (H100 / "8b" / "serve_bench_8b_sglang_w4a16" / "results.md",
+          "The 8B shape's GPTQ W4A16 in SGLang on one H100 (the third sitting)"),
+         (H100 / "8b" / "serve_bench_8b_vllm_nvfp4" / "results.md",
+          "The 8B shape's NVFP4 in vLLM on one H100 (the third sitting)"),
+         (H100 / "8b" / "serve_bench_8b_vllm_awq_int8" / "results.md",
+          "The 8B shape's AWQ and INT8 in vLLM on one H100 (the sixth sitting)"),
+         (H100 / "8b" / "serve_bench_8b_sglang_awq_int8" / "results.md",
+          "The 8B shape's INT8 in SGLang on one H100 (the sixth sitting; AWQ did not start in time)"),
+         (H100 / "8b" / "serve_bench_8b_sglang_awq" / "results.md",
+          "The 8B shape's AWQ in SGLang on one H100 (the seventh sitting)"),
+         (H200 / "serve_bench_smollm2_vllm" / "results.md", "SmolLM2-135M-Instruct in vLLM on one H200"),
+         (RESULTS / "smollm2_llamacpp_cpu" / "results.md",
+          "SmolLM2-135M-Instruct's GGUF files in llama-server on this CPU (the script end to end, "
+          "not a speed)")))
 
 
 def eval_speed() -> list[str]:
     """Issue 44 item 1: each engine's scored tokens per second on the same tokens (bench/eval_speed.py), on the
     H200, on an H100 (SGLang's scoring with it) and on this project's 2-core CPU."""
-    lines: list[str] = []
-    for md, heading in ((H200 / "eval_speed" / "README.md", "One H200: transformers and vLLM"),
-                        (H100 / "eval_speed" / "README.md", "One H100: SGLang, vLLM and transformers"),
-                        (RESULTS / "eval_speed_cpu" / "eval_speed.md", "This project's 2-core CPU: transformers and "
-                                                                        "llama.cpp")):
-        if md.exists():
-            lines += [f"### {heading} ({md.parent.relative_to(RESULTS).as_posix()}/)", "",
-                      re.sub(r"^## ", "#### ", _body(md), flags=re.M), ""]
-    return lines or ["**Not run yet.**", ""]
+    return _folder_sections(
+        ((H200 / "eval_speed" / "README.md", "One H200: transformers and vLLM"),
+         (H100 / "eval_speed" / "README.md", "One H100: SGLang, vLLM and transformers"),
+         (RESULTS / "eval_speed_cpu" / "eval_speed.md", "This project's 2-core CPU: transformers and llama.cpp")))
 
 
 def h200_table(name: str, command: str) -> list[str]:

@@ -86,7 +86,7 @@ try:
     from quantkit.errors import MissingBackendError
     from quantkit.formats.names import VLLM
     from quantkit.producers.trt.pyenv import MODELOPT
-    from quantkit.tasks.resolve import BACKEND as TASKS_BACKEND
+    from quantkit.tasks.resolve import BACKEND as TASKS_BACKEND, LM_EVAL
 except ModuleNotFoundError as missing:  # quantkit's dependencies are not in this Python: say so in one line
     sys.stderr.write(f"gpu_cases.py: {sys.executable} has no module {missing.name!r}, which this runner needs (it "
                      "imports quantkit); run it with the Python where quantkit is installed (make install: "
@@ -107,6 +107,8 @@ ENGINE_ENVS: tuple[envs.PythonEnv, ...] = (registry.get(VLLM).python, MODELOPT)
 # home, and samples with its own sampler (FlashInfer need not be installed)
 ENGINE_VARIABLES: dict[str, dict[str, str]] = {
     VLLM: {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0"}}
+# ... and what quantkit's own commands run with: the hub offline, tables wide enough for the logs
+QUANTKIT_VARIABLES = (("HF_HUB_OFFLINE", "1"), ("COLUMNS", "160"))
 
 
 @dataclass(frozen=True)
@@ -217,11 +219,12 @@ class Paths:
 
     @property
     def quantkit(self) -> EngineEnv:
-        """quantkit's own Python as its commands run (:meth:`quantkit_env`), to ask what is installed there."""
-        return EngineEnv("quantkit", self.python, "this Python", tuple(self.quantkit_pythonpath().split(os.pathsep)))
+        """quantkit's own Python as its commands run: the environment they get, and what is installed there."""
+        return EngineEnv("quantkit", self.python, "this Python", tuple(self.quantkit_pythonpath().split(os.pathsep)),
+                         QUANTKIT_VARIABLES)
 
     def quantkit_env(self) -> dict[str, str]:
-        return {**os.environ, "PYTHONPATH": self.quantkit_pythonpath(), "HF_HUB_OFFLINE": "1", "COLUMNS": "160"}
+        return self.quantkit.environ()
 
     def wrapper(self, name: str) -> Path:
         """The engine's Python as quantkit's ``--python`` flags take it (see :meth:`EngineEnv.wrapper_text`)."""
@@ -235,7 +238,7 @@ class Paths:
             path.chmod(0o755)
 
 
-def recipe_text(c: Case, p: Paths) -> str:
+def recipe_data(c: Case, p: Paths) -> dict[str, Any]:
     """The build-trt or run recipe with its model and output set to this run's (a run's ModelOpt build, evaluation
     and smoke test in this run's engine Pythons)."""
     r = c.produce.recipe
@@ -245,7 +248,12 @@ def recipe_text(c: Case, p: Paths) -> str:
     if c.produce.verb == "run":
         data.setdefault("runtime", {})["python"] = str(p.wrapper(MODELOPT.name))
         data.setdefault("smoke", {})["python"] = str(p.wrapper(VLLM))
-    return yaml.safe_dump(data, sort_keys=False)
+    return data
+
+
+def recipe_text(c: Case, p: Paths) -> str:
+    """:func:`recipe_data` as the YAML file the case's command reads."""
+    return yaml.safe_dump(recipe_data(c, p), sort_keys=False)
 
 
 def produce_argv(c: Case, p: Paths) -> list[str]:
@@ -336,7 +344,7 @@ def missing_needs(c: Case, p: Paths) -> str | None:
                 f"or set {MODELOPT.env_var} (make install-trt builds .venv-trt)")
     if "gpus2" in c.needs and len(gpus()) < 2:
         return f"it needs two GPUs; nvidia-smi lists {len(gpus())}"
-    if scores_tasks(c, p) and not p.quantkit.has(TASKS_BACKEND[0]):
+    if scores_tasks(c, p) and not p.quantkit.has(LM_EVAL):
         e = MissingBackendError(*TASKS_BACKEND)
         return f"its recipe has evaluation tasks: {e.message} in {p.quantkit.describe()} ({e.hint})"
     if c.pending is not None and not (p.model(c) / "config.json").is_file():
@@ -349,7 +357,7 @@ def scores_tasks(c: Case, p: Paths) -> bool:
     recipe, not declared in ``needs``, so a case file cannot say one thing while its recipe does another)."""
     if c.produce.verb != "run" or c.produce.recipe is None:
         return False
-    return bool((yaml.safe_load(recipe_text(c, p)).get("evaluation") or {}).get("tasks"))
+    return bool((recipe_data(c, p).get("evaluation") or {}).get("tasks"))
 
 
 def stamp(c: Case, p: Paths) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from quantkit import cache
 from quantkit.source import SourceModel
-from quantkit.tasks.resolve import BACKEND, Task
+from quantkit.tasks.resolve import LM_EVAL, Task
 from quantkit.tasks.runner import Scores
 
 FOLDER = "tasks"
@@ -36,7 +36,7 @@ def key(source: dict[str, Any], task: Task, engine: dict[str, Any], settings: di
     from importlib.metadata import version
 
     data = {"source": source, "task": task.sha256, "name": task.name, "num_fewshot": task.spec.num_fewshot,
-            "limit": task.spec.limit, "engine": engine, "settings": settings, "lm_eval": version(BACKEND[0])}
+            "limit": task.spec.limit, "engine": engine, "settings": settings, "lm_eval": version(LM_EVAL)}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 

@@ -34,7 +34,8 @@ LOCAL_DATASETS = ("json", "csv", "parquet", "text", "arrow")
 OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
 # What scores tasks: the package, the extra that installs it, what it is for (require()'s arguments), also for a
 # check made before a run starts (scripts/gpu_cases.py skips a case whose recipe scores tasks where it is absent)
-BACKEND = ("lm_eval", "tasks", "scoring lm-eval tasks")
+LM_EVAL = "lm_eval"
+BACKEND = (LM_EVAL, "tasks", "scoring lm-eval tasks")
 
 
 @dataclass
@@ -195,7 +196,7 @@ def _build(cfg: dict[str, Any] | str, label: str, local: bool) -> list[Any]:
 def _version() -> str:
     from importlib.metadata import version
 
-    return version(BACKEND[0])
+    return version(LM_EVAL)
 
 
 class _GateMetricError(UsageError):
