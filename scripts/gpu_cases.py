@@ -214,17 +214,12 @@ class Paths:
     def logs(self, c: Case) -> Path:
         return self.out / "logs" / c.name
 
-    def quantkit_pythonpath(self) -> str:
-        return os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-
     @property
     def quantkit(self) -> EngineEnv:
-        """quantkit's own Python as its commands run: the environment they get, and what is installed there."""
-        return EngineEnv("quantkit", self.python, "this Python", tuple(self.quantkit_pythonpath().split(os.pathsep)),
-                         QUANTKIT_VARIABLES)
-
-    def quantkit_env(self) -> dict[str, str]:
-        return self.quantkit.environ()
+        """quantkit's own Python as its commands run (this repository first on PYTHONPATH): the environment they
+        get, and what is installed there."""
+        path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+        return EngineEnv("quantkit", self.python, "this Python", tuple(path.split(os.pathsep)), QUANTKIT_VARIABLES)
 
     def wrapper(self, name: str) -> Path:
         """The engine's Python as quantkit's ``--python`` flags take it (see :meth:`EngineEnv.wrapper_text`)."""
@@ -334,7 +329,7 @@ def eval_env(c: Case, p: Paths, opts: argparse.Namespace) -> dict[str, str]:
     args = {"gpu_memory_utilization": share(c, opts), **c.load.engine_args}
     if kv := kv_bytes(c, opts):
         args["kv_cache_memory_bytes"] = kv
-    return {**p.quantkit_env(), "QUANTKIT_VLLM_ARGS": json.dumps(args)}
+    return {**p.quantkit.environ(), "QUANTKIT_VLLM_ARGS": json.dumps(args)}
 
 
 def missing_needs(c: Case, p: Paths) -> str | None:
@@ -382,7 +377,7 @@ def plan(cases: list[Case], p: Paths, opts: argparse.Namespace) -> str:
     sh = shlex.join
     out = [f"{len(cases)} cases (estimates add up to {sum(c.estimate_s for c in cases):.0f} s), {opts.parallel} at a "
            f"time, vLLM memory share {opts.mem_share:.2f} each, starts {opts.stagger:.0f} s apart; results in {p.out}",
-           f"quantkit: {p.python}, PYTHONPATH={p.quantkit_pythonpath()}",
+           f"quantkit: {p.python}, PYTHONPATH={p.quantkit.pythonpath()}",
            *[f"{name}: {env.describe()}, run as {p.wrapper(name)}" for name, env in p.engines.items()], ""]
     for c in cases:
         out.append(f"== {c.name} [{', '.join(c.tags)}] estimate {c.estimate_s:.0f} s"
@@ -560,7 +555,7 @@ class Run:
         logs.mkdir(parents=True, exist_ok=True)
         if c.model.startswith(("shape:", "arch:", "vlm:")):
             with self.once(f"model:{c.model}"), self.gate.use():
-                if self.process(c, "model", shape_argv(c, p), p.quantkit_env(), logs / "model.log", 900):
+                if self.process(c, "model", shape_argv(c, p), p.quantkit.environ(), logs / "model.log", 900):
                     raise StepFailed(f"model: building {c.model} failed: {tail(logs / 'model.log')}")
         with self.once(f"artifact:{c.artifact}"), self.gate.use():
             o["artifact"] = self.produce(c, logs)
@@ -620,7 +615,7 @@ class Run:
             recipe.write_text(recipe_text(c, p))
         t = time.monotonic()
         log = logs / "produce.log"
-        rc = self.process(c, "produce", produce_argv(c, p), p.quantkit_env(), log, 1200, logs / "produce.json",
+        rc = self.process(c, "produce", produce_argv(c, p), p.quantkit.environ(), log, 1200, logs / "produce.json",
                           cwd=p.arts)
         self.rebuilt.add(c.artifact)
         if rc != 0 or not (p.served(c) / "config.json").is_file():
@@ -665,7 +660,7 @@ class Run:
         self.gate.engine_start()
         out = logs / "smoke.json"
         rc = self.process(c, "smoke", smoke_argv(c, self.p, self.opts, max(60.0, min(c.smoke.timeout, timeout - 60))),
-                          self.p.quantkit_env(), logs / "smoke.stderr.log", timeout, out)
+                          self.p.quantkit.environ(), logs / "smoke.stderr.log", timeout, out)
         return smoke_summary(_json(out), rc, logs / "smoke.stderr.log")
 
     def evaluate_step(self, c: Case, logs: Path, engine: str = VLLM) -> dict[str, Any]:
@@ -673,7 +668,7 @@ class Run:
         self.gate.engine_start()
         name = "eval" if engine == VLLM else f"eval-{engine}"
         out, err = logs / f"{name}.json", logs / f"{name}.stderr.log"
-        env = eval_env(c, self.p, self.opts) if engine == VLLM else self.p.quantkit_env()
+        env = eval_env(c, self.p, self.opts) if engine == VLLM else self.p.quantkit.environ()
         rc = self.process(c, name, eval_argv(c, self.p, engine), env, err, c.eval.timeout, out)
         return eval_summary(_json(out), rc, err)
 
@@ -735,10 +730,10 @@ def gpus() -> list[str]:
 
 def preflight(p: Paths) -> None:
     """Fail in seconds when quantkit or vLLM cannot even be found."""
-    qk = subprocess.run([p.python, "-c", "import quantkit.cli.main"], env=p.quantkit_env(), capture_output=True,
+    qk = subprocess.run([p.python, "-c", "import quantkit.cli.main"], env=p.quantkit.environ(), capture_output=True,
                         text=True)
     if qk.returncode:
-        raise CaseError(f"quantkit does not import with {p.python} and PYTHONPATH={p.quantkit_pythonpath()}: "
+        raise CaseError(f"quantkit does not import with {p.python} and PYTHONPATH={p.quantkit.pythonpath()}: "
                         f"{(qk.stderr.strip().splitlines() or ['?'])[-1]}")
     if not p.vllm.has("vllm"):
         raise CaseError(f"vLLM is not installed in {p.vllm.describe()}: pass --vllm-python or --vllm-path, or set "
